@@ -1,0 +1,1 @@
+"""Spark jobs, thin over the ``pipeline`` library; each runs under spark-submit."""

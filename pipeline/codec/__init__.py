@@ -1,0 +1,1 @@
+"""Pure QMF codec: bytes in, typed records out. Never imports pyspark."""

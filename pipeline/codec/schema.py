@@ -1,0 +1,95 @@
+"""Class schemas as the codec needs them: the element list and wire types.
+
+A ``ClassSchema`` is what a schema response ('s', or a QMF v2 _schema_class)
+says about a class; decoding content ('c'/'i'/'g') and events ('e') needs it,
+because v1 records carry no lengths. Schemas are keyed by
+(package, class name, 16-byte hash).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Iterator, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+KIND_TABLE = 1
+KIND_EVENT = 2
+
+
+@dataclass(frozen=True, order=True)
+class SchemaKey:
+    package: str
+    name: str
+    hash: bytes  # 16 bytes
+
+    def __str__(self) -> str:
+        return f"{self.package}:{self.name}({self.hash.hex()})"
+
+
+@dataclass(frozen=True)
+class Element:
+    """A property, statistic or argument: name, QMF type code and attributes.
+
+    ``extra`` holds the other map entries of the schema record verbatim
+    (unit, desc, min, max, maxlen, default, dir, ...), so re-encoding a
+    schema response reproduces it.
+    """
+
+    name: str
+    type_code: int
+    access: int | None = None  # properties: 1 RC, 2 RW, 3 RO
+    index: bool = False
+    optional: bool = False
+    extra: Mapping[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class Method:
+    name: str
+    arguments: tuple[Element, ...] = ()
+    extra: Mapping[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class ClassSchema:
+    """A table class (properties, statistics, methods) or an event class (arguments)."""
+
+    key: SchemaKey
+    kind: int = KIND_TABLE
+    properties: tuple[Element, ...] = ()
+    statistics: tuple[Element, ...] = ()
+    methods: tuple[Method, ...] = ()
+    arguments: tuple[Element, ...] = ()  # event classes only
+
+    @property
+    def optional_properties(self) -> tuple[Element, ...]:
+        return tuple(p for p in self.properties if p.optional)
+
+    @property
+    def presence_octets(self) -> int:
+        """Number of presence-bitmask octets in 'c'/'g' content."""
+        return (len(self.optional_properties) + 7) // 8
+
+
+class SchemaRegistry:
+    """Known schemas by key; the codec's view of the schema registry table."""
+
+    def __init__(self, schemas: Iterable[ClassSchema] = ()) -> None:
+        self._by_key: dict[SchemaKey, ClassSchema] = {}
+        for s in schemas:
+            self.add(s)
+
+    def add(self, schema: ClassSchema) -> None:
+        self._by_key[schema.key] = schema
+
+    def get(self, key: SchemaKey) -> ClassSchema | None:
+        return self._by_key.get(key)
+
+    def __contains__(self, key: object) -> bool:
+        return key in self._by_key
+
+    def __iter__(self) -> Iterator[ClassSchema]:
+        return iter(self._by_key.values())
+
+    def __len__(self) -> int:
+        return len(self._by_key)

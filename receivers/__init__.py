@@ -1,0 +1,1 @@
+"""AMQP 1.0 receivers that land raw QMF messages durably before settling them."""

@@ -1,0 +1,228 @@
+"""The landing log: raw AMQP messages on disk, durable before they are settled.
+
+Layout: ``<root>/<partition>/<first>-<last>.arrow``, one Arrow IPC file per
+flush group, named by its first and last offset (20 digits, inclusive).
+A segment is written to a temporary name, fsynced, renamed into place and the
+directory fsynced, so a segment is either wholly there or not at all; a crash
+leaves at most a ``*.tmp`` file, which the next writer removes. Offsets are
+per partition, dense and monotonic from 0. Each receiver writes its own
+partition, so competing consumers never share a file.
+
+Retention never deletes the newest segment of a partition: it carries the next
+offset across restarts.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import re
+import time
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.ipc as ipc
+
+from schemas.tables import LANDING
+
+SEGMENT_RE = re.compile(r"^(\d{20})-(\d{20})\.arrow$")
+PARTITION_RE = re.compile(r"^[A-Za-z0-9_.-]+$")
+
+
+class LandingError(Exception):
+    """The landing log on disk is not in the state the caller expects."""
+
+
+@dataclass(frozen=True)
+class LandedMessage:
+    """One AMQP message as the receiver got it; ``received_at_us`` is UTC us."""
+
+    body: bytes
+    routing_key: str | None = None
+    subject: str | None = None
+    message_id: str | None = None
+    correlation_id: str | None = None
+    reply_to: str | None = None
+    app_id: str | None = None
+    content_type: str | None = None
+    application_properties: Mapping[str, str] = field(default_factory=dict)
+    received_at_us: int = 0
+
+    def key(self) -> str:
+        return message_key(self)
+
+
+def message_key(m: LandedMessage) -> str:
+    """Stable identity of a message: equal for a redelivery of the same message.
+
+    It covers what the publisher set (ids, addressing, headers, body), not
+    what the receiver added (receive time, offset), so it survives at-least-once
+    delivery and any replay from the log or from bronze.
+    """
+    h = hashlib.blake2b(digest_size=16)
+    for part in (m.message_id, m.correlation_id, m.routing_key, m.subject, m.content_type):
+        h.update(b"\x01" if part is None else b"\x02" + part.encode("utf-8", "surrogatepass"))
+        h.update(b"\x00")
+    for k in sorted(m.application_properties):
+        h.update(k.encode("utf-8", "surrogatepass") + b"\x00")
+        h.update(str(m.application_properties[k]).encode("utf-8", "surrogatepass") + b"\x00")
+    h.update(b"\x03")
+    h.update(m.body)
+    return h.hexdigest()
+
+
+def _fsync_dir(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _segments(part_dir: Path) -> list[tuple[int, int, Path]]:
+    out: list[tuple[int, int, Path]] = []
+    if not part_dir.is_dir():
+        return out
+    for entry in os.scandir(part_dir):
+        m = SEGMENT_RE.match(entry.name)
+        if m:
+            out.append((int(m.group(1)), int(m.group(2)), Path(entry.path)))
+    out.sort()
+    return out
+
+
+def to_table(partition: str, first_offset: int, msgs: Sequence[LandedMessage]) -> pa.Table:
+    """Arrow table of messages in the landing schema, offsets from ``first_offset``."""
+    n = len(msgs)
+    now_us = int(time.time() * 1_000_000)
+    cols = {
+        "partition": pa.array([partition] * n, pa.string()),
+        "offset": pa.array(range(first_offset, first_offset + n), pa.int64()),
+        "msg_key": pa.array([m.key() for m in msgs], pa.string()),
+        "received_at": pa.array([m.received_at_us or now_us for m in msgs], pa.int64()).cast(
+            LANDING.field("received_at").type
+        ),
+        "routing_key": pa.array([m.routing_key for m in msgs], pa.string()),
+        "subject": pa.array([m.subject for m in msgs], pa.string()),
+        "message_id": pa.array([m.message_id for m in msgs], pa.string()),
+        "correlation_id": pa.array([m.correlation_id for m in msgs], pa.string()),
+        "reply_to": pa.array([m.reply_to for m in msgs], pa.string()),
+        "app_id": pa.array([m.app_id for m in msgs], pa.string()),
+        "content_type": pa.array([m.content_type for m in msgs], pa.string()),
+        "application_properties": pa.array(
+            [list(m.application_properties.items()) for m in msgs],
+            LANDING.field("application_properties").type,
+        ),
+        "body": pa.array([bytes(m.body) for m in msgs], pa.binary()),
+    }
+    return pa.Table.from_pydict(cols, schema=LANDING)
+
+
+class LandingWriter:
+    """Appends flush groups of messages to one partition; each append is durable on return."""
+
+    def __init__(self, root: str | os.PathLike[str], partition: str, *, fsync: bool = True) -> None:
+        if not PARTITION_RE.match(partition):
+            raise ValueError(f"partition name {partition!r} must match {PARTITION_RE.pattern}")
+        self.partition = partition
+        self.dir = Path(root) / partition
+        self.dir.mkdir(parents=True, exist_ok=True)
+        self._fsync = fsync
+        for stale in self.dir.glob("*.tmp"):
+            stale.unlink()
+        segs = _segments(self.dir)
+        self.next_offset = segs[-1][1] + 1 if segs else 0
+
+    def append(self, msgs: Sequence[LandedMessage]) -> tuple[int, int]:
+        """Write ``msgs`` as one segment; returns its (first, last) offsets."""
+        if not msgs:
+            raise ValueError("append needs at least one message")
+        first = self.next_offset
+        last = first + len(msgs) - 1
+        table = to_table(self.partition, first, msgs)
+        final = self.dir / f"{first:020d}-{last:020d}.arrow"
+        tmp = final.with_suffix(".tmp")
+        with open(tmp, "wb") as f:
+            with ipc.new_file(f, LANDING) as w:
+                w.write_table(table)
+            f.flush()
+            if self._fsync:
+                os.fsync(f.fileno())
+        os.replace(tmp, final)
+        if self._fsync:
+            _fsync_dir(self.dir)
+        self.next_offset = last + 1
+        return first, last
+
+
+class LandingLog:
+    """Read side of the landing log: offsets, deterministic range reads, retention."""
+
+    def __init__(self, root: str | os.PathLike[str]) -> None:
+        self.root = Path(root)
+
+    def partitions(self) -> list[str]:
+        if not self.root.is_dir():
+            return []
+        return sorted(
+            e.name for e in os.scandir(self.root) if e.is_dir() and PARTITION_RE.match(e.name)
+        )
+
+    def end_offsets(self) -> dict[str, int]:
+        """Next offset to be written, per partition (exclusive end of what is durable)."""
+        out: dict[str, int] = {}
+        for p in self.partitions():
+            segs = _segments(self.root / p)
+            if segs:
+                out[p] = segs[-1][1] + 1
+        return out
+
+    def start_offsets(self) -> dict[str, int]:
+        """First offset still on disk, per partition (after retention)."""
+        out: dict[str, int] = {}
+        for p in self.partitions():
+            segs = _segments(self.root / p)
+            if segs:
+                out[p] = segs[0][0]
+        return out
+
+    def read(self, partition: str, start: int, end: int) -> pa.Table:
+        """Rows with ``start <= offset < end``; raises if any of them is gone."""
+        tables: list[pa.Table] = []
+        expected = start
+        for first, last, path in _segments(self.root / partition):
+            if last < start or first >= end:
+                continue
+            if first > expected:
+                raise LandingError(
+                    f"offsets {expected}..{first - 1} of partition {partition!r} are not on disk"
+                )
+            t = ipc.open_file(pa.memory_map(str(path))).read_all()
+            lo = max(start - first, 0)
+            hi = min(end, last + 1) - first
+            tables.append(t.slice(lo, hi - lo))
+            expected = last + 1
+        if expected < end and start < end:
+            raise LandingError(
+                f"offsets {expected}..{end - 1} of partition {partition!r} are not on disk"
+            )
+        if not tables:
+            return LANDING.empty_table()
+        return pa.concat_tables(tables)
+
+    def iter_batches(self, offsets: Mapping[str, tuple[int, int]]) -> Iterable[pa.RecordBatch]:
+        for p, (s, e) in sorted(offsets.items()):
+            if e > s:
+                yield from self.read(p, s, e).to_batches()
+
+    def delete_before(self, partition: str, offset: int) -> int:
+        """Remove segments wholly below ``offset`` (never the newest); returns how many."""
+        segs = _segments(self.root / partition)
+        removed = 0
+        for first, last, path in segs[:-1]:
+            if last < offset:
+                path.unlink()
+                removed += 1
+        return removed

@@ -1,0 +1,1 @@
+"""Every table schema of the pipeline, defined once (as Arrow schemas)."""

@@ -1,0 +1,56 @@
+"""Arrow schemas of the landing log and of every Delta table, defined once.
+
+Spark schemas are derived from these (``spark_schema``) so a column is never
+declared twice. Timestamps are UTC microseconds (Spark's ``timestamp``);
+QMF's own nanosecond timestamps are kept as int64 ``*_ns`` columns.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import pyarrow as pa
+
+if TYPE_CHECKING:
+    from pyspark.sql.types import StructType
+
+TS = pa.timestamp("us", tz="UTC")
+
+# One landed AMQP message. Written by receivers.landing, served by the "qmf"
+# Spark source. ``msg_key`` is the message's stable identity (see
+# receivers.landing.message_key): a redelivered message gets the same key, so
+# downstream de-duplication works after any replay.
+LANDING = pa.schema(
+    [
+        pa.field("partition", pa.string(), nullable=False),
+        pa.field("offset", pa.int64(), nullable=False),
+        pa.field("msg_key", pa.string(), nullable=False),
+        pa.field("received_at", TS, nullable=False),
+        pa.field("routing_key", pa.string()),
+        pa.field("subject", pa.string()),
+        pa.field("message_id", pa.string()),
+        pa.field("correlation_id", pa.string()),
+        pa.field("reply_to", pa.string()),
+        pa.field("app_id", pa.string()),
+        pa.field("content_type", pa.string()),
+        pa.field("application_properties", pa.map_(pa.string(), pa.string())),
+        pa.field("body", pa.binary(), nullable=False),
+    ]
+)
+
+# Bronze: one row per AMQP message, exactly as landed, plus the streaming
+# batch that wrote it.
+BRONZE = pa.schema([*LANDING, pa.field("batch_id", pa.int64(), nullable=False)])
+
+TABLES: dict[str, pa.Schema] = {
+    "landing": LANDING,
+    "bronze": BRONZE,
+}
+
+
+def spark_schema(name_or_schema: str | pa.Schema) -> StructType:
+    """The Spark StructType of a table (imports pyspark lazily)."""
+    from pyspark.sql.pandas.types import from_arrow_schema
+
+    schema = TABLES[name_or_schema] if isinstance(name_or_schema, str) else name_or_schema
+    return from_arrow_schema(schema)
