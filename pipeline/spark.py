@@ -1,0 +1,113 @@
+"""The one SparkSession factory.
+
+Every job, test and notebook gets its session here so the settings that the
+Delta layer and the streaming source rely on (UTC, microsecond Parquet
+timestamps, Arrow, the driver's interpreter on the workers) are set once.
+Under ``spark-submit`` the master and any ``--conf`` given there win: this
+module only fills in what is missing.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from collections.abc import Mapping
+from typing import Any
+
+from pyspark import SparkConf, SparkContext
+from pyspark.sql import SparkSession
+
+DEFAULT_MASTER = "local[2]"
+
+# Settings every session needs; the Delta layer's timestamp handling depends on
+# the first two (see docs/delta.md).
+BASE_CONF: dict[str, str] = {
+    "spark.sql.session.timeZone": "UTC",
+    "spark.sql.parquet.outputTimestampType": "TIMESTAMP_MICROS",
+    "spark.sql.execution.arrow.pyspark.enabled": "true",
+    "spark.sql.execution.arrow.pyspark.fallback.enabled": "false",
+    "spark.sql.execution.pythonUDF.arrow.enabled": "true",
+    "spark.sql.execution.arrow.maxRecordsPerBatch": "10000",
+    "spark.ui.showConsoleProgress": "false",
+}
+
+# Small and quiet for the test suite: 2 cores shared by several processes.
+TEST_CONF: dict[str, str] = {
+    "spark.ui.enabled": "false",
+    "spark.sql.shuffle.partitions": "2",
+    "spark.default.parallelism": "2",
+    "spark.driver.memory": "1g",
+    "spark.driver.host": "127.0.0.1",
+    "spark.driver.bindAddress": "127.0.0.1",
+    "spark.sql.adaptive.enabled": "false",
+    "spark.rdd.compress": "false",
+    "spark.shuffle.compress": "false",
+    "spark.python.worker.reuse": "true",
+    "spark.sql.streaming.stopGracefullyOnShutdown": "true",
+}
+
+
+def _under_spark_submit() -> bool:
+    """True when a JVM was started for us (spark-submit or the pyspark shell)."""
+    return "PYSPARK_GATEWAY_PORT" in os.environ
+
+
+def _master_configured(existing: Mapping[str, str]) -> bool:
+    """Whether someone else already chose a master (spark-submit, env, defaults)."""
+    if "spark.master" in existing or os.environ.get("MASTER"):
+        return True
+    return "--master" in os.environ.get("PYSPARK_SUBMIT_ARGS", "")
+
+
+def _existing_conf() -> dict[str, str]:
+    """The configuration already in force: the launching JVM's, if any.
+
+    Outside spark-submit no JVM exists yet and starting one here would fix the
+    driver memory before our settings apply, so only an already running JVM
+    is asked.
+    """
+    active = SparkContext._active_spark_context
+    if active is not None:
+        return dict(active.getConf().getAll())
+    if _under_spark_submit():
+        SparkContext._ensure_initialized()
+        return dict(SparkConf(loadDefaults=True).getAll())
+    return {}
+
+
+def get_spark(
+    app_name: str,
+    *,
+    master: str | None = None,
+    conf: Mapping[str, Any] | None = None,
+    test: bool = False,
+) -> SparkSession:
+    """Return the process's SparkSession, creating it with the project's settings.
+
+    ``master`` and ``conf`` given here override everything; the project's
+    defaults never override what spark-submit (or an existing session) set.
+    """
+    # Workers must run this very interpreter (the venv with pyarrow etc.);
+    # this has to be in the environment before the JVM starts.
+    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+    os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
+
+    existing = _existing_conf()
+    defaults = dict(BASE_CONF)
+    if test:
+        defaults.update(TEST_CONF)
+
+    builder = SparkSession.builder.appName(app_name)
+    if master is not None:
+        builder = builder.master(master)
+    elif not _master_configured(existing):
+        builder = builder.master(DEFAULT_MASTER)
+    for key, value in defaults.items():
+        if key not in existing:
+            builder = builder.config(key, value)
+    for key, value in (conf or {}).items():
+        builder = builder.config(key, str(value))
+
+    session = builder.getOrCreate()
+    session.sparkContext.setLogLevel("ERROR" if test else "WARN")
+    return session

@@ -1,0 +1,101 @@
+"""The session factory sets what the Delta layer and the source rely on."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+from pyspark.sql import SparkSession
+
+from pipeline.spark import get_spark
+
+pytestmark = pytest.mark.spark
+
+
+def test_test_session_settings(spark: SparkSession) -> None:
+    conf = spark.sparkContext.getConf()
+    assert spark.conf.get("spark.sql.session.timeZone") == "UTC"
+    assert spark.conf.get("spark.sql.parquet.outputTimestampType") == "TIMESTAMP_MICROS"
+    assert spark.conf.get("spark.sql.execution.arrow.pyspark.enabled") == "true"
+    assert spark.conf.get("spark.sql.shuffle.partitions") == "2"
+    assert conf.get("spark.ui.enabled") == "false"
+    assert conf.get("spark.master") == "local[2]"
+    assert os.environ["PYSPARK_PYTHON"] == sys.executable
+
+
+def test_get_spark_returns_the_running_session(spark: SparkSession) -> None:
+    again = get_spark("another-name", test=True)
+    assert again is spark or again.sparkContext is spark.sparkContext
+
+
+def test_workers_run_this_interpreter(spark: SparkSession) -> None:
+    def exe(_: object) -> str:
+        import sys as worker_sys
+
+        return worker_sys.executable
+
+    seen = set(spark.sparkContext.parallelize([1, 2], 2).map(exe).collect())
+    assert seen == {sys.executable}
+
+
+def test_timestamps_are_utc_micros(spark: SparkSession, tmp_path: Path) -> None:
+    import pyarrow.parquet as pq
+
+    df = spark.sql("SELECT TIMESTAMP'2024-01-02 03:04:05.123456' AS ts")
+    out = str(tmp_path / "ts")
+    df.write.parquet(out)
+    files = sorted(p for p in Path(out).glob("*.parquet"))
+    table = pq.read_table(files[0])
+    assert str(table.schema.field("ts").type) == "timestamp[us, tz=UTC]"
+    assert table.column("ts")[0].value == 1704164645123456
+
+
+def test_spark_submit_master_wins(tmp_path: Path) -> None:
+    """Under spark-submit the --master and --conf given there are kept."""
+    script = tmp_path / "probe.py"
+    script.write_text(
+        textwrap.dedent(
+            """
+            from pipeline.spark import get_spark
+            s = get_spark("probe")
+            c = s.sparkContext.getConf()
+            print("MASTER=" + c.get("spark.master"))
+            print("SHUFFLE=" + s.conf.get("spark.sql.shuffle.partitions"))
+            print("TZ=" + s.conf.get("spark.sql.session.timeZone"))
+            s.stop()
+            """
+        )
+    )
+    submit = Path(sys.executable).parent / "spark-submit"
+    env = dict(os.environ)
+    env["PYTHONPATH"] = str(Path(__file__).resolve().parents[2])
+    env.pop("PYSPARK_GATEWAY_PORT", None)
+    env.pop("PYSPARK_GATEWAY_SECRET", None)
+    proc = subprocess.run(
+        [
+            str(submit),
+            "--master",
+            "local[1]",
+            "--conf",
+            "spark.sql.shuffle.partitions=7",
+            "--conf",
+            "spark.ui.enabled=false",
+            "--driver-memory",
+            "512m",
+            str(script),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env=env,
+        check=False,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    lines = set(proc.stdout.splitlines())
+    assert "MASTER=local[1]" in lines
+    assert "SHUFFLE=7" in lines
+    assert "TZ=UTC" in lines
