@@ -221,7 +221,7 @@ class LandingLog:
         """Remove segments wholly below ``offset`` (never the newest); returns how many."""
         segs = _segments(self.root / partition)
         removed = 0
-        for first, last, path in segs[:-1]:
+        for _first, last, path in segs[:-1]:
             if last < offset:
                 path.unlink()
                 removed += 1
