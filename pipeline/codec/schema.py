@@ -76,11 +76,21 @@ class SchemaRegistry:
 
     def __init__(self, schemas: Iterable[ClassSchema] = ()) -> None:
         self._by_key: dict[SchemaKey, ClassSchema] = {}
+        # Decode plans the codec compiles per (dialect, opcode, key); dropped
+        # when a key's schema changes.
+        self.plans: dict[tuple[Any, ...], Any] = {}
         for s in schemas:
             self.add(s)
 
     def add(self, schema: ClassSchema) -> None:
+        old = self._by_key.get(schema.key)
+        if old is not None and old != schema:
+            self.plans.clear()
         self._by_key[schema.key] = schema
+
+    def copy(self) -> SchemaRegistry:
+        """An independent registry with the same schemas (plans are rebuilt lazily)."""
+        return SchemaRegistry(self._by_key.values())
 
     def get(self, key: SchemaKey) -> ClassSchema | None:
         return self._by_key.get(key)
