@@ -26,6 +26,10 @@ import urllib.parse
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from proton import SSLDomain
 
 DEFAULT_HOST = "127.0.0.1"
 DEFAULT_PORT = 35672
@@ -534,7 +538,7 @@ def generate_tls(directory: Path | str, client_cn: str = DEFAULT_CLIENT_CN,
         "basicConstraints = CA:FALSE\n"
         "keyUsage = digitalSignature, keyEncipherment\n"
         "extendedKeyUsage = serverAuth\n"
-        "subjectAltName = DNS:localhost, IP:127.0.0.1\n"
+        "subjectAltName = DNS:localhost, DNS:127.0.0.1, IP:127.0.0.1\n"
         "[client]\n"
         "basicConstraints = CA:FALSE\n"
         "keyUsage = digitalSignature, keyEncipherment\n"
@@ -588,16 +592,12 @@ def amqp10_handshake(host: str, port: int, timeout: float = 2.0) -> bool:
 
 
 def amqp10_attach(url: str, address: str = "/exchange/qpid.management",
-                  timeout: float = 10.0, ssl_domain: object | None = None) -> None:
+                  timeout: float = 10.0, ssl_domain: SSLDomain | None = None) -> None:
     """Open a real proton connection and attach a sender; raises BrokerError on failure."""
-    from proton import SSLDomain
     from proton.utils import BlockingConnection
 
     try:
-        conn = BlockingConnection(
-            url, timeout=timeout,
-            ssl_domain=ssl_domain if isinstance(ssl_domain, SSLDomain) else None,
-        )
+        conn = BlockingConnection(url, timeout=timeout, ssl_domain=ssl_domain)
     except Exception as exc:
         raise BrokerError(f"cannot open an AMQP 1.0 connection to {_redact(url)}: {exc}") from exc
     try:
@@ -845,7 +845,19 @@ def stop_broker(timeout: float = DEFAULT_STOP_TIMEOUT) -> bool:
     """Stop this project's node only; True if it was running."""
     cfg = load_config()
     with _locked(cfg):
-        return _stop_locked(cfg, timeout)
+        was = _stop_locked(cfg, timeout)
+        _stop_epmd(cfg)
+        return was
+
+
+def _stop_epmd(cfg: BrokerConfig) -> None:
+    """Our node spawned an epmd on its private port; epmd refuses -kill while nodes live."""
+    exe = shutil.which("epmd")
+    if exe is None or not port_open("127.0.0.1", cfg.epmd_port, timeout=0.3):
+        return
+    with contextlib.suppress(OSError, subprocess.SubprocessError):
+        subprocess.run([exe, "-port", str(cfg.epmd_port), "-kill"], capture_output=True,
+                       timeout=10, stdin=subprocess.DEVNULL)
 
 
 def restart_broker(timeout: float | None = None) -> BrokerInfo:
@@ -1030,7 +1042,7 @@ def ensure_tls(directory: Path | str | None = None, restart: bool = True) -> Tls
     return files
 
 
-def client_ssl_domain(files: TlsFiles, client_cert: bool = True) -> object:
+def client_ssl_domain(files: TlsFiles, client_cert: bool = True) -> SSLDomain:
     """A proton SSLDomain trusting the CA, verifying the peer name, optionally with a cert."""
     from proton import SSLDomain
 

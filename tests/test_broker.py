@@ -1,0 +1,310 @@
+"""The project-local RabbitMQ node, against real nodes (no mocks).
+
+Tests that stop or restart a node use a *private* node (own QMF_HOME and ports), so the
+shared node other test modules use stays up; that also proves two nodes never collide.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from proton import ConnectionException, Message, Timeout
+from proton.utils import BlockingConnection
+
+from pipeline import broker as b
+from pipeline.cli import main as cli_main
+
+pytestmark = pytest.mark.broker
+
+ENV_KEYS = ("QMF_HOME", "QMF_BROKER_PORT", "QMF_BROKER_TLS_PORT", "QMF_BROKER_DIST_PORT",
+            "QMF_BROKER_EPMD_PORT", "QMF_BROKER_URL", "QMF_RABBITMQ_BIN")
+
+
+def _free_port(span: int = 1) -> int:
+    """A free loopback port p with p..p+span-1 free too (dist port + CLI range)."""
+    for _ in range(200):
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = int(s.getsockname()[1])
+        if port + span < 65000 and not any(b.port_open("127.0.0.1", port + i, 0.2)
+                                           for i in range(span)):
+            return port
+    raise RuntimeError("no free port range found")
+
+
+@pytest.fixture(scope="module")
+def private_env(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, str]]:
+    """Env of a second node: own state dir and ports; stopped at module end."""
+    env = {
+        "QMF_HOME": str(tmp_path_factory.mktemp("qmfhome")),
+        "QMF_BROKER_PORT": str(_free_port()),
+        "QMF_BROKER_TLS_PORT": str(_free_port()),
+        "QMF_BROKER_DIST_PORT": str(_free_port(10)),
+        "QMF_BROKER_EPMD_PORT": str(_free_port()),
+    }
+    yield env
+    with pytest.MonkeyPatch.context() as mp:
+        for key in ENV_KEYS:
+            mp.delenv(key, raising=False)
+        for key, value in env.items():
+            mp.setenv(key, value)
+        b.stop_broker()
+
+
+@pytest.fixture
+def private(private_env: dict[str, str], monkeypatch: pytest.MonkeyPatch) -> dict[str, str]:
+    """Point pipeline.broker at the private node for one test."""
+    for key in ENV_KEYS:
+        monkeypatch.delenv(key, raising=False)
+    for key, value in private_env.items():
+        monkeypatch.setenv(key, value)
+    return private_env
+
+
+def _body(msg: Message) -> bytes:
+    """proton hands binary bodies back as memoryview."""
+    assert isinstance(msg.body, bytes | memoryview), type(msg.body)
+    return bytes(msg.body)
+
+
+def _drain(conn: BlockingConnection, address: str, n: int) -> list[Message]:
+    receiver = conn.create_receiver(address, credit=min(n, 500))
+    got: list[Message] = []
+    for _ in range(n):
+        got.append(receiver.receive(timeout=10))
+        receiver.accept()
+    return got
+
+
+# ------------------------------------------------------------------ the shared node
+
+
+def test_ensure_broker_is_idempotent_and_fast(broker: b.BrokerInfo) -> None:
+    assert broker.local
+    assert broker.url == f"amqp://guest:guest@127.0.0.1:{broker.port}"
+    assert broker.host == "127.0.0.1"
+    t0 = time.monotonic()
+    again = b.ensure_broker()
+    assert time.monotonic() - t0 < 5.0
+    assert again.url == broker.url and again.node == broker.node
+
+
+def test_status_running(broker: b.BrokerInfo) -> None:
+    status = b.broker_status()
+    assert status.running and status.amqp10 and status.managed
+    assert status.node == broker.node
+    assert status.node is not None and status.node.startswith("qmf-")
+    assert status.node.endswith("@localhost")
+    assert status.pid is not None and status.pid > 1
+    assert status.ports["amqp_port"] == broker.port
+
+
+def test_cli_status(broker: b.BrokerInfo, capsys: pytest.CaptureFixture[str]) -> None:
+    assert cli_main(["broker", "status"]) == 0
+    out = capsys.readouterr().out
+    assert "broker: running" in out
+    assert f"node: {broker.node}" in out
+
+
+def test_listens_on_loopback_only(broker: b.BrokerInfo) -> None:
+    """Every listening socket of the node is bound to 127.0.0.1."""
+    assert broker.paths is not None
+    pid = b.broker_status().pid
+    inodes = set()
+    for fd in Path(f"/proc/{pid}/fd").iterdir():
+        target = os.readlink(fd)
+        if target.startswith("socket:["):
+            inodes.add(target[8:-1])
+    listening = []
+    for line in Path("/proc/net/tcp").read_text().splitlines()[1:]:
+        cols = line.split()
+        if cols[3] == "0A" and cols[9] in inodes:  # 0A = LISTEN
+            addr, port = cols[1].split(":")
+            listening.append((addr, int(port, 16)))
+    assert broker.tls_port is not None
+    assert sorted(listening) == sorted(
+        ("0100007F", p) for p in (broker.port, broker.tls_port, b.load_config().dist_port)
+    )
+
+
+def test_publish_to_exchange_with_subject_reaches_topic_subscriber(
+    broker: b.BrokerInfo,
+) -> None:
+    body = bytes(range(256)) * 4 + b"\x00AM1"
+    conn = BlockingConnection(broker.url, timeout=10)
+    try:
+        receiver = conn.create_receiver("/exchange/qpid.management/mgmt.#", credit=10)
+        sender = conn.create_sender("/exchange/qpid.management/mgmt.x.y")
+        sender.send(Message(body=body, subject="mgmt.x.y",
+                            content_type="application/octet-stream",
+                            properties={"qmf.agent": "x"}))
+        # A key outside the binding must not arrive.
+        other = conn.create_sender("/exchange/qpid.management/console.x.y")
+        other.send(Message(body=b"not for you", subject="console.x.y"))
+        msg = receiver.receive(timeout=10)
+        receiver.accept()
+        assert _body(msg) == body
+        assert msg.subject == "mgmt.x.y"
+        assert msg.content_type == "application/octet-stream"
+        assert msg.properties == {"qmf.agent": "x"}
+        with pytest.raises(Timeout):
+            receiver.receive(timeout=0.5)
+    finally:
+        conn.close()
+
+
+def test_topology_exchanges_and_gen_queue_policy(broker: b.BrokerInfo) -> None:
+    rows = b.rabbitmqctl("list_exchanges", "--no-table-headers", "name", "type", "durable")
+    exchanges = {tuple(line.split("\t")) for line in rows.splitlines()}
+    assert ("qpid.management", "topic", "true") in exchanges
+    assert ("qmf.default.topic", "topic", "true") in exchanges
+    assert ("qmf.default.direct", "direct", "true") in exchanges
+    conn = BlockingConnection(broker.url, timeout=10)
+    try:
+        conn.create_receiver("/exchange/qmf.default.topic/agent.ind.#", credit=1)
+        rows = b.rabbitmqctl("list_queues", "--no-table-headers", "name", "policy")
+    finally:
+        conn.close()
+    gen = [line.split("\t") for line in rows.splitlines() if line.startswith("amq.gen-")]
+    assert gen, rows
+    assert {row[1] for row in gen} == {"qmf-expire-amq-gen"}
+    policies = b.rabbitmqctl("list_policies", "--no-table-headers")
+    assert policies.splitlines() == [
+        '/\tqmf-expire-amq-gen\t^amq\\.gen-\tqueues\t{"expires":600000}\t0'
+    ]
+
+
+def test_tls_with_sasl_plain_external_and_wrong_password(broker: b.BrokerInfo) -> None:
+    files = b.ensure_tls()  # the state dir's certificates: no restart
+    assert files.exist()
+    assert broker.tls_port is not None
+    tls_url = f"amqps://127.0.0.1:{broker.tls_port}"
+    assert broker.extra_user and broker.extra_password
+    plain = BlockingConnection(
+        f"amqps://{broker.extra_user}:{broker.extra_password}@127.0.0.1:{broker.tls_port}",
+        timeout=10, ssl_domain=b.client_ssl_domain(files, client_cert=False),
+        allowed_mechs="PLAIN",
+    )
+    plain.create_sender("/exchange/qpid.management")
+    plain.close()
+    external = BlockingConnection(tls_url, timeout=10, ssl_domain=b.client_ssl_domain(files),
+                                  allowed_mechs="EXTERNAL")
+    external.create_sender("/exchange/qpid.management")
+    external.close()
+    t0 = time.monotonic()
+    with pytest.raises(ConnectionException, match="Authentication failed"):
+        BlockingConnection(
+            f"amqps://{broker.extra_user}:wrong@127.0.0.1:{broker.tls_port}", timeout=10,
+            ssl_domain=b.client_ssl_domain(files, client_cert=False), allowed_mechs="PLAIN",
+        )
+    assert time.monotonic() - t0 < 8.0
+
+
+def test_add_user_then_plain_login(broker: b.BrokerInfo) -> None:
+    b.add_user("qmf-test-user", "s3cret pass")
+    conn = BlockingConnection(f"amqp://qmf-test-user:s3cret%20pass@127.0.0.1:{broker.port}",
+                              timeout=10, allowed_mechs="PLAIN")
+    conn.create_sender("/exchange/qpid.management")
+    conn.close()
+
+
+def test_external_url_only_checks_reachability(
+    broker: b.BrokerInfo, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("QMF_BROKER_URL", f"amqp://guest:guest@127.0.0.1:{broker.port}")
+    info = b.ensure_broker()
+    assert not info.local and info.port == broker.port and info.user == "guest"
+    assert b.broker_status().running
+    port = _free_port()
+    monkeypatch.setenv("QMF_BROKER_URL", f"amqp://127.0.0.1:{port}")
+    with pytest.raises(b.BrokerError, match="not reachable"):
+        b.ensure_broker()
+    assert not b.broker_status().running
+
+
+# ------------------------------------------------------------------ a private node
+
+
+def test_private_node_lifecycle_and_durable_queue_survives_restart(
+    broker: b.BrokerInfo, private: dict[str, str], capsys: pytest.CaptureFixture[str],
+    tmp_path: Path,
+) -> None:
+    # Certificates this test creates, configured before the first boot (no extra restart).
+    files = b.ensure_tls(tmp_path / "certs")
+    assert files.ca == tmp_path / "certs" / "ca.pem"
+    info = b.start_broker()
+    assert info.tls == files and info.tls_port == int(private["QMF_BROKER_TLS_PORT"])
+    tls = BlockingConnection(f"amqps://127.0.0.1:{info.tls_port}", timeout=10,
+                             ssl_domain=b.client_ssl_domain(files), allowed_mechs="EXTERNAL")
+    tls.close()
+    assert info.port == int(private["QMF_BROKER_PORT"]) != broker.port
+    assert info.node != broker.node
+    assert info.paths is not None and str(info.paths.state).startswith(private["QMF_HOME"])
+    assert b.broker_status().running
+
+    b.declare_queue("qmf-durable-test", [("qpid.management", "mgmt.#")])
+    bodies = [f"msg-{i}".encode() * 10 for i in range(200)]
+    conn = BlockingConnection(info.url, timeout=10)
+    sender = conn.create_sender("/exchange/qpid.management")
+    for i, body in enumerate(bodies):
+        sender.send(Message(body=body, subject=f"mgmt.a{i % 3}.t", durable=True))
+    conn.close()
+    assert b.queue_depths()["qmf-durable-test"] == 200
+
+    before = b.broker_status().pid
+    b.restart_broker()
+    assert b.broker_status().pid != before
+    assert b.queue_depths()["qmf-durable-test"] == 200
+    conn = BlockingConnection(info.url, timeout=10)
+    try:
+        got = _drain(conn, "/amq/queue/qmf-durable-test", 200)
+    finally:
+        conn.close()
+    assert [_body(m) for m in got] == bodies
+    assert [m.subject for m in got] == [f"mgmt.a{i % 3}.t" for i in range(200)]
+
+    assert cli_main(["broker", "stop"]) == 0
+    assert "broker stopped" in capsys.readouterr().out
+    status = b.broker_status()
+    assert not status.running and status.pid is None
+    assert cli_main(["broker", "status"]) == 3
+    assert "broker: stopped" in capsys.readouterr().out
+    assert b.stop_broker() is False
+    # The shared node was not touched.
+    assert b.amqp10_handshake("127.0.0.1", broker.port)
+
+
+def test_port_in_use_fails_with_clear_message(
+    private: dict[str, str], monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    with socket.socket() as squatter:
+        squatter.bind(("127.0.0.1", 0))
+        squatter.listen(1)
+        monkeypatch.setenv("QMF_HOME", str(tmp_path))
+        monkeypatch.setenv("QMF_BROKER_PORT", str(squatter.getsockname()[1]))
+        with pytest.raises(b.BrokerError, match=r"AMQP port 127\.0\.0\.1:\d+ is already in use"):
+            b.start_broker(timeout=10)
+
+
+def test_boot_failure_reports_log_tail(
+    private: dict[str, str], monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """A server that dies at boot: start fails fast, quoting its output."""
+    bindir = tmp_path / "bin"
+    bindir.mkdir()
+    script = bindir / "rabbitmq-server"
+    script.write_text("#!/bin/sh\necho 'boot failed: eaddrinuse (simulated)'\nexit 7\n")
+    script.chmod(0o755)
+    monkeypatch.setenv("QMF_HOME", str(tmp_path / "home"))
+    monkeypatch.setenv("QMF_RABBITMQ_BIN", str(bindir))
+    t0 = time.monotonic()
+    with pytest.raises(b.BrokerError) as err:
+        b.start_broker(timeout=30)
+    assert time.monotonic() - t0 < 10
+    assert "exited with code 7" in str(err.value)
+    assert "boot failed: eaddrinuse (simulated)" in str(err.value)
