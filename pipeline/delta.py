@@ -1,0 +1,713 @@
+"""The Delta layer on delta-rs: exactly-once appends, merges and range overwrites.
+
+Delta's JARs cannot be fetched here, so Spark never touches the Delta log:
+Spark writes plain Parquet files in parallel (into a staging folder inside
+the table folder), the driver moves them into place and commits them with
+``DeltaTable.create_write_transaction``. Large batches therefore never pass
+through the driver as one Arrow table. Every write carries a Delta app
+transaction ``(app_id, batch_id)``; a batch id at or below the recorded one
+is a no-op that writes no file. See docs/delta.md.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import shutil
+import time
+import urllib.parse
+import uuid
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from datetime import UTC, date, datetime, timedelta
+from typing import TYPE_CHECKING, Any
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+from deltalake import CommitProperties, DeltaTable, Transaction
+from deltalake.transaction import AddAction
+
+if TYPE_CHECKING:
+    from pyspark.sql import Column, DataFrame, SparkSession
+    from pyspark.sql.types import StructType
+
+STAGING_DIR = "_staging"
+FILE_COL = "__delta_file"
+HIVE_NULL = "__HIVE_DEFAULT_PARTITION__"
+# Strings longer than this get no min/max stats (delta-spark truncates at 32
+# with a tie-breaker; we simply omit long ones, which is always safe).
+MAX_STAT_STRING_BYTES = 64
+
+_PARTITION_TYPES = (
+    pa.types.is_string,
+    pa.types.is_integer,
+    pa.types.is_date32,
+    pa.types.is_boolean,
+)
+
+
+class DeltaLayerError(RuntimeError):
+    """Base error of the Delta layer."""
+
+
+class SchemaMismatchError(DeltaLayerError):
+    """A data file or DataFrame does not match the table schema; nothing was committed."""
+
+
+@dataclass(frozen=True)
+class CommitResult:
+    """What a write did: the committed version, or ``skipped`` for a replayed batch."""
+
+    skipped: bool
+    version: int | None
+    files_added: int = 0
+    files_removed: int = 0
+    rows: int = 0
+
+
+# ---------------------------------------------------------------------------
+# Tables and schemas
+
+
+def table_exists(path: str | os.PathLike[str]) -> bool:
+    """True when ``path`` holds a Delta log."""
+    return os.path.isdir(os.path.join(os.fspath(path), "_delta_log"))
+
+
+def create_table(
+    path: str | os.PathLike[str],
+    schema: pa.Schema,
+    partition_by: Sequence[str] = (),
+    *,
+    name: str | None = None,
+    configuration: Mapping[str, str | None] | None = None,
+) -> DeltaTable:
+    """Create the table if absent; an existing table must have the same schema.
+
+    Idempotent so that every job can call it at start-up.
+    """
+    path = os.fspath(path)
+    for col in partition_by:
+        if col not in schema.names:
+            raise ValueError(f"partition column {col!r} not in schema")
+        if not any(check(schema.field(col).type) for check in _PARTITION_TYPES):
+            raise ValueError(
+                f"partition column {col!r} has type {schema.field(col).type}; "
+                "only string, integer, date and boolean partitions are supported"
+            )
+    if table_exists(path):
+        dt = DeltaTable(path)
+        existing = table_schema(dt)
+        problems = _schema_problems(schema, existing, check_nullability=True)
+        if problems:
+            raise SchemaMismatchError(
+                f"table {path} exists with another schema: " + "; ".join(problems)
+            )
+        if list(dt.metadata().partition_columns) != list(partition_by):
+            raise SchemaMismatchError(
+                f"table {path} is partitioned by {dt.metadata().partition_columns}, not {list(partition_by)}"
+            )
+        return dt
+    os.makedirs(path, exist_ok=True)
+    return DeltaTable.create(
+        path,
+        schema,
+        mode="error",
+        partition_by=list(partition_by) or None,
+        name=name,
+        configuration=configuration,
+    )
+
+
+def table_schema(table: DeltaTable | str | os.PathLike[str]) -> pa.Schema:
+    """The table's Arrow schema, as recorded in its log."""
+    dt = table if isinstance(table, DeltaTable) else DeltaTable(os.fspath(table))
+    return pa.schema(dt.schema().to_arrow())
+
+
+def table_root(table: DeltaTable) -> str:
+    """The table's local folder (this layer moves files with local renames)."""
+    uri = table.table_uri
+    if uri.startswith("file://"):
+        return urllib.parse.unquote(uri.removeprefix("file://"))
+    if "://" in uri:
+        raise DeltaLayerError(f"only local tables are supported, not {uri}")
+    return uri
+
+
+def partition_columns(table: DeltaTable) -> list[str]:
+    """The table's partition columns, in log order."""
+    return list(table.metadata().partition_columns)
+
+
+def _canonical(t: pa.DataType) -> tuple[Any, ...]:
+    """A type's shape for comparison: ignores nullability, nested field names and
+    string/binary/list offset widths, which readers treat alike."""
+    if pa.types.is_string(t) or pa.types.is_large_string(t) or pa.types.is_string_view(t):
+        return ("string",)
+    if pa.types.is_binary(t) or pa.types.is_large_binary(t) or pa.types.is_binary_view(t):
+        return ("binary",)
+    if pa.types.is_map(t):
+        return ("map", _canonical(t.key_type), _canonical(t.item_type))
+    if pa.types.is_list(t) or pa.types.is_large_list(t) or pa.types.is_list_view(t):
+        return ("list", _canonical(t.value_type))
+    if pa.types.is_struct(t):
+        return ("struct", tuple((f.name, _canonical(f.type)) for f in t))
+    if pa.types.is_timestamp(t):
+        tz = t.tz
+        if tz in ("UTC", "+00:00", "Etc/UTC"):
+            tz = "UTC"
+        return ("timestamp", t.unit, tz)
+    return ("type", str(t))
+
+
+def _schema_problems(
+    expected: pa.Schema, actual: pa.Schema, *, check_nullability: bool
+) -> list[str]:
+    """Human-readable differences between two schemas (empty when compatible)."""
+    problems: list[str] = []
+    missing = [n for n in expected.names if n not in actual.names]
+    extra = [n for n in actual.names if n not in expected.names]
+    if missing:
+        problems.append(f"missing columns {missing}")
+    if extra:
+        problems.append(f"unexpected columns {extra}")
+    for field in expected:
+        if field.name not in actual.names:
+            continue
+        other = actual.field(field.name)
+        if _canonical(field.type) != _canonical(other.type):
+            problems.append(f"column {field.name!r} is {other.type}, table has {field.type}")
+        elif check_nullability and field.nullable != other.nullable:
+            problems.append(
+                f"column {field.name!r} nullable={other.nullable}, table has {field.nullable}"
+            )
+    return problems
+
+
+def _spark_schema(schema: pa.Schema) -> StructType:
+    from schemas.tables import spark_schema
+
+    return spark_schema(schema)
+
+
+def conform(df: DataFrame, schema: pa.Schema) -> DataFrame:
+    """Select and cast ``df``'s columns to the table schema (names, order, types).
+
+    Missing nullable columns become typed nulls; a missing non-nullable column
+    or an extra column is an error (silently dropping data is worse).
+    Non-nullable nested columns get a row-level null check here, because the
+    Parquet footers cannot tell a null map from an empty one.
+    """
+    from pyspark.sql import functions as F
+
+    target = _spark_schema(schema)
+    present = set(df.columns)
+    extra = [c for c in df.columns if c not in schema.names]
+    if extra:
+        raise SchemaMismatchError(f"DataFrame has columns not in the table: {extra}")
+    cols: list[Column] = []
+    for arrow_field, field in zip(schema, target.fields, strict=True):
+        if field.name not in present:
+            if not arrow_field.nullable:
+                raise SchemaMismatchError(f"DataFrame lacks non-nullable column {field.name!r}")
+            cols.append(F.lit(None).cast(field.dataType).alias(field.name))
+            continue
+        col = F.col(f"`{field.name}`").cast(field.dataType)
+        if not arrow_field.nullable and pa.types.is_nested(arrow_field.type):
+            col = F.when(
+                col.isNull(), F.raise_error(F.lit(f"null in non-nullable column {field.name}"))
+            ).otherwise(col)
+        cols.append(col.alias(field.name))
+    return df.select(*cols)
+
+
+# ---------------------------------------------------------------------------
+# Exactly-once bookkeeping
+
+
+def committed_batch(path: str | os.PathLike[str], app_id: str) -> int | None:
+    """The last batch id committed by ``app_id`` (None if it never wrote)."""
+    return DeltaTable(os.fspath(path)).transaction_version(app_id)
+
+
+def _already_committed(dt: DeltaTable, app_id: str, batch_id: int) -> bool:
+    recorded = dt.transaction_version(app_id)
+    return recorded is not None and batch_id <= recorded
+
+
+def _commit_properties(app_id: str, batch_id: int, operation: str) -> CommitProperties:
+    return CommitProperties(
+        app_transactions=[Transaction(app_id, batch_id)],
+        custom_metadata={
+            "qmf.operation": operation,
+            "qmf.app_id": app_id,
+            "qmf.batch_id": batch_id,
+        },
+    )
+
+
+# ---------------------------------------------------------------------------
+# Parquet files -> add actions
+
+
+def _stat_value(t: pa.DataType, raw: Any, *, is_max: bool) -> Any:
+    """A footer min/max as Delta stats JSON, or None when it cannot be exact/safe."""
+    if pa.types.is_integer(t):
+        return int(raw)
+    if pa.types.is_date32(t):
+        return (date(1970, 1, 1) + timedelta(days=int(raw))).isoformat()
+    if pa.types.is_timestamp(t) and t.unit == "us" and t.tz is not None:
+        # Delta stats carry milliseconds: widen the range so skipping stays safe.
+        millis = math.ceil(int(raw) / 1000) if is_max else math.floor(int(raw) / 1000)
+        moment = datetime(1970, 1, 1, tzinfo=UTC) + timedelta(milliseconds=millis)
+        return moment.strftime("%Y-%m-%dT%H:%M:%S.") + f"{moment.microsecond // 1000:03d}Z"
+    if pa.types.is_string(t) or pa.types.is_large_string(t):
+        data = raw if isinstance(raw, bytes) else str(raw).encode()
+        if len(data) > MAX_STAT_STRING_BYTES:
+            return None
+        return data.decode("utf-8")
+    return None
+
+
+def file_stats(metadata: pq.FileMetaData, schema: pa.Schema) -> dict[str, Any]:
+    """Delta ``stats`` (numRecords, nullCount, min/max where exact) from a footer."""
+    stats: dict[str, Any] = {"numRecords": metadata.num_rows}
+    nulls: dict[str, int] = {}
+    mins: dict[str, Any] = {}
+    maxs: dict[str, Any] = {}
+    pschema = metadata.schema
+    for i in range(metadata.num_columns):
+        col_path = pschema.column(i).path
+        if "." in col_path or col_path not in schema.names:
+            continue  # a leaf of a nested column
+        t = schema.field(col_path).type
+        null_total: int | None = 0
+        lo: Any = None
+        hi: Any = None
+        minmax_ok = True
+        for rg in range(metadata.num_row_groups):
+            chunk = metadata.row_group(rg).column(i)
+            st = chunk.statistics
+            if st is None or not st.has_null_count:
+                null_total = None
+                minmax_ok = False
+                break
+            null_total = (null_total or 0) + st.null_count
+            if chunk.num_values == st.null_count:
+                continue  # all null: no min/max in this row group
+            if not st.has_min_max:
+                minmax_ok = False
+                continue
+            a = _stat_value(t, st.min_raw, is_max=False)
+            b = _stat_value(t, st.max_raw, is_max=True)
+            if a is None or b is None:
+                minmax_ok = False
+                continue
+            raw_lo = st.min_raw
+            raw_hi = st.max_raw
+            if lo is None or raw_lo < lo[0]:
+                lo = (raw_lo, a)
+            if hi is None or raw_hi > hi[0]:
+                hi = (raw_hi, b)
+        if null_total is not None:
+            nulls[col_path] = null_total
+        if minmax_ok and lo is not None and hi is not None:
+            mins[col_path] = lo[1]
+            maxs[col_path] = hi[1]
+    stats["minValues"] = mins
+    stats["maxValues"] = maxs
+    stats["nullCount"] = nulls
+    return stats
+
+
+def _partition_values_from_dir(rel_dir: str, partition_by: Sequence[str]) -> dict[str, str | None]:
+    """Hive-style ``a=x/b=y`` folder names (as Spark writes them) to Delta partition values."""
+    values: dict[str, str | None] = {}
+    parts = [p for p in rel_dir.split("/") if p]
+    for part in parts:
+        key, sep, raw = part.partition("=")
+        if not sep:
+            raise DeltaLayerError(f"unexpected folder {part!r} in staged output")
+        value = urllib.parse.unquote(raw)
+        values[urllib.parse.unquote(key)] = None if value == HIVE_NULL else value
+    if sorted(values) != sorted(partition_by):
+        raise DeltaLayerError(
+            f"staged folder {rel_dir!r} does not give partitions {list(partition_by)}"
+        )
+    return values
+
+
+def _delta_path(rel_path: str) -> str:
+    """A relative file path as the URI-encoded form the Delta log stores."""
+    return urllib.parse.quote(rel_path, safe="/=-_.~")
+
+
+def build_add_actions(
+    table: DeltaTable,
+    files: Iterable[tuple[str, Mapping[str, str | None]]],
+) -> tuple[list[AddAction], int]:
+    """Validate data files (relative to the table root) and describe them as add actions.
+
+    Pitfall: ``create_write_transaction`` does not check files against the
+    table schema, and a bad file makes every later read fail, so each footer
+    is checked here: columns and types must match the table's (partition
+    columns excluded), and non-nullable columns must hold no null.
+    Returns the actions and the total row count.
+    """
+    root = table_root(table)
+    schema = table_schema(table)
+    parts = partition_columns(table)
+    file_schema = pa.schema([f for f in schema if f.name not in parts])
+    actions: list[AddAction] = []
+    rows = 0
+    now_ms = int(time.time() * 1000)
+    for rel_path, pvalues in files:
+        full = os.path.join(root, rel_path)
+        meta = pq.ParquetFile(full).metadata
+        arrow = meta.schema.to_arrow_schema()
+        problems = _schema_problems(file_schema, arrow, check_nullability=False)
+        stats = file_stats(meta, file_schema)
+        for f in file_schema:
+            if not f.nullable and stats["nullCount"].get(f.name, 0) > 0:
+                problems.append(
+                    f"non-nullable column {f.name!r} has {stats['nullCount'][f.name]} nulls"
+                )
+        for col in parts:
+            if pvalues.get(col) is None and not schema.field(col).nullable:
+                problems.append(f"non-nullable partition column {col!r} is null")
+        if problems:
+            raise SchemaMismatchError(
+                f"file {rel_path} does not match table {root}: " + "; ".join(problems)
+            )
+        rows += meta.num_rows
+        actions.append(
+            AddAction(
+                path=_delta_path(rel_path),
+                size=os.path.getsize(full),
+                partition_values=dict(pvalues),
+                modification_time=now_ms,
+                data_change=True,
+                stats=json.dumps(stats, separators=(",", ":")),
+            )
+        )
+    return actions, rows
+
+
+def commit_files(
+    path: str | os.PathLike[str],
+    files: Sequence[tuple[str, Mapping[str, str | None]]],
+    *,
+    app_id: str,
+    batch_id: int,
+    remove: Sequence[str] = (),
+    operation: str = "append",
+) -> CommitResult:
+    """Commit data files already inside the table folder, exactly once.
+
+    ``files`` are (path relative to the table root, partition values);
+    ``remove`` are Delta paths of live files this commit replaces. Raises
+    :class:`SchemaMismatchError` before committing if a file does not match.
+    """
+    from deltalake._internal import RemoveAction
+
+    dt = DeltaTable(os.fspath(path))
+    if _already_committed(dt, app_id, batch_id):
+        return CommitResult(skipped=True, version=dt.version())
+    actions, rows = build_add_actions(dt, files)
+    removals: list[Any] = []
+    if remove:
+        live = _live_actions(dt)
+        now_ms = int(time.time() * 1000)
+        for p in remove:
+            if p not in live:
+                raise DeltaLayerError(f"cannot remove {p}: not a live file of {path}")
+            size, pvalues = live[p]
+            removals.append(
+                RemoveAction(
+                    p,
+                    data_change=True,
+                    deletion_timestamp=now_ms,
+                    size=size,
+                    partition_values=pvalues,
+                )
+            )
+    dt.create_write_transaction(
+        [*actions, *removals],
+        mode="append",
+        schema=dt.schema(),
+        partition_by=partition_columns(dt) or None,
+        commit_properties=_commit_properties(app_id, batch_id, operation),
+    )
+    dt.update_incremental()
+    return CommitResult(
+        skipped=False,
+        version=dt.version(),
+        files_added=len(actions),
+        files_removed=len(removals),
+        rows=rows,
+    )
+
+
+def _live_actions(dt: DeltaTable) -> dict[str, tuple[int, dict[str, str | None]]]:
+    """Live files of the table version: Delta path -> (size, partition values)."""
+    adds = pa.table(dt.get_add_actions(flatten=True))
+    parts = partition_columns(dt)
+    out: dict[str, tuple[int, dict[str, str | None]]] = {}
+    paths = adds.column("path").to_pylist()
+    sizes = adds.column("size_bytes").to_pylist()
+    pcols = {c: adds.column(f"partition.{c}").to_pylist() for c in parts}
+    for i, p in enumerate(paths):
+        pv = {c: _partition_string(pcols[c][i]) for c in parts}
+        out[p] = (int(sizes[i]), pv)
+    return out
+
+
+def _partition_string(value: Any) -> str | None:
+    """A typed partition value from get_add_actions back to the log's string form."""
+    if value is None:
+        return None
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, date):
+        return value.isoformat()
+    return str(value)
+
+
+# ---------------------------------------------------------------------------
+# Spark-side writes
+
+
+def _staging_dir(root: str, app_id: str, batch_id: int) -> str:
+    safe_app = "".join(c if c.isalnum() or c in "-_." else "_" for c in app_id)
+    return os.path.join(root, STAGING_DIR, f"{safe_app}-{batch_id}-{uuid.uuid4().hex[:12]}")
+
+
+def _stage_and_move(
+    df: DataFrame, root: str, staging: str, partition_by: Sequence[str]
+) -> list[tuple[str, dict[str, str | None]]]:
+    """Spark writes Parquet in parallel into ``staging``; the files are then renamed
+    into the table folder (same filesystem, so a rename, not a copy)."""
+    writer = df.write.mode("error").option("compression", "snappy")
+    if partition_by:
+        writer = writer.partitionBy(*partition_by)
+    writer.parquet(staging)
+    files: list[tuple[str, dict[str, str | None]]] = []
+    for dirpath, _dirs, names in os.walk(staging):
+        rel_dir = os.path.relpath(dirpath, staging)
+        rel_dir = "" if rel_dir == "." else rel_dir
+        for name in sorted(names):
+            if not name.endswith(".parquet") or name.startswith((".", "_")):
+                continue
+            pvalues = _partition_values_from_dir(rel_dir, partition_by) if partition_by else {}
+            rel_path = os.path.join(rel_dir, name) if rel_dir else name
+            dest = os.path.join(root, rel_path)
+            os.makedirs(os.path.dirname(dest), exist_ok=True)
+            if os.path.exists(dest):
+                raise DeltaLayerError(f"refusing to overwrite existing data file {dest}")
+            os.rename(os.path.join(dirpath, name), dest)
+            files.append((rel_path, pvalues))
+    return sorted(files)
+
+
+def _remove_quietly(paths: Iterable[str]) -> None:
+    for p in paths:
+        try:
+            os.remove(p)
+        except FileNotFoundError:
+            pass
+
+
+def _write_and_commit(
+    df: DataFrame,
+    dt: DeltaTable,
+    *,
+    app_id: str,
+    batch_id: int,
+    operation: str,
+    remove: Sequence[str] = (),
+) -> CommitResult:
+    """Stage ``df`` (already conformed), move its files in, commit; clean up on failure."""
+    root = table_root(dt)
+    parts = partition_columns(dt)
+    staging = _staging_dir(root, app_id, batch_id)
+    moved: list[tuple[str, dict[str, str | None]]] = []
+    committed = False
+    try:
+        moved = _stage_and_move(df, root, staging, parts)
+        # Re-check right before committing: narrows the window in which a
+        # concurrent replay of the same batch could commit twice.
+        dt.update_incremental()
+        if _already_committed(dt, app_id, batch_id):
+            return CommitResult(skipped=True, version=dt.version())
+        result = commit_files(
+            root, moved, app_id=app_id, batch_id=batch_id, remove=remove, operation=operation
+        )
+        committed = True
+        return result
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+        if not committed:
+            _remove_quietly(os.path.join(root, rel) for rel, _ in moved)
+        staging_root = os.path.join(root, STAGING_DIR)
+        try:
+            os.rmdir(staging_root)
+        except OSError:
+            pass
+
+
+def append_batch(
+    df: DataFrame,
+    path: str | os.PathLike[str],
+    *,
+    app_id: str,
+    batch_id: int,
+) -> CommitResult:
+    """Append a micro-batch exactly once (a replayed ``batch_id`` writes nothing).
+
+    Meant for ``foreachBatch``: ``append_batch(df, path, app_id=query_name, batch_id=batch_id)``.
+    """
+    dt = DeltaTable(os.fspath(path))
+    if _already_committed(dt, app_id, batch_id):
+        return CommitResult(skipped=True, version=dt.version())
+    schema = table_schema(dt)
+    return _write_and_commit(
+        conform(df, schema), dt, app_id=app_id, batch_id=batch_id, operation="append"
+    )
+
+
+# ---------------------------------------------------------------------------
+# Readers
+
+
+@dataclass(frozen=True)
+class _LiveFile:
+    delta_path: str
+    local_path: str
+    partition_values: dict[str, str | None]
+
+
+def _live_files(dt: DeltaTable) -> list[_LiveFile]:
+    """The version's files with their partition values, taken from the log."""
+    root = table_root(dt)
+    out: list[_LiveFile] = []
+    for delta_path, (_size, pvalues) in sorted(_live_actions(dt).items()):
+        if "://" in delta_path:
+            parsed = urllib.parse.urlparse(delta_path)
+            if parsed.scheme != "file":
+                raise DeltaLayerError(f"only local files are supported, not {delta_path}")
+            local = urllib.parse.unquote(parsed.path)
+        elif delta_path.startswith("/"):
+            local = urllib.parse.unquote(delta_path)
+        else:
+            local = os.path.join(root, urllib.parse.unquote(delta_path))
+        out.append(_LiveFile(delta_path, local, pvalues))
+    return out
+
+
+def _open(path: str | os.PathLike[str], version: int | None) -> DeltaTable:
+    return DeltaTable(os.fspath(path), version=version)
+
+
+def read_arrow(path: str | os.PathLike[str], version: int | None = None) -> pa.Table:
+    """The table (latest or ``version``) as one Arrow table, for tests and notebooks.
+
+    Reads the files the log lists with pyarrow.parquet, never through
+    ``to_pyarrow_table``/``to_pyarrow_dataset`` (they can abort the process at
+    exit, delta-rs issue 2184). Partition values come from the log.
+    """
+    dt = _open(path, version)
+    schema = table_schema(dt)
+    parts = partition_columns(dt)
+    file_names = [f.name for f in schema if f.name not in parts]
+    pieces: list[pa.Table] = []
+    for live in _live_files(dt):
+        t = pq.read_table(live.local_path, columns=file_names, partitioning=None)
+        for col in parts:
+            ptype = schema.field(col).type
+            raw = pa.array([live.partition_values.get(col)] * t.num_rows, pa.string())
+            t = t.append_column(col, raw.cast(ptype))
+        pieces.append(
+            t.select(schema.names).cast(pa.schema([f.with_nullable(True) for f in schema]))
+        )
+    if not pieces:
+        return schema.empty_table()
+    return pa.concat_tables(pieces).cast(schema)
+
+
+def _spark_uri_key(uri: str) -> str:
+    """Normalise a Hadoop file URI (``file:/x`` vs ``file:///x``) for matching."""
+    if uri.startswith("file:"):
+        rest = uri[len("file:") :]
+        return "/" + rest.lstrip("/")
+    return uri
+
+
+def _spark_uris(spark: SparkSession, local_paths: Sequence[str]) -> list[str]:
+    """How Spark's ``_metadata.file_path`` will spell each file (Hadoop's URI
+    encoding), so rows can be traced back to Delta files exactly."""
+    jvm = spark.sparkContext._jvm
+    assert jvm is not None
+    conf = spark.sparkContext._jsc.hadoopConfiguration()
+    out: list[str] = []
+    fs = None
+    for p in local_paths:
+        jpath = jvm.org.apache.hadoop.fs.Path(p)
+        if fs is None:
+            fs = jpath.getFileSystem(conf)
+        out.append(_spark_uri_key(str(fs.makeQualified(jpath).toUri().toString())))
+    return out
+
+
+def _scan(
+    spark: SparkSession, dt: DeltaTable, files: Sequence[_LiveFile], *, with_file: bool
+) -> DataFrame:
+    """Spark DataFrame over ``files`` in table column order (nullable columns, as
+    Spark's Parquet reader always makes them); ``with_file`` adds the Delta path."""
+    from pyspark.sql import functions as F
+    from pyspark.sql.types import StringType, StructField, StructType
+
+    schema = table_schema(dt)
+    parts = partition_columns(dt)
+    target = _spark_schema(schema)
+    file_struct = StructType([f for f in target.fields if f.name not in parts])
+    out_cols = [*schema.names, *([FILE_COL] if with_file else [])]
+    if not files:
+        empty_fields = [
+            *target.fields,
+            *([StructField(FILE_COL, StringType())] if with_file else []),
+        ]
+        return spark.createDataFrame([], StructType(empty_fields))
+    data = spark.read.schema(file_struct).parquet(*[f.local_path for f in files])
+    if not parts and not with_file:
+        return data.select(*[F.col(f"`{n}`") for n in schema.names])
+    uris = _spark_uris(spark, [f.local_path for f in files])
+    key = "__delta_uri"
+    rows = [
+        (u, f.delta_path, *[f.partition_values.get(c) for c in parts])
+        for u, f in zip(uris, files, strict=True)
+    ]
+    map_schema = StructType(
+        [StructField(key, StringType()), StructField(FILE_COL, StringType())]
+        + [StructField(c, StringType()) for c in parts]
+    )
+    mapping = spark.createDataFrame(rows, map_schema)
+    for c in parts:
+        mapping = mapping.withColumn(c, F.col(f"`{c}`").cast(target[c].dataType))
+    uri_col = F.regexp_replace(F.col("_metadata.file_path"), "^file:/+", "/")
+    joined = data.withColumn(key, uri_col).join(F.broadcast(mapping), on=key, how="inner")
+    return joined.select(*[F.col(f"`{n}`") for n in out_cols])
+
+
+def read_table(
+    spark: SparkSession, path: str | os.PathLike[str], version: int | None = None
+) -> DataFrame:
+    """A Spark DataFrame of the table, latest or at ``version``.
+
+    Lists the version's files through delta-rs and lets Spark read them in
+    parallel; partition values come from the log. An empty table gives an
+    empty DataFrame with the table's schema.
+    """
+    dt = _open(path, version)
+    return _scan(spark, dt, _live_files(dt), with_file=False)

@@ -1,0 +1,235 @@
+"""The Delta layer on real Spark and real Delta tables under tmp_path."""
+
+from __future__ import annotations
+
+import json
+import os
+from datetime import UTC, date, datetime
+from pathlib import Path
+from typing import Any
+
+import polars as pl
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+from deltalake import DeltaTable
+from pyspark.sql import DataFrame, SparkSession
+
+from pipeline.delta import (
+    SchemaMismatchError,
+    append_batch,
+    commit_files,
+    committed_batch,
+    create_table,
+    read_arrow,
+    read_table,
+)
+from schemas.tables import BRONZE
+
+pytestmark = pytest.mark.spark
+
+TS = pa.timestamp("us", tz="UTC")
+EVENTS = pa.schema(
+    [
+        pa.field("id", pa.int64(), nullable=False),
+        pa.field("name", pa.string()),
+        pa.field("ts", TS, nullable=False),
+        pa.field("day", pa.date32(), nullable=False),
+        pa.field("props", pa.map_(pa.string(), pa.string())),
+        pa.field("body", pa.binary()),
+    ]
+)
+
+
+def ts(second: int) -> datetime:
+    return datetime(2024, 5, 1, 12, 0, second, 250001, tzinfo=UTC)
+
+
+def event(i: int, name: str | None = None, day: int = 1) -> dict[str, Any]:
+    return {
+        "id": i,
+        "name": name if name is not None else f"n{i}",
+        "ts": ts(i % 60),
+        "day": date(2024, 5, day),
+        "props": {"k": str(i)},
+        "body": bytes([i % 256]) * 3,
+    }
+
+
+def frame(spark: SparkSession, rows: list[dict[str, Any]]) -> DataFrame:
+    table = pa.Table.from_pylist(rows, schema=EVENTS)
+    return spark.createDataFrame(table)
+
+
+def data_files(path: Path) -> set[str]:
+    return {
+        str(p.relative_to(path)) for p in path.rglob("*.parquet") if "_delta_log" not in p.parts
+    }
+
+
+def sorted_rows(table: pa.Table, key: str = "id") -> list[dict[str, Any]]:
+    return sorted(table.to_pylist(), key=lambda r: r[key])
+
+
+def spark_rows(df: DataFrame, key: str = "id") -> list[dict[str, Any]]:
+    rows = [r.asDict(recursive=True) for r in df.collect()]
+    for r in rows:
+        if r.get("body") is not None:
+            r["body"] = bytes(r["body"])
+        if r.get("ts") is not None:
+            r["ts"] = r["ts"].replace(tzinfo=UTC) if r["ts"].tzinfo is None else r["ts"]
+    return sorted(rows, key=lambda r: r[key])
+
+
+def arrow_as_spark_rows(table: pa.Table) -> list[dict[str, Any]]:
+    rows = sorted_rows(table)
+    for r in rows:
+        if r.get("props") is not None:
+            r["props"] = dict(r["props"])
+    return rows
+
+
+# ---------------------------------------------------------------------------
+
+
+def test_append_two_batches_exact_rows(spark: SparkSession, tmp_path: Path) -> None:
+    path = tmp_path / "events"
+    create_table(path, EVENTS)
+    r0 = append_batch(frame(spark, [event(i) for i in range(5)]), path, app_id="job", batch_id=0)
+    r1 = append_batch(frame(spark, [event(i) for i in range(5, 8)]), path, app_id="job", batch_id=1)
+    assert (r0.skipped, r0.version, r0.rows) == (False, 1, 5)
+    assert (r1.skipped, r1.version, r1.rows) == (False, 2, 3)
+    assert committed_batch(path, "job") == 1
+    got = read_arrow(path)
+    assert got.schema == EVENTS
+    expected = pa.Table.from_pylist([event(i) for i in range(8)], schema=EVENTS)
+    assert sorted_rows(got) == sorted_rows(expected)
+    # No staging leftovers, and the version 1 view holds the first batch only.
+    assert not (path / "_staging").exists()
+    assert sorted(r["id"] for r in read_arrow(path, version=1).to_pylist()) == [0, 1, 2, 3, 4]
+
+
+def test_replayed_batch_commits_nothing(spark: SparkSession, tmp_path: Path) -> None:
+    path = tmp_path / "events"
+    create_table(path, EVENTS)
+    append_batch(frame(spark, [event(1), event(2)]), path, app_id="job", batch_id=7)
+    version = DeltaTable(str(path)).version()
+    files = data_files(path)
+    log = sorted(os.listdir(path / "_delta_log"))
+    replay = append_batch(
+        frame(spark, [event(1), event(2), event(3)]), path, app_id="job", batch_id=7
+    )
+    older = append_batch(frame(spark, [event(9)]), path, app_id="job", batch_id=3)
+    assert replay.skipped and older.skipped
+    assert replay.version == version
+    assert DeltaTable(str(path)).version() == version
+    assert data_files(path) == files
+    assert sorted(os.listdir(path / "_delta_log")) == log
+    assert sorted(r["id"] for r in read_arrow(path).to_pylist()) == [1, 2]
+    # Another app id is independent.
+    other = append_batch(frame(spark, [event(3)]), path, app_id="other", batch_id=7)
+    assert not other.skipped
+    assert sorted(r["id"] for r in read_arrow(path).to_pylist()) == [1, 2, 3]
+
+
+def test_append_conforms_columns(spark: SparkSession, tmp_path: Path) -> None:
+    """Column order, int widths and missing nullable columns are fixed before writing."""
+    path = tmp_path / "events"
+    create_table(path, EVENTS)
+    df = spark.sql(
+        "SELECT TIMESTAMP'2024-05-01 12:00:01' AS ts, CAST(4 AS INT) AS id, "
+        "DATE'2024-05-02' AS day, 'x' AS name"
+    )
+    append_batch(df, path, app_id="job", batch_id=0)
+    assert read_arrow(path).to_pylist() == [
+        {
+            "id": 4,
+            "name": "x",
+            "ts": datetime(2024, 5, 1, 12, 0, 1, tzinfo=UTC),
+            "day": date(2024, 5, 2),
+            "props": None,
+            "body": None,
+        }
+    ]
+    with pytest.raises(SchemaMismatchError, match="not in the table"):
+        append_batch(df.withColumn("extra", df.id), path, app_id="job", batch_id=1)
+    with pytest.raises(SchemaMismatchError, match="non-nullable column 'id'"):
+        append_batch(df.drop("id"), path, app_id="job", batch_id=1)
+    assert DeltaTable(str(path)).version() == 1
+
+
+def test_schema_mismatching_file_refused_before_commit(tmp_path: Path) -> None:
+    path = tmp_path / "events"
+    create_table(path, EVENTS)
+    bad = pa.table({"id": pa.array([1], pa.int32()), "name": ["a"]})
+    pq.write_table(bad, path / "bad.parquet")
+    with pytest.raises(SchemaMismatchError) as err:
+        commit_files(path, [("bad.parquet", {})], app_id="job", batch_id=0)
+    message = str(err.value)
+    assert "missing columns ['ts', 'day', 'props', 'body']" in message
+    assert "column 'id' is int32, table has int64" in message
+    assert DeltaTable(str(path)).version() == 0
+    assert committed_batch(path, "job") is None
+    # Right columns but a null in a non-nullable one is refused too.
+    nulls = pa.Table.from_pylist([event(1)], schema=EVENTS).set_column(
+        3, pa.field("day", pa.date32()), pa.array([None], pa.date32())
+    )
+    pq.write_table(nulls, path / "nulls.parquet")
+    with pytest.raises(SchemaMismatchError, match="non-nullable column 'day' has 1 nulls"):
+        commit_files(path, [("nulls.parquet", {})], app_id="job", batch_id=0)
+    assert DeltaTable(str(path)).version() == 0
+
+
+def test_add_actions_carry_stats(spark: SparkSession, tmp_path: Path) -> None:
+    path = tmp_path / "events"
+    create_table(path, EVENTS)
+    append_batch(
+        frame(spark, [event(3), event(1, name=None), event(2)]).coalesce(1),
+        path,
+        app_id="j",
+        batch_id=0,
+    )
+    log = (path / "_delta_log" / "00000000000000000001.json").read_text().splitlines()
+    adds = [json.loads(line)["add"] for line in log if '"add"' in line]
+    assert len(adds) == 1
+    stats = json.loads(adds[0]["stats"])
+    assert stats["numRecords"] == 3
+    assert stats["minValues"]["id"] == 1 and stats["maxValues"]["id"] == 3
+    assert stats["minValues"]["ts"] == "2024-05-01T12:00:01.250Z"
+    assert stats["maxValues"]["ts"] == "2024-05-01T12:00:03.251Z"
+    assert stats["minValues"]["day"] == "2024-05-01"
+    assert stats["nullCount"] == {"id": 0, "name": 0, "ts": 0, "day": 0, "body": 0}
+    assert adds[0]["size"] == os.path.getsize(path / adds[0]["path"])
+
+
+def test_readers_agree(spark: SparkSession, tmp_path: Path) -> None:
+    """deltalake + pyarrow (file_uris), polars and the Spark reader see the same rows."""
+    path = tmp_path / "events"
+    create_table(path, EVENTS)
+    append_batch(frame(spark, [event(i) for i in range(6)]), path, app_id="j", batch_id=0)
+    append_batch(frame(spark, [event(i) for i in range(6, 9)]), path, app_id="j", batch_id=1)
+    expected = pa.Table.from_pylist([event(i) for i in range(9)], schema=EVENTS)
+
+    plain = pq.read_table(DeltaTable(str(path)).file_uris())
+    assert sorted_rows(plain.select(EVENTS.names).cast(EVENTS)) == sorted_rows(expected)
+
+    polars_rows = pl.read_delta(str(path)).sort("id").to_arrow()
+    assert polars_rows.column("id").to_pylist() == list(range(9))
+    assert polars_rows.column("name").to_pylist() == [f"n{i}" for i in range(9)]
+    assert polars_rows.column("body").to_pylist() == [bytes([i]) * 3 for i in range(9)]
+    assert polars_rows.column("ts").cast(TS).to_pylist() == [ts(i) for i in range(9)]
+
+    df = read_table(spark, path)
+    assert df.columns == EVENTS.names
+    assert spark_rows(df) == arrow_as_spark_rows(expected)
+    assert spark_rows(read_table(spark, path, version=1)) == arrow_as_spark_rows(expected)[:6]
+
+
+def test_read_empty_table(spark: SparkSession, tmp_path: Path) -> None:
+    path = tmp_path / "bronze"
+    create_table(path, BRONZE)
+    df = read_table(spark, path)
+    assert df.count() == 0
+    assert df.columns == BRONZE.names
+    assert read_arrow(path).num_rows == 0
+    assert read_arrow(path).schema == BRONZE
