@@ -1,0 +1,408 @@
+"""One simulated QMF agent: identity, object ids per dialect, and the records it publishes.
+
+The agent turns its ``SimBroker`` state into codec records (``ObjectSample``,
+``Event``, ``Heartbeat``, ``SchemaResponse`` ...) with the identity each
+dialect uses: AM1 a 64-bit id (boot sequence, bank, object) and keys
+``mgmt.<uuid>.*``; AM2 a 128-bit id (flags, epoch, broker bank, agent bank,
+object) and keys ``console.obj.1.0.*`` like qpidd; V2 object names
+(``<package>:<class>:<index values>``) with the agent epoch and keys
+``agent.ind.*`` on ``qmf.default.topic``. Console requests are answered here
+too (``handle``), so replies come from the same state the manifest records.
+"""
+
+from __future__ import annotations
+
+import random
+import uuid
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any
+
+from pipeline.codec import v1
+from pipeline.codec.records import (
+    BrokerRequest,
+    BrokerResponse,
+    ClassIndication,
+    ClassQuery,
+    CommandComplete,
+    ConsoleAdded,
+    Event,
+    GetQuery,
+    Heartbeat,
+    MethodRequest,
+    MethodResponse,
+    ObjectSample,
+    PackageIndication,
+    PackageQuery,
+    Record,
+    SchemaRequest,
+    SchemaResponse,
+)
+from pipeline.codec.schema import KIND_EVENT, KIND_TABLE, ClassSchema, Element
+from pipeline.codec.types import Am1ObjectId, Am2ObjectId, ObjectId, V2ObjectId
+from pipeline.qmfxml import ManagementSchema, XmlClass
+from pipeline.sim.model import PKG, EventSpec, LoadConfig, SimBroker, SimObject, SimRef
+
+DIALECTS = ("am1", "am2", "v2")
+CODEC_DIALECT = {"am1": "AM1", "am2": "AM2", "v2": "V2"}
+
+# AM1 routing-key severity words (critical | error | warning | info).
+AM1_SEVERITY = {0: "critical", 1: "critical", 2: "critical", 3: "error", 4: "warning"}
+# qpid's v2 severity names, as in agent.ind.event.<pkg>.<event>.<severity>.*
+V2_SEVERITY = ("emerg", "alert", "crit", "error", "warn", "notice", "info", "debug")
+
+STATUS_OK = 0
+STATUS_UNKNOWN_OBJECT = 1
+STATUS_UNKNOWN_METHOD = 2
+STATUS_NOT_IMPLEMENTED = 3
+STATUS_TEXT = {
+    STATUS_OK: "OK",
+    STATUS_UNKNOWN_OBJECT: "UnknownObject",
+    STATUS_UNKNOWN_METHOD: "UnknownMethod",
+    STATUS_NOT_IMPLEMENTED: "NotImplemented",
+}
+
+
+@dataclass(frozen=True)
+class Published:
+    """A record with the routing key it is published under (exchange None = the dialect's)."""
+
+    record: Record
+    routing_key: str
+    exchange: str | None = None
+
+
+class SimAgent:
+    """A qpidd-like management agent over a ``SimBroker``."""
+
+    def __init__(
+        self,
+        index: int,
+        dialect: str,
+        schema: ManagementSchema,
+        load: LoadConfig,
+        seed: int,
+        boot_seq: int = 1,
+    ) -> None:
+        if dialect not in DIALECTS:
+            raise ValueError(f"unknown dialect {dialect!r} (use {', '.join(DIALECTS)})")
+        self.index = index
+        self.dialect = dialect
+        self.codec_dialect = CODEC_DIALECT[dialect]
+        self.schema = schema
+        self.rng = random.Random(f"{seed}:{index}")
+        self.uuid = uuid.UUID(int=self.rng.getrandbits(128), version=4)
+        self.broker_bank = 1
+        self.agent_bank = index + 1
+        self.boot_seq = boot_seq
+        self.model = SimBroker(schema, self.rng, load)
+        self.force_all = True  # publish everything at the next interval (boot, B, 'x')
+        self.send_schema = True
+
+    # ------------------------------------------------------------------ identity
+
+    @property
+    def agent_key(self) -> str:
+        """The ``<agent>`` of AM1 keys; codec ``agent`` field of AM1 records."""
+        return str(self.uuid)
+
+    @property
+    def v2_name(self) -> str:
+        return f"apache.org:qpidd:{self.uuid}"
+
+    @property
+    def record_agent(self) -> str:
+        """What a decoder reports as ``agent`` for this agent's records."""
+        if self.dialect == "am1":
+            return self.agent_key
+        if self.dialect == "am2":
+            return f"{self.broker_bank}.{self.agent_bank}"
+        return self.v2_name
+
+    @property
+    def command_keys(self) -> list[str]:
+        """The keys whose requests this agent answers (only the first agent is ``broker``)."""
+        keys = [f"agent.{self.agent_bank}"]
+        if self.index == 0:
+            keys.insert(0, "broker")
+        return keys
+
+    def oid(self, num: int) -> ObjectId:
+        if self.dialect == "am1":
+            return Am1ObjectId(self.boot_seq & 0x7FFF, self.agent_bank, num)
+        if self.dialect == "am2":
+            return Am2ObjectId(0, self.boot_seq & 0xFFF, self.broker_bank, self.agent_bank, num)
+        obj = self.model.objects.get(num)
+        name = self.object_name(obj) if obj is not None else str(num)
+        return V2ObjectId(object_name=name, agent_name=self.v2_name, epoch=self.boot_seq)
+
+    def object_name(self, obj: SimObject) -> str:
+        """qpidd's v2 object name: ``<package>:<class>:<index values joined by ','>``."""
+        parts: list[str] = []
+        for p in obj.cls.index_properties:
+            v = obj.props.get(p.name)
+            if isinstance(v, SimRef):
+                target = self.model.objects.get(v.object_num)
+                parts.append(self.object_name(target) if target is not None else str(v.object_num))
+            else:
+                parts.append(str(v))
+        return f"{obj.cls.package}:{obj.cls.name}:{','.join(parts)}"
+
+    def find_object(self, oid: ObjectId) -> SimObject | None:
+        if isinstance(oid, Am1ObjectId):
+            ok = oid.boot_seq == self.boot_seq & 0x7FFF and oid.bank == self.agent_bank
+        elif isinstance(oid, Am2ObjectId):
+            ok = (oid.epoch, oid.broker_bank, oid.agent_bank) == (
+                self.boot_seq & 0xFFF,
+                self.broker_bank,
+                self.agent_bank,
+            )
+        else:
+            for o in self.model.objects.values():
+                if self.object_name(o) == oid.object_name:
+                    return o
+            return None
+        return self.model.objects.get(oid.object_num) if ok else None
+
+    # ------------------------------------------------------------------ values
+
+    def wire_value(self, v: Any) -> Any:
+        if isinstance(v, SimRef):
+            if self.dialect == "v2":  # qpidd: a reference is a map holding the object name
+                obj = self.model.objects.get(v.object_num)
+                name = self.object_name(obj) if obj is not None else str(v.object_num)
+                return {"_object_name": name}
+            return self.oid(v.object_num)
+        return v
+
+    def values(self, obj: SimObject, which: str) -> dict[str, Any]:
+        """Element values of a 'c' (properties), 'i' (statistics) or 'g' (both) record."""
+        out: dict[str, Any] = {}
+        if which in ("c", "g"):
+            for p in obj.cls.schema.properties:
+                if p.name in obj.props:  # absent optional properties: presence bit clear
+                    out[p.name] = self.wire_value(obj.props[p.name])
+        if which in ("i", "g"):
+            for s in obj.cls.schema.statistics:
+                out[s.name] = obj.stats[s.name]
+        return out
+
+    # ------------------------------------------------------------------ records
+
+    def sample(self, obj: SimObject, which: str, now_ns: int, seq: int = 0) -> ObjectSample:
+        key = obj.cls.key
+        return ObjectSample(
+            dialect=self.codec_dialect,
+            opcode=which if self.dialect != "v2" else "_data_indication",
+            seq=seq,
+            package=key.package,
+            class_name=key.name,
+            schema_hash=key.hash,
+            update_ns=now_ns,
+            create_ns=obj.create_ns,
+            delete_ns=obj.delete_ns,
+            object_id=self.oid(obj.object_num),
+            values=self.values(obj, which),
+            agent=self.record_agent,
+        )
+
+    def obj_key(self, cls: XmlClass, kind: str) -> str:
+        pkg, name = cls.package, cls.name
+        if self.dialect == "am1":
+            return f"mgmt.{self.agent_key}.{kind}.{pkg}.{name}"
+        if self.dialect == "am2":
+            return f"console.obj.1.0.{pkg}.{name}"
+        return f"agent.ind.data.{pkg.replace('.', '_')}.{name}.apache_org.qpidd.{self.uuid}"
+
+    def event_key(self, cls: XmlClass) -> str:
+        sev = cls.severity if cls.severity is not None else 6
+        pkg, name = cls.package, cls.name
+        if self.dialect == "am1":
+            return f"mgmt.{self.agent_key}.event.{pkg}.{name}.{AM1_SEVERITY.get(sev, 'info')}"
+        if self.dialect == "am2":
+            return f"console.event.1.0.{pkg}.{name}"
+        return (
+            f"agent.ind.event.{pkg.replace('.', '_')}.{name}."
+            f"{V2_SEVERITY[sev].replace('inform', 'info')}.apache_org.qpidd.{self.uuid}"
+        )
+
+    @property
+    def heartbeat_key(self) -> str:
+        if self.dialect == "am1":
+            return f"mgmt.{self.agent_key}.heartbeat"
+        if self.dialect == "am2":
+            return "console.heartbeat.1.0"
+        return f"agent.ind.heartbeat.apache_org.qpidd.{self.uuid}"
+
+    def heartbeat(self, now_ns: int, interval_s: int) -> Published:
+        attrs: dict[str, Any] | None = None
+        if self.dialect == "v2":
+            attrs = {
+                "_epoch": self.boot_seq,
+                "_heartbeat_interval": interval_s,
+                "_instance": str(self.uuid),
+                "_name": self.v2_name,
+                "_product": "qpidd",
+                "_timestamp": now_ns,
+                "_vendor": "apache.org",
+            }
+        opcode = "h" if self.dialect != "v2" else "_agent_heartbeat_indication"
+        hb = Heartbeat(
+            dialect=self.codec_dialect,
+            opcode=opcode,
+            timestamp_ns=now_ns,
+            agent=self.record_agent,
+            attributes=attrs,
+        )
+        return Published(hb, self.heartbeat_key)
+
+    def event(self, spec: EventSpec) -> Published:
+        cls = spec.cls
+        ev = Event(
+            dialect=self.codec_dialect,
+            opcode="e" if self.dialect != "v2" else "_data_indication",
+            package=cls.package,
+            event_name=cls.name,
+            schema_hash=cls.key.hash,
+            timestamp_ns=spec.timestamp_ns,
+            severity=cls.severity if cls.severity is not None else 6,
+            arguments=dict(spec.arguments),
+            agent=None if self.dialect == "am2" else self.record_agent,  # AM2 'e' names no agent
+        )
+        return Published(ev, self.event_key(cls))
+
+    def schema_records(self, seq: int = 0) -> Iterator[Published]:
+        """The schema broadcast: AM1 's' per class, AM2 'p' and 'q' indications; V2 none."""
+        if self.dialect == "am1":
+            # AM1's 's' has no class kind: event classes cannot travel on their own
+            for c in table_classes(self.schema):
+                yield Published(
+                    self.schema_response(c.schema, seq),
+                    f"mgmt.{self.agent_key}.schema.{c.package}.{c.name}",
+                )
+        elif self.dialect == "am2":
+            for p in self.schema.packages:
+                yield Published(
+                    PackageIndication(dialect="AM2", opcode="p", seq=seq, package=p),
+                    "schema.package",
+                )
+            for c in self.schema:
+                yield Published(self.class_indication(c, seq), "schema.class")
+
+    def schema_response(self, schema: ClassSchema, seq: int) -> SchemaResponse:
+        return v1.schema_response_for(schema, self.codec_dialect, seq)
+
+    def class_indication(self, c: XmlClass, seq: int) -> ClassIndication:
+        kind = None if self.dialect == "am1" else c.schema.kind
+        return ClassIndication(
+            dialect=self.codec_dialect,
+            opcode="q",
+            seq=seq,
+            class_kind=kind,
+            package=c.package,
+            class_name=c.name,
+            schema_hash=c.key.hash,
+        )
+
+    # ------------------------------------------------------------------ requests
+
+    def complete(self, seq: int, code: int = 0, text: str = "OK") -> CommandComplete:
+        return CommandComplete(dialect=self.codec_dialect, opcode="z", seq=seq, code=code, text=text)
+
+    def handle(self, req: Record, now_ns: int) -> list[Record]:
+        """Answer one v1 console request; the replies, in order, all with the request's seq."""
+        seq = req.seq
+        d = self.codec_dialect
+        if isinstance(req, BrokerRequest):
+            self.force_all = True  # a console arrived: everything is published again
+            self.send_schema = True
+            return [BrokerResponse(dialect=d, opcode="b", seq=seq, broker_id=self.uuid)]
+        if isinstance(req, ConsoleAdded):
+            self.force_all = True
+            self.send_schema = True
+            return []
+        if isinstance(req, PackageQuery):
+            out: list[Record] = [
+                PackageIndication(dialect=d, opcode="p", seq=seq, package=p)
+                for p in self.schema.packages
+            ]
+            return [*out, self.complete(seq)]
+        if isinstance(req, ClassQuery):
+            out = [self.class_indication(c, seq) for c in self.schema if c.package == req.package]
+            return [*out, self.complete(seq)]
+        if isinstance(req, SchemaRequest):
+            for c in self.schema:
+                if (c.package, c.name, c.key.hash) == (req.package, req.class_name, req.schema_hash):
+                    return [self.schema_response(c.schema, seq)]
+            return [self.complete(seq, 1, "Unknown class")]
+        if isinstance(req, GetQuery):
+            return [*(self.sample(o, "g", now_ns, seq) for o in self.get_matches(req.query)), self.complete(seq)]
+        if isinstance(req, MethodRequest):
+            return [self.method(req)]
+        return [self.complete(seq, 3, f"Not implemented: {type(req).__name__}")]
+
+    def get_matches(self, query: dict[str, Any]) -> list[SimObject]:
+        """Objects a get query selects: ``_objectid`` (text or id), else ``_class``/``_package``."""
+        objs = [o for o in self.model.objects.values() if not o.deleted]
+        oid = query.get("_objectid")
+        if oid is not None:
+            text = oid.decode() if isinstance(oid, bytes) else str(oid)
+            return [o for o in objs if str(self.oid(o.object_num)) == text]
+        cls = query.get("_class")
+        pkg = query.get("_package")
+        if isinstance(cls, bytes):
+            cls = cls.decode()
+        if isinstance(pkg, bytes):
+            pkg = pkg.decode()
+        return [
+            o
+            for o in objs
+            if (cls is None or o.cls.name == cls) and (pkg is None or o.cls.package == pkg)
+        ]
+
+    def method(self, req: MethodRequest) -> MethodResponse:
+        d = self.codec_dialect
+        obj = self.find_object(req.object_id)
+        if obj is None:
+            return self._mresp(req.seq, STATUS_UNKNOWN_OBJECT, f"UnknownObject: {req.object_id}")
+        meth = next((m for m in obj.cls.schema.methods if m.name == req.method_name), None)
+        if meth is None:
+            return self._mresp(req.seq, STATUS_UNKNOWN_METHOD, f"UnknownMethod: {req.method_name}")
+        args = req.arguments if req.arguments is not None else self.decode_args(meth.arguments, req.raw_arguments)
+        outs: dict[str, Any]
+        if obj.cls.name == "broker" and meth.name == "echo":
+            outs = {"sequence": args.get("sequence", 0), "body": args.get("body", "")}
+        elif obj.cls.name == "queue" and meth.name == "purge":
+            self.model.purge(obj, int(args.get("request", 0)))
+            outs = {}
+        elif obj.cls.name == "broker" and meth.name == "getLogLevel":
+            outs = {"level": "notice+"}
+        else:
+            return self._mresp(req.seq, STATUS_NOT_IMPLEMENTED, f"NotImplemented: {meth.name}")
+        out_elems = [a for a in meth.arguments if a.extra.get("dir") in ("O", "IO")]
+        from pipeline.sim.wire import encode_arguments
+
+        raw = encode_arguments(self.codec_dialect, out_elems, outs)
+        return MethodResponse(
+            dialect=d, opcode="m", seq=req.seq, status=STATUS_OK, text="OK", arguments=outs, raw_arguments=raw
+        )
+
+    def _mresp(self, seq: int, status: int, text: str) -> MethodResponse:
+        return MethodResponse(dialect=self.codec_dialect, opcode="m", seq=seq, status=status, text=text)
+
+    def decode_args(self, elems: tuple[Element, ...], raw: bytes) -> dict[str, Any]:
+        from pipeline.sim.wire import decode_arguments
+
+        ins = [a for a in elems if a.extra.get("dir") in ("I", "IO")]
+        return decode_arguments(self.codec_dialect, ins, raw)
+
+
+def table_classes(schema: ManagementSchema) -> list[XmlClass]:
+    return [c for c in schema if c.schema.kind == KIND_TABLE]
+
+
+def event_classes(schema: ManagementSchema) -> list[XmlClass]:
+    return [c for c in schema if c.schema.kind == KIND_EVENT]
+
+
+__all__ = ["PKG", "Published", "SimAgent"]

@@ -1,0 +1,405 @@
+"""The simulation loop: a simulated clock, bounded runs, sinks, console requests.
+
+Time is simulated: interval ``i`` ends at ``start_ns + (i + 1) * interval_ns``
+whatever the wall clock says, so tests run many intervals in milliseconds and
+get the same bytes for the same seed. ``realtime=True`` additionally sleeps so
+intervals line up with the wall clock (demos, load). Every run is bounded: by
+``intervals``, by ``duration_s`` of wall time and by ``max_messages``; it stops
+by itself at the first bound reached.
+
+Per interval and agent, in this order: console requests that arrived are
+answered (replies on the requester's reply-to), a scheduled restart happens
+(boot sequence + 1, every object recreated, counters from zero), traffic
+advances, transient queues come and go (with their declare/delete events),
+random events fire, then the publication: schema broadcast if due, events,
+'c' for objects whose properties changed, 'i' for objects whose statistics
+changed (everything after a Broker Request or console-added signal), and the
+heartbeat. The manifest gets a line per record once its message went out.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass, field
+from typing import IO, Any, Protocol
+
+from pipeline.codec.records import Record
+from pipeline.codec.schema import SchemaRegistry
+from pipeline.qmfxml import ManagementSchema, default_schema
+from pipeline.sim.agent import Published, SimAgent
+from pipeline.sim.manifest import Manifest, record_row
+from pipeline.sim.model import NS, EventSpec, LoadConfig, SimObject
+from pipeline.sim.wire import Packed, pack, reply_messages
+from receivers.publisher import OutMessage
+
+MAX_INTERVALS = 1_000_000
+
+
+@dataclass
+class SimConfig:
+    """Everything a run depends on; the same config and seed give the same bytes."""
+
+    dialect: str = "am1"
+    agents: int = 1
+    load: LoadConfig = field(default_factory=LoadConfig)
+    interval_s: int = 1
+    intervals: int = 10
+    duration_s: float | None = None  # wall-clock bound
+    max_messages: int | None = None
+    rate: float | None = None  # messages/s cap (wall clock)
+    batch: int = 100
+    seed: int = 1
+    start_ns: int | None = None  # None: wall clock at start
+    realtime: bool = False
+    restarts: Sequence[tuple[int, int]] = ()  # (agent index, interval) restarts
+    serve_s: float = 0.0  # after the last interval, keep answering requests this long
+
+    def validate(self) -> None:
+        if self.agents < 1 or self.intervals < 0 or self.interval_s < 1 or self.batch < 1:
+            raise ValueError("agents >= 1, intervals >= 0, interval_s >= 1, batch >= 1")
+        if self.intervals > MAX_INTERVALS:
+            raise ValueError(f"intervals <= {MAX_INTERVALS}")
+        if self.load.queues < 0 or self.load.connections < 0:
+            raise ValueError("queues and connections must be >= 0")
+
+
+class Sink(Protocol):
+    def send(self, msg: OutMessage) -> None: ...
+
+    def close(self) -> None: ...
+
+
+class MemorySink:
+    """Keeps messages in a list (tests)."""
+
+    def __init__(self) -> None:
+        self.messages: list[OutMessage] = []
+
+    def send(self, msg: OutMessage) -> None:
+        self.messages.append(msg)
+
+    def close(self) -> None:
+        pass
+
+
+class CaptureSink:
+    """Writes the capture JSON-lines interchange format (no broker needed)."""
+
+    def __init__(self, path: str, clock: Callable[[], int] | None = None) -> None:
+        self._fh: IO[str] = open(path, "w", encoding="utf-8")  # noqa: SIM115
+        self._clock = clock or time.time_ns
+
+    def send(self, msg: OutMessage) -> None:
+        from pipeline.sim.capture import capture_line
+
+        self._fh.write(json.dumps(capture_line(msg, self._clock()), sort_keys=True) + "\n")
+
+    def close(self) -> None:
+        self._fh.close()
+
+
+class BrokerSink:
+    """Publishes over AMQP 1.0 with the pipelined publisher (subject = routing key)."""
+
+    def __init__(self, url: str) -> None:
+        from receivers.publisher import Publisher
+
+        self.pub = Publisher(url)
+
+    def send(self, msg: OutMessage) -> None:
+        self.pub.publish_message(msg)
+
+    def close(self) -> None:
+        self.pub.close()
+
+
+class RequestSource(Protocol):
+    """Console requests addressed to the agents: (agent command key, decoded record, reply-to)."""
+
+    def poll(self, timeout_s: float) -> list[tuple[str, Record, str | None]]: ...
+
+    def close(self) -> None: ...
+
+
+@dataclass
+class RunSummary:
+    intervals: int = 0
+    messages: int = 0
+    records: int = 0
+    replies: int = 0
+    restarts: int = 0
+    stopped_by: str = "intervals"
+
+
+class Simulation:
+    """A bounded simulation run over one or more agents."""
+
+    def __init__(
+        self,
+        config: SimConfig,
+        sink: Sink,
+        manifest: Manifest | None = None,
+        schema: ManagementSchema | None = None,
+        requests: RequestSource | None = None,
+    ) -> None:
+        config.validate()
+        self.config = config
+        self.sink = sink
+        self.manifest = manifest or Manifest()
+        self.schema = schema or default_schema()
+        self.registry: SchemaRegistry = self.schema.registry()
+        self.requests = requests
+        self.agents = [
+            SimAgent(i, config.dialect, self.schema, config.load, config.seed) for i in range(config.agents)
+        ]
+        self.summary = RunSummary()
+        self._wall0 = 0.0
+        self._stop = False
+        self.start_ns = 0
+
+    # ------------------------------------------------------------------ bounds
+
+    def stop(self) -> None:
+        """Ask the run to end after the current interval (thread-safe enough: a flag)."""
+        self._stop = True
+
+    def _out_of_time(self) -> bool:
+        d = self.config.duration_s
+        return d is not None and time.monotonic() - self._wall0 >= d
+
+    def _budget_left(self) -> int | None:
+        m = self.config.max_messages
+        return None if m is None else m - self.summary.messages
+
+    def _send(self, packed: Sequence[Packed], interval: int, agent: SimAgent, kind: str) -> bool:
+        """Send messages in order; False when max_messages stopped the run."""
+        rate = self.config.rate
+        for p in packed:
+            left = self._budget_left()
+            if left is not None and left <= 0:
+                self.summary.stopped_by = "max_messages"
+                return False
+            if rate:
+                due = self._wall0 + self.summary.messages / rate
+                delay = due - time.monotonic()
+                if delay > 0:
+                    time.sleep(delay)
+            self.sink.send(p.message)
+            msg_index = self.summary.messages
+            self.summary.messages += 1
+            for r in p.records:
+                row = record_row(r)
+                row.update(
+                    interval=interval,
+                    message=msg_index,
+                    routing_key=p.message.routing_key,
+                    exchange=p.message.exchange,
+                    agent_uuid=str(agent.uuid),
+                    source=kind,
+                )
+                self.manifest.write(row)
+                self.summary.records += 1
+                if kind == "reply":
+                    self.summary.replies += 1
+        return True
+
+    # ------------------------------------------------------------------ steps
+
+    def _events_for(self, agent: SimAgent, created: list[SimObject], interval_start: int) -> list[EventSpec]:
+        specs: list[EventSpec] = []
+        find = self.schema.find
+        for o in created:
+            if o.class_name != "queue":
+                continue
+            common = {"rhost": "127.0.0.1:5672-10.0.0.1:40000", "user": "anonymous", "qName": o.props["name"]}
+            specs.append(
+                EventSpec(
+                    find("queueDeclare"),
+                    o.create_ns,
+                    {
+                        **common,
+                        "durable": o.props["durable"],
+                        "excl": o.props["exclusive"],
+                        "autoDel": o.props["autoDelete"],
+                        "altEx": "",
+                        "args": {},
+                        "disp": "created",
+                    },
+                )
+            )
+            specs.append(EventSpec(find("queueDelete"), o.delete_ns, dict(common)))
+        rng = agent.rng
+        queues = agent.model.queue_nums
+        for _ in range(agent.model.load.events_per_interval):
+            if not queues:
+                break
+            q = agent.model.objects[queues[rng.randrange(len(queues))]]
+            up = rng.random() < 0.5
+            specs.append(
+                EventSpec(
+                    find("queueThresholdCrossedUpward" if up else "queueThresholdCrossedDownward"),
+                    interval_start + rng.randrange(1, self.config.interval_s * NS),
+                    {"qName": q.props["name"], "msgDepth": q.stats["msgDepth"], "byteDepth": q.stats["byteDepth"]},
+                )
+            )
+        specs.sort(key=lambda e: e.timestamp_ns)
+        return specs
+
+    def _publication(self, agent: SimAgent, now_ns: int, events: list[EventSpec]) -> list[Published]:
+        pubs: list[Published] = []
+        if agent.send_schema:
+            pubs.extend(agent.schema_records())
+            agent.send_schema = False
+        pubs.extend(agent.event(e) for e in events)
+        force = agent.force_all
+        by_class: dict[str, list[SimObject]] = {}
+        for o in agent.model.objects.values():
+            by_class.setdefault(o.cls.name, []).append(o)
+        for objs in by_class.values():
+            props = [o for o in objs if force or o.prop_dirty]
+            stats = [o for o in objs if (force or o.stat_dirty or o.deleted) and o.cls.schema.statistics]
+            if agent.dialect == "v2":  # one _data map holds properties and statistics
+                for o in objs:
+                    if o in props or o in stats:
+                        pubs.append(Published(agent.sample(o, "g", now_ns), agent.obj_key(o.cls, "data")))
+            else:
+                pubs.extend(Published(agent.sample(o, "c", now_ns), agent.obj_key(o.cls, "prop")) for o in props)
+                pubs.extend(Published(agent.sample(o, "i", now_ns), agent.obj_key(o.cls, "stat")) for o in stats)
+            for o in objs:
+                o.prop_dirty = o.stat_dirty = False
+        agent.force_all = False
+        pubs.append(agent.heartbeat(now_ns, self.config.interval_s))
+        return pubs
+
+    def _restart(self, agent: SimAgent, at_ns: int, interval: int) -> None:
+        old = agent.boot_seq
+        agent.boot_seq += 1
+        agent.model.build(at_ns)
+        agent.force_all = True
+        agent.send_schema = True
+        self.summary.restarts += 1
+        self.manifest.write(
+            {
+                "kind": "restart",
+                "agent": agent.record_agent,
+                "agent_uuid": str(agent.uuid),
+                "interval": interval,
+                "timestamp_ns": at_ns,
+                "old_boot_seq": old,
+                "boot_seq": agent.boot_seq,
+            }
+        )
+
+    def serve_requests(self, timeout_s: float, interval: int) -> bool:
+        """Answer whatever console requests arrive within ``timeout_s``; False if out of budget."""
+        if self.requests is None:
+            if timeout_s > 0:
+                time.sleep(timeout_s)
+            return True
+        now_ns = self.start_ns + self.summary.intervals * self.config.interval_s * NS
+        for key, rec, reply_to in self.requests.poll(timeout_s):
+            for agent in self.agents:
+                if key not in agent.command_keys:
+                    continue
+                replies = agent.handle(rec, now_ns)
+                self.manifest.write(
+                    {
+                        "kind": "request",
+                        "agent": agent.record_agent,
+                        "agent_uuid": str(agent.uuid),
+                        "interval": interval,
+                        "opcode": rec.opcode,
+                        "seq": rec.seq,
+                        "routing_key": key,
+                        "reply_to": reply_to,
+                    }
+                )
+                if not self._send(reply_messages(replies, self.registry, reply_to), interval, agent, "reply"):
+                    return False
+        return True
+
+    def run(self) -> RunSummary:
+        """Run until a bound is reached; closes nothing (the caller owns sink and manifest)."""
+        cfg = self.config
+        self._wall0 = time.monotonic()
+        start = cfg.start_ns if cfg.start_ns is not None else time.time_ns()
+        self.start_ns = start
+        interval_ns = cfg.interval_s * NS
+        restarts = {(a, i) for a, i in cfg.restarts}
+        for agent in self.agents:
+            agent.model.build(start)
+        for i in range(cfg.intervals):
+            if self._stop:
+                self.summary.stopped_by = "stop"
+                break
+            if self._out_of_time():
+                self.summary.stopped_by = "duration"
+                break
+            t0 = start + i * interval_ns
+            t1 = t0 + interval_ns
+            if not self.serve_requests(0.0, i):
+                break
+            ok = True
+            for agent in self.agents:
+                if (agent.index, i) in restarts:
+                    self._restart(agent, t0 + interval_ns // 2, i)
+                else:
+                    agent.model.advance(t1, float(cfg.interval_s))
+                created: list[SimObject] = []
+                for _ in range(agent.model.load.transient_per_interval):
+                    created.extend(agent.model.transient_queue(t0, interval_ns))
+                events = self._events_for(agent, created, t0)
+                pubs = self._publication(agent, t1, events)
+                packed = pack(pubs, self.registry, dialect=agent.dialect, agent_name=agent.v2_name, batch=cfg.batch)
+                ok = self._send(packed, i, agent, "publish")
+                agent.model.forget(created)
+                if not ok:
+                    break
+            if not ok:
+                break
+            self.summary.intervals = i + 1
+            if cfg.realtime:
+                wait = self._wall0 + (i + 1) * cfg.interval_s - time.monotonic()
+                if cfg.duration_s is not None:
+                    wait = min(wait, self._wall0 + cfg.duration_s - time.monotonic())
+                if wait > 0 and not self.serve_requests(wait, i):
+                    break
+        else:
+            self.summary.stopped_by = "intervals"
+        if cfg.serve_s > 0 and self.summary.stopped_by in ("intervals", "stop"):
+            deadline = time.monotonic() + cfg.serve_s
+            while not self._stop and time.monotonic() < deadline:
+                if not self.serve_requests(min(0.05, max(0.0, deadline - time.monotonic())), self.summary.intervals):
+                    break
+        return self.summary
+
+
+def run_to(
+    config: SimConfig,
+    sink: Sink,
+    manifest_path: str | None = None,
+    requests: RequestSource | None = None,
+) -> tuple[RunSummary, Manifest]:
+    """Run a simulation and close the sink and manifest whatever happens."""
+    manifest = Manifest(manifest_path)
+    try:
+        sim = Simulation(config, sink, manifest, requests=requests)
+        summary = sim.run()
+    finally:
+        try:
+            sink.close()
+        finally:
+            manifest.close()
+            if requests is not None:
+                requests.close()
+    return summary, manifest
+
+
+def messages_of(sink: MemorySink) -> Iterable[OutMessage]:
+    return iter(sink.messages)
+
+
+__all__ = ["CaptureSink", "MemorySink", "SimConfig", "Simulation", "run_to"]
+_ = Any
