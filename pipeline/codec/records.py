@@ -419,3 +419,38 @@ class V2Message(Record):
 
 
 CONTENT_OPCODES = frozenset("cig")
+
+
+def jsonable(v: Any) -> Any:
+    """A JSON-safe copy: bytes -> hex, UUID/object ids -> text, embedded objects -> dicts."""
+    if v is None or isinstance(v, bool | int | float | str):
+        return v
+    if isinstance(v, bytes | bytearray | memoryview):
+        return bytes(v).hex()
+    if isinstance(v, dict):
+        return {str(k): jsonable(x) for k, x in v.items()}
+    if isinstance(v, list | tuple):
+        return [jsonable(x) for x in v]
+    if isinstance(v, uuid.UUID | Am1ObjectId | Am2ObjectId | V2ObjectId):
+        return str(v)
+    if isinstance(v, QmfValue):
+        return jsonable(v.value)
+    if isinstance(v, EmbeddedObject):
+        return {
+            "package": v.package,
+            "class_name": v.class_name,
+            "schema_hash": v.schema_hash.hex(),
+            "values": jsonable(v.values),
+        }
+    if isinstance(v, ClassSchema):
+        return {
+            "package": v.key.package,
+            "class_name": v.key.name,
+            "schema_hash": v.key.hash.hex(),
+            "kind": v.kind,
+            "properties": [e.name for e in v.properties],
+            "statistics": [e.name for e in v.statistics],
+            "methods": [m.name for m in v.methods],
+            "arguments": [e.name for e in v.arguments],
+        }
+    return repr(v)
