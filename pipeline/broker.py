@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import base64
 import contextlib
+import dataclasses
 import fcntl
 import hashlib
 import json
@@ -246,9 +247,14 @@ def _env_int(name: str, default: int) -> int:
         raise BrokerError(f"{name}={raw!r} is not an integer") from exc
 
 
-def load_config() -> BrokerConfig:
-    """Read env overrides; the node name hashes the state dir so two checkouts differ."""
-    state = qmf_home() / "broker"
+def load_config(home: Path | str | None = None) -> BrokerConfig:
+    """Read env overrides; the node name hashes the state dir so two checkouts differ.
+
+    ``home`` replaces the ``.qmf`` folder (like QMF_HOME) for callers that run a node
+    of their own; ports still come from the environment (see isolated_config()).
+    """
+    base = Path(home).expanduser().resolve() if home is not None else qmf_home()
+    state = base / "broker"
     digest = hashlib.sha1(str(state).encode()).hexdigest()[:8]
     return BrokerConfig(
         host=os.environ.get("QMF_BROKER_HOST", DEFAULT_HOST),
@@ -261,6 +267,34 @@ def load_config() -> BrokerConfig:
         extra_user=os.environ.get("QMF_BROKER_EXTRA_USER", DEFAULT_EXTRA_USER),
         extra_password=os.environ.get("QMF_BROKER_EXTRA_PASSWORD", DEFAULT_EXTRA_PASSWORD),
         gen_queue_expires_ms=_env_int("QMF_BROKER_GEN_EXPIRES_MS", DEFAULT_GEN_QUEUE_EXPIRES_MS),
+    )
+
+
+def _free_port(span: int = 1) -> int:
+    """A loopback port p with p..p+span-1 free right now (bounded tries)."""
+    for _ in range(200):
+        with socket.socket() as sock:
+            sock.bind(("127.0.0.1", 0))
+            port = int(sock.getsockname()[1])
+        if port + span < 65000 and not any(
+            port_open("127.0.0.1", port + i, 0.2) for i in range(span)
+        ):
+            return port
+    raise BrokerError("no free loopback port range found")
+
+
+def isolated_config(home: Path | str) -> BrokerConfig:
+    """A second, throw-away node under ``home`` on free ports (tests that stop/restart).
+
+    Pass it as ``cfg=`` to start_broker/stop_broker/restart_broker/declare_queue...; the
+    shared node other tests use is left alone.
+    """
+    return dataclasses.replace(
+        load_config(home),
+        port=_free_port(),
+        tls_port=_free_port(),
+        dist_port=_free_port(10),  # + the CLI's distribution range above it
+        epmd_port=_free_port(),
     )
 
 
@@ -808,9 +842,9 @@ def _kill_node(cfg: BrokerConfig, wrapper_pid: int | None) -> None:
                 os.kill(target, signal.SIGKILL)
 
 
-def start_broker(timeout: float | None = None) -> BrokerInfo:
+def start_broker(timeout: float | None = None, cfg: BrokerConfig | None = None) -> BrokerInfo:
     """Start the local node (idempotent) and wait until AMQP 1.0 attaches work."""
-    cfg = load_config()
+    cfg = cfg or load_config()
     t = timeout if timeout is not None else float(
         os.environ.get("QMF_BROKER_START_TIMEOUT", DEFAULT_START_TIMEOUT))
     with _locked(cfg):
@@ -841,9 +875,9 @@ def _stop_locked(cfg: BrokerConfig, timeout: float) -> bool:
     return True
 
 
-def stop_broker(timeout: float = DEFAULT_STOP_TIMEOUT) -> bool:
+def stop_broker(timeout: float = DEFAULT_STOP_TIMEOUT, cfg: BrokerConfig | None = None) -> bool:
     """Stop this project's node only; True if it was running."""
-    cfg = load_config()
+    cfg = cfg or load_config()
     with _locked(cfg):
         was = _stop_locked(cfg, timeout)
         _stop_epmd(cfg)
@@ -860,9 +894,9 @@ def _stop_epmd(cfg: BrokerConfig) -> None:
                        timeout=10, stdin=subprocess.DEVNULL)
 
 
-def restart_broker(timeout: float | None = None) -> BrokerInfo:
+def restart_broker(timeout: float | None = None, cfg: BrokerConfig | None = None) -> BrokerInfo:
     """Graceful stop + start keeping all state (durable queues and their messages)."""
-    cfg = load_config()
+    cfg = cfg or load_config()
     t = timeout if timeout is not None else float(
         os.environ.get("QMF_BROKER_START_TIMEOUT", DEFAULT_START_TIMEOUT))
     with _locked(cfg):
@@ -870,9 +904,9 @@ def restart_broker(timeout: float | None = None) -> BrokerInfo:
         return _start_locked(cfg, t)
 
 
-def broker_status() -> BrokerStatus:
+def broker_status(cfg: BrokerConfig | None = None) -> BrokerStatus:
     """Cheap status of the broker in use (local node, or the one at QMF_BROKER_URL)."""
-    url = external_url()
+    url = external_url() if cfg is None else None
     if url is not None:
         info = remote_info(url)
         up = port_open(info.host, info.port, timeout=2.0)
@@ -881,7 +915,7 @@ def broker_status() -> BrokerStatus:
             amqp10=up and (info.tls_port is not None or amqp10_handshake(info.host, info.port)),
             detail="external broker (QMF_BROKER_URL)",
         )
-    cfg = load_config()
+    cfg = cfg or load_config()
     pid = _node_pid(cfg)
     amqp10 = pid is not None and amqp10_handshake(cfg.host, cfg.port, timeout=2.0)
     ports = {"amqp_port": cfg.port, "dist_port": cfg.dist_port, "epmd_port": cfg.epmd_port}
@@ -896,25 +930,25 @@ def broker_status() -> BrokerStatus:
     )
 
 
-def ensure_broker(timeout: float | None = None) -> BrokerInfo:
+def ensure_broker(timeout: float | None = None, cfg: BrokerConfig | None = None) -> BrokerInfo:
     """The broker to use: QMF_BROKER_URL if set (reachability checked), else the local node."""
-    url = external_url()
+    url = external_url() if cfg is None else None
     if url is not None:
         info = remote_info(url)
         if not port_open(info.host, info.port, timeout=5.0):
             raise BrokerError(f"broker at {_redact(info.url)} (QMF_BROKER_URL) is not reachable")
         return info
-    return start_broker(timeout)
+    return start_broker(timeout, cfg)
 
 
 # --------------------------------------------------------------------------- admin
 
 
-def rabbitmqctl(*args: str, timeout: float = 60.0) -> str:
+def rabbitmqctl(*args: str, timeout: float = 60.0, cfg: BrokerConfig | None = None) -> str:
     """Run rabbitmqctl against this project's node; raises BrokerError with its output."""
-    if external_url() is not None:
+    if cfg is None and external_url() is not None:
         raise BrokerError("rabbitmqctl administration is only available for the local node")
-    cfg = load_config()
+    cfg = cfg or load_config()
     cmd = [_rabbit_bin("rabbitmqctl"), "-n", cfg.node, "-q", *args]
     try:
         proc = subprocess.run(cmd, env=node_env(cfg), capture_output=True, text=True,
@@ -929,6 +963,18 @@ def rabbitmqctl(*args: str, timeout: float = 60.0) -> str:
     return proc.stdout
 
 
+def _local_cfg(cfg: BrokerConfig | None) -> BrokerConfig:
+    """Admin helpers need the local node: refuse clearly when QMF_BROKER_URL is in force."""
+    if cfg is not None:
+        return cfg
+    if external_url() is not None:
+        raise BrokerError(
+            "queue/user/TLS administration is only available for the project-local node; "
+            "with QMF_BROKER_URL declare them on that broker yourself"
+        )
+    return load_config()
+
+
 def _import(defs: dict[str, object], cfg: BrokerConfig) -> None:
     """Apply a partial definitions document to the running node (no restart)."""
     if _node_pid(cfg) is None:
@@ -936,18 +982,18 @@ def _import(defs: dict[str, object], cfg: BrokerConfig) -> None:
     tmp = cfg.paths.state / f"import-{os.getpid()}-{time.monotonic_ns()}.json"
     try:
         _write_atomic(tmp, json.dumps(defs), 0o600)
-        rabbitmqctl("import_definitions", str(tmp))
+        rabbitmqctl("import_definitions", str(tmp), cfg=cfg)
     finally:
         tmp.unlink(missing_ok=True)
 
 
 def declare_queue(name: str, bindings: Sequence[tuple[str, str]] = (),
-                  durable: bool = True) -> None:
+                  durable: bool = True, cfg: BrokerConfig | None = None) -> None:
     """Declare a named queue and its bindings, live and in the boot definitions.
 
     Consumers then read it through the AMQP 1.0 address ``/amq/queue/<name>``.
     """
-    cfg = load_config()
+    cfg = _local_cfg(cfg)
     with _locked(cfg):
         queues = _queues(cfg)
         spec = queues.get(name, {})
@@ -964,9 +1010,9 @@ def declare_queue(name: str, bindings: Sequence[tuple[str, str]] = (),
         _import({"queues": [q], "bindings": b}, cfg)
 
 
-def delete_queue(name: str) -> None:
+def delete_queue(name: str, cfg: BrokerConfig | None = None) -> None:
     """Forget a queue declared with declare_queue() and delete it from the running node."""
-    cfg = load_config()
+    cfg = _local_cfg(cfg)
     with _locked(cfg):
         queues = _queues(cfg)
         queues.pop(name, None)
@@ -976,12 +1022,12 @@ def delete_queue(name: str) -> None:
                           json.dumps(build_definitions(cfg), indent=1), 0o600)
         if _node_pid(cfg) is not None:
             with contextlib.suppress(BrokerError):
-                rabbitmqctl("delete_queue", name)
+                rabbitmqctl("delete_queue", name, cfg=cfg)
 
 
-def queue_depths() -> dict[str, int]:
+def queue_depths(cfg: BrokerConfig | None = None) -> dict[str, int]:
     """Ready + unacknowledged message counts per queue, from the running node."""
-    out = rabbitmqctl("list_queues", "--no-table-headers", "name", "messages")
+    out = rabbitmqctl("list_queues", "--no-table-headers", "name", "messages", cfg=cfg)
     depths: dict[str, int] = {}
     for line in out.splitlines():
         parts = line.split("\t")
@@ -990,9 +1036,10 @@ def queue_depths() -> dict[str, int]:
     return depths
 
 
-def add_user(name: str, password: str, tags: str = "") -> None:
+def add_user(name: str, password: str, tags: str = "",
+             cfg: BrokerConfig | None = None) -> None:
     """A user with full rights on vhost "/", for SASL PLAIN; persists across restarts."""
-    cfg = load_config()
+    cfg = _local_cfg(cfg)
     with _locked(cfg):
         raw = _read_json(cfg.paths.users_file, {})
         stored: dict[str, dict[str, str]] = raw if isinstance(raw, dict) else {}
@@ -1012,7 +1059,8 @@ def add_user(name: str, password: str, tags: str = "") -> None:
         )
 
 
-def ensure_tls(directory: Path | str | None = None, restart: bool = True) -> TlsFiles:
+def ensure_tls(directory: Path | str | None = None, restart: bool = True,
+               cfg: BrokerConfig | None = None) -> TlsFiles:
     """Make sure the TLS listener serves certificates from ``directory``.
 
     Without a directory the state dir's generated set is used; that set is configured at
@@ -1020,7 +1068,7 @@ def ensure_tls(directory: Path | str | None = None, restart: bool = True) -> Tls
     changes the listener's files, which RabbitMQ only reads at boot: the running node is
     restarted (state kept) unless ``restart=False``.
     """
-    cfg = load_config()
+    cfg = _local_cfg(cfg)
     target = Path(directory).resolve() if directory is not None else cfg.paths.tls_dir
     files = generate_tls(target)
     with _locked(cfg):

@@ -25,45 +25,26 @@ ENV_KEYS = ("QMF_HOME", "QMF_BROKER_PORT", "QMF_BROKER_TLS_PORT", "QMF_BROKER_DI
             "QMF_BROKER_EPMD_PORT", "QMF_BROKER_URL", "QMF_RABBITMQ_BIN")
 
 
-def _free_port(span: int = 1) -> int:
-    """A free loopback port p with p..p+span-1 free too (dist port + CLI range)."""
-    for _ in range(200):
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            port = int(s.getsockname()[1])
-        if port + span < 65000 and not any(b.port_open("127.0.0.1", port + i, 0.2)
-                                           for i in range(span)):
-            return port
-    raise RuntimeError("no free port range found")
-
-
 @pytest.fixture(scope="module")
-def private_env(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, str]]:
-    """Env of a second node: own state dir and ports; stopped at module end."""
-    env = {
-        "QMF_HOME": str(tmp_path_factory.mktemp("qmfhome")),
-        "QMF_BROKER_PORT": str(_free_port()),
-        "QMF_BROKER_TLS_PORT": str(_free_port()),
-        "QMF_BROKER_DIST_PORT": str(_free_port(10)),
-        "QMF_BROKER_EPMD_PORT": str(_free_port()),
-    }
-    yield env
-    with pytest.MonkeyPatch.context() as mp:
-        for key in ENV_KEYS:
-            mp.delenv(key, raising=False)
-        for key, value in env.items():
-            mp.setenv(key, value)
-        b.stop_broker()
+def private_cfg(tmp_path_factory: pytest.TempPathFactory) -> Iterator[b.BrokerConfig]:
+    """A second node: own state dir and free ports; stopped at module end."""
+    cfg = b.isolated_config(tmp_path_factory.mktemp("qmfhome"))
+    yield cfg
+    b.stop_broker(cfg=cfg)
 
 
 @pytest.fixture
-def private(private_env: dict[str, str], monkeypatch: pytest.MonkeyPatch) -> dict[str, str]:
-    """Point pipeline.broker at the private node for one test."""
+def private(private_cfg: b.BrokerConfig, monkeypatch: pytest.MonkeyPatch) -> b.BrokerConfig:
+    """Also point the environment (hence the `qmf` CLI) at the private node for one test."""
     for key in ENV_KEYS:
         monkeypatch.delenv(key, raising=False)
-    for key, value in private_env.items():
-        monkeypatch.setenv(key, value)
-    return private_env
+    monkeypatch.setenv("QMF_HOME", str(private_cfg.paths.state.parent))
+    monkeypatch.setenv("QMF_BROKER_PORT", str(private_cfg.port))
+    monkeypatch.setenv("QMF_BROKER_TLS_PORT", str(private_cfg.tls_port))
+    monkeypatch.setenv("QMF_BROKER_DIST_PORT", str(private_cfg.dist_port))
+    monkeypatch.setenv("QMF_BROKER_EPMD_PORT", str(private_cfg.epmd_port))
+    assert b.load_config() == private_cfg
+    return private_cfg
 
 
 def _body(msg: Message) -> bytes:
@@ -220,7 +201,7 @@ def test_external_url_only_checks_reachability(
     info = b.ensure_broker()
     assert not info.local and info.port == broker.port and info.user == "guest"
     assert b.broker_status().running
-    port = _free_port()
+    port = b._free_port()
     monkeypatch.setenv("QMF_BROKER_URL", f"amqp://127.0.0.1:{port}")
     with pytest.raises(b.BrokerError, match="not reachable"):
         b.ensure_broker()
@@ -231,35 +212,40 @@ def test_external_url_only_checks_reachability(
 
 
 def test_private_node_lifecycle_and_durable_queue_survives_restart(
-    broker: b.BrokerInfo, private: dict[str, str], capsys: pytest.CaptureFixture[str],
-    tmp_path: Path,
+    broker: b.BrokerInfo, private: b.BrokerConfig, capsys: pytest.CaptureFixture[str],
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
 ) -> None:
+    cfg = private
     # Certificates this test creates, configured before the first boot (no extra restart).
-    files = b.ensure_tls(tmp_path / "certs")
+    files = b.ensure_tls(tmp_path / "certs", cfg=cfg)
     assert files.ca == tmp_path / "certs" / "ca.pem"
-    info = b.start_broker()
-    assert info.tls == files and info.tls_port == int(private["QMF_BROKER_TLS_PORT"])
+    # The explicit cfg wins over QMF_BROKER_URL (which points at the shared node here).
+    monkeypatch.setenv("QMF_BROKER_URL", broker.url)
+    info = b.ensure_broker(cfg=cfg)
+    monkeypatch.delenv("QMF_BROKER_URL")
+    assert info.local and info.node == cfg.node
+    assert info.tls == files and info.tls_port == cfg.tls_port
     tls = BlockingConnection(f"amqps://127.0.0.1:{info.tls_port}", timeout=10,
                              ssl_domain=b.client_ssl_domain(files), allowed_mechs="EXTERNAL")
     tls.close()
-    assert info.port == int(private["QMF_BROKER_PORT"]) != broker.port
+    assert info.port == cfg.port != broker.port
     assert info.node != broker.node
-    assert info.paths is not None and str(info.paths.state).startswith(private["QMF_HOME"])
-    assert b.broker_status().running
+    assert info.paths == cfg.paths
+    assert b.broker_status(cfg).running
 
-    b.declare_queue("qmf-durable-test", [("qpid.management", "mgmt.#")])
+    b.declare_queue("qmf-durable-test", [("qpid.management", "mgmt.#")], cfg=cfg)
     bodies = [f"msg-{i}".encode() * 10 for i in range(200)]
     conn = BlockingConnection(info.url, timeout=10)
     sender = conn.create_sender("/exchange/qpid.management")
     for i, body in enumerate(bodies):
         sender.send(Message(body=body, subject=f"mgmt.a{i % 3}.t", durable=True))
     conn.close()
-    assert b.queue_depths()["qmf-durable-test"] == 200
+    assert b.queue_depths(cfg)["qmf-durable-test"] == 200
 
-    before = b.broker_status().pid
-    b.restart_broker()
-    assert b.broker_status().pid != before
-    assert b.queue_depths()["qmf-durable-test"] == 200
+    before = b.broker_status(cfg).pid
+    b.restart_broker(cfg=cfg)
+    assert b.broker_status(cfg).pid != before
+    assert b.queue_depths(cfg)["qmf-durable-test"] == 200
     conn = BlockingConnection(info.url, timeout=10)
     try:
         got = _drain(conn, "/amq/queue/qmf-durable-test", 200)
@@ -280,7 +266,7 @@ def test_private_node_lifecycle_and_durable_queue_survives_restart(
 
 
 def test_port_in_use_fails_with_clear_message(
-    private: dict[str, str], monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+    private: b.BrokerConfig, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
     with socket.socket() as squatter:
         squatter.bind(("127.0.0.1", 0))
@@ -292,7 +278,7 @@ def test_port_in_use_fails_with_clear_message(
 
 
 def test_boot_failure_reports_log_tail(
-    private: dict[str, str], monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+    private: b.BrokerConfig, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
     """A server that dies at boot: start fails fast, quoting its output."""
     bindir = tmp_path / "bin"
