@@ -43,3 +43,20 @@ def shared_dir() -> str:
     if not os.path.isdir(path):
         raise RuntimeError(f"shared folder not found at {path}; set QMF_SHARED_DIR")
     return path
+
+
+@pytest.fixture(scope="module")
+def isolated_broker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
+    """A throw-away RabbitMQ node (own state dir, free ports) for tests that stop/restart it.
+
+    Yields its BrokerConfig (pass it as ``cfg=`` to pipeline.broker calls; the URL is
+    ``local_info(cfg).url``); the shared ``broker`` node is left alone. Stopped at the end.
+    """
+    from pipeline import broker as qmf_broker
+
+    cfg = qmf_broker.isolated_config(tmp_path_factory.mktemp("qmf-isolated"))
+    qmf_broker.start_broker(cfg=cfg)
+    try:
+        yield cfg
+    finally:
+        qmf_broker.stop_broker(cfg=cfg)
