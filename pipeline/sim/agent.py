@@ -251,7 +251,7 @@ class SimAgent:
             dialect=self.codec_dialect,
             opcode=opcode,
             timestamp_ns=now_ns,
-            agent=self.record_agent,
+            agent=None if self.dialect == "am2" else self.record_agent,  # AM2 'h' names no agent
             attributes=attrs,
         )
         return Published(hb, self.heartbeat_key)
@@ -307,7 +307,9 @@ class SimAgent:
     # ------------------------------------------------------------------ requests
 
     def complete(self, seq: int, code: int = 0, text: str = "OK") -> CommandComplete:
-        return CommandComplete(dialect=self.codec_dialect, opcode="z", seq=seq, code=code, text=text)
+        return CommandComplete(
+            dialect=self.codec_dialect, opcode="z", seq=seq, code=code, text=text
+        )
 
     def handle(self, req: Record, now_ns: int) -> list[Record]:
         """Answer one v1 console request; the replies, in order, all with the request's seq."""
@@ -332,11 +334,18 @@ class SimAgent:
             return [*out, self.complete(seq)]
         if isinstance(req, SchemaRequest):
             for c in self.schema:
-                if (c.package, c.name, c.key.hash) == (req.package, req.class_name, req.schema_hash):
+                if (c.package, c.name, c.key.hash) == (
+                    req.package,
+                    req.class_name,
+                    req.schema_hash,
+                ):
                     return [self.schema_response(c.schema, seq)]
             return [self.complete(seq, 1, "Unknown class")]
         if isinstance(req, GetQuery):
-            return [*(self.sample(o, "g", now_ns, seq) for o in self.get_matches(req.query)), self.complete(seq)]
+            return [
+                *(self.sample(o, "g", now_ns, seq) for o in self.get_matches(req.query)),
+                self.complete(seq),
+            ]
         if isinstance(req, MethodRequest):
             return [self.method(req)]
         return [self.complete(seq, 3, f"Not implemented: {type(req).__name__}")]
@@ -368,7 +377,11 @@ class SimAgent:
         meth = next((m for m in obj.cls.schema.methods if m.name == req.method_name), None)
         if meth is None:
             return self._mresp(req.seq, STATUS_UNKNOWN_METHOD, f"UnknownMethod: {req.method_name}")
-        args = req.arguments if req.arguments is not None else self.decode_args(meth.arguments, req.raw_arguments)
+        args = (
+            req.arguments
+            if req.arguments is not None
+            else self.decode_args(meth.arguments, req.raw_arguments)
+        )
         outs: dict[str, Any]
         if obj.cls.name == "broker" and meth.name == "echo":
             outs = {"sequence": args.get("sequence", 0), "body": args.get("body", "")}
@@ -384,11 +397,19 @@ class SimAgent:
 
         raw = encode_arguments(self.codec_dialect, out_elems, outs)
         return MethodResponse(
-            dialect=d, opcode="m", seq=req.seq, status=STATUS_OK, text="OK", arguments=outs, raw_arguments=raw
+            dialect=d,
+            opcode="m",
+            seq=req.seq,
+            status=STATUS_OK,
+            text="OK",
+            arguments=outs,
+            raw_arguments=raw,
         )
 
     def _mresp(self, seq: int, status: int, text: str) -> MethodResponse:
-        return MethodResponse(dialect=self.codec_dialect, opcode="m", seq=seq, status=status, text=text)
+        return MethodResponse(
+            dialect=self.codec_dialect, opcode="m", seq=seq, status=status, text=text
+        )
 
     def decode_args(self, elems: tuple[Element, ...], raw: bytes) -> dict[str, Any]:
         from pipeline.sim.wire import decode_arguments

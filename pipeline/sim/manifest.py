@@ -54,7 +54,12 @@ def jsonable(v: Any) -> Any:
 
 def record_row(rec: Record) -> dict[str, Any]:
     """The manifest fields of one record (kind, opcode, seq and its payload)."""
-    row: dict[str, Any] = {"kind": rec.kind, "dialect": rec.dialect, "opcode": rec.opcode, "seq": rec.seq}
+    row: dict[str, Any] = {
+        "kind": rec.kind,
+        "dialect": rec.dialect,
+        "opcode": rec.opcode,
+        "seq": rec.seq,
+    }
     if isinstance(rec, ObjectSample):
         row.update(
             agent=rec.agent,
@@ -80,7 +85,9 @@ def record_row(rec: Record) -> dict[str, Any]:
     elif isinstance(rec, Heartbeat):
         row.update(agent=rec.agent, timestamp_ns=rec.timestamp_ns)
     elif isinstance(rec, SchemaResponse | ClassIndication):
-        row.update(package=rec.package, class_name=rec.class_name, schema_hash=rec.schema_hash.hex())
+        row.update(
+            package=rec.package, class_name=rec.class_name, schema_hash=rec.schema_hash.hex()
+        )
     elif isinstance(rec, PackageIndication):
         row.update(package=rec.package)
     elif isinstance(rec, BrokerResponse):
@@ -95,13 +102,17 @@ def record_row(rec: Record) -> dict[str, Any]:
 class Manifest:
     """Writes manifest lines to a file (or keeps them in memory when ``path`` is None)."""
 
-    def __init__(self, path: str | None = None) -> None:
+    def __init__(self, path: str | None = None, keep: bool | None = None) -> None:
         self.path = path
+        self.keep = path is None if keep is None else keep  # big runs: file only
+        self.count = 0
         self.rows: list[dict[str, Any]] = []
-        self._fh: IO[str] | None = open(path, "w", encoding="utf-8") if path else None  # noqa: SIM115
+        self._fh: IO[str] | None = open(path, "w", encoding="utf-8") if path else None
 
     def write(self, row: dict[str, Any]) -> None:
-        self.rows.append(row)
+        self.count += 1
+        if self.keep:
+            self.rows.append(row)
         if self._fh is not None:
             self._fh.write(json.dumps(row, sort_keys=True) + "\n")
 

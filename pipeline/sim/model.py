@@ -440,7 +440,7 @@ class SimBroker:
     def purge(self, q: SimObject, request: int) -> int:
         """The queue's purge method: drop ``request`` messages (0 = all); returns how many."""
         s = q.stats
-        depth = s["msgDepth"]
+        depth = int(s["msgDepth"])
         n = depth if request == 0 else min(request, depth)
         if n:
             s["msgTotalDequeues"] += n

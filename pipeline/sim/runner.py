@@ -88,7 +88,7 @@ class CaptureSink:
     """Writes the capture JSON-lines interchange format (no broker needed)."""
 
     def __init__(self, path: str, clock: Callable[[], int] | None = None) -> None:
-        self._fh: IO[str] = open(path, "w", encoding="utf-8")  # noqa: SIM115
+        self._fh: IO[str] = open(path, "w", encoding="utf-8")
         self._clock = clock or time.time_ns
 
     def send(self, msg: OutMessage) -> None:
@@ -152,7 +152,8 @@ class Simulation:
         self.registry: SchemaRegistry = self.schema.registry()
         self.requests = requests
         self.agents = [
-            SimAgent(i, config.dialect, self.schema, config.load, config.seed) for i in range(config.agents)
+            SimAgent(i, config.dialect, self.schema, config.load, config.seed)
+            for i in range(config.agents)
         ]
         self.summary = RunSummary()
         self._wall0 = 0.0
@@ -207,13 +208,19 @@ class Simulation:
 
     # ------------------------------------------------------------------ steps
 
-    def _events_for(self, agent: SimAgent, created: list[SimObject], interval_start: int) -> list[EventSpec]:
+    def _events_for(
+        self, agent: SimAgent, created: list[SimObject], interval_start: int
+    ) -> list[EventSpec]:
         specs: list[EventSpec] = []
         find = self.schema.find
         for o in created:
             if o.class_name != "queue":
                 continue
-            common = {"rhost": "127.0.0.1:5672-10.0.0.1:40000", "user": "anonymous", "qName": o.props["name"]}
+            common = {
+                "rhost": "127.0.0.1:5672-10.0.0.1:40000",
+                "user": "anonymous",
+                "qName": o.props["name"],
+            }
             specs.append(
                 EventSpec(
                     find("queueDeclare"),
@@ -241,13 +248,19 @@ class Simulation:
                 EventSpec(
                     find("queueThresholdCrossedUpward" if up else "queueThresholdCrossedDownward"),
                     interval_start + rng.randrange(1, self.config.interval_s * NS),
-                    {"qName": q.props["name"], "msgDepth": q.stats["msgDepth"], "byteDepth": q.stats["byteDepth"]},
+                    {
+                        "qName": q.props["name"],
+                        "msgDepth": q.stats["msgDepth"],
+                        "byteDepth": q.stats["byteDepth"],
+                    },
                 )
             )
         specs.sort(key=lambda e: e.timestamp_ns)
         return specs
 
-    def _publication(self, agent: SimAgent, now_ns: int, events: list[EventSpec]) -> list[Published]:
+    def _publication(
+        self, agent: SimAgent, now_ns: int, events: list[EventSpec]
+    ) -> list[Published]:
         pubs: list[Published] = []
         if agent.send_schema:
             pubs.extend(agent.schema_records())
@@ -259,14 +272,24 @@ class Simulation:
             by_class.setdefault(o.cls.name, []).append(o)
         for objs in by_class.values():
             props = [o for o in objs if force or o.prop_dirty]
-            stats = [o for o in objs if (force or o.stat_dirty or o.deleted) and o.cls.schema.statistics]
+            stats = [
+                o for o in objs if (force or o.stat_dirty or o.deleted) and o.cls.schema.statistics
+            ]
             if agent.dialect == "v2":  # one _data map holds properties and statistics
                 for o in objs:
                     if o in props or o in stats:
-                        pubs.append(Published(agent.sample(o, "g", now_ns), agent.obj_key(o.cls, "data")))
+                        pubs.append(
+                            Published(agent.sample(o, "g", now_ns), agent.obj_key(o.cls, "data"))
+                        )
             else:
-                pubs.extend(Published(agent.sample(o, "c", now_ns), agent.obj_key(o.cls, "prop")) for o in props)
-                pubs.extend(Published(agent.sample(o, "i", now_ns), agent.obj_key(o.cls, "stat")) for o in stats)
+                pubs.extend(
+                    Published(agent.sample(o, "c", now_ns), agent.obj_key(o.cls, "prop"))
+                    for o in props
+                )
+                pubs.extend(
+                    Published(agent.sample(o, "i", now_ns), agent.obj_key(o.cls, "stat"))
+                    for o in stats
+                )
             for o in objs:
                 o.prop_dirty = o.stat_dirty = False
         agent.force_all = False
@@ -316,7 +339,9 @@ class Simulation:
                         "reply_to": reply_to,
                     }
                 )
-                if not self._send(reply_messages(replies, self.registry, reply_to), interval, agent, "reply"):
+                if not self._send(
+                    reply_messages(replies, self.registry, reply_to), interval, agent, "reply"
+                ):
                     return False
         return True
 
@@ -352,7 +377,13 @@ class Simulation:
                     created.extend(agent.model.transient_queue(t0, interval_ns))
                 events = self._events_for(agent, created, t0)
                 pubs = self._publication(agent, t1, events)
-                packed = pack(pubs, self.registry, dialect=agent.dialect, agent_name=agent.v2_name, batch=cfg.batch)
+                packed = pack(
+                    pubs,
+                    self.registry,
+                    dialect=agent.dialect,
+                    agent_name=agent.v2_name,
+                    batch=cfg.batch,
+                )
                 ok = self._send(packed, i, agent, "publish")
                 agent.model.forget(created)
                 if not ok:
@@ -371,7 +402,9 @@ class Simulation:
         if cfg.serve_s > 0 and self.summary.stopped_by in ("intervals", "stop"):
             deadline = time.monotonic() + cfg.serve_s
             while not self._stop and time.monotonic() < deadline:
-                if not self.serve_requests(min(0.05, max(0.0, deadline - time.monotonic())), self.summary.intervals):
+                if not self.serve_requests(
+                    min(0.05, max(0.0, deadline - time.monotonic())), self.summary.intervals
+                ):
                     break
         return self.summary
 

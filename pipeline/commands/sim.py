@@ -1,0 +1,125 @@
+"""``qmf sim``: run simulated QMF agents against a broker or into a capture file.
+
+Every run is bounded (intervals, wall-clock duration, message count) and
+stops by itself; the manifest (``--manifest``) lists exactly what was sent.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from typing import Any
+
+
+def _restart(text: str) -> tuple[int, int]:
+    agent, _, interval = text.partition(":")
+    try:
+        return int(agent), int(interval)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError("use AGENT:INTERVAL, e.g. 0:5") from exc
+
+
+def register(subparsers: Any) -> None:
+    p = subparsers.add_parser("sim", help="run simulated QMF agents (bounded)", description=__doc__)
+    out = p.add_mutually_exclusive_group()
+    out.add_argument("--output", "-o", metavar="FILE", help="write a capture file (no broker)")
+    out.add_argument("--url", help="broker URL (default: the project-local broker)")
+    p.add_argument("--manifest", metavar="FILE", help="ground-truth manifest (JSON lines)")
+    p.add_argument("--dialect", choices=("am1", "am2", "v2"), default="am1")
+    p.add_argument("--agents", type=int, default=1)
+    p.add_argument("--queues", type=int, default=20, help="queues per agent (load: 10000+)")
+    p.add_argument("--connections", type=int, default=4)
+    p.add_argument("--active-fraction", type=float, default=0.5)
+    p.add_argument(
+        "--max-rate", type=float, default=50.0, help="max enqueue rate of a queue (msg/s)"
+    )
+    p.add_argument("--transients", type=int, default=1, help="short-lived queues per interval")
+    p.add_argument("--events", type=int, default=1, help="random events per interval")
+    p.add_argument("--interval", type=int, default=1, help="publish interval (s)")
+    p.add_argument("--intervals", type=int, default=10, help="number of intervals (bound)")
+    p.add_argument("--duration", type=float, default=None, help="wall-clock bound (s)")
+    p.add_argument("--max-messages", type=int, default=None, help="message-count bound")
+    p.add_argument("--rate", type=float, default=None, help="message rate cap (msg/s)")
+    p.add_argument("--batch", type=int, default=100, help="records per message")
+    p.add_argument("--seed", type=int, default=1)
+    p.add_argument("--start-ns", type=int, default=None, help="simulated start time (default: now)")
+    p.add_argument("--realtime", action="store_true", help="pace intervals with the wall clock")
+    p.add_argument(
+        "--restart", type=_restart, action="append", default=[], metavar="AGENT:INTERVAL"
+    )
+    p.add_argument(
+        "--serve",
+        type=float,
+        default=0.0,
+        help="answer console requests this long after the last interval (s)",
+    )
+    p.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    from pipeline.sim.manifest import Manifest
+    from pipeline.sim.model import LoadConfig
+    from pipeline.sim.runner import BrokerSink, CaptureSink, SimConfig, Simulation, Sink
+
+    load = LoadConfig(
+        queues=args.queues,
+        connections=args.connections,
+        active_fraction=args.active_fraction,
+        max_rate=args.max_rate,
+        transient_per_interval=args.transients,
+        events_per_interval=args.events,
+    )
+    cfg = SimConfig(
+        dialect=args.dialect,
+        agents=args.agents,
+        load=load,
+        interval_s=args.interval,
+        intervals=args.intervals,
+        duration_s=args.duration,
+        max_messages=args.max_messages,
+        rate=args.rate,
+        batch=args.batch,
+        seed=args.seed,
+        start_ns=args.start_ns,
+        realtime=args.realtime,
+        restarts=tuple(args.restart),
+        serve_s=args.serve,
+    )
+    try:
+        cfg.validate()
+    except ValueError as exc:
+        print(f"qmf sim: {exc}", file=sys.stderr)
+        return 2
+    sink: Sink | None = None
+    requests = None
+    manifest = Manifest(args.manifest, keep=False)
+    sim: Simulation | None = None
+    try:
+        if args.output:
+            sink = CaptureSink(args.output)
+        else:
+            url = args.url
+            if url is None:
+                from pipeline.broker import ensure_broker
+
+                url = ensure_broker().url
+            sink = BrokerSink(url)
+        sim = Simulation(cfg, sink, manifest)
+        if not args.output:
+            from pipeline.sim.amqp import CommandListener
+
+            keys = [k for a in sim.agents for k in a.command_keys]
+            requests = CommandListener(url, keys, sim.registry)
+            sim.requests = requests
+        summary = sim.run()
+    finally:
+        try:
+            if sink is not None:
+                sink.close()
+        finally:
+            manifest.close()
+            if requests is not None:
+                requests.close()
+    print(json.dumps(summary.__dict__, sort_keys=True))
+    return 0

@@ -1,0 +1,235 @@
+"""AMQP 1.0 plumbing of the simulator: the agents' command listener, a console and a raw subscriber.
+
+RabbitMQ facts this relies on: a receiver on ``/exchange/X/K`` gets a private
+queue bound to X with key K; consumers learn the routing key only through the
+message subject; there are no dynamic (temporary) addresses, so a console
+names its reply key and puts ``/exchange/amq.direct/<key>`` in reply-to.
+Receivers are created with no credit and fed explicitly (``flow``); we close
+connections, never single links. Every wait has a deadline.
+"""
+
+from __future__ import annotations
+
+import itertools
+import time
+import uuid
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from proton import Message
+from proton.utils import BlockingConnection, BlockingReceiver
+
+from pipeline.codec.message import decode_message
+from pipeline.codec.records import Record
+from pipeline.codec.schema import SchemaRegistry
+from receivers.publisher import APP_ID_PROPERTY
+
+CREDIT = 64
+
+
+def _body(m: Message) -> bytes:
+    b = m.body
+    if isinstance(b, memoryview | bytearray):
+        return bytes(b)
+    if isinstance(b, bytes):
+        return b
+    if isinstance(b, str):
+        return b.encode("utf-8")
+    raise TypeError(f"unexpected body type {type(b).__name__}")
+
+
+@dataclass
+class Received:
+    """A message as a subscriber saw it: routing key (subject), properties and body."""
+
+    routing_key: str | None
+    body: bytes
+    content_type: str | None
+    application_properties: dict[str, Any]
+    reply_to: str | None = None
+    correlation_id: Any = None
+    app_id: str | None = None
+
+    def decode(self, registry: SchemaRegistry) -> list[Record]:
+        res = decode_message(
+            self.body,
+            registry=registry,
+            application_properties=self.application_properties,
+            content_type=self.content_type,
+            app_id=self.app_id,
+            routing_key=self.routing_key,
+        )
+        if res.problems:
+            raise ValueError(f"undecodable message on {self.routing_key!r}: {res.problems}")
+        return res.records
+
+
+def to_received(m: Message) -> Received:
+    props: dict[str, Any] = dict(m.properties or {})
+    app_id = props.pop(APP_ID_PROPERTY, None)
+    return Received(
+        routing_key=m.subject,
+        body=_body(m),
+        content_type=m.content_type,
+        application_properties=props,
+        reply_to=m.reply_to,
+        correlation_id=m.correlation_id,
+        app_id=app_id if isinstance(app_id, str) else None,
+    )
+
+
+class Subscriber:
+    """Receivers on several addresses of one connection, with explicit credit."""
+
+    def __init__(self, url: str, addresses: Sequence[str], timeout_s: float = 10.0) -> None:
+        self.conn = BlockingConnection(url, timeout=timeout_s)
+        self.receivers: list[tuple[str, BlockingReceiver]] = []
+        try:
+            for a in addresses:
+                r = self.conn.create_receiver(a, credit=0)
+                r.link.flow(CREDIT)
+                self.receivers.append((a, r))
+        except Exception:
+            self.conn.close()
+            raise
+
+    def poll(self, timeout_s: float) -> list[tuple[str, Received]]:
+        """Messages that arrived within ``timeout_s`` (each accepted), with their address."""
+        out: list[tuple[str, Received]] = []
+
+        def ready() -> bool:
+            return any(r.fetcher is not None and r.fetcher.has_message for _, r in self.receivers)
+
+        if not ready():
+            try:
+                self.conn.wait(ready, timeout=max(timeout_s, 0.001))
+            except Exception as exc:  # proton raises Timeout when nothing came
+                if type(exc).__name__ != "Timeout":
+                    raise
+        for a, r in self.receivers:
+            f = r.fetcher
+            while f is not None and f.has_message:
+                m = f.pop()
+                r.accept()
+                r.link.flow(1)
+                out.append((a, to_received(m)))
+        return out
+
+    def collect(
+        self, until: int | None = None, idle_s: float = 1.0, max_s: float = 30.0
+    ) -> list[Received]:
+        """Collect until ``until`` messages, ``idle_s`` of silence, or ``max_s`` in all."""
+        got: list[Received] = []
+        deadline = time.monotonic() + max_s
+        last = time.monotonic()
+        while time.monotonic() < deadline:
+            batch = self.poll(0.1)
+            if batch:
+                got.extend(m for _, m in batch)
+                last = time.monotonic()
+                if until is not None and len(got) >= until:
+                    break
+            elif time.monotonic() - last >= idle_s:
+                break
+        return got
+
+    def close(self) -> None:
+        self.conn.close()
+
+    def __enter__(self) -> Subscriber:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+class CommandListener:
+    """The agents' side: requests on ``/exchange/qpid.management/<command key>``."""
+
+    def __init__(self, url: str, keys: Iterable[str], registry: SchemaRegistry) -> None:
+        self.keys = list(dict.fromkeys(keys))
+        self.registry = registry
+        self.sub = Subscriber(url, [f"/exchange/qpid.management/{k}" for k in self.keys])
+
+    def poll(self, timeout_s: float) -> list[tuple[str, Record, str | None]]:
+        out: list[tuple[str, Record, str | None]] = []
+        for address, m in self.sub.poll(timeout_s):
+            key = address.rsplit("/", 1)[-1]
+            res = decode_message(
+                m.body,
+                registry=self.registry,
+                application_properties=m.application_properties,
+                content_type=m.content_type,
+                app_id=m.app_id,
+                routing_key=m.routing_key,
+            )
+            for rec in res.records:  # a bad request is dropped, like qpidd does
+                out.append((key, rec, m.reply_to))
+        return out
+
+    def close(self) -> None:
+        self.sub.close()
+
+
+@dataclass
+class Console:
+    """A minimal v1 console: sends requests to a command key and gathers the replies."""
+
+    url: str
+    registry: SchemaRegistry
+    reply_key: str = field(default_factory=lambda: f"sim-console-{uuid.uuid4().hex[:12]}")
+    timeout_s: float = 10.0
+
+    def __post_init__(self) -> None:
+        from receivers.publisher import Publisher
+
+        self._seq = itertools.count(1)
+        self.replies = Subscriber(self.url, [f"/exchange/amq.direct/{self.reply_key}"])
+        try:
+            self.pub = Publisher(self.url)
+        except Exception:
+            self.replies.close()
+            raise
+
+    @property
+    def reply_to(self) -> str:
+        return f"/exchange/amq.direct/{self.reply_key}"
+
+    def next_seq(self) -> int:
+        return next(self._seq)
+
+    def send(self, key: str, body: bytes) -> None:
+        self.pub.publish(key, body, exchange="qpid.management", reply_to=self.reply_to)
+        self.pub.flush()
+
+    def request(
+        self, key: str, body: bytes, seq: int, final: str = "z", count: int | None = None
+    ) -> list[Record]:
+        """Send one request; gather replies with its seq until an opcode in ``final`` (or ``count``)."""
+        self.send(key, body)
+        got: list[Record] = []
+        deadline = time.monotonic() + self.timeout_s
+        while time.monotonic() < deadline:
+            for _, m in self.replies.poll(0.1):
+                for r in m.decode(self.registry):
+                    if r.seq != seq:
+                        continue
+                    got.append(r)
+                    if r.opcode in final or (count is not None and len(got) >= count):
+                        return got
+        raise TimeoutError(
+            f"no complete reply to seq {seq} on {key!r} within {self.timeout_s} s: {got}"
+        )
+
+    def close(self) -> None:
+        try:
+            self.pub.close()
+        finally:
+            self.replies.close()
+
+    def __enter__(self) -> Console:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
