@@ -177,7 +177,9 @@ class BrokerConfig:
         """Printable summary without secrets."""
         mechs = " ".join(self.sasl_mechanisms) or "default"
         who = self.user or "-"
-        return f"{', '.join(self.urls)} (user {who}, sasl {mechs}, tls {'on' if self.tls else 'off'})"
+        return (
+            f"{', '.join(self.urls)} (user {who}, sasl {mechs}, tls {'on' if self.tls else 'off'})"
+        )
 
     def connect_kwargs(self) -> dict[str, Any]:
         """Keyword arguments for ``Container.connect`` (urls, SASL, TLS, heartbeat)."""

@@ -112,9 +112,12 @@ class _Handler(MessagingHandler):
         self.owner._send_pending()
 
     def on_accepted(self, event: Event) -> None:
-        self.owner.accepted += 1
+        if self.owner._outcome(event.delivery):
+            self.owner.accepted += 1
 
     def on_rejected(self, event: Event) -> None:
+        if not self.owner._outcome(event.delivery):
+            return
         self.owner.rejected += 1
         d = event.delivery
         cond = d.remote.condition if d is not None else None
@@ -122,6 +125,8 @@ class _Handler(MessagingHandler):
 
     def on_released(self, event: Event) -> None:
         # MessagingHandler routes MODIFIED here too; neither means the broker took it.
+        if not self.owner._outcome(event.delivery):
+            return
         self.owner.rejected += 1
         d = event.delivery
         modified = d is not None and d.remote_state == Delivery.MODIFIED
@@ -165,8 +170,10 @@ class Publisher:
     ) -> None:
         if window < 1:
             raise ValueError("window must be >= 1")
-        self.config = broker if isinstance(broker, BrokerConfig) else BrokerConfig(
-            urls=(broker,) if broker else ()
+        self.config = (
+            broker
+            if isinstance(broker, BrokerConfig)
+            else BrokerConfig(urls=(broker,) if broker else ())
         )
         self.exchange = exchange
         self.address_template = address_template
@@ -181,6 +188,7 @@ class Publisher:
         self._closed = False
         self._pending: dict[Sender, deque[Message]] = {}
         self._queued = 0
+        self._inflight: set[tuple[str, str]] = set()  # (link name, delivery tag)
         self._senders: dict[str, Sender] = {}
         self._last_pump = 0.0
         self._container = Container(_Handler(self))
@@ -190,7 +198,9 @@ class Publisher:
         deadline = time.monotonic() + connect_timeout_s
         while not self._opened and self._error is None:
             if time.monotonic() > deadline:
-                self._error = f"no connection to {', '.join(self.config.urls)} within {connect_timeout_s} s"
+                self._error = (
+                    f"no connection to {', '.join(self.config.urls)} within {connect_timeout_s} s"
+                )
                 break
             self._container.process()
         if self._error is not None:
@@ -222,7 +232,17 @@ class Publisher:
     @property
     def unsettled(self) -> int:
         """Messages handed to proton or queued that the broker has not settled yet."""
-        return self.sent + self._queued - self.accepted - self.rejected
+        return len(self._inflight) + self._queued
+
+    def _outcome(self, d: Delivery | None) -> bool:
+        """First outcome of a delivery counts; a broker may update a delivery twice."""
+        if d is None:
+            return False
+        try:
+            self._inflight.remove((d.link.name, d.tag))
+        except KeyError:
+            return False
+        return True
 
     def _send_pending(self) -> None:
         """Hand queued messages to links with credit; order is kept per link."""
@@ -230,7 +250,9 @@ class Publisher:
             if not queue or not (sender.state & Endpoint.REMOTE_ACTIVE):
                 continue
             while queue and sender.credit > 0:
-                sender.send(queue.popleft())
+                d = sender.send(queue.popleft())
+                assert isinstance(d, Delivery)  # a Message send always yields a delivery
+                self._inflight.add((sender.name, d.tag))
                 self._queued -= 1
                 self.sent += 1
 

@@ -1,0 +1,865 @@
+"""The AMQP 1.0 receiver: land every message durably, then settle it.
+
+Why this shape:
+
+* **Nothing is settled before it is durable.** Messages are held (unsettled) in
+  hand until a group commit writes them to the sink (the landing log: one
+  fsynced Arrow segment per group); only then are their deliveries accepted and
+  settled. A crash at any point leaves the broker holding every message that is
+  not on disk, so delivery is at-least-once and ``msg_key`` removes duplicates
+  downstream.
+* **Group commit:** a group is flushed when ``flush_count`` messages are in hand
+  or the oldest has waited ``flush_ms``: one fsync per group, not per message.
+* **Explicit credit:** prefetch 0, and the receiver tops credit up to
+  ``credit_window`` itself; RabbitMQ's AMQP 1.0 plugin is reliable that way
+  (never ``drain``).
+* **We drive the reactor** (``Container.process()``) instead of ``run()``, so
+  the same object runs in the foreground (``qmf receive``), in a thread (the
+  Spark source's embedded receiver) or in a subprocess, and stops cleanly:
+  land what is in hand, settle it, close the *connection* (closing a receiver
+  link hangs on RabbitMQ).
+* **Reconnect** with exponential backoff, rotating through the URLs
+  (failover). Authentication failures are fatal at once: retrying a wrong
+  password only hides it.
+* Each receiver holds an exclusive lock on its own landing partition, so
+  several receivers can compete on one durable queue without sharing files.
+"""
+
+from __future__ import annotations
+
+import base64
+import contextlib
+import dataclasses
+import fcntl
+import json
+import logging
+import os
+import re
+import signal
+import socket
+import threading
+import time
+import uuid
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from pathlib import Path
+from types import FrameType
+from typing import IO, Any, Protocol
+
+from cproton import pn_message_get_content_type
+from proton import (
+    Connection,
+    Data,
+    Delivery,
+    Described,
+    Endpoint,
+    Event,
+    Handler,
+    Message,
+    Receiver,
+    symbol,
+)
+from proton.handlers import MessagingHandler
+from proton.reactor import Container, Filter
+
+from receivers.config import BrokerConfig, ConfigError
+from receivers.landing import PARTITION_RE, LandedMessage, LandingWriter
+from receivers.publisher import APP_ID_PROPERTY
+
+log = logging.getLogger("qmf.receiver")
+
+ROUTING_KEY_ANNOTATIONS = ("x-opt-routing-key", "x-amqp-0-10.routing-key")
+# Bodies that are not one data section (amqp-value / amqp-sequence) are landed
+# as their AMQP 1.0 encoding and flagged with this application property.
+BODY_ENCODING_PROPERTY = "x-qmf-body-encoding"
+QPIDD_TOPIC_FILTER = "apache.org:legacy-amqp-topic-binding:string"
+FATAL_CONDITIONS = ("amqp:unauthorized-access",)
+
+
+class ReceiverError(RuntimeError):
+    """The receiver cannot go on (authentication refused, sink failure, bad settings)."""
+
+
+# --------------------------------------------------------------------------- addressing
+
+
+@dataclass(frozen=True)
+class Preset:
+    """How one broker family spells subscriptions."""
+
+    exchange_source: str
+    queue_source: str
+    topic_filter: bool
+    default_bindings: tuple[tuple[str, str], ...]
+    reply_exchange_target: str
+
+
+PRESETS: dict[str, Preset] = {
+    # RabbitMQ 3.x AMQP 1.0 plugin: the binding key is part of the address; a
+    # private amq.gen-* queue is declared per link (left behind on close).
+    "rabbitmq": Preset(
+        exchange_source="/exchange/{exchange}/{key}",
+        queue_source="/amq/queue/{queue}",
+        topic_filter=False,
+        default_bindings=(("qpid.management", "mgmt.#"),),
+        reply_exchange_target="/exchange/{exchange}",
+    ),
+    # qpidd: the exchange is the address; the binding key goes in a legacy
+    # topic-binding filter. AM2 publishes on console.# / schema.#, QMF v2
+    # agents on qmf.default.topic agent.ind.#.
+    "qpidd": Preset(
+        exchange_source="{exchange}",
+        queue_source="{queue}",
+        topic_filter=True,
+        default_bindings=(
+            ("qpid.management", "console.#"),
+            ("qpid.management", "schema.#"),
+            ("qmf.default.topic", "agent.ind.#"),
+        ),
+        reply_exchange_target="{exchange}",
+    ),
+}
+
+
+@dataclass(frozen=True)
+class Subscription:
+    """One receiver link: its source address and optional binding-key filter."""
+
+    address: str
+    binding_key: str | None = None
+
+
+def subscriptions(
+    preset: str,
+    *,
+    bindings: Sequence[tuple[str, str]] = (),
+    queue: str | None = None,
+    sources: Sequence[str] = (),
+) -> list[Subscription]:
+    """The links to open: raw ``sources`` win, then a durable ``queue``, then bindings."""
+    if preset not in PRESETS:
+        raise ConfigError(f"unknown preset {preset!r} (one of {', '.join(PRESETS)})")
+    p = PRESETS[preset]
+    if sources:
+        return [Subscription(s) for s in sources]
+    if queue:
+        return [Subscription(p.queue_source.format(queue=queue))]
+    out: list[Subscription] = []
+    for exchange, key in bindings or p.default_bindings:
+        if p.topic_filter:
+            out.append(Subscription(p.exchange_source.format(exchange=exchange, key=key), key))
+        else:
+            out.append(Subscription(p.exchange_source.format(exchange=exchange, key=key)))
+    return out
+
+
+def parse_binding(text: str, default_exchange: str = "qpid.management") -> tuple[str, str]:
+    """``EXCHANGE:KEY`` or just ``KEY`` (on the default exchange)."""
+    exchange, sep, key = text.rpartition(":")
+    if not sep:
+        return default_exchange, text
+    if not exchange or not key:
+        raise ConfigError(f"binding {text!r} must be EXCHANGE:KEY")
+    return exchange, key
+
+
+# --------------------------------------------------------------------------- mapping
+
+
+def _as_text(value: Any) -> str | None:
+    if value is None:
+        return None
+    if isinstance(value, bytes | memoryview | bytearray):
+        raw = bytes(value)
+        try:
+            return raw.decode("utf-8")
+        except UnicodeDecodeError:
+            return raw.hex()
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    return str(value)
+
+
+def _body_bytes(body: Any) -> tuple[bytes, str | None]:
+    """(bytes, encoding flag): a data section as is; anything else AMQP 1.0 encoded."""
+    if body is None:
+        return b"", None
+    if isinstance(body, bytes | memoryview | bytearray):
+        return bytes(body), None
+    if isinstance(body, str):
+        return body.encode("utf-8"), "amqp-value:string"
+    d = Data()
+    d.put_object(body)
+    return bytes(d.encode()), "amqp-1.0"
+
+
+def _content_type(msg: Message) -> str | None:
+    """Proton's getter turns an absent content-type into symbol('None'); ask the C layer."""
+    raw: str | None = pn_message_get_content_type(msg._msg)
+    return raw
+
+
+def to_landed(msg: Message, received_at_us: int | None = None) -> LandedMessage:
+    """Map a proton Message onto the landing contract (all text fields as str)."""
+    props: dict[str, str] = {}
+    app_id: str | None = None
+    raw_props: Mapping[Any, Any] = msg.properties or {}
+    for k, v in raw_props.items():
+        if k == APP_ID_PROPERTY:
+            app_id = _as_text(v)
+            continue
+        text = _as_text(v)
+        props[str(k)] = "" if text is None else text
+    routing_key: str | None = None
+    annotations: Mapping[Any, Any] = msg.annotations or {}
+    for name in ROUTING_KEY_ANNOTATIONS:
+        if annotations.get(name) is not None:
+            routing_key = _as_text(annotations[name])
+            break
+    subject = _as_text(msg.subject)
+    if routing_key is None:
+        routing_key = subject
+    body, encoding = _body_bytes(msg.body)
+    if encoding is not None:
+        props[BODY_ENCODING_PROPERTY] = encoding
+    return LandedMessage(
+        body=body,
+        routing_key=routing_key,
+        subject=subject,
+        message_id=_as_text(msg.id),
+        correlation_id=_as_text(msg.correlation_id),
+        reply_to=_as_text(msg.reply_to),
+        app_id=app_id,
+        content_type=_content_type(msg),
+        application_properties=props,
+        received_at_us=received_at_us if received_at_us is not None else time.time_ns() // 1000,
+    )
+
+
+# --------------------------------------------------------------------------- sinks
+
+
+class Sink(Protocol):
+    """Where landed groups go; ``append`` must be durable when it returns."""
+
+    def append(self, msgs: Sequence[LandedMessage]) -> None: ...
+
+    def close(self) -> None: ...
+
+
+class LandingSink:
+    """The landing log partition this receiver owns (exclusive lock held while open)."""
+
+    def __init__(self, root: str | os.PathLike[str], partition: str | None = None) -> None:
+        self.root = Path(root)
+        self._lock_fd: int | None = None
+        if partition is None:
+            partition = self._claim_default()
+        else:
+            if not PARTITION_RE.match(partition):
+                raise ConfigError(f"partition {partition!r} must match {PARTITION_RE.pattern}")
+            if not self._lock(partition):
+                raise ReceiverError(
+                    f"landing partition {partition!r} under {self.root} is held by another receiver"
+                )
+        self.partition = partition
+        self.writer = LandingWriter(self.root, partition)
+
+    def _lock(self, partition: str) -> bool:
+        d = self.root / partition
+        d.mkdir(parents=True, exist_ok=True)
+        fd = os.open(d / ".lock", os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            os.close(fd)
+            return False
+        self._lock_fd = fd
+        return True
+
+    def _claim_default(self) -> str:
+        """``<host>-<n>``: the lowest n not locked, so a restarted receiver continues its partition."""
+        host = re.sub(r"[^A-Za-z0-9_.-]", "_", socket.gethostname()) or "receiver"
+        for n in range(1024):
+            name = f"{host}-{n}"
+            if self._lock(name):
+                return name
+        raise ReceiverError(f"no free landing partition under {self.root}")
+
+    @property
+    def next_offset(self) -> int:
+        return self.writer.next_offset
+
+    def append(self, msgs: Sequence[LandedMessage]) -> None:
+        self.writer.append(msgs)
+
+    def close(self) -> None:
+        if self._lock_fd is not None:
+            os.close(self._lock_fd)
+            self._lock_fd = None
+
+
+def capture_record(m: LandedMessage, source: str | None = None) -> dict[str, Any]:
+    """One capture-format object (see DESIGN.md and ``shared/samples``)."""
+    props: dict[str, Any] = {"content_length": len(m.body)}
+    for name in ("message_id", "correlation_id", "reply_to", "app_id", "content_type"):
+        value = getattr(m, name)
+        if value is not None:
+            props[name] = value
+    if m.routing_key is not None:
+        props["routing_key"] = m.routing_key
+    if source is not None:
+        props["x-capture-source"] = source
+    received = datetime.fromtimestamp(m.received_at_us / 1_000_000, tz=UTC)
+    return {
+        "application_properties": dict(m.application_properties),
+        "body_base64": base64.b64encode(m.body).decode("ascii"),
+        "content_type": m.content_type,
+        "properties": props,
+        "received_at": received.strftime("%Y-%m-%dT%H:%M:%S.%fZ"),
+        "routing_key": m.routing_key,
+        "subject": m.subject,
+    }
+
+
+class CaptureSink:
+    """JSON lines in the capture format, flushed and fsynced per group."""
+
+    def __init__(self, path: str | os.PathLike[str], source: str | None = None) -> None:
+        self.path = Path(path)
+        self.source = source
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self._f: IO[str] | None = open(self.path, "a", encoding="utf-8")
+        self.count = 0
+
+    def append(self, msgs: Sequence[LandedMessage]) -> None:
+        if self._f is None:
+            raise ReceiverError("capture file already closed")
+        lines = [json.dumps(capture_record(m, self.source), sort_keys=True) for m in msgs]
+        self._f.write("\n".join(lines) + "\n")
+        self._f.flush()
+        os.fsync(self._f.fileno())
+        self.count += len(msgs)
+
+    def close(self) -> None:
+        if self._f is not None:
+            self._f.close()
+            self._f = None
+
+
+# --------------------------------------------------------------------------- receiver
+
+
+@dataclass(frozen=True)
+class ReceiverConfig:
+    """Everything a receiver needs; ``broker`` carries URLs, TLS, SASL and credentials."""
+
+    broker: BrokerConfig = field(default_factory=BrokerConfig)
+    preset: str = "rabbitmq"
+    bindings: tuple[tuple[str, str], ...] = ()
+    queue: str | None = None
+    sources: tuple[str, ...] = ()
+    credit_window: int = 1000
+    flush_count: int = 500
+    flush_ms: float = 50.0
+    backoff_initial_s: float = 0.2
+    backoff_max_s: float = 10.0
+    max_connect_attempts: int | None = None
+    stop_timeout_s: float = 10.0
+
+    def __post_init__(self) -> None:
+        if self.credit_window < 1 or self.flush_count < 1 or self.flush_ms <= 0:
+            raise ConfigError("credit_window, flush_count and flush_ms must be positive")
+        subscriptions(self.preset, bindings=self.bindings, queue=self.queue, sources=self.sources)
+
+    def subscriptions(self) -> list[Subscription]:
+        return subscriptions(
+            self.preset, bindings=self.bindings, queue=self.queue, sources=self.sources
+        )
+
+
+@dataclass
+class ReceiverStats:
+    """Counters an operator (or a test) can read while the receiver runs."""
+
+    received: int = 0
+    landed: int = 0
+    settled: int = 0
+    groups: int = 0
+    connects: int = 0
+    disconnects: int = 0
+    unsettled_dropped: int = 0
+    last_error: str | None = None
+
+
+class _Handler(MessagingHandler):
+    """Forwards proton events to the Receiver; all state lives there."""
+
+    def __init__(self, owner: QmfReceiver) -> None:
+        super().__init__(prefetch=0, auto_accept=False, auto_settle=False, peer_close_is_error=True)
+        self.owner = owner
+
+    def on_connection_opened(self, event: Event) -> None:
+        self.owner._on_opened(event)
+
+    def on_message(self, event: Event) -> None:
+        self.owner._on_message(event)
+
+    def on_link_error(self, event: Event) -> None:
+        link = event.link
+        if link is not None:
+            cond = link.remote_condition
+            where = link.source.address or link.target.address
+            self.owner._on_error(f"link {where!r} refused: {_cond(cond)}", cond, event.connection)
+
+    def on_connection_error(self, event: Event) -> None:
+        c = event.connection
+        cond = c.remote_condition if c is not None else None
+        self.owner._on_error(f"connection closed by the broker: {_cond(cond)}", cond, c)
+
+    def on_transport_error(self, event: Event) -> None:
+        t = event.transport
+        cond = t.condition if t is not None else None
+        self.owner._on_error(f"transport error: {_cond(cond)}", cond, event.connection)
+
+    def on_disconnected(self, event: Event) -> None:
+        self.owner._on_disconnected(event.connection)
+
+    def on_connection_closed(self, event: Event) -> None:
+        self.owner._on_closed(event.connection)
+
+
+def _cond(cond: Any) -> str:
+    if cond is None:
+        return "no condition given"
+    return f"{cond.name}: {cond.description}" if cond.description else str(cond.name)
+
+
+class _Tick(Handler):
+    """Periodic timer: keeps an otherwise idle reactor alive and drives time-based flushes."""
+
+    def __init__(self, owner: QmfReceiver) -> None:
+        super().__init__()
+        self.owner = owner
+
+    def on_timer_task(self, event: Event) -> None:
+        self.owner._on_tick()
+
+
+class QmfReceiver:
+    """Embeddable receiver: ``start()``, then ``run()`` / ``run_for(s)``, then ``stop()``.
+
+    ``run()`` blocks until :meth:`request_stop` (signal-safe, thread-safe) and
+    then shuts down cleanly. :meth:`start_thread` runs it in a daemon thread.
+    """
+
+    def __init__(
+        self,
+        config: ReceiverConfig,
+        sink: Sink,
+        *,
+        on_group: Callable[[Sequence[LandedMessage]], None] | None = None,
+    ) -> None:
+        self.config = config
+        self.sink = sink
+        self.stats = ReceiverStats()
+        self.on_group = on_group
+        self.error: BaseException | None = None
+        self._subs = config.subscriptions()
+        self._in_hand: list[tuple[LandedMessage, Delivery]] = []
+        self._first_in_hand = 0.0
+        self._container: Container | None = None
+        self._conn: Connection | None = None
+        self._receivers: list[Receiver] = []
+        self._fatal: str | None = None
+        self._stop_requested = False
+        self._stopped = False
+        self._url_index = 0
+        self._generation = 0
+        self._attempts = 0
+        self._reconnect_at: float | None = None
+        self._thread: threading.Thread | None = None
+        self._tick_s = max(0.005, min(0.1, config.flush_ms / 2000))
+        self.sources = [s.address for s in self._subs]
+
+    # ---- lifecycle --------------------------------------------------------------------
+
+    def start(self) -> None:
+        """Create the reactor and begin connecting (no blocking I/O here)."""
+        if self._container is not None:
+            raise ReceiverError("receiver already started")
+        self._container = Container(_Handler(self))
+        self._container.container_id = f"qmf-receiver-{uuid.uuid4()}"
+        self._container.timeout = self._tick_s
+        self._container.start()
+        self._container.schedule(self._tick_s, _Tick(self))
+        self._connect()
+
+    def _connect(self) -> None:
+        assert self._container is not None
+        cfg = self.config.broker.for_url(self._url_index)
+        self._attempts += 1
+        log.info("connecting to %s", cfg.describe())
+        conn = self._container.connect(**cfg.connect_kwargs())
+        self._generation += 1
+        conn.qmf_generation = self._generation  # stored in proton's record: survives re-wrapping
+        self._conn = conn
+        self._receivers = []
+        for sub in self._subs:
+            options: Filter | None = None
+            if sub.binding_key is not None:
+                options = Filter(
+                    {
+                        symbol("subject-filter"): Described(
+                            symbol(QPIDD_TOPIC_FILTER), sub.binding_key
+                        )
+                    }
+                )
+            r = self._container.create_receiver(conn, sub.address, options=options)
+            r.flow(self.config.credit_window)
+            self._receivers.append(r)
+
+    def run_for(self, seconds: float) -> None:
+        """Process events for ``seconds`` (or until a stop is requested); no shutdown."""
+        self._loop(time.monotonic() + seconds)
+
+    def run(
+        self,
+        duration_s: float | None = None,
+        *,
+        report_every_s: float | None = None,
+        report: Callable[[ReceiverStats], None] | None = None,
+    ) -> None:
+        """Process events until a stop is requested (or ``duration_s``), then shut down cleanly."""
+        end = None if duration_s is None else time.monotonic() + duration_s
+        try:
+            while not self._stop_requested:
+                step = report_every_s or 3600.0
+                if end is not None:
+                    step = min(step, end - time.monotonic())
+                    if step <= 0:
+                        break
+                self._loop(time.monotonic() + step)
+                if report is not None and report_every_s:
+                    report(self.stats)
+        finally:
+            self._shutdown()
+
+    @property
+    def stopping(self) -> bool:
+        """True once a stop was requested (signal, another thread, or a fatal error)."""
+        return self._stop_requested
+
+    def request_stop(self) -> None:
+        """Ask the loop to stop; safe from signal handlers and other threads."""
+        self._stop_requested = True
+
+    def stop(self, timeout_s: float | None = None) -> None:
+        """Land and settle what is in hand, close the connection, release the sink."""
+        self.request_stop()
+        t = self._thread
+        if t is not None and t is not threading.current_thread():
+            t.join(timeout_s if timeout_s is not None else self.config.stop_timeout_s + 5)
+            if t.is_alive():
+                raise ReceiverError("receiver thread did not stop in time")
+        else:
+            self._shutdown()
+        if self.error is not None and not isinstance(self.error, ReceiverError):
+            raise ReceiverError(str(self.error)) from self.error
+
+    def start_thread(self, name: str = "qmf-receiver") -> threading.Thread:
+        """``start()`` and ``run()`` in a daemon thread; ``stop()`` joins it."""
+        self.start()
+
+        def target() -> None:
+            try:
+                self.run()
+            except BaseException as exc:
+                self.error = exc
+                log.error("receiver stopped on error: %s", exc)
+
+        self._thread = threading.Thread(target=target, name=name, daemon=True)
+        self._thread.start()
+        return self._thread
+
+    def install_signal_handlers(self) -> None:
+        """SIGTERM/SIGINT request a clean stop (main thread only)."""
+
+        def handler(signum: int, frame: FrameType | None) -> None:
+            log.info("signal %d: stopping", signum)
+            self.request_stop()
+
+        signal.signal(signal.SIGTERM, handler)
+        signal.signal(signal.SIGINT, handler)
+
+    # ---- loop -------------------------------------------------------------------------
+
+    def _loop(self, deadline: float | None) -> None:
+        if self._container is None:
+            self.start()
+        c = self._container
+        assert c is not None
+        while not self._stop_requested:
+            if self._fatal is not None:
+                raise ReceiverError(self._fatal)
+            now = time.monotonic()
+            if deadline is not None and now >= deadline:
+                return
+            if self._reconnect_at is not None and now >= self._reconnect_at:
+                self._reconnect_at = None
+                self._connect()
+            c.process()
+            self._maybe_flush()
+        if self._fatal is not None:
+            raise ReceiverError(self._fatal)
+
+    def _maybe_flush(self) -> None:
+        if self._in_hand and (
+            len(self._in_hand) >= self.config.flush_count
+            or time.monotonic() - self._first_in_hand >= self.config.flush_ms / 1000
+        ):
+            self._flush()
+
+    def _flush(self, settle: bool = True) -> None:
+        """Land the group (durable on return), then accept and settle its deliveries."""
+        group = self._in_hand
+        if not group:
+            return
+        self._in_hand = []
+        msgs = [m for m, _ in group]
+        try:
+            self.sink.append(msgs)
+        except Exception as exc:
+            # Nothing settled: the broker keeps these messages. Stop receiving.
+            self._fatal = f"landing failed, {len(msgs)} messages left unsettled: {exc}"
+            self.stats.last_error = self._fatal
+            if self._conn is not None and self._conn.state & Endpoint.LOCAL_ACTIVE:
+                self._conn.close()
+            raise ReceiverError(self._fatal) from exc
+        self.stats.landed += len(msgs)
+        self.stats.groups += 1
+        if settle:
+            for _, d in group:
+                if not d.settled:
+                    d.update(Delivery.ACCEPTED)
+                    d.settle()
+                    self.stats.settled += 1
+        if self.on_group is not None:
+            self.on_group(msgs)
+
+    # ---- events -----------------------------------------------------------------------
+
+    def _is_current(self, conn: Connection | None) -> bool:
+        """Proton re-wraps C objects per event, so compare our generation tag, not identity."""
+        return (
+            conn is not None
+            and self._conn is not None
+            and getattr(conn, "qmf_generation", None) == self._generation
+        )
+
+    def _on_opened(self, event: Event) -> None:
+        self.stats.connects += 1
+        self._attempts = 0
+        log.info("connected; subscribed to %s", ", ".join(self.sources))
+
+    def _on_message(self, event: Event) -> None:
+        d = event.delivery
+        msg = event.message
+        if (
+            d is None
+            or msg is None
+            or self._stop_requested
+            or not self._is_current(event.connection)
+        ):
+            return  # left unsettled: the broker redelivers
+        if not self._in_hand:
+            self._first_in_hand = time.monotonic()
+        self._in_hand.append((to_landed(msg), d))
+        self.stats.received += 1
+        link = event.receiver
+        if link is not None and link.credit <= self.config.credit_window // 2:
+            link.flow(self.config.credit_window - link.credit)
+        if len(self._in_hand) >= self.config.flush_count:
+            self._flush()
+
+    def _on_tick(self) -> None:
+        self._maybe_flush()
+        if self._container is not None and not self._stopped:
+            self._container.schedule(self._tick_s, _Tick(self))
+
+    def _on_error(self, text: str, cond: Any, conn: Connection | None) -> None:
+        self.stats.last_error = text
+        name = getattr(cond, "name", None)
+        if name in FATAL_CONDITIONS or (
+            name is not None
+            and "SSL" in str(getattr(cond, "description", ""))
+            and "certificate verify failed" in str(getattr(cond, "description", ""))
+        ):
+            self._fatal = f"{text} [{', '.join(self.config.broker.urls)}]"
+            return
+        log.warning("%s", text)
+        if conn is not None and self._is_current(conn) and conn.state & Endpoint.LOCAL_ACTIVE:
+            conn.close()  # a refused link: drop the connection and retry the whole set
+
+    def _on_disconnected(self, conn: Connection | None) -> None:
+        if self._is_current(conn):
+            self._lost_connection()
+
+    def _on_closed(self, conn: Connection | None) -> None:
+        if self._is_current(conn) and not self._stop_requested:
+            self._lost_connection()
+
+    def _lost_connection(self) -> None:
+        if self._conn is None:
+            return
+        self.stats.disconnects += 1
+        # The deliveries are gone, but a temporary subscription's queue is too:
+        # land what we hold (a durable queue redelivers it; msg_key de-duplicates).
+        if self._in_hand:
+            self.stats.unsettled_dropped += len(self._in_hand)
+            self._flush(settle=False)
+        self._conn = None
+        self._receivers = []
+        if self._stop_requested or self._fatal is not None:
+            return
+        limit = self.config.max_connect_attempts
+        if limit is not None and self._attempts >= limit:
+            self._fatal = (
+                f"gave up after {self._attempts} connection attempts: {self.stats.last_error}"
+            )
+            return
+        delay = min(
+            self.config.backoff_max_s,
+            self.config.backoff_initial_s * (2 ** max(0, self._attempts - 1)),
+        )
+        self._url_index += 1
+        log.warning("disconnected (%s); reconnecting in %.1f s", self.stats.last_error, delay)
+        self._reconnect_at = time.monotonic() + delay
+
+    def _shutdown(self) -> None:
+        """Land what is in hand, settle, close the connection, wind the reactor down."""
+        if self._stopped:
+            return
+        self._stop_requested = True
+        c = self._container
+        try:
+            if self._fatal is None:
+                self._flush()
+        finally:
+            deadline = time.monotonic() + self.config.stop_timeout_s
+            if c is not None:
+                conn = self._conn
+                with contextlib.suppress(Exception):
+                    if conn is not None and conn.state & Endpoint.LOCAL_ACTIVE:
+                        conn.close()
+                    while (
+                        conn is not None
+                        and time.monotonic() < deadline
+                        and not (conn.state & Endpoint.REMOTE_CLOSED)
+                        and conn.transport is not None
+                    ):
+                        if not c.process():
+                            break
+                self._stopped = True
+                with contextlib.suppress(Exception):
+                    c.stop()
+                with contextlib.suppress(Exception):
+                    while time.monotonic() < deadline and c.process():
+                        pass
+            self._stopped = True
+            self.sink.close()
+            log.info(
+                "stopped: %d received, %d landed, %d settled",
+                self.stats.received,
+                self.stats.landed,
+                self.stats.settled,
+            )
+
+
+# --------------------------------------------------------------------------- embedding
+
+
+def _norm(key: str) -> str:
+    return key.lower().replace("_", "").replace("-", "").replace(".", "")
+
+
+def config_from_options(options: Mapping[str, str]) -> ReceiverConfig:
+    """A ReceiverConfig from string options (Spark ``receiver.*`` options, case-insensitive)."""
+    from receivers.config import TlsConfig
+
+    o = {_norm(k): v for k, v in options.items()}
+    known = {
+        "url",
+        "urls",
+        "preset",
+        "bind",
+        "bindings",
+        "queue",
+        "source",
+        "sources",
+        "credit",
+        "creditwindow",
+        "flushcount",
+        "flushms",
+        "saslmechanisms",
+        "sasl",
+        "cafile",
+        "certfile",
+        "keyfile",
+        "credentialsfile",
+        "verifyhostname",
+        "partition",
+    }
+    unknown = sorted(set(o) - known)
+    if unknown:
+        raise ConfigError(f"unknown receiver options: {', '.join(unknown)}")
+
+    def split(v: str | None) -> tuple[str, ...]:
+        return tuple(x.strip() for x in (v or "").split(",") if x.strip())
+
+    urls = split(o.get("urls") or o.get("url"))
+    tls = None
+    if any(k in o for k in ("cafile", "certfile", "keyfile")):
+        tls = TlsConfig(
+            ca_file=o.get("cafile"),
+            cert_file=o.get("certfile"),
+            key_file=o.get("keyfile"),
+            verify_hostname=o.get("verifyhostname", "true").lower() != "false",
+        )
+    broker = BrokerConfig.from_sources(
+        urls,
+        credentials_file=o.get("credentialsfile"),
+        sasl_mechanisms=split(o.get("saslmechanisms") or o.get("sasl")),
+        tls=tls,
+    )
+    kwargs: dict[str, Any] = {}
+    if "credit" in o or "creditwindow" in o:
+        kwargs["credit_window"] = int(o.get("creditwindow") or o["credit"])
+    if "flushcount" in o:
+        kwargs["flush_count"] = int(o["flushcount"])
+    if "flushms" in o:
+        kwargs["flush_ms"] = float(o["flushms"])
+    return ReceiverConfig(
+        broker=broker,
+        preset=o.get("preset", "rabbitmq"),
+        bindings=tuple(parse_binding(b) for b in split(o.get("bindings") or o.get("bind"))),
+        queue=o.get("queue") or None,
+        sources=split(o.get("sources") or o.get("source")),
+        **kwargs,
+    )
+
+
+def start_embedded(root: str, options: Mapping[str, str]) -> QmfReceiver:
+    """Start a receiver in a daemon thread landing into ``root`` (the Spark source's default)."""
+    o = {_norm(k): v for k, v in options.items()}
+    partition = o.pop("partition", None)
+    cfg = config_from_options({k: v for k, v in options.items() if _norm(k) != "partition"})
+    receiver = QmfReceiver(cfg, LandingSink(root, partition))
+    receiver.start_thread()
+    return receiver
+
+
+def replace_config(cfg: ReceiverConfig, **changes: Any) -> ReceiverConfig:
+    """``dataclasses.replace`` for callers that only import this module."""
+    return dataclasses.replace(cfg, **changes)
