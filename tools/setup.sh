@@ -1,45 +1,121 @@
 #!/usr/bin/env bash
 # One-shot, idempotent set-up of a fresh Debian 12 machine (run as root, or
 # with sudo available): system packages, the project virtualenv in .venv and
-# the package with its test extras. A second run only checks and returns.
+# the package with its test extras. A second run only checks and returns
+# (dpkg queries and one stamp file: well under a second).
+#
+# Environment:
+#   PYTHON=/path/to/python3.11+   interpreter for .venv (default: python3)
+#   QMF_SETUP_SKIP_APT=1          never touch system packages (CI images, no root)
 set -euo pipefail
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$here"
 
+log() { echo "setup: $*"; }
+die() { echo "setup: ERROR: $*" >&2; exit 1; }
+
 SUDO=""
 if [ "$(id -u)" -ne 0 ]; then SUDO="sudo"; fi
 
-need_pkgs=()
-command -v java >/dev/null 2>&1 || need_pkgs+=(openjdk-17-jre-headless)
-command -v gcc >/dev/null 2>&1 || need_pkgs+=(gcc)
-for p in libssl-dev libsasl2-dev rabbitmq-server pkg-config python3-venv openssl; do
-  dpkg -s "$p" >/dev/null 2>&1 || need_pkgs+=("$p")
-done
-if [ ${#need_pkgs[@]} -gt 0 ]; then
-  echo "setup: installing system packages: ${need_pkgs[*]}"
-  export DEBIAN_FRONTEND=noninteractive
-  $SUDO apt-get update -qq
-  # policy-rc.d keeps Debian from starting a system-wide RabbitMQ: the
-  # project runs its own node on its own ports.
-  if [ ! -e /usr/sbin/policy-rc.d ]; then
-    printf '#!/bin/sh\nexit 101\n' | $SUDO tee /usr/sbin/policy-rc.d >/dev/null
-    $SUDO chmod +x /usr/sbin/policy-rc.d
-    trap '$SUDO rm -f /usr/sbin/policy-rc.d' EXIT
+if [ -r /etc/os-release ]; then
+  # shellcheck disable=SC1091
+  . /etc/os-release
+  if [ "${ID:-}" != "debian" ] || [ "${VERSION_ID:-}" != "12" ]; then
+    log "note: written for Debian 12, this is ${PRETTY_NAME:-unknown}; continuing"
   fi
-  $SUDO apt-get install -y -qq --no-install-recommends "${need_pkgs[@]}" >/dev/null
 fi
 
 PY="${PYTHON:-python3}"
-stamp=".venv/.installed-$(sha1sum pyproject.toml | cut -c1-12)"
+
+# --- system packages ---------------------------------------------------------
+java_ok() {
+  # pyspark 4 needs Java 17+; `java -version` prints e.g. 'openjdk version "17.0.13"'.
+  command -v java >/dev/null 2>&1 || return 1
+  local v
+  v="$(java -version 2>&1 | sed -n 's/.*version "\([0-9]*\).*/\1/p' | head -n1)"
+  [ -n "$v" ] && [ "$v" -ge 17 ]
+}
+
+need_pkgs=()
+java_ok || need_pkgs+=(openjdk-17-jre-headless)
+command -v gcc >/dev/null 2>&1 || need_pkgs+=(gcc)
+# libssl-dev/libsasl2-dev/pkg-config: python-qpid-proton builds from source here.
+# libsasl2-modules: proton links Cyrus SASL, which needs it for PLAIN.
+# openssl: the broker's TLS certificates. rabbitmq-server: the local node.
+pkgs=(libssl-dev libsasl2-dev libsasl2-modules pkg-config openssl ca-certificates
+      rabbitmq-server)
+if [ -z "${PYTHON:-}" ]; then
+  # Debian's python3 needs venv support and headers (proton's C extension).
+  pkgs+=(python3 python3-venv python3-dev)
+fi
+for p in "${pkgs[@]}"; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" \
+    || need_pkgs+=("$p")
+done
+
+if [ ${#need_pkgs[@]} -gt 0 ]; then
+  if [ -n "${QMF_SETUP_SKIP_APT:-}" ]; then
+    die "missing system packages (${need_pkgs[*]}) and QMF_SETUP_SKIP_APT is set"
+  fi
+  if [ -n "$SUDO" ] && ! command -v sudo >/dev/null 2>&1; then
+    die "need root or sudo to install: ${need_pkgs[*]}"
+  fi
+  log "installing system packages: ${need_pkgs[*]}"
+  export DEBIAN_FRONTEND=noninteractive
+  apt_opts=(-o DPkg::Lock::Timeout=300 -o Acquire::Retries=3)
+  # policy-rc.d keeps Debian from starting a system-wide RabbitMQ during the
+  # install: the project runs its own node on its own ports (qmf broker start).
+  # Only a file we create is removed again.
+  made_policy=""
+  if [ ! -e /usr/sbin/policy-rc.d ]; then
+    printf '#!/bin/sh\nexit 101\n' | $SUDO tee /usr/sbin/policy-rc.d >/dev/null
+    $SUDO chmod +x /usr/sbin/policy-rc.d
+    made_policy=1
+    trap '[ -n "$made_policy" ] && $SUDO rm -f /usr/sbin/policy-rc.d' EXIT
+  fi
+  $SUDO apt-get "${apt_opts[@]}" update -qq
+  $SUDO apt-get "${apt_opts[@]}" install -y -qq --no-install-recommends "${need_pkgs[@]}" \
+    >/dev/null
+  java_ok || die "Java 17+ is still not the default java; check update-alternatives"
+fi
+[ -x /usr/lib/rabbitmq/bin/rabbitmq-server ] || command -v rabbitmq-server >/dev/null 2>&1 \
+  || die "rabbitmq-server is not installed"
+
+# --- virtualenv ----------------------------------------------------------------
+command -v "$PY" >/dev/null 2>&1 || die "python interpreter '$PY' not found"
+"$PY" -c 'import sys; sys.exit(0 if sys.version_info >= (3, 11) else 1)' \
+  || die "$PY is $("$PY" -V 2>&1); Python >= 3.11 is required (set PYTHON=...)"
+
+# Concurrent runs (parallel test sessions) must not pip-install at once.
+mkdir -p .qmf
+exec 9>.qmf/setup.lock
+flock -w 900 9 || die "timed out waiting for another tools/setup.sh run"
+
+# A venv whose interpreter vanished (Python upgraded) is rebuilt.
+if [ -e .venv ] && ! .venv/bin/python -c 'import sys' >/dev/null 2>&1; then
+  log "existing .venv is broken; recreating it"
+  rm -rf .venv
+fi
 if [ ! -x .venv/bin/python ]; then
-  echo "setup: creating .venv"
+  log "creating .venv with $("$PY" -V 2>&1)"
   "$PY" -m venv .venv
 fi
-if [ ! -f "$stamp" ]; then
-  echo "setup: installing the package and its test extras into .venv"
-  .venv/bin/python -m pip install -q --upgrade pip setuptools wheel
-  .venv/bin/python -m pip install -q -e ".[test]"
+
+# Installed for this pyproject.toml, and the editable install points at this
+# checkout (checked from / so the cwd does not shadow it)?
+installed_here() {
+  (cd / && "$here/.venv/bin/python" -c '
+import sys, pathlib, pipeline, proton
+sys.exit(0 if pathlib.Path(pipeline.__file__).resolve().is_relative_to(sys.argv[1]) else 1)
+' "$here") >/dev/null 2>&1
+}
+stamp=".venv/.installed-$(sha1sum pyproject.toml | cut -c1-12)"
+if [ ! -f "$stamp" ] || ! installed_here; then
+  log "installing the package and its test extras into .venv"
+  .venv/bin/python -m pip install -q --disable-pip-version-check --upgrade pip setuptools wheel
+  .venv/bin/python -m pip install -q --disable-pip-version-check -e ".[test]"
+  installed_here || die "the package does not import from .venv; see pip's output above"
   rm -f .venv/.installed-*
   touch "$stamp"
 fi
-echo "setup: ready (.venv/bin/qmf)"
+log "ready (.venv/bin/qmf; local broker: .venv/bin/qmf broker start)"
