@@ -311,10 +311,18 @@ def _element_map(e: Element, dialect: str, kind: str) -> TypedMap:
         items["index"] = (0x21, int(e.index))
         items["optional"] = (0x21, int(e.optional))
     for k, v in e.extra.items():
-        code = 0x90 if isinstance(v, str) else None
-        if k == "dir" and dialect == "AM1" and isinstance(v, str):
-            v, code = {"I": 1, "O": 2, "IO": 3}.get(v.upper(), 1), 0x02
-        items[k] = (code if code is not None else _infer(v), v)
+        if k == "dir":
+            # AM1 direction codes are numbers 1/2/3, AM2 writes "I"/"O"/"IO"
+            if dialect == "AM1":
+                if isinstance(v, str):
+                    v = {"I": 1, "O": 2, "IO": 3}.get(v.upper(), 1)
+                items[k] = (0x02, v)
+            else:
+                if isinstance(v, int):
+                    v = {1: "I", 2: "O", 3: "IO"}.get(v, "I")
+                items[k] = (0x90, v)
+            continue
+        items[k] = (0x90 if isinstance(v, str) else _infer(v), v)
     m = TypedMap()
     for k in sorted(items):
         code, v = items[k]

@@ -1,0 +1,574 @@
+"""Every v1 opcode, AM1 (spec tables) and AM2 (dialect notes): hand-built bytes <-> records."""
+
+from __future__ import annotations
+
+import pytest
+
+from pipeline.codec.records import (
+    AttachRequest,
+    AttachResponse,
+    BrokerRequest,
+    BrokerResponse,
+    ClassIndication,
+    ClassQuery,
+    CommandComplete,
+    ConsoleAdded,
+    Event,
+    GetQuery,
+    Heartbeat,
+    MethodRequest,
+    MethodResponse,
+    ObjectSample,
+    PackageIndication,
+    PackageQuery,
+    Record,
+    SchemaRequest,
+    SchemaResponse,
+)
+from pipeline.codec.schema import (
+    KIND_EVENT,
+    ClassSchema,
+    Element,
+    Method,
+    SchemaKey,
+    SchemaRegistry,
+)
+from pipeline.codec.types import Am1ObjectId, Am2ObjectId
+from pipeline.codec.v1 import OPCODES, decode_v1, encode_record, encode_records, schema_response_for
+from tests.codec.vectors import UUID, map_bytes, s8, tmap, u8, u16, u32, u64, v16
+
+PKG, CLS, EV = "org.test", "widget", "alarm"
+HASH, EV_HASH = bytes(range(16)), bytes(range(16, 32))
+T1, T2 = 1_795_338_169_582_999_363, 1_795_338_100_000_000_000
+AM1_OID, AM1_OID_RAW = Am1ObjectId(1, 5, 20), (1 << 48) | (5 << 24) | 20
+AM2_OID, AM2_OID_RAW = Am2ObjectId(0, 1, 1, 0, 20), u64((1 << 48) | (1 << 28)) + u64(20)
+
+WIDGET = ClassSchema(
+    key=SchemaKey(PKG, CLS, HASH),
+    properties=(
+        Element("name", 6, access=1, index=True),
+        Element("size", 3, access=3, optional=True),
+        Element("owner", 10, access=3, optional=True),
+    ),
+    statistics=(Element("count", 4), Element("load", 13)),
+    methods=(
+        Method(
+            "echo", (Element("seq", 3, extra={"dir": "IO"}), Element("body", 7, extra={"dir": "I"}))
+        ),
+    ),
+)
+ALARM = ClassSchema(
+    key=SchemaKey(PKG, EV, EV_HASH),
+    kind=KIND_EVENT,
+    arguments=(Element("who", 6), Element("level", 1)),
+)
+
+
+def registry() -> SchemaRegistry:
+    return SchemaRegistry([WIDGET, ALARM])
+
+
+def hdr(dialect: str, op: str, seq: int = 0) -> bytes:
+    return dialect.encode() + op.encode() + u32(seq)
+
+
+KEY = s8(PKG) + s8(CLS) + HASH
+TIMES = u64(T1) + u64(T2) + u64(0)
+
+# (name, record, bytes)
+VECTORS: list[tuple[str, Record, bytes]] = [
+    ("AM1-B", BrokerRequest(dialect="AM1", opcode="B"), hdr("AM1", "B")),
+    ("AM2-B", BrokerRequest(dialect="AM2", opcode="B", seq=7), hdr("AM2", "B", 7)),
+    (
+        "AM1-b",
+        BrokerResponse(dialect="AM1", opcode="b", broker_id=UUID),
+        hdr("AM1", "b") + UUID.bytes,
+    ),
+    (
+        "AM2-b",
+        BrokerResponse(dialect="AM2", opcode="b", seq=101, broker_id=UUID),
+        hdr("AM2", "b", 101) + UUID.bytes,
+    ),
+    (
+        "AM1-z",
+        CommandComplete(dialect="AM1", opcode="z", seq=3, code=0, text="OK"),
+        hdr("AM1", "z", 3) + u32(0) + s8("OK"),
+    ),
+    (
+        "AM2-z",
+        CommandComplete(dialect="AM2", opcode="z", seq=3, code=7, text="no"),
+        hdr("AM2", "z", 3) + u32(7) + s8("no"),
+    ),
+    (
+        "AM1-Q",
+        ClassQuery(dialect="AM1", opcode="Q", seq=2, package=PKG),
+        hdr("AM1", "Q", 2) + s8(PKG),
+    ),
+    (
+        "AM2-Q",
+        ClassQuery(dialect="AM2", opcode="Q", seq=2, package=PKG),
+        hdr("AM2", "Q", 2) + s8(PKG),
+    ),
+    (
+        "AM1-q",
+        ClassIndication(
+            dialect="AM1",
+            opcode="q",
+            class_kind=None,
+            package=PKG,
+            class_name=CLS,
+            schema_hash=HASH,
+        ),
+        hdr("AM1", "q") + KEY,
+    ),
+    (
+        "AM2-q",
+        ClassIndication(
+            dialect="AM2", opcode="q", class_kind=2, package=PKG, class_name=CLS, schema_hash=HASH
+        ),
+        hdr("AM2", "q") + u8(2) + KEY,
+    ),
+    (
+        "AM1-S",
+        SchemaRequest(
+            dialect="AM1", opcode="S", seq=4, package=PKG, class_name=CLS, schema_hash=HASH
+        ),
+        hdr("AM1", "S", 4) + KEY,
+    ),
+    (
+        "AM2-S",
+        SchemaRequest(
+            dialect="AM2", opcode="S", seq=4, package=PKG, class_name=CLS, schema_hash=HASH
+        ),
+        hdr("AM2", "S", 4) + KEY,
+    ),
+    ("AM1-h", Heartbeat(dialect="AM1", opcode="h", timestamp_ns=T1), hdr("AM1", "h") + u64(T1)),
+    ("AM2-h", Heartbeat(dialect="AM2", opcode="h", timestamp_ns=T1), hdr("AM2", "h") + u64(T1)),
+    (
+        "AM1-c",
+        ObjectSample(
+            dialect="AM1",
+            opcode="c",
+            package=PKG,
+            class_name=CLS,
+            schema_hash=HASH,
+            update_ns=T1,
+            create_ns=T2,
+            delete_ns=0,
+            object_id=AM1_OID,
+            values={"name": "w1", "owner": Am1ObjectId(0, 1, 1)},
+        ),
+        # presence octet: size (bit 0) absent, owner (bit 1) present
+        hdr("AM1", "c") + KEY + TIMES + u64(AM1_OID_RAW) + u8(0b10) + s8("w1") + u64((1 << 24) | 1),
+    ),
+    (
+        "AM2-c",
+        ObjectSample(
+            dialect="AM2",
+            opcode="c",
+            package=PKG,
+            class_name=CLS,
+            schema_hash=HASH,
+            update_ns=T1,
+            create_ns=T2,
+            delete_ns=0,
+            object_id=AM2_OID,
+            values={"name": "w1", "size": 9},
+            agent="1.0",
+        ),
+        hdr("AM2", "c") + KEY + TIMES + AM2_OID_RAW + u8(0b01) + s8("w1") + u32(9),
+    ),
+    (
+        "AM1-i",
+        ObjectSample(
+            dialect="AM1",
+            opcode="i",
+            package=PKG,
+            class_name=CLS,
+            schema_hash=HASH,
+            update_ns=T1,
+            create_ns=T2,
+            delete_ns=0,
+            object_id=AM1_OID,
+            values={"count": 3, "load": 0.5},
+        ),
+        hdr("AM1", "i") + KEY + TIMES + u64(AM1_OID_RAW) + u64(3) + b"\x3f\xe0" + bytes(6),
+    ),
+    (
+        "AM2-i",
+        ObjectSample(
+            dialect="AM2",
+            opcode="i",
+            package=PKG,
+            class_name=CLS,
+            schema_hash=HASH,
+            update_ns=T1,
+            create_ns=T2,
+            delete_ns=T1,
+            object_id=AM2_OID,
+            values={"count": 3, "load": 0.5},
+            agent="1.0",
+        ),
+        hdr("AM2", "i")
+        + KEY
+        + u64(T1)
+        + u64(T2)
+        + u64(T1)
+        + AM2_OID_RAW
+        + u64(3)
+        + b"\x3f\xe0"
+        + bytes(6),
+    ),
+    (
+        "AM2-g",
+        ObjectSample(
+            dialect="AM2",
+            opcode="g",
+            seq=9,
+            package=PKG,
+            class_name=CLS,
+            schema_hash=HASH,
+            update_ns=T1,
+            create_ns=T2,
+            delete_ns=0,
+            object_id=AM2_OID,
+            values={
+                "name": "w1",
+                "size": 9,
+                "owner": Am2ObjectId(0, 1, 1, 0, 1),
+                "count": 3,
+                "load": 0.5,
+            },
+            agent="1.0",
+        ),
+        hdr("AM2", "g", 9)
+        + KEY
+        + TIMES
+        + AM2_OID_RAW
+        + u8(0b11)
+        + s8("w1")
+        + u32(9)
+        + u64((1 << 48) | (1 << 28))
+        + u64(1)
+        + u64(3)
+        + b"\x3f\xe0"
+        + bytes(6),
+    ),
+    (
+        "AM1-g",
+        ObjectSample(
+            dialect="AM1",
+            opcode="g",
+            package=PKG,
+            class_name=CLS,
+            schema_hash=HASH,
+            update_ns=T1,
+            create_ns=T2,
+            delete_ns=0,
+            object_id=AM1_OID,
+            values={"name": "w1", "size": 1, "count": 3, "load": 0.5},
+        ),
+        hdr("AM1", "g")
+        + KEY
+        + TIMES
+        + u64(AM1_OID_RAW)
+        + u8(0b01)
+        + s8("w1")
+        + u32(1)
+        + u64(3)
+        + b"\x3f\xe0"
+        + bytes(6),
+    ),
+    (
+        "AM1-G",
+        GetQuery(dialect="AM1", opcode="G", seq=5, query=tmap(("_class", 0x95, "queue"))),
+        hdr("AM1", "G", 5) + map_bytes(("_class", 0x95, v16("queue"))),
+    ),
+    (
+        "AM2-G",
+        GetQuery(dialect="AM2", opcode="G", seq=5, query=tmap(("_objectid", 0x90, "0-1-1-0-20"))),
+        hdr("AM2", "G", 5) + map_bytes(("_objectid", 0x90, v16("0-1-1-0-20"))),
+    ),
+    (
+        "AM1-M",
+        MethodRequest(
+            dialect="AM1",
+            opcode="M",
+            seq=6,
+            object_id=AM1_OID,
+            method_name="echo",
+            raw_arguments=u32(1),
+        ),
+        hdr("AM1", "M", 6) + u64(AM1_OID_RAW) + s8("echo") + u32(1),
+    ),
+    (
+        "AM2-M",
+        MethodRequest(
+            dialect="AM2",
+            opcode="M",
+            seq=6,
+            object_id=AM2_OID,
+            method_name="echo",
+            package=PKG,
+            class_name=CLS,
+            schema_hash=HASH,
+            arguments={"seq": 1, "body": "hi"},
+        ),
+        hdr("AM2", "M", 6) + AM2_OID_RAW + KEY + s8("echo") + u32(1) + v16("hi"),
+    ),
+    (
+        "AM1-m",
+        MethodResponse(dialect="AM1", opcode="m", seq=6, status=0, text="OK", raw_arguments=u32(1)),
+        hdr("AM1", "m", 6) + u32(0) + v16("OK") + u32(1),
+    ),
+    (
+        "AM2-m-str8-quirk",
+        MethodResponse(
+            dialect="AM2", opcode="m", seq=6, status=2, text="UnknownMethod", text_str8=True
+        ),
+        hdr("AM2", "m", 6) + u32(2) + s8("UnknownMethod"),
+    ),
+    ("AM1-P", PackageQuery(dialect="AM1", opcode="P", seq=1), hdr("AM1", "P", 1)),
+    (
+        "AM2-p",
+        PackageIndication(dialect="AM2", opcode="p", seq=1, package=PKG),
+        hdr("AM2", "p", 1) + s8(PKG),
+    ),
+    (
+        "AM1-A",
+        AttachRequest(
+            dialect="AM1", opcode="A", seq=1, label="agent", system_id=UUID, requested_bank=5
+        ),
+        hdr("AM1", "A", 1) + s8("agent") + UUID.bytes + u32(5),
+    ),
+    (
+        "AM2-A",
+        AttachRequest(
+            dialect="AM2",
+            opcode="A",
+            seq=1,
+            label="agent",
+            system_id=UUID,
+            requested_bank=5,
+            requested_agent_bank=6,
+        ),
+        hdr("AM2", "A", 1) + s8("agent") + UUID.bytes + u32(5) + u32(6),
+    ),
+    (
+        "AM1-a",
+        AttachResponse(dialect="AM1", opcode="a", seq=1, broker_bank=1, agent_bank=4),
+        hdr("AM1", "a", 1) + u32(1) + u32(4),
+    ),
+    ("AM2-x", ConsoleAdded(dialect="AM2", opcode="x"), hdr("AM2", "x")),
+    (
+        "AM2-e",
+        Event(
+            dialect="AM2",
+            opcode="e",
+            package=PKG,
+            event_name=EV,
+            schema_hash=EV_HASH,
+            timestamp_ns=T1,
+            severity=6,
+            arguments={"who": "me", "level": 2},
+        ),
+        hdr("AM2", "e") + s8(PKG) + s8(EV) + EV_HASH + u64(T1) + u8(6) + s8("me") + u8(2),
+    ),
+    (
+        "AM1-e",
+        Event(
+            dialect="AM1",
+            opcode="e",
+            package=PKG,
+            event_name=EV,
+            schema_hash=EV_HASH,
+            timestamp_ns=T1,
+            severity=3,
+            arguments={"who": "me", "level": 2},
+        ),
+        hdr("AM1", "e") + s8(PKG) + s8(EV) + EV_HASH + u64(T1) + u8(3) + s8("me") + u8(2),
+    ),
+]
+
+# Schema responses, with maps spelled out as qpidd writes them (AM2) / the spec's fields (AM1)
+PROP = (
+    ("access", 0x02, 1),
+    ("index", 0x21, 1),
+    ("name", 0x90, "name"),
+    ("optional", 0x21, 0),
+    ("type", 0x02, 6),
+)
+PROP_RAW = map_bytes(
+    ("access", 0x02, u8(1)),
+    ("index", 0x21, u32(1)),
+    ("name", 0x90, v16("name")),
+    ("optional", 0x21, u32(0)),
+    ("type", 0x02, u8(6)),
+)
+STAT = (("name", 0x90, "count"), ("type", 0x02, 4), ("unit", 0x90, "msg"))
+STAT_RAW = map_bytes(
+    ("name", 0x90, v16("count")), ("type", 0x02, u8(4)), ("unit", 0x90, v16("msg"))
+)
+METH = (("argCount", 0x21, 1), ("desc", 0x90, "d"), ("name", 0x90, "echo"))
+METH_RAW = map_bytes(
+    ("argCount", 0x21, u32(1)), ("desc", 0x90, v16("d")), ("name", 0x90, v16("echo"))
+)
+ARG_AM2 = (("dir", 0x90, "IO"), ("name", 0x90, "seq"), ("type", 0x02, 3))
+ARG_AM2_RAW = map_bytes(("dir", 0x90, v16("IO")), ("name", 0x90, v16("seq")), ("type", 0x02, u8(3)))
+ARG_AM1 = (("dir", 0x02, 3), ("name", 0x90, "seq"), ("type", 0x02, 3))
+ARG_AM1_RAW = map_bytes(("dir", 0x02, u8(3)), ("name", 0x90, v16("seq")), ("type", 0x02, u8(3)))
+EVT_MAIN = (("argCount", 0x21, 0), ("name", 0x90, "gone"))
+EVT_MAIN_RAW = map_bytes(("argCount", 0x21, u32(0)), ("name", 0x90, v16("gone")))
+
+
+def _schema(dialect: str) -> ClassSchema:
+    arg_dir = "IO" if dialect == "AM2" else 3
+    return ClassSchema(
+        key=SchemaKey(PKG, CLS, HASH),
+        properties=(Element("name", 6, access=1, index=True, optional=False),),
+        statistics=(Element("count", 4, extra={"unit": "msg"}),),
+        methods=(
+            Method("echo", (Element("seq", 3, extra={"dir": arg_dir}),), extra={"desc": "d"}),
+        ),
+    )
+
+
+SCHEMA_VECTORS: list[tuple[str, Record, bytes]] = [
+    (
+        "AM1-s",
+        SchemaResponse(
+            dialect="AM1",
+            opcode="s",
+            seq=8,
+            class_kind=None,
+            schema=_schema("AM1"),
+            property_maps=(tmap(*PROP),),
+            statistic_maps=(tmap(*STAT),),
+            methods=((tmap(*METH), (tmap(*ARG_AM1),)),),
+            events=((tmap(*EVT_MAIN), ()),),
+        ),
+        hdr("AM1", "s", 8)
+        + KEY
+        + u16(1)
+        + u16(1)
+        + u16(1)
+        + u16(1)
+        + PROP_RAW
+        + STAT_RAW
+        + METH_RAW
+        + ARG_AM1_RAW
+        + EVT_MAIN_RAW,
+    ),
+    (
+        "AM2-s-table",
+        SchemaResponse(
+            dialect="AM2",
+            opcode="s",
+            seq=8,
+            class_kind=1,
+            schema=_schema("AM2"),
+            property_maps=(tmap(*PROP),),
+            statistic_maps=(tmap(*STAT),),
+            methods=((tmap(*METH), (tmap(*ARG_AM2),)),),
+        ),
+        hdr("AM2", "s", 8)
+        + u8(1)
+        + KEY
+        + u16(1)
+        + u16(1)
+        + u16(1)
+        + PROP_RAW
+        + STAT_RAW
+        + METH_RAW
+        + ARG_AM2_RAW,
+    ),
+    (
+        "AM2-s-event",
+        SchemaResponse(
+            dialect="AM2",
+            opcode="s",
+            seq=8,
+            class_kind=2,
+            schema=ClassSchema(
+                key=SchemaKey(PKG, EV, EV_HASH), kind=KIND_EVENT, arguments=(Element("who", 6),)
+            ),
+            argument_maps=(tmap(("name", 0x90, "who"), ("type", 0x02, 6)),),
+        ),
+        hdr("AM2", "s", 8)
+        + u8(2)
+        + s8(PKG)
+        + s8(EV)
+        + EV_HASH
+        + u16(1)
+        + map_bytes(("name", 0x90, v16("who")), ("type", 0x02, u8(6))),
+    ),
+]
+
+ALL = VECTORS + SCHEMA_VECTORS
+
+
+@pytest.mark.parametrize(("name", "record", "raw"), ALL, ids=[v[0] for v in ALL])
+def test_vector_decodes_to_record(name: str, record: Record, raw: bytes) -> None:
+    records, problems = decode_v1(raw, registry())
+    assert problems == []
+    assert records == [record]
+
+
+@pytest.mark.parametrize(("name", "record", "raw"), ALL, ids=[v[0] for v in ALL])
+def test_record_encodes_to_vector(name: str, record: Record, raw: bytes) -> None:
+    assert encode_record(record, registry()) == raw
+
+
+def test_every_opcode_has_vectors_in_both_dialects() -> None:
+    assert set(OPCODES) == set("BbzQqSshcigGMmPpAaxe")
+    covered = {(r.dialect, r.opcode) for _, r, _ in ALL}
+    for op in OPCODES:
+        assert {d for d, o in covered if o == op} & {"AM1", "AM2"}, op
+    assert {o for d, o in covered if d == "AM1"} >= set("BbzQqShcigGMmPAes")
+    assert {o for d, o in covered if d == "AM2"} >= set("BbzQqShcigGMmpAxes")
+
+
+def test_schema_response_registers_the_class_for_later_records() -> None:
+    reg = SchemaRegistry()
+    _, rec, raw = SCHEMA_VECTORS[1]
+    content = hdr("AM2", "i") + KEY + TIMES + AM2_OID_RAW + u64(42)
+    records, problems = decode_v1(raw + content, reg)
+    assert problems == []
+    assert [r.opcode for r in records] == ["s", "i"]
+    assert reg.get(SchemaKey(PKG, CLS, HASH)) == _schema("AM2")
+    assert isinstance(records[1], ObjectSample) and records[1].values == {"count": 42}
+
+
+def test_several_records_in_one_message_in_order() -> None:
+    picks = [v for v in VECTORS if v[0] in ("AM2-c", "AM2-i", "AM2-g", "AM2-e", "AM2-h")]
+    body = b"".join(raw for _, _, raw in picks)
+    records, problems = decode_v1(body, registry())
+    assert problems == []
+    assert records == [r for _, r, _ in picks]
+    assert encode_records(records, registry()) == body
+
+
+def test_schema_response_for_reproduces_qpid_layout() -> None:
+    built = schema_response_for(_schema("AM2"), "AM2", seq=8)
+    assert encode_record(built, None) == SCHEMA_VECTORS[1][2]
+    built1 = schema_response_for(_schema("AM1"), "AM1", seq=8)
+    raw1 = (
+        hdr("AM1", "s", 8)
+        + KEY
+        + u16(1)
+        + u16(1)
+        + u16(1)
+        + u16(0)
+        + PROP_RAW
+        + STAT_RAW
+        + METH_RAW
+        + ARG_AM1_RAW
+    )
+    assert encode_record(built1, None) == raw1
+
+
+def test_bad_class_kind_is_malformed() -> None:
+    records, problems = decode_v1(hdr("AM2", "q") + u8(3) + KEY, registry())
+    assert records == []
+    assert [p.error for p in problems] == ["Malformed"]
+    assert problems[0].message == "malformed data at offset 8: class kind must be 1 or 2, found 3"
