@@ -530,7 +530,7 @@ def test_every_opcode_has_vectors_in_both_dialects() -> None:
 
 def test_schema_response_registers_the_class_for_later_records() -> None:
     reg = SchemaRegistry()
-    _, rec, raw = SCHEMA_VECTORS[1]
+    raw = SCHEMA_VECTORS[1][2]
     content = hdr("AM2", "i") + KEY + TIMES + AM2_OID_RAW + u64(42)
     records, problems = decode_v1(raw + content, reg)
     assert problems == []
