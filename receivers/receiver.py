@@ -406,6 +406,9 @@ class _Handler(MessagingHandler):
     def on_message(self, event: Event) -> None:
         self.owner._on_message(event)
 
+    def on_link_opened(self, event: Event) -> None:
+        self.owner._on_link_opened(event)
+
     def on_link_error(self, event: Event) -> None:
         link = event.link
         if link is not None:
@@ -460,11 +463,16 @@ class QmfReceiver:
         sink: Sink,
         *,
         on_group: Callable[[Sequence[LandedMessage]], None] | None = None,
+        on_ready: Callable[[QmfReceiver], None] | None = None,
     ) -> None:
         self.config = config
         self.sink = sink
         self.stats = ReceiverStats()
         self.on_group = on_group
+        self.on_ready = on_ready
+        # Set once every subscription link is attached (bindings exist): publish after this.
+        self.ready = threading.Event()
+        self._links_open = 0
         self.error: BaseException | None = None
         self._subs = config.subscriptions()
         self._in_hand: list[tuple[LandedMessage, Delivery]] = []
@@ -505,6 +513,7 @@ class QmfReceiver:
         self._generation += 1
         conn.qmf_generation = self._generation  # stored in proton's record: survives re-wrapping
         self._conn = conn
+        self._links_open = 0
         self._receivers = []
         for sub in self._subs:
             options: Filter | None = None
@@ -663,6 +672,16 @@ class QmfReceiver:
         self._attempts = 0
         log.info("connected; subscribed to %s", ", ".join(self.sources))
 
+    def _on_link_opened(self, event: Event) -> None:
+        link = event.link
+        if link is None or not link.is_receiver or not self._is_current(event.connection):
+            return
+        self._links_open += 1
+        if self._links_open == len(self._subs) and not self.ready.is_set():
+            self.ready.set()
+            if self.on_ready is not None:
+                self.on_ready(self)
+
     def _on_message(self, event: Event) -> None:
         d = event.delivery
         msg = event.message
@@ -714,6 +733,7 @@ class QmfReceiver:
         if self._conn is None:
             return
         self.stats.disconnects += 1
+        self.ready.clear()
         # The deliveries are gone, but a temporary subscription's queue is too:
         # land what we hold (a durable queue redelivers it; msg_key de-duplicates).
         if self._in_hand:

@@ -61,6 +61,9 @@ def run(args: argparse.Namespace) -> int:
         cfg = replace_config(cfg, flush_count=max(1, min(cfg.flush_count, args.count)))
     receiver = QmfReceiver(cfg, sink, on_group=on_group)
     sink.source = ",".join(receiver.sources)
+    receiver.on_ready = lambda r: print(
+        f"ready: subscribed to {', '.join(r.sources)}", file=sys.stderr, flush=True
+    )
     receiver.install_signal_handlers()
     print(
         f"capturing from {cfg.broker.describe()} [{sink.source}] into {args.output}",

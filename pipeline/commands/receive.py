@@ -50,6 +50,9 @@ def run(args: argparse.Namespace) -> int:
         print(f"qmf receive: {exc}", file=sys.stderr)
         return 2
     receiver = QmfReceiver(cfg, sink)
+    receiver.on_ready = lambda r: print(
+        f"ready: subscribed to {', '.join(r.sources)}", file=sys.stderr, flush=True
+    )
     receiver.install_signal_handlers()
     print(
         f"receiving from {cfg.broker.describe()} [{', '.join(receiver.sources)}] into "

@@ -1,0 +1,209 @@
+"""Pure tests: connection settings, message mapping, capture records (no broker)."""
+
+from __future__ import annotations
+
+import base64
+import json
+from pathlib import Path
+
+import pytest
+from proton import Message, symbol
+
+from pipeline.commands.replay import parse_routes, to_out_message
+from receivers.config import BrokerConfig, ConfigError, TlsConfig, read_credentials_file
+from receivers.landing import LandedMessage
+from receivers.publisher import APP_ID_PROPERTY, OutMessage, build_message
+from receivers.receiver import (
+    BODY_ENCODING_PROPERTY,
+    ReceiverConfig,
+    Subscription,
+    capture_record,
+    config_from_options,
+    parse_binding,
+    subscriptions,
+    to_landed,
+)
+
+
+def test_urls_lose_their_credentials_and_env_wins_over_url() -> None:
+    cfg = BrokerConfig.from_sources(
+        ["amqp://alice:s3cret@host1:5672,amqp://host2"],
+        env={"QMF_BROKER_USER": "bob", "QMF_BROKER_PASSWORD": "pw"},
+    )
+    assert cfg.urls == ("amqp://host1:5672", "amqp://host2:5672")
+    assert (cfg.user, cfg.password) == ("bob", "pw")
+    assert "s3cret" not in repr(cfg) and "pw" not in repr(cfg)
+    assert (
+        cfg.describe() == "amqp://host1:5672, amqp://host2:5672 (user bob, sasl default, tls off)"
+    )
+    kw = cfg.connect_kwargs()
+    assert kw["urls"] == ["amqp://host1:5672", "amqp://host2:5672"]
+    assert (kw["user"], kw["password"], kw["reconnect"]) == ("bob", "pw", False)
+
+
+def test_url_credentials_used_when_nothing_else_given() -> None:
+    cfg = BrokerConfig.from_sources(["amqp://guest:gu%40st@127.0.0.1:35672"], env={})
+    assert (cfg.urls, cfg.user, cfg.password) == (("amqp://127.0.0.1:35672",), "guest", "gu@st")
+
+
+def test_credentials_file_forms(tmp_path: Path) -> None:
+    f1 = tmp_path / "c1"
+    f1.write_text("# comment\nuser=carol\npassword=p=w:x\n")
+    assert read_credentials_file(f1) == ("carol", "p=w:x")
+    f2 = tmp_path / "c2"
+    f2.write_text("dave:pa:ss\n")
+    assert read_credentials_file(f2) == ("dave", "pa:ss")
+    cfg = BrokerConfig.from_sources(
+        ["amqp://x:y@h:1"], credentials_file=str(f1), env={"QMF_BROKER_USER": "env"}
+    )
+    assert (cfg.user, cfg.password) == ("carol", "p=w:x")
+    with pytest.raises(ConfigError, match="does not exist"):
+        read_credentials_file(tmp_path / "missing")
+
+
+def test_sasl_and_tls_settings() -> None:
+    anon = BrokerConfig(urls=("amqp://u:p@h:1",), sasl_mechanisms=("ANONYMOUS",))
+    kw = anon.connect_kwargs()
+    assert kw["allowed_mechs"] == "ANONYMOUS" and "user" not in kw
+    with pytest.raises(ConfigError, match="SASL mechanism"):
+        BrokerConfig(urls=("amqp://h:1",), sasl_mechanisms=("GSSAPI",))
+    with pytest.raises(ConfigError, match="no amqps"):
+        BrokerConfig(urls=("amqp://h:1",), tls=TlsConfig()).connect_kwargs()
+    with pytest.raises(ConfigError, match="does not exist"):
+        BrokerConfig(
+            urls=("amqps://h:1",), tls=TlsConfig(ca_file="/nonexistent/ca.pem")
+        ).connect_kwargs()
+    assert BrokerConfig(urls=("amqps://h",)).urls == ("amqps://h:5671",)
+    with pytest.raises(ConfigError, match="scheme"):
+        BrokerConfig(urls=("http://h",))
+
+
+def test_presets_and_bindings() -> None:
+    assert subscriptions("rabbitmq") == [Subscription("/exchange/qpid.management/mgmt.#")]
+    assert subscriptions("rabbitmq", queue="q1") == [Subscription("/amq/queue/q1")]
+    assert subscriptions("qpidd") == [
+        Subscription("qpid.management", "console.#"),
+        Subscription("qpid.management", "schema.#"),
+        Subscription("qmf.default.topic", "agent.ind.#"),
+    ]
+    assert subscriptions("qpidd", queue="q1") == [Subscription("q1")]
+    assert subscriptions("rabbitmq", sources=["/queue/x"]) == [Subscription("/queue/x")]
+    assert parse_binding("qmf.default.topic:agent.ind.#") == ("qmf.default.topic", "agent.ind.#")
+    assert parse_binding("mgmt.#") == ("qpid.management", "mgmt.#")
+    with pytest.raises(ConfigError):
+        ReceiverConfig(preset="activemq")
+    cfg = config_from_options(
+        {"URL": "amqp://h:1", "bind": "a:b.#,c:d", "flushMs": "20", "credit": "64"}
+    )
+    assert cfg.bindings == (("a", "b.#"), ("c", "d"))
+    assert (cfg.flush_ms, cfg.credit_window, cfg.broker.urls) == (20.0, 64, ("amqp://h:1",))
+    with pytest.raises(ConfigError, match="unknown receiver options: bogus"):
+        config_from_options({"bogus": "1"})
+
+
+def test_publisher_message_round_trips_through_the_mapping() -> None:
+    out = OutMessage(
+        routing_key="agent.ind.data.x",
+        body=bytes(range(256)),
+        application_properties={"qmf.opcode": "_data_indication", "n": 7, "flag": True},
+        content_type="amqp/list",
+        app_id="qmf2",
+        message_id="m-1",
+        correlation_id=42,
+        reply_to="/exchange/amq.direct/r1",
+    )
+    msg = build_message(out)
+    assert msg.subject == "agent.ind.data.x" and msg.inferred
+    assert msg.properties[APP_ID_PROPERTY] == "qmf2"
+    # what a receiver gets back after the wire
+    wire = Message()
+    wire.decode(msg.encode())
+    got = to_landed(wire, received_at_us=1_700_000_000_000_000)
+    assert got == LandedMessage(
+        body=bytes(range(256)),
+        routing_key="agent.ind.data.x",
+        subject="agent.ind.data.x",
+        message_id="m-1",
+        correlation_id="42",
+        reply_to="/exchange/amq.direct/r1",
+        app_id="qmf2",
+        content_type="amqp/list",
+        application_properties={"qmf.opcode": "_data_indication", "n": "7", "flag": "true"},
+        received_at_us=1_700_000_000_000_000,
+    )
+
+
+def test_mapping_edge_cases() -> None:
+    m = Message(body=b"x", inferred=True)
+    got = to_landed(m, received_at_us=1)
+    assert (got.content_type, got.routing_key, got.subject, got.app_id) == (None, None, None, None)
+    m = Message(body=b"x", inferred=True, subject="s.1")
+    m.annotations = {symbol("x-opt-routing-key"): "rk.2"}
+    got = to_landed(m, received_at_us=1)
+    assert (got.routing_key, got.subject) == ("rk.2", "s.1")
+    m = Message(body={"a": 1}, subject="s")
+    got = to_landed(m, received_at_us=1)
+    assert got.application_properties == {BODY_ENCODING_PROPERTY: "amqp-1.0"}
+    assert got.body[:1] == b"\xd1"  # AMQP 1.0 map32 constructor
+    m = Message(body=None, subject="s")
+    assert to_landed(m, received_at_us=1).body == b""
+
+
+def test_capture_record_and_replay_mapping() -> None:
+    lm = LandedMessage(
+        body=b"\x00\xffAM2",
+        routing_key="console.obj.1.0.org.apache.qpid.broker.queue",
+        subject="console.obj.1.0.org.apache.qpid.broker.queue",
+        message_id="id-9",
+        correlation_id="c-9",
+        app_id="qmf2",
+        content_type="amqp/map",
+        application_properties={"qmf.opcode": "_query_response"},
+        received_at_us=1_763_802_150_111_153,
+    )
+    rec = capture_record(lm, "/exchange/qpid.management/console.#")
+    assert rec == {
+        "application_properties": {"qmf.opcode": "_query_response"},
+        "body_base64": base64.b64encode(b"\x00\xffAM2").decode(),
+        "content_type": "amqp/map",
+        "properties": {
+            "app_id": "qmf2",
+            "content_length": 5,
+            "content_type": "amqp/map",
+            "correlation_id": "c-9",
+            "message_id": "id-9",
+            "routing_key": "console.obj.1.0.org.apache.qpid.broker.queue",
+            "x-capture-source": "/exchange/qpid.management/console.#",
+        },
+        "received_at": "2025-11-22T09:02:30.111153Z",
+        "routing_key": "console.obj.1.0.org.apache.qpid.broker.queue",
+        "subject": "console.obj.1.0.org.apache.qpid.broker.queue",
+    }
+    out = to_out_message(json.loads(json.dumps(rec)))
+    assert out == OutMessage(
+        routing_key="console.obj.1.0.org.apache.qpid.broker.queue",
+        body=b"\x00\xffAM2",
+        application_properties={"qmf.opcode": "_query_response"},
+        content_type="amqp/map",
+        app_id="qmf2",
+        message_id="id-9",
+        correlation_id="c-9",
+        exchange="qpid.management",
+    )
+
+
+def test_replay_of_the_qpidd_sample_records(shared_dir: str) -> None:
+    path = Path(shared_dir) / "samples" / "qpidd-capture-20s.jsonl"
+    recs = [json.loads(line) for line in path.read_text().splitlines()]
+    outs = [to_out_message(r) for r in recs]
+    assert len(outs) == 863
+    assert all(o.routing_key for o in outs)
+    assert {o.exchange for o in outs if o.routing_key.startswith("agent.")} == {"qmf.default.topic"}
+    with_reply = [o for o in outs if o.reply_to]
+    assert [o.reply_to for o in with_reply] == [
+        "/exchange/qmf.default.direct/cap-v2reply-0b4aa0e2",
+        "/exchange/qmf.default.direct/qmfc-v2-vm.28266.1",
+    ]
+    with_ttl = [o for o in outs if o.ttl_s is not None]
+    assert sorted(o.ttl_s for o in with_ttl) == [1.998] + [1.999] * 17
+    assert parse_routes(["x.=ex1", "=ex2"]) == (("x.", "ex1"), ("", "ex2"))
