@@ -8,8 +8,12 @@ from __future__ import annotations
 
 import argparse
 import json
+import signal
 import sys
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from pipeline.sim.runner import Simulation
 
 
 def _restart(text: str) -> tuple[int, int]:
@@ -55,6 +59,22 @@ def register(subparsers: Any) -> None:
         help="answer console requests this long after the last interval (s)",
     )
     p.set_defaults(func=run)
+
+
+def _announce(sim: Simulation) -> None:
+    """One JSON line on stdout once requests can be answered: who the agents are."""
+    agents = [
+        {
+            "index": a.index,
+            "uuid": str(a.uuid),
+            "agent": a.record_agent,
+            "broker_bank": a.broker_bank,
+            "agent_bank": a.agent_bank,
+            "command_keys": a.command_keys,
+        }
+        for a in sim.agents
+    ]
+    print(json.dumps({"ready": True, "dialect": sim.config.dialect, "agents": agents}), flush=True)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -112,7 +132,16 @@ def run(args: argparse.Namespace) -> int:
             keys = [k for a in sim.agents for k in a.command_keys]
             requests = CommandListener(url, keys, sim.registry)
             sim.requests = requests
-        summary = sim.run()
+        _announce(sim)
+        previous = {
+            sig: signal.signal(sig, lambda *_: sim.stop())
+            for sig in (signal.SIGTERM, signal.SIGINT)
+        }
+        try:
+            summary = sim.run()
+        finally:
+            for sig, handler in previous.items():
+                signal.signal(sig, handler)
     finally:
         try:
             if sink is not None:
