@@ -28,7 +28,7 @@ re-encoding a decoded message is byte-exact; records built by hand have
 from __future__ import annotations
 
 import uuid
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from typing import Any, ClassVar
 
 from pipeline.codec.schema import ClassSchema
@@ -137,10 +137,9 @@ class Record:
     def row(self) -> dict[str, Any]:
         """Flat dict for JSON lines / Parquet output (kind first)."""
         out: dict[str, Any] = {"kind": self.kind}
-        for name in self.__dataclass_fields__:
-            if name == "source":
-                continue
-            out[name] = getattr(self, name)
+        for f in fields(self):
+            if f.name != "source":
+                out[f.name] = getattr(self, f.name)
         return out
 
 
