@@ -168,6 +168,7 @@ class BrokerConfig:
     extra_user: str
     extra_password: str
     gen_queue_expires_ms: int
+    memory_limit: str = "2GB"
 
 
 @dataclass(frozen=True)
@@ -267,6 +268,7 @@ def load_config(home: Path | str | None = None) -> BrokerConfig:
         extra_user=os.environ.get("QMF_BROKER_EXTRA_USER", DEFAULT_EXTRA_USER),
         extra_password=os.environ.get("QMF_BROKER_EXTRA_PASSWORD", DEFAULT_EXTRA_PASSWORD),
         gen_queue_expires_ms=_env_int("QMF_BROKER_GEN_EXPIRES_MS", DEFAULT_GEN_QUEUE_EXPIRES_MS),
+        memory_limit=os.environ.get("QMF_BROKER_MEMORY", "2GB"),
     )
 
 
@@ -316,7 +318,14 @@ def _rabbit_bin(name: str) -> str:
 def node_env(cfg: BrokerConfig) -> dict[str, str]:
     """Environment for rabbitmq-server and rabbitmqctl: everything points into the state dir."""
     p = cfg.paths
-    env = dict(os.environ)
+    # A clean environment: a caller's ERL_*/RABBITMQ_* (or a test's monkeypatched env)
+    # must not leak into a node that outlives it.
+    path = os.environ.get("PATH", "")
+    env = {
+        "PATH": ":".join(x for x in (path, "/usr/local/bin:/usr/bin:/bin:/usr/sbin:/sbin") if x),
+        "LANG": "C.UTF-8",
+        "TMPDIR": os.environ.get("TMPDIR", "/tmp"),
+    }
     env.update(
         {
             "HOME": str(p.home),
@@ -340,11 +349,6 @@ def node_env(cfg: BrokerConfig) -> dict[str, str]:
             "LC_ALL": "C.UTF-8",
         }
     )
-    for key in ("RABBITMQ_NODE_PORT", "RABBITMQ_NODE_IP_ADDRESS", "RABBITMQ_BASE",
-                "RABBITMQ_MNESIA_DIR", "RABBITMQ_PLUGINS_EXPAND_DIR",
-                "RABBITMQ_FEATURE_FLAGS_FILE", "RABBITMQ_QUORUM_DIR", "RABBITMQ_STREAM_DIR",
-                "RABBITMQ_LOGS", "RABBITMQ_ERLANG_COOKIE"):
-        env.pop(key, None)
     return env
 
 
@@ -495,6 +499,10 @@ def build_config(cfg: BrokerConfig, tls: TlsFiles | None) -> str:
         "log.console = false",
         "log.file = rabbit.log",
         "log.file.level = info",
+        "log.file.rotation.size = 10485760",
+        "log.file.rotation.count = 3",
+        # Shared 2-core test machines also run Spark: cap the node instead of 40% of RAM.
+        f"vm_memory_high_watermark.absolute = {cfg.memory_limit}",
         "disk_free_limit.absolute = 50MB",
         "auth_mechanisms.1 = PLAIN",
         "auth_mechanisms.2 = AMQPLAIN",
@@ -1070,8 +1078,8 @@ def ensure_tls(directory: Path | str | None = None, restart: bool = True,
     """
     cfg = _local_cfg(cfg)
     target = Path(directory).resolve() if directory is not None else cfg.paths.tls_dir
-    files = generate_tls(target)
     with _locked(cfg):
+        files = generate_tls(target)
         current = _tls_files(cfg)
         cfg.paths.state.mkdir(parents=True, exist_ok=True)
         if target == cfg.paths.tls_dir:
