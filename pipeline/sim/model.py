@@ -420,8 +420,10 @@ class SimBroker:
         """A queue (and its binding) created and deleted inside (start, start + interval)."""
         rng = self.rng
         self.transient_seq += 1
-        t_create = start_ns + rng.randrange(1, interval_ns // 2)
-        t_delete = t_create + rng.randrange(1, interval_ns // 2 - 1)
+        lo = max(start_ns, self.boot_ns)  # never before the agent (re)started
+        span = start_ns + interval_ns - lo
+        t_create = lo + rng.randrange(1, span // 2)
+        t_delete = t_create + rng.randrange(1, span // 2 - 1)
         name = f"tmp.{self.transient_seq:06d}"
         q = self._add_queue(name, t_create, durable=False)
         q.props["autoDelete"] = True
