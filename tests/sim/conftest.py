@@ -18,11 +18,18 @@ START_NS = 1_795_338_000_000_000_000  # a fixed simulated clock: same seed, same
 
 
 @contextmanager
-def sim_process(args: list[str], ready_timeout_s: float = 60.0) -> Iterator[tuple[subprocess.Popen[str], dict[str, Any]]]:
+def sim_process(
+    args: list[str], ready_timeout_s: float = 60.0
+) -> Iterator[tuple[subprocess.Popen[str], dict[str, Any]]]:
     """Start ``qmf sim`` and wait for its ready line; stop it (TERM, then KILL) on exit."""
     cmd = [sys.executable, "-m", "pipeline.cli", "sim", *args]
     proc = subprocess.Popen(
-        cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, stdin=subprocess.DEVNULL
+        cmd,
+        cwd=ROOT,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        stdin=subprocess.DEVNULL,
     )
     try:
         assert proc.stdout is not None

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import os
 
+import pytest
+
 from pipeline.codec.capture import read_capture
 from pipeline.codec.records import ClassIndication, SchemaResponse
 from pipeline.codec.schema import KIND_EVENT, KIND_TABLE, SchemaRegistry
@@ -20,8 +22,6 @@ from pipeline.qmfxml import (
     default_schema,
     parse_schema_xml,
 )
-
-import pytest
 
 
 def _real_schemas(shared_dir: str) -> dict[object, object]:
@@ -79,7 +79,10 @@ def test_queue_class() -> None:
         "messageLatencyMax",
         "messageLatencyAverage",
     ]
-    assert q.schema.statistics[i + 1].extra == {"unit": "consumer", "desc": "Current consumers on queue (High)"}
+    assert q.schema.statistics[i + 1].extra == {
+        "unit": "consumer",
+        "desc": "Current consumers on queue (High)",
+    }
     kinds = {n: q.statistic_kind(n) for n in stats}
     assert kinds["msgTotalEnqueues"] == COUNTER
     assert kinds["msgDepth"] == GAUGE  # assign="msgTotalEnqueues - msgTotalDequeues"
@@ -88,7 +91,10 @@ def test_queue_class() -> None:
         WATERMARK_HIGH,
         WATERMARK_LOW,
     )
-    assert (kinds["messageLatencySamples"], kinds["messageLatencyAverage"]) == (MMA_SAMPLES, MMA_AVERAGE)
+    assert (kinds["messageLatencySamples"], kinds["messageLatencyAverage"]) == (
+        MMA_SAMPLES,
+        MMA_AVERAGE,
+    )
     assert kinds["flowStopped"] == STATE
     assert q.statistics["consumerCountHigh"].base == "consumerCount"
     purge = next(m for m in q.schema.methods if m.name == "purge")
@@ -111,7 +117,15 @@ def test_events() -> None:
     assert ev.schema.kind == KIND_EVENT and ev.is_event
     assert ev.severity == 6
     assert [a.name for a in ev.schema.arguments] == [
-        "rhost", "user", "qName", "durable", "excl", "autoDel", "altEx", "args", "disp",
+        "rhost",
+        "user",
+        "qName",
+        "durable",
+        "excl",
+        "autoDel",
+        "altEx",
+        "args",
+        "disp",
     ]
     assert ev.key.hash.hex() == "0c79df0a17d90211a52f23e3204e8e08"
     assert default_schema().get("org.apache.qpid.acl", "fileLoadFailed").severity == 3
@@ -132,7 +146,9 @@ def test_default_set() -> None:
 
 def test_bad_xml_is_refused() -> None:
     with pytest.raises(SchemaXmlError, match="unknown type"):
-        parse_schema_xml('<schema package="p"><class name="A"><property name="x" type="nope"/></class></schema>')
+        parse_schema_xml(
+            '<schema package="p"><class name="A"><property name="x" type="nope"/></class></schema>'
+        )
     with pytest.raises(SchemaXmlError, match="undeclared event argument"):
         parse_schema_xml('<schema package="p"><event name="e" args="zz"/></schema>')
     with pytest.raises(SchemaXmlError, match="no package"):

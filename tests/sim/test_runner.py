@@ -51,7 +51,11 @@ def queue_samples(sim: Simulation, sink: MemorySink, name: str, opcode: str) -> 
     out = []
     for _, r in decoded(sink):
         if isinstance(r, ObjectSample) and r.class_name == "queue" and r.opcode == opcode:
-            nums = {o.object_num for o in sim.agents[0].model.objects.values() if o.props.get("name") == name}
+            nums = {
+                o.object_num
+                for o in sim.agents[0].model.objects.values()
+                if o.props.get("name") == name
+            }
             assert r.object_id is not None
             if getattr(r.object_id, "object_num", None) in nums:
                 out.append(r)
@@ -59,9 +63,17 @@ def queue_samples(sim: Simulation, sink: MemorySink, name: str, opcode: str) -> 
 
 
 def test_queue_dynamics_counters_depth_and_watermarks() -> None:
-    sim, sink = run(dialect="am2", intervals=6, load=LoadConfig(queues=12, active_fraction=1.0, watermark_prob=0.5))
+    sim, sink = run(
+        dialect="am2",
+        intervals=6,
+        load=LoadConfig(queues=12, active_fraction=1.0, watermark_prob=0.5),
+    )
     model = sim.agents[0].model
-    names = [model.objects[n].props["name"] for n in model.queue_nums if not model.objects[n].props["name"].startswith("tmp")]
+    names = [
+        model.objects[n].props["name"]
+        for n in model.queue_nums
+        if not model.objects[n].props["name"].startswith("tmp")
+    ]
     blips = 0
     for name in names:
         samples = queue_samples(sim, sink, name, "i")
@@ -80,19 +92,36 @@ def test_queue_dynamics_counters_depth_and_watermarks() -> None:
             blips += v["consumerCountHigh"] - v["consumerCount"]
     assert blips > 0  # some consumer came and went inside an interval
     broker = model.objects[model.broker_num].stats
-    assert broker["msgTotalEnqueues"] == sum(model.objects[n].stats["msgTotalEnqueues"] for n in model.queue_nums)
+    assert broker["msgTotalEnqueues"] == sum(
+        model.objects[n].stats["msgTotalEnqueues"] for n in model.queue_nums
+    )
 
 
 def test_idle_objects_are_published_once_and_again_after_console_added() -> None:
     sink = MemorySink()
     sim = Simulation(
-        SimConfig(dialect="am1", intervals=3, start_ns=START_NS, load=LoadConfig(queues=6, active_fraction=0.0, watermark_prob=0.0, events_per_interval=0, transient_per_interval=0)),
+        SimConfig(
+            dialect="am1",
+            intervals=3,
+            start_ns=START_NS,
+            load=LoadConfig(
+                queues=6,
+                active_fraction=0.0,
+                watermark_prob=0.0,
+                events_per_interval=0,
+                transient_per_interval=0,
+            ),
+        ),
         sink,
     )
     sim.run()
     rows = sim.manifest.rows
     per_interval = [
-        sum(1 for r in rows if r["kind"] == "object" and r["class_name"] == "queue" and r["interval"] == k)
+        sum(
+            1
+            for r in rows
+            if r["kind"] == "object" and r["class_name"] == "queue" and r["interval"] == k
+        )
         for k in range(3)
     ]
     assert per_interval == [12, 0, 0]  # 'c' + 'i' of 6 queues, then nothing changed
@@ -100,7 +129,9 @@ def test_idle_objects_are_published_once_and_again_after_console_added() -> None
     assert agent.handle(ConsoleAdded(dialect="AM1", opcode="x"), 0) == []
     assert agent.force_all and agent.send_schema
     pubs = sim._publication(agent, START_NS + 4 * NS, [])
-    queue = [p for p in pubs if isinstance(p.record, ObjectSample) and p.record.class_name == "queue"]
+    queue = [
+        p for p in pubs if isinstance(p.record, ObjectSample) and p.record.class_name == "queue"
+    ]
     assert sorted(p.record.opcode for p in queue) == ["c"] * 6 + ["i"] * 6
     assert sum(1 for p in pubs if p.record.opcode == "s") == 24  # schema broadcast again
     assert sim._publication(agent, START_NS + 5 * NS, [])[-1].record.opcode == "h"  # then quiet
@@ -108,7 +139,12 @@ def test_idle_objects_are_published_once_and_again_after_console_added() -> None
 
 
 def test_restart_changes_boot_sequence_and_restarts_counters() -> None:
-    sim, sink = run(dialect="am2", intervals=4, restarts=[(0, 2)], load=LoadConfig(queues=5, active_fraction=1.0, max_rate=20.0))
+    sim, sink = run(
+        dialect="am2",
+        intervals=4,
+        restarts=[(0, 2)],
+        load=LoadConfig(queues=5, active_fraction=1.0, max_rate=20.0),
+    )
     restarts = [r for r in sim.manifest.rows if r["kind"] == "restart"]
     assert restarts == [
         {
@@ -121,23 +157,41 @@ def test_restart_changes_boot_sequence_and_restarts_counters() -> None:
             "boot_seq": 2,
         }
     ]
-    stats = [r for _, r in decoded(sink) if isinstance(r, ObjectSample) and r.class_name == "queue" and r.opcode == "i"]
-    before = [s for s in stats if isinstance(s.object_id, Am2ObjectId) and s.object_id.epoch == 1 and s.delete_ns == 0]
+    stats = [
+        r
+        for _, r in decoded(sink)
+        if isinstance(r, ObjectSample) and r.class_name == "queue" and r.opcode == "i"
+    ]
+    before = [
+        s
+        for s in stats
+        if isinstance(s.object_id, Am2ObjectId) and s.object_id.epoch == 1 and s.delete_ns == 0
+    ]
     after = [s for s in stats if isinstance(s.object_id, Am2ObjectId) and s.object_id.epoch == 2]
     assert before and after
     first_after = [s for s in after if s.update_ns == START_NS + 3 * NS and s.delete_ns == 0]
     for s in first_after:
         assert s.create_ns == START_NS + 2 * NS + NS // 2
     late = max(s.values["msgTotalEnqueues"] for s in before if s.update_ns == START_NS + 2 * NS)
-    early = [s.values["msgTotalEnqueues"] for s in after if s.update_ns == START_NS + 3 * NS and s.delete_ns == 0]
+    early = [
+        s.values["msgTotalEnqueues"]
+        for s in after
+        if s.update_ns == START_NS + 3 * NS and s.delete_ns == 0
+    ]
     assert late > 20 and max(early) <= 20  # counters start from zero again
 
 
 def test_transient_objects_are_published_with_both_timestamps() -> None:
     for dialect in ("am1", "am2", "v2"):
-        sim, sink = run(dialect=dialect, intervals=3, load=LoadConfig(queues=4, transient_per_interval=2))
+        _sim, sink = run(
+            dialect=dialect, intervals=3, load=LoadConfig(queues=4, transient_per_interval=2)
+        )
         recs = [r for _, r in decoded(sink)]
-        tmp = [r for r in recs if isinstance(r, ObjectSample) and r.class_name == "queue" and r.delete_ns]
+        tmp = [
+            r
+            for r in recs
+            if isinstance(r, ObjectSample) and r.class_name == "queue" and r.delete_ns
+        ]
         per_obj: dict[Any, list[ObjectSample]] = {}
         for r in tmp:
             per_obj.setdefault(r.object_id, []).append(r)
@@ -147,10 +201,20 @@ def test_transient_objects_are_published_with_both_timestamps() -> None:
             assert opcodes == (["_data_indication"] if dialect == "v2" else ["c", "i"])
             for s in samples:
                 k = (s.update_ns - START_NS) // NS - 1
-                assert START_NS + k * NS < s.create_ns < s.delete_ns < s.update_ns == START_NS + (k + 1) * NS
+                assert (
+                    START_NS + k * NS
+                    < s.create_ns
+                    < s.delete_ns
+                    < s.update_ns
+                    == START_NS + (k + 1) * NS
+                )
                 assert str(s.values.get("name", "tmp")).startswith("tmp") or s.opcode == "i"
                 assert s.values.get("msgTotalEnqueues", 1) > 0
-        events = [r for r in recs if isinstance(r, Event) and r.event_name in ("queueDeclare", "queueDelete")]
+        events = [
+            r
+            for r in recs
+            if isinstance(r, Event) and r.event_name in ("queueDeclare", "queueDelete")
+        ]
         assert len(events) == 12
         declared = sorted(e.timestamp_ns for e in events if e.event_name == "queueDeclare")
         assert declared == sorted({s.create_ns for s in tmp})
@@ -173,7 +237,7 @@ def test_max_messages_bounds_the_run_and_the_manifest() -> None:
 
 
 def test_heartbeats_and_batching() -> None:
-    sim, sink = run(dialect="am2", intervals=2, batch=5, load=LoadConfig(queues=30))
+    _sim, sink = run(dialect="am2", intervals=2, batch=5, load=LoadConfig(queues=30))
     recs = decoded(sink)
     hbs = [r for _, r in recs if isinstance(r, Heartbeat)]
     assert [h.timestamp_ns for h in hbs] == [START_NS + NS, START_NS + 2 * NS]
@@ -195,7 +259,10 @@ def test_am1_keys_and_ids() -> None:
     assert f"mgmt.{u}.heartbeat" in keys
     assert f"mgmt.{u}.schema.org.apache.qpid.broker.queue" in keys
     samples = [r for _, r in decoded(sink) if isinstance(r, ObjectSample)]
-    assert all(isinstance(s.object_id, Am1ObjectId) and s.object_id.boot_seq == 1 and s.object_id.bank == 1 for s in samples)
+    assert all(
+        isinstance(s.object_id, Am1ObjectId) and s.object_id.boot_seq == 1 and s.object_id.bank == 1
+        for s in samples
+    )
     assert all(s.agent == str(u) for s in samples)
 
 
@@ -203,13 +270,23 @@ def test_multiple_agents_have_their_own_identity() -> None:
     sim, sink = run(dialect="am2", agents=3, intervals=1)
     assert len({a.uuid for a in sim.agents}) == 3
     assert [a.command_keys for a in sim.agents] == [["broker", "agent.1"], ["agent.2"], ["agent.3"]]
-    banks = {r.object_id.agent_bank for _, r in decoded(sink) if isinstance(r, ObjectSample) and isinstance(r.object_id, Am2ObjectId)}
+    banks = {
+        r.object_id.agent_bank
+        for _, r in decoded(sink)
+        if isinstance(r, ObjectSample) and isinstance(r.object_id, Am2ObjectId)
+    }
     assert banks == {1, 2, 3}
 
 
 def test_ten_thousand_queues() -> None:
-    sim, sink = run(dialect="am2", intervals=1, load=LoadConfig(queues=10_000, connections=50, transient_per_interval=0))
-    queue_c = sum(1 for r in sim.manifest.rows if r.get("class_name") == "queue" and r["opcode"] == "c")
+    sim, sink = run(
+        dialect="am2",
+        intervals=1,
+        load=LoadConfig(queues=10_000, connections=50, transient_per_interval=0),
+    )
+    queue_c = sum(
+        1 for r in sim.manifest.rows if r.get("class_name") == "queue" and r["opcode"] == "c"
+    )
     assert queue_c == 10_000
     assert max(len(m.body) for m in sink.messages) < 400_000
     assert sim.summary.messages == len(sink.messages)
