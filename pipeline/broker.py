@@ -815,7 +815,15 @@ def _failure(cfg: BrokerConfig, why: str) -> str:
 def _start_locked(cfg: BrokerConfig, timeout: float) -> BrokerInfo:
     pid = _node_pid(cfg)
     if pid is not None:
-        _wait_ready(cfg, None, timeout)
+        # Whoever started it held the lock until it was ready, so it should answer now;
+        # if not, it runs with other ports or is wedged: say so instead of waiting long.
+        try:
+            _wait_ready(cfg, None, min(timeout, 30.0))
+        except BrokerError as exc:
+            raise BrokerError(
+                f"node {cfg.node} (pid {pid}) runs but does not accept AMQP 1.0 on "
+                f"{cfg.host}:{cfg.port}; if its ports changed, run `qmf broker restart`.\n{exc}"
+            ) from exc
         return local_info(cfg)
     _check_ports_free(cfg)
     write_node_files(cfg)

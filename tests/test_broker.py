@@ -242,8 +242,13 @@ def test_private_node_lifecycle_and_durable_queue_survives_restart(
     conn.close()
     assert b.queue_depths(cfg)["qmf-durable-test"] == 200
 
+    b.add_user("restart-user", "pw-1", cfg=cfg)
     before = b.broker_status(cfg).pid
     b.restart_broker(cfg=cfg)
+    # Users added live come back from the boot definitions too.
+    login = BlockingConnection(f"amqp://restart-user:pw-1@127.0.0.1:{cfg.port}", timeout=10,
+                               allowed_mechs="PLAIN")
+    login.close()
     assert b.broker_status(cfg).pid != before
     assert b.queue_depths(cfg)["qmf-durable-test"] == 200
     conn = BlockingConnection(info.url, timeout=10)
