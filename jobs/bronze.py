@@ -1,0 +1,93 @@
+"""spark-submit entry point: landing log -> bronze Delta table.
+
+    spark-submit jobs/bronze.py --landing L --table T --checkpoint C [--trigger availableNow]
+
+Only argument wiring lives here; the logic is in ``pipeline.bronze``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import signal
+import sys
+import threading
+from collections.abc import Sequence
+from types import FrameType
+
+from pipeline.bronze import BronzeSettings, run_bronze, trigger_kwargs
+
+
+def _trigger(text: str) -> str:
+    try:
+        trigger_kwargs(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+    return text
+
+
+def _key_value(text: str) -> tuple[str, str]:
+    key, sep, value = text.partition("=")
+    if not sep or not key:
+        raise argparse.ArgumentTypeError(f"{text!r}: expected KEY=VALUE")
+    return key, value
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="bronze", description=__doc__.splitlines()[0])
+    p.add_argument("--landing", required=True, help="landing log root")
+    p.add_argument("--table", required=True, help="bronze Delta table path")
+    p.add_argument("--checkpoint", required=True, help="streaming checkpoint folder")
+    p.add_argument("--trigger", type=_trigger, default="availableNow",
+                   help="availableNow (default) or processingTime=<interval>")
+    p.add_argument("--max-records-per-trigger", type=int, default=None)
+    p.add_argument("--timeout", type=float, default=None,
+                   help="seconds: run time for processingTime, upper bound for availableNow")
+    p.add_argument("--retention", choices=("none", "committed"), default="none",
+                   help="delete landing segments once committed to bronze")
+    p.add_argument("--retention-slack", type=int, default=0,
+                   help="records to keep behind the committed offset")
+    p.add_argument("--dedup-window", type=int, default=None, metavar="SECONDS",
+                   help="check msg_key only against rows received this long before the batch")
+    p.add_argument("--embedded-receiver", action="store_true",
+                   help="run a receiver inside the source (single-machine default)")
+    p.add_argument("--receiver-option", type=_key_value, action="append", default=[],
+                   metavar="KEY=VALUE", help="receiver.* option, e.g. url=amqp://...")
+    return p  # fmt: skip
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s %(message)s")
+    logging.getLogger("py4j").setLevel(logging.WARNING)
+    settings = BronzeSettings(
+        landing=args.landing,
+        table=args.table,
+        checkpoint=args.checkpoint,
+        trigger=args.trigger,
+        max_records_per_trigger=args.max_records_per_trigger,
+        retention=args.retention,
+        retention_slack=args.retention_slack,
+        dedup_window_s=args.dedup_window,
+        embedded_receiver=args.embedded_receiver,
+        receiver_options=dict(args.receiver_option),
+    )
+    stop = threading.Event()
+
+    def on_signal(signum: int, frame: FrameType | None) -> None:
+        stop.set()
+
+    signal.signal(signal.SIGTERM, on_signal)
+    signal.signal(signal.SIGINT, on_signal)
+
+    from pipeline.spark import get_spark
+
+    spark = get_spark("qmf-bronze")
+    try:
+        return run_bronze(spark, settings, args.timeout, stop)
+    finally:
+        spark.stop()
+
+
+if __name__ == "__main__":
+    sys.exit(main())
