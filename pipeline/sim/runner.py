@@ -68,6 +68,8 @@ class SimConfig:
 class Sink(Protocol):
     def send(self, msg: OutMessage) -> None: ...
 
+    def flush(self) -> None: ...
+
     def close(self) -> None: ...
 
 
@@ -79,6 +81,9 @@ class MemorySink:
 
     def send(self, msg: OutMessage) -> None:
         self.messages.append(msg)
+
+    def flush(self) -> None:
+        pass
 
     def close(self) -> None:
         pass
@@ -96,6 +101,9 @@ class CaptureSink:
 
         self._fh.write(json.dumps(capture_line(msg, self._clock()), sort_keys=True) + "\n")
 
+    def flush(self) -> None:
+        self._fh.flush()
+
     def close(self) -> None:
         self._fh.close()
 
@@ -110,6 +118,10 @@ class BrokerSink:
 
     def send(self, msg: OutMessage) -> None:
         self.pub.publish_message(msg)
+
+    def flush(self) -> None:
+        """Wait until the broker took everything (the publisher pipelines otherwise)."""
+        self.pub.flush()
 
     def close(self) -> None:
         self.pub.close()
@@ -343,6 +355,7 @@ class Simulation:
                     reply_messages(replies, self.registry, reply_to), interval, agent, "reply"
                 ):
                     return False
+                self.sink.flush()  # a console waits for these
         return True
 
     def run(self) -> RunSummary:
@@ -390,6 +403,7 @@ class Simulation:
                     break
             if not ok:
                 break
+            self.sink.flush()
             self.summary.intervals = i + 1
             if cfg.realtime:
                 wait = self._wall0 + (i + 1) * cfg.interval_s - time.monotonic()
