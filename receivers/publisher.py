@@ -141,6 +141,18 @@ class _Handler(MessagingHandler):
         else:
             self.owner._fail("link refused by the broker")
 
+    def on_session_error(self, event: Event) -> None:
+        # RabbitMQ ends the whole session when a target exchange does not exist.
+        sess = event.session
+        cond = sess.remote_condition if sess is not None else None
+        self.owner._fail(f"session ended by the broker: {_describe(cond)}")
+        if event.connection is not None:
+            event.connection.close()
+
+    def on_connection_closed(self, event: Event) -> None:
+        if not self.owner._closing:
+            self.owner._fail("connection closed")
+
     def on_connection_error(self, event: Event) -> None:
         c = event.connection
         cond = c.remote_condition if c is not None else None

@@ -416,6 +416,12 @@ class _Handler(MessagingHandler):
             where = link.source.address or link.target.address
             self.owner._on_error(f"link {where!r} refused: {_cond(cond)}", cond, event.connection)
 
+    def on_session_error(self, event: Event) -> None:
+        # RabbitMQ ends the session (not just the link) for a missing queue or exchange.
+        sess = event.session
+        cond = sess.remote_condition if sess is not None else None
+        self.owner._on_error(f"session ended by the broker: {_cond(cond)}", cond, event.connection)
+
     def on_connection_error(self, event: Event) -> None:
         c = event.connection
         cond = c.remote_condition if c is not None else None

@@ -114,7 +114,7 @@ def test_publisher_message_round_trips_through_the_mapping() -> None:
     )
     msg = build_message(out)
     assert msg.subject == "agent.ind.data.x" and msg.inferred
-    assert msg.properties[APP_ID_PROPERTY] == "qmf2"
+    assert msg.properties is not None and msg.properties[APP_ID_PROPERTY] == "qmf2"
     # what a receiver gets back after the wire
     wire = Message()
     wire.decode(msg.encode())
@@ -205,5 +205,5 @@ def test_replay_of_the_qpidd_sample_records(shared_dir: str) -> None:
         "/exchange/qmf.default.direct/qmfc-v2-vm.28266.1",
     ]
     with_ttl = [o for o in outs if o.ttl_s is not None]
-    assert sorted(o.ttl_s for o in with_ttl) == [1.998] + [1.999] * 17
+    assert sorted(o.ttl_s or 0.0 for o in with_ttl) == [1.998] + [1.999] * 17
     assert parse_routes(["x.=ex1", "=ex2"]) == (("x.", "ex1"), ("", "ex2"))
