@@ -391,6 +391,8 @@ def decode_map(buf: bytes, off: int) -> tuple[TypedMap, int]:
     codes = result.codes
     decoders = AMQP_DECODERS
     for _ in range(count):
+        if p >= end:
+            raise Malformed(p, f"map entry overruns the map end at {end}")
         klen = buf[p]
         kend = p + 1 + klen
         if kend >= end:

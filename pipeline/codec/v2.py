@@ -224,7 +224,19 @@ def decode_v2(
     except RecursionError:
         return [], [Problem("Malformed", "malformed data at offset 0: nesting too deep", 0, opcode)]
     records: list[Record] = []
-    if opcode in ("_data_indication", "_query_response"):
+    if isinstance(parsed, TypedList) and any(c != 0xA8 for c in parsed.codes):
+        # a list of something other than maps: keep the body whole (and exact)
+        records.append(
+            V2Message(
+                dialect="V2",
+                opcode=opcode,
+                content=content,
+                body=parsed,
+                agent=agent,
+                source=parsed,
+            )
+        )
+    elif opcode in ("_data_indication", "_query_response"):
         for item in _items(parsed):
             if content == "_schema_class":
                 records.append(_schema_record(item, opcode, registry))
