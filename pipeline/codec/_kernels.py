@@ -46,7 +46,7 @@ STATUS_NAMES = (
     "malformed value",
 )
 
-# Columns of the per-record matrix returned by ``walk``.
+# Rows of the (field, record) matrix returned by ``walk``.
 R_MSG = 0  # row of the message in the input batch
 R_IDX = 1  # position of the record in its message
 R_SCHEMA = 2  # index into the compiled schema list
@@ -67,12 +67,54 @@ OP_C = 0x63
 OP_I = 0x69
 OP_G = 0x67
 
-# Fixed encoded sizes by type code; 0 = variable / special, -1 = unknown.
-# Index 10 (objId) is 8 in AM1 and 16 in AM2, handled in code.
-_FIXED = np.array(
-    [-1, 1, 2, 4, 8, -1, 0, 0, 8, 8, 0, 1, 4, 8, 16, 0, 1, 2, 4, 8, -2, 0, 0],
-    dtype=np.int64,
-)
+# Element kinds: what the kernel does with a value, computed per element from
+# its QMF type code by ``element_kind`` (so the hot loop never looks at type codes).
+K_U8 = 1
+K_U16 = 2
+K_U32 = 3  # uint32, float (raw bits)
+K_U64 = 4  # uint64, int64, absTime, deltaTime, double (raw bits)
+K_I8 = 5
+K_I16 = 6
+K_I32 = 7
+K_BOOL = 8
+K_UUID = 9  # 16 bytes, slot = position
+K_REF = 10  # 8 (AM1) or 16 (AM2) bytes, slot = position
+K_STR8 = 11  # slot = position of the length byte
+K_STR16 = 12
+K_SIZED32 = 13  # map, list, array: u32 byte size first; slot = position
+K_UNSUPPORTED = 14  # type 20 (object): needs the per-record path
+K_BAD = 15  # not a QMF type code
+
+_KIND_OF = {
+    1: K_U8, 2: K_U16, 3: K_U32, 4: K_U64, 6: K_STR8, 7: K_STR16, 8: K_U64, 9: K_U64,
+    10: K_REF, 11: K_BOOL, 12: K_U32, 13: K_U64, 14: K_UUID, 15: K_SIZED32, 16: K_I8,
+    17: K_I16, 18: K_I32, 19: K_U64, 20: K_UNSUPPORTED, 21: K_SIZED32, 22: K_SIZED32,
+}  # fmt: skip
+
+
+def element_kind(type_code: int) -> int:
+    """The kernel's kind for a QMF type code."""
+    return _KIND_OF.get(type_code, K_BAD)
+
+
+@nb.njit(cache=True, inline="always")
+def _be2(d: Any, p: int) -> np.int64:
+    return (np.int64(d[p]) << 8) | np.int64(d[p + 1])
+
+
+@nb.njit(cache=True, inline="always")
+def _be4(d: Any, p: int) -> np.int64:
+    return (
+        (np.int64(d[p]) << 24)
+        | (np.int64(d[p + 1]) << 16)
+        | (np.int64(d[p + 2]) << 8)
+        | np.int64(d[p + 3])
+    )
+
+
+@nb.njit(cache=True, inline="always")
+def _be8(d: Any, p: int) -> np.int64:
+    return (_be4(d, p) << 32) | _be4(d, p + 4)
 
 
 @nb.njit(cache=True, inline="always")
@@ -84,56 +126,59 @@ def _be(data: Any, p: int, n: int) -> np.uint64:
 
 
 @nb.njit(cache=True, inline="always")
-def _sext(v: np.uint64, n: int) -> np.int64:
-    """Sign-extend an n-byte big-endian integer held in a uint64."""
-    if n == 8:
-        return np.int64(v)
-    bits = np.uint64(8 * n)
-    sign = np.uint64(1) << (bits - np.uint64(1))
-    if v & sign:
-        return np.int64(v) - (np.int64(1) << np.int64(8 * n))
-    return np.int64(v)
-
-
-@nb.njit(cache=True)
-def _read_value(data: Any, p: int, end: int, t: int, ver: int) -> tuple[int, int, int]:
+def _read_value(data: Any, p: int, end: int, kind: int, ver: int) -> tuple[np.int64, int, int]:
     """Decode one value at p: (slot, next position, status)."""
-    if t < 0 or t >= 23:
-        return 0, p, ST_BAD_TYPE
-    size = _FIXED[t]
-    if t == 10:
-        size = 8 if ver == 1 else 16
-    if size > 0:
-        if p + size > end:
-            return 0, p, ST_TRUNCATED
-        if t == 14 or t == 10:
-            return p, p + size, ST_OK
-        raw = _be(data, p, size)
-        if t == 11 and raw > np.uint64(1):
-            return 0, p, ST_MALFORMED
-        if t >= 16 and t <= 19:
-            return _sext(raw, size), p + size, ST_OK
-        return np.int64(raw), p + size, ST_OK
-    if size == -1:
-        return 0, p, ST_BAD_TYPE
-    if size == -2:
-        return 0, p, ST_UNSUPPORTED
-    # variable length
-    if t == 6:
-        if p + 1 > end:
-            return 0, p, ST_TRUNCATED
-        q = p + 1 + data[p]
-    elif t == 7:
-        if p + 2 > end:
-            return 0, p, ST_TRUNCATED
-        q = p + 2 + (np.int64(data[p]) << 8 | np.int64(data[p + 1]))
-    else:  # 15 map, 21 list, 22 array: u32 byte size first
+    if kind == K_U64:
+        if p + 8 > end:
+            return np.int64(0), p, ST_TRUNCATED
+        return _be8(data, p), p + 8, ST_OK
+    if kind == K_U32:
         if p + 4 > end:
-            return 0, p, ST_TRUNCATED
-        q = p + 4 + np.int64(_be(data, p, 4))
-    if q > end:
-        return 0, p, ST_TRUNCATED
-    return p, q, ST_OK
+            return np.int64(0), p, ST_TRUNCATED
+        return _be4(data, p), p + 4, ST_OK
+    if kind == K_STR8:
+        if p + 1 > end or p + 1 + np.int64(data[p]) > end:
+            return np.int64(0), p, ST_TRUNCATED
+        return np.int64(p), p + 1 + np.int64(data[p]), ST_OK
+    if kind == K_BOOL or kind == K_U8 or kind == K_I8:
+        if p + 1 > end:
+            return np.int64(0), p, ST_TRUNCATED
+        v = np.int64(data[p])
+        if kind == K_BOOL and v > 1:
+            return np.int64(0), p, ST_MALFORMED
+        if kind == K_I8 and v > 127:
+            v -= 256
+        return v, p + 1, ST_OK
+    if kind == K_U16 or kind == K_I16:
+        if p + 2 > end:
+            return np.int64(0), p, ST_TRUNCATED
+        v = _be2(data, p)
+        if kind == K_I16 and v > 32767:
+            v -= 65536
+        return v, p + 2, ST_OK
+    if kind == K_I32:
+        if p + 4 > end:
+            return np.int64(0), p, ST_TRUNCATED
+        v = _be4(data, p)
+        if v > 2147483647:
+            v -= 4294967296
+        return v, p + 4, ST_OK
+    if kind == K_STR16:
+        if p + 2 > end or p + 2 + _be2(data, p) > end:
+            return np.int64(0), p, ST_TRUNCATED
+        return np.int64(p), p + 2 + _be2(data, p), ST_OK
+    if kind == K_UUID or kind == K_REF:
+        size = 16 if (kind == K_UUID or ver == 2) else 8
+        if p + size > end:
+            return np.int64(0), p, ST_TRUNCATED
+        return np.int64(p), p + size, ST_OK
+    if kind == K_SIZED32:
+        if p + 4 > end or p + 4 + _be4(data, p) > end:
+            return np.int64(0), p, ST_TRUNCATED
+        return np.int64(p), p + 4 + _be4(data, p), ST_OK
+    if kind == K_UNSUPPORTED:
+        return np.int64(0), p, ST_UNSUPPORTED
+    return np.int64(0), p, ST_BAD_TYPE
 
 
 @nb.njit(cache=True)
@@ -181,11 +226,12 @@ def _find_schema(
 
 @nb.njit(cache=True)
 def _grow2(a: Any, need: int) -> Any:
-    cap = a.shape[0]
+    """Grow a (fields, capacity) matrix along its second axis."""
+    cap = a.shape[1]
     while cap < need:
         cap *= 2
-    out = np.empty((cap, a.shape[1]), dtype=a.dtype)
-    out[: a.shape[0]] = a
+    out = np.empty((a.shape[0], cap), dtype=a.dtype)
+    out[:, : a.shape[1]] = a
     return out
 
 
@@ -196,6 +242,78 @@ def _grow1(a: Any, need: int) -> Any:
         cap *= 2
     out = np.empty(cap, dtype=a.dtype)
     out[: a.shape[0]] = a
+    return out
+
+
+@nb.njit(cache=True, inline="always")
+def _skip_group(
+    data: Any,
+    p: int,
+    end: int,
+    e0: int,
+    count: int,
+    el_kind: Any,
+    el_bit: Any,
+    run_len: Any,
+    run_bytes: Any,
+    presence: np.uint64,
+    ver: int,
+) -> tuple[int, int]:
+    """Step over one record's properties or statistics, checking them: (end position, status).
+
+    Runs of plain fixed-size values are skipped in one step (``run_len`` /
+    ``run_bytes`` per element, 0 when the element needs a look).
+    """
+    e = e0
+    stop = e0 + count
+    while e < stop:
+        rl = run_len[e]
+        if rl > 0:
+            p += run_bytes[e]
+            if p > end:
+                return p - run_bytes[e], ST_TRUNCATED
+            e += rl
+            continue
+        b = el_bit[e]
+        if b >= 0 and (presence >> np.uint64(b)) & np.uint64(1) == 0:
+            e += 1
+            continue
+        _v, q, st = _read_value(data, p, end, el_kind[e], ver)
+        if st != ST_OK:
+            return p, st
+        p = q
+        e += 1
+    return p, ST_OK
+
+
+@nb.njit(cache=True)
+def fill(data: Any, pos: Any, presence: Any, ver: Any, kinds: Any, bits: Any) -> Any:
+    """Decode one group (properties or statistics) of checked records, column-major.
+
+    ``pos[i]`` is where record i's values start (-1: the record lacks the
+    group); returns a (len(kinds), n) int64 slot matrix, so each column is a
+    contiguous row. Absent values get 0 (their validity comes from presence).
+    """
+    n = pos.shape[0]
+    w = kinds.shape[0]
+    out = np.empty((w, n), dtype=np.int64)
+    end = data.shape[0]
+    for i in range(n):
+        p = pos[i]
+        if p < 0:
+            for j in range(w):
+                out[j, i] = 0
+            continue
+        pres = np.uint64(presence[i])
+        vr = ver[i]
+        for j in range(w):
+            b = bits[j]
+            if b >= 0 and (pres >> np.uint64(b)) & np.uint64(1) == 0:
+                out[j, i] = 0
+                continue
+            v, q, _st = _read_value(data, p, end, kinds[j], vr)
+            out[j, i] = v
+            p = q
     return out
 
 
@@ -211,31 +329,31 @@ def walk(
     p_count: Any,
     s_start: Any,
     s_count: Any,
-    n_octets: Any,
-    el_type: Any,
+    n_opt: Any,
+    el_kind: Any,
     el_bit: Any,
-    am1_i_presence: bool,
-) -> tuple[Any, int, Any, int, Any, Any]:
-    """Split and decode every c/i/g record of every message.
+    run_len: Any,
+    run_bytes: Any,
+) -> tuple[Any, int, Any, Any]:
+    """Split every c/i/g record of every message and check its values.
 
-    Returns (records, n_records, slots, n_slots, status per message, error
-    position per message). A message with any problem is rolled back
-    entirely (none of its records stay) and gets a non-zero status.
+    Returns (records, n_records, status per message, error position per
+    message); each record row holds its header fields and the byte positions
+    of its property and statistic values, which ``fill`` then decodes into
+    columns. A message with any problem is rolled back entirely (none of its
+    records stay) and gets a non-zero status.
     """
     n_msgs = offs.shape[0] - 1
     total = offs[n_msgs] - offs[0]
-    rec = np.empty((max(16, total // 200), N_RFIELDS), dtype=np.int64)
-    vals = np.empty(max(64, total // 6), dtype=np.int64)
+    rec = np.empty((N_RFIELDS, max(16, total // 200)), dtype=np.int64)
     status = np.zeros(n_msgs, dtype=np.uint8)
     errpos = np.zeros(n_msgs, dtype=np.int64)
     nrec = 0
-    nv = 0
     hint = -1
     for m in range(n_msgs):
         start = offs[m]
         end = offs[m + 1]
         r0 = nrec
-        v0 = nv
         st = ST_OK
         pos = start
         ridx = 0
@@ -260,7 +378,7 @@ def walk(
             if op != OP_C and op != OP_I and op != OP_G:
                 st = ST_NOT_CONTENT
                 break
-            seq = np.int64(_be(data, pos + 4, 4))
+            seq = _be4(data, pos + 4)
             p = pos + 8
             if p + 1 > end:
                 st = ST_TRUNCATED
@@ -278,8 +396,8 @@ def walk(
             if p + 16 + 24 + oid_n > end:
                 st = ST_TRUNCATED
                 break
-            h_hi = _be(data, p, 8)
-            h_lo = _be(data, p + 8, 8)
+            h_hi = np.uint64(_be8(data, p))
+            h_lo = np.uint64(_be8(data, p + 8))
             k = _find_schema(
                 data, pkg_p, pkg_n, cls_p, cls_n, h_hi, h_lo, hash_hi, hash_lo, names, name_off, hint
             )
@@ -288,18 +406,19 @@ def walk(
                 break
             hint = k
             p += 16
-            upd = np.int64(_be(data, p, 8))
-            cre = np.int64(_be(data, p + 8, 8))
-            dele = np.int64(_be(data, p + 16, 8))
+            upd = _be8(data, p)
+            cre = _be8(data, p + 8)
+            dele = _be8(data, p + 16)
             p += 24
-            oid_hi = np.int64(_be(data, p, 8))
+            oid_hi = _be8(data, p)
             oid_lo = np.int64(0)
             if ver == 2:
-                oid_lo = np.int64(_be(data, p + 8, 8))
+                oid_lo = _be8(data, p + 8)
             p += oid_n
             presence = np.uint64(0)
-            if op != OP_I or (ver == 1 and am1_i_presence):
-                no = n_octets[k]
+            if op != OP_I:  # 'i' carries no presence octets (AM2 notes; the codec agrees for AM1)
+                nb_opt = n_opt[k]
+                no = (nb_opt + 7) // 8
                 if no > 8:
                     st = ST_UNSUPPORTED
                     break
@@ -308,69 +427,46 @@ def walk(
                     break
                 for j in range(no):
                     presence |= np.uint64(data[p + j]) << np.uint64(8 * j)
+                if nb_opt < 64 and (presence >> np.uint64(nb_opt)) != np.uint64(0):
+                    st = ST_MALFORMED  # bits beyond the optional properties
+                    break
                 p += no
-            need = nv + p_count[k] + s_count[k]
-            if need > vals.shape[0]:
-                vals = _grow1(vals, need)
             poff = -1
             soff = -1
             if op != OP_I:
-                poff = nv
-                e0 = p_start[k]
-                for e in range(e0, e0 + p_count[k]):
-                    b = el_bit[e]
-                    if b >= 0 and (presence >> np.uint64(b)) & np.uint64(1) == 0:
-                        vals[nv] = 0
-                        nv += 1
-                        continue
-                    v, q, s = _read_value(data, p, end, el_type[e], ver)
-                    if s != ST_OK:
-                        st = s
-                        break
-                    vals[nv] = v
-                    nv += 1
-                    p = q
+                poff = p
+                p, st = _skip_group(data, p, end, p_start[k], p_count[k], el_kind, el_bit, run_len, run_bytes, presence, ver)
                 if st != ST_OK:
                     break
             if op != OP_C:
-                soff = nv
-                e0 = s_start[k]
-                for e in range(e0, e0 + s_count[k]):
-                    v, q, s = _read_value(data, p, end, el_type[e], ver)
-                    if s != ST_OK:
-                        st = s
-                        break
-                    vals[nv] = v
-                    nv += 1
-                    p = q
+                soff = p
+                p, st = _skip_group(data, p, end, s_start[k], s_count[k], el_kind, el_bit, run_len, run_bytes, presence, ver)
                 if st != ST_OK:
                     break
-            if nrec >= rec.shape[0]:
+            if nrec >= rec.shape[1]:
                 rec = _grow2(rec, nrec + 1)
-            r = rec[nrec]
-            r[R_MSG] = m
-            r[R_IDX] = ridx
-            r[R_SCHEMA] = k
-            r[R_OP] = op
-            r[R_SEQ] = seq
-            r[R_VER] = ver
-            r[R_UPDATE] = upd
-            r[R_CREATE] = cre
-            r[R_DELETE] = dele
-            r[R_OID_HI] = oid_hi
-            r[R_OID_LO] = oid_lo
-            r[R_PRESENCE] = np.int64(presence)
-            r[R_POFF] = poff
-            r[R_SOFF] = soff
+            rec[R_MSG, nrec] = m
+            rec[R_IDX, nrec] = ridx
+            rec[R_SCHEMA, nrec] = k
+            rec[R_OP, nrec] = op
+            rec[R_SEQ, nrec] = seq
+            rec[R_VER, nrec] = ver
+            rec[R_UPDATE, nrec] = upd
+            rec[R_CREATE, nrec] = cre
+            rec[R_DELETE, nrec] = dele
+            rec[R_OID_HI, nrec] = oid_hi
+            rec[R_OID_LO, nrec] = oid_lo
+            rec[R_PRESENCE, nrec] = np.int64(presence)
+            rec[R_POFF, nrec] = poff
+            rec[R_SOFF, nrec] = soff
             nrec += 1
             ridx += 1
             pos = p
         if st != ST_OK:
             nrec = r0
-            nv = v0
             status[m] = st
             errpos[m] = pos - start
-    return rec, nrec, vals, nv, status, errpos
+    return rec, nrec, status, errpos
 
 
 # --------------------------------------------------------------------------
@@ -522,3 +618,74 @@ def empty_container(data: Any, pos: Any, valid: Any, out: Any) -> None:
 def hex_digits() -> npt.NDArray[np.uint8]:
     """The lowercase hex digit table for ``uuid_column``."""
     return _HEX
+
+
+@nb.njit(cache=True)
+def gather_matrix(vals: Any, base: Any, width: int) -> Any:
+    """Column-major (width, n) copy of each record's ``width`` slots starting at base[i].
+
+    One pass over the records (reads sequential in ``vals``); records without
+    the group (base -1) get zeros.
+    """
+    n = base.shape[0]
+    out = np.empty((width, n), dtype=np.int64)
+    blk = 256  # records per block: the block's slots stay in L1 while it is transposed
+    for i0 in range(0, n, blk):
+        i1 = min(n, i0 + blk)
+        for j in range(width):
+            for i in range(i0, i1):
+                b = base[i]
+                out[j, i] = vals[b + j] if b >= 0 else 0
+    return out
+
+
+@nb.njit(cache=True)
+def take_strings(offsets: Any, data: Any, idx: Any) -> tuple[Any, Any]:
+    """(int32 offsets, bytes) of the strings ``idx`` of a string array given as buffers."""
+    n = idx.shape[0]
+    out_off = np.empty(n + 1, dtype=np.int32)
+    out_off[0] = 0
+    total = 0
+    for i in range(n):
+        k = idx[i]
+        total += offsets[k + 1] - offsets[k]
+        out_off[i + 1] = total
+    buf = np.empty(total, dtype=np.uint8)
+    for i in range(n):
+        k = idx[i]
+        a = offsets[k]
+        w = out_off[i]
+        for j in range(offsets[k + 1] - a):
+            buf[w + j] = data[a + j]
+    return out_off, buf
+
+
+@nb.njit(cache=True)
+def repeat_bytes(value: Any, n: int) -> tuple[Any, Any]:
+    """(int32 offsets, bytes) of ``n`` copies of one string."""
+    m = value.shape[0]
+    out_off = np.empty(n + 1, dtype=np.int32)
+    buf = np.empty(n * m, dtype=np.uint8)
+    for i in range(n + 1):
+        out_off[i] = i * m
+    for i in range(n):
+        for j in range(m):
+            buf[i * m + j] = value[j]
+    return out_off, buf
+
+
+@nb.njit(cache=True)
+def agent_column(hi: Any) -> tuple[Any, Any]:
+    """AM2 agent text ``<broker_bank>.<agent_bank>`` from the ids' first u64."""
+    n = hi.shape[0]
+    out_off = np.empty(n + 1, dtype=np.int32)
+    buf = np.empty(n * 20, dtype=np.uint8)
+    out_off[0] = 0
+    w = 0
+    for i in range(n):
+        h = np.uint64(hi[i])
+        w = _put_dec(buf, w, (h >> np.uint64(28)) & np.uint64(0xFFFFF))
+        buf[w] = 0x2E
+        w = _put_dec(buf, w + 1, h & np.uint64(0xFFFFFFF))
+        out_off[i + 1] = w
+    return out_off, buf[:w].copy()

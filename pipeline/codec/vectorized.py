@@ -31,14 +31,13 @@ from __future__ import annotations
 import base64
 import json
 import uuid
-from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 import numpy.typing as npt
 import pyarrow as pa
-import pyarrow.compute as pc
 
 from pipeline.codec import _kernels as K
 from pipeline.codec.schema import KIND_TABLE, ClassSchema, Element, SchemaKey, SchemaRegistry
@@ -202,9 +201,37 @@ class CompiledRegistry:
     p_count: I64
     s_start: I64
     s_count: I64
-    n_octets: I64
-    el_type: I64
+    n_opt: I64
+    el_kind: I64
     el_bit: I64  # presence bit of optional properties, -1 otherwise
+    run_len: I64  # elements in the run of plain fixed-size values starting here (0: none)
+    run_bytes: I64  # encoded bytes of that run
+
+
+_PLAIN_SIZE = {1: 1, 2: 2, 3: 4, 4: 8, 8: 8, 9: 8, 12: 4, 13: 8, 16: 1, 17: 2, 18: 4, 19: 8}
+
+
+def _runs(
+    types: list[int], bits: list[int], groups: list[tuple[int, int]]
+) -> tuple[list[int], list[int]]:
+    """Per element, the run of plain fixed-size mandatory values it starts (within its group).
+
+    Such values need no look at all when splitting records (no presence bit,
+    no length, no boolean check), so the split pass steps over a run at once.
+    """
+    run_len = [0] * len(types)
+    run_bytes = [0] * len(types)
+    for start, count in groups:
+        n, size = 0, 0
+        for e in range(start + count - 1, start - 1, -1):
+            plain = types[e] in _PLAIN_SIZE and bits[e] < 0
+            if plain:
+                n += 1
+                size += _PLAIN_SIZE[types[e]]
+                run_len[e], run_bytes[e] = n, size
+            else:
+                n, size = 0, 0
+    return run_len, run_bytes
 
 
 _COMPILED: dict[tuple[SchemaKey, ...], CompiledRegistry] = {}
@@ -234,12 +261,13 @@ def compile_registry(registry: SchemaRegistry | Iterable[ClassSchema]) -> Compil
             el_type.append(e.type_code)
             el_bit.append(bit if e.optional else -1)
             bit += 1 if e.optional else 0
-        n_oct.append(s.presence_octets)
+        n_oct.append(bit)
         s_start.append(len(el_type))
         s_count.append(len(s.statistics))
         for e in s.statistics:
             el_type.append(e.type_code)
             el_bit.append(-1)
+    run_len, run_bytes = _runs(el_type, el_bit, [*zip(p_start, p_count), *zip(s_start, s_count)])
     # name_off = [0, pkg0 end, cls0 end, pkg1 end, ...]: schema k's package is
     # names[off[2k]:off[2k+1]] and its class names[off[2k+1]:off[2k+2]].
     i64 = np.int64
@@ -256,9 +284,11 @@ def compile_registry(registry: SchemaRegistry | Iterable[ClassSchema]) -> Compil
         p_count=np.array(p_count, dtype=i64),
         s_start=np.array(s_start, dtype=i64),
         s_count=np.array(s_count, dtype=i64),
-        n_octets=np.array(n_oct, dtype=i64),
-        el_type=np.array(el_type or [0], dtype=i64),
+        n_opt=np.array(n_oct, dtype=i64),
+        el_kind=np.array([K.element_kind(t) for t in el_type] or [0], dtype=i64),
         el_bit=np.array(el_bit or [-1], dtype=i64),
+        run_len=np.array(run_len or [0], dtype=i64),
+        run_bytes=np.array(run_bytes or [0], dtype=i64),
     )
     if len(_COMPILED) > 64:
         _COMPILED.clear()
@@ -312,24 +342,22 @@ def _body_buffers(body: pa.Array) -> tuple[npt.NDArray[np.uint8], I64]:
 @dataclass
 class _Walk:
     rec: I64
-    vals: I64
     status: npt.NDArray[np.uint8]
     errpos: I64
     data: npt.NDArray[np.uint8]
 
 
-def _walk(body: pa.Array, comp: CompiledRegistry, am1_i_presence: bool) -> _Walk:
+def _walk(body: pa.Array, comp: CompiledRegistry) -> _Walk:
     data, offs = _body_buffers(body)
     if not comp.schemas:
         n = len(body)
         return _Walk(
-            np.empty((0, K.N_RFIELDS), np.int64),
-            np.empty(0, np.int64),
+            np.empty((K.N_RFIELDS, 0), np.int64),
             np.full(n, K.ST_UNKNOWN_SCHEMA, np.uint8),
             np.zeros(n, np.int64),
             data,
         )
-    rec, nrec, vals, nv, status, errpos = K.walk(
+    rec, nrec, status, errpos = K.walk(
         data,
         offs,
         comp.hash_hi,
@@ -340,14 +368,15 @@ def _walk(body: pa.Array, comp: CompiledRegistry, am1_i_presence: bool) -> _Walk
         comp.p_count,
         comp.s_start,
         comp.s_count,
-        comp.n_octets,
-        comp.el_type,
+        comp.n_opt,
+        comp.el_kind,
         comp.el_bit,
-        am1_i_presence,
+        comp.run_len,
+        comp.run_bytes,
     )
     if body.null_count:
         status[np.asarray(body.is_null())] = K.ST_NOT_V1
-    return _Walk(rec[:nrec], vals[:nv], status, errpos, data)
+    return _Walk(rec[:, :nrec], status, errpos, data)
 
 
 # ------------------------------------------------------------ column builders
@@ -369,7 +398,7 @@ def _numeric(
     elif t == 13:
         arr = slots.view(np.float64)
     else:
-        arr = slots.astype(arrow_type(t).to_pandas_dtype())
+        arr = slots.astype(arrow_type(t).to_pandas_dtype(), copy=False)
     return pa.Array.from_buffers(arrow_type(t), n, [vb, pa.py_buffer(arr)], nulls)
 
 
@@ -427,59 +456,83 @@ def _container(
     return out, failed
 
 
-def _take_str(values: Sequence[str | bytes], idx: npt.NDArray[Any], t: pa.DataType) -> pa.Array:
-    return pa.array(values, t).take(pa.array(idx))
+def _str_array(
+    offsets: npt.NDArray[np.int32],
+    buf: npt.NDArray[np.uint8],
+    t: pa.DataType = pa.string(),
+) -> pa.Array:
+    n = len(offsets) - 1
+    return pa.Array.from_buffers(t, n, [None, pa.py_buffer(offsets), pa.py_buffer(buf)], 0)
+
+
+def _const_str(value: str | bytes, n: int, t: pa.DataType = pa.string()) -> pa.Array:
+    raw = value.encode() if isinstance(value, str) else value
+    return _str_array(*K.repeat_bytes(np.frombuffer(raw, np.uint8).copy(), n), t)
 
 
 _DIALECTS = ["", "AM1", "AM2"]
-_OPCODES = [chr(i) for i in range(256)]
 
 
 @dataclass
 class _Ctx:
     w: _Walk
-    msg_keys: pa.Array
+    comp: CompiledRegistry
+    key_offsets: I64
+    key_data: npt.NDArray[np.uint8]
     routing_keys: pa.Array | None
 
 
+def _string_buffers(arr: pa.Array) -> tuple[I64, npt.NDArray[np.uint8]]:
+    """(int64 offsets, data) of a string array, for ``take_strings``."""
+    arr = arr.cast(pa.large_string())
+    bufs = arr.buffers()
+    offs = np.frombuffer(bufs[1], np.int64)[arr.offset : arr.offset + len(arr) + 1]
+    data = np.frombuffer(bufs[2], np.uint8) if bufs[2] is not None and bufs[2].size else np.zeros(1, np.uint8)
+    return offs, data
+
+
 def _masked(vals: npt.NDArray[Any], valid: npt.NDArray[np.bool_], t: pa.DataType) -> pa.Array:
+    if valid.all():
+        return pa.array(vals, type=t)
     return pa.array(vals, type=t, mask=~valid)
 
 
 def _identity(ctx: _Ctx, sub: I64, schema: ClassSchema) -> dict[str, pa.Array]:
     """The identity columns of one class's kernel-decoded records."""
-    n = len(sub)
-    ver = sub[:, K.R_VER]
+    n = sub.shape[1]
+    ver = sub[K.R_VER]
     am1 = ver == 1
     am2 = ~am1
-    hi = sub[:, K.R_OID_HI].view(np.uint64)
-    lo = sub[:, K.R_OID_LO]
-    zeros = np.zeros(n, np.int64)
+    hi = sub[K.R_OID_HI].view(np.uint64)
+    lo = sub[K.R_OID_LO]
     bb = ((hi >> np.uint64(28)) & np.uint64(0xFFFFF)).astype(np.int32)
     ab = (hi & np.uint64(0xFFFFFFF)).astype(np.int32)
     if am2.all():
-        agent: pa.Array = pc.binary_join_element_wise(
-            pa.array(bb).cast(pa.string()), pa.array(ab).cast(pa.string()), "."
-        )
+        agent = _str_array(*K.agent_column(hi))
+        dialect = _const_str("AM2", n)
     else:
-        am1_agents = _agent_am1(ctx.routing_keys, sub[:, K.R_MSG], n)
+        am1_agents = _agent_am1(ctx.routing_keys, sub[K.R_MSG], n)
         agent = pa.array(
             [a if v == 1 else f"{x}.{y}" for a, v, x, y in zip(am1_agents, ver, bb, ab, strict=True)],
             pa.string(),
         )
+        dialect = pa.array(_DIALECTS, pa.string()).take(pa.array(ver))
+    op = sub[K.R_OP].astype(np.uint8)
     return {
-        "msg_key": ctx.msg_keys.take(pa.array(sub[:, K.R_MSG])),
-        "record_index": pa.array(sub[:, K.R_IDX].astype(np.int32)),
-        "dialect": _take_str(_DIALECTS, ver, pa.string()),
-        "opcode": _take_str(_OPCODES, sub[:, K.R_OP], pa.string()),
-        "seq": pa.array(sub[:, K.R_SEQ]),
+        "msg_key": _str_array(
+            *K.take_strings(ctx.key_offsets, ctx.key_data, sub[K.R_MSG])
+        ),
+        "record_index": pa.array(sub[K.R_IDX].astype(np.int32)),
+        "dialect": dialect,
+        "opcode": _str_array(np.arange(n + 1, dtype=np.int32), op),
+        "seq": pa.array(sub[K.R_SEQ]),
         "agent": agent,
-        "package": _take_str([schema.key.package], zeros, pa.string()),
-        "class_name": _take_str([schema.key.name], zeros, pa.string()),
-        "schema_hash": _take_str([schema.key.hash], zeros, pa.binary()),
-        "update_ns": pa.array(sub[:, K.R_UPDATE]),
-        "create_ns": pa.array(sub[:, K.R_CREATE]),
-        "delete_ns": pa.array(sub[:, K.R_DELETE]),
+        "package": _const_str(schema.key.package, n),
+        "class_name": _const_str(schema.key.name, n),
+        "schema_hash": _const_str(schema.key.hash, n, pa.binary()),
+        "update_ns": pa.array(sub[K.R_UPDATE]),
+        "create_ns": pa.array(sub[K.R_CREATE]),
+        "delete_ns": pa.array(sub[K.R_DELETE]),
         "boot_seq": _masked(((hi >> np.uint64(48)) & np.uint64(0x7FFF)).astype(np.int32), am1, pa.int32()),
         "bank": _masked(((hi >> np.uint64(24)) & np.uint64(0xFFFFFF)).astype(np.int32), am1, pa.int32()),
         "flags": _masked((hi >> np.uint64(60)).astype(np.int8), am2, pa.int8()),
@@ -497,30 +550,43 @@ def _class_table(
 ) -> tuple[pa.Table | None, npt.NDArray[np.bool_]]:
     """One class's table (plus an internal ``__row`` column), or the records whose values failed."""
     w = ctx.w
-    n = len(sub)
+    n = sub.shape[1]
     cols = _identity(ctx, sub, schema)
-    presence = np.ascontiguousarray(sub[:, K.R_PRESENCE])
-    ver = np.ascontiguousarray(sub[:, K.R_VER])
+    presence = sub[K.R_PRESENCE]
+    ver = sub[K.R_VER]
     failed = np.zeros(n, np.bool_)
     bit = 0
     groups = (
-        (schema.properties, np.ascontiguousarray(sub[:, K.R_POFF]), True),
-        (schema.statistics, np.ascontiguousarray(sub[:, K.R_SOFF]), False),
+        (schema.properties, sub[K.R_POFF], True),
+        (schema.statistics, sub[K.R_SOFF], False),
     )
+    comp = ctx.comp
+    k = int(sub[K.R_SCHEMA, 0])
     for elements, base, is_props in groups:
+        if not elements:
+            continue
+        if not (base >= 0).any():
+            for e in elements:
+                cols[column_name(e.name)] = pa.nulls(n, arrow_type(e.type_code))
+            if is_props:
+                bit += sum(1 for e in elements if e.optional)
+            continue
+        e0 = int(comp.p_start[k] if is_props else comp.s_start[k])
+        sl = slice(e0, e0 + len(elements))
+        mat = K.fill(w.data, base, presence, ver, comp.el_kind[sl], comp.el_bit[sl])
+        has = base >= 0
+        n_absent = int(n - np.count_nonzero(has))
         for j, e in enumerate(elements):
-            b = -1
             if is_props and e.optional:
-                b = bit
+                valid = np.empty(n, np.bool_)
+                nulls = K.validity(base, presence, bit, valid)
                 bit += 1
-            valid = np.empty(n, np.bool_)
-            slots = np.empty(n, np.int64)
-            nulls = K.validity(base, presence, b, valid)
-            K.gather_slots(w.vals, base, j, slots)
-            cols[column_name(e.name)] = _element_column(w, e, slots, valid, nulls, ver, failed)
+            else:
+                valid, nulls = has, n_absent
+            cols[column_name(e.name)] = _element_column(w, e, mat[j], valid, nulls, ver, failed)
     if failed.any():
         return None, failed
-    cols["__row"] = pa.array(sub[:, K.R_MSG])
+    cols["__row"] = pa.array(sub[K.R_MSG])
     fields = [*sample_schema(schema), pa.field("__row", pa.int64())]
     return pa.table(cols, schema=pa.schema(fields)), failed
 
@@ -535,6 +601,8 @@ def _element_column(
     failed: npt.NDArray[np.bool_],
 ) -> pa.Array:
     t = e.type_code
+    if nulls == len(slots):
+        return pa.nulls(len(slots), arrow_type(t))
     if t in (6, 7):
         o, buf = K.string_column(w.data, slots, valid, t == 7)
         return _string(o, buf, valid, nulls)
@@ -567,14 +635,15 @@ def per_record_decode(
     body: bytes, registry: SchemaRegistry, meta: Mapping[str, Any]
 ) -> tuple[list[Any], list[Any]]:
     """Decode one whole message with the pure codec: (records, problems)."""
-    from pipeline.codec.message import decode_message
+    from pipeline.codec.v1 import decode_v1
 
-    res = decode_message(body, registry=registry, **_message_kwargs(meta))
-    return list(res.records), list(res.problems)
+    return decode_v1(body, registry, agent=_am1_agent_of(meta.get("routing_key")))  # type: ignore[return-value]
 
 
-def _message_kwargs(meta: Mapping[str, Any]) -> dict[str, Any]:
-    return {k: meta.get(k) for k in ("routing_key", "app_id", "content_type", "application_properties")}
+def _am1_agent_of(routing_key: Any) -> str | None:
+    """AM1 agent = ``<agent>`` of ``mgmt.<agent>.<type>...``."""
+    parts = routing_key.split(".") if isinstance(routing_key, str) else []
+    return parts[1] if len(parts) > 2 and parts[0] == "mgmt" else None
 
 
 def _is_sample(r: Any) -> bool:
@@ -609,22 +678,15 @@ def records_to_table(
 
 
 def _agent_am1(routing_keys: pa.Array | None, rows: I64, n: int) -> list[str | None]:
-    """AM1 agent = ``<agent>`` of ``mgmt.<agent>.<type>...`` (the routing key)."""
     if routing_keys is None:
         return [None] * n
-    keys = routing_keys.take(pa.array(rows)).to_pylist()
-    out: list[str | None] = []
-    for k in keys:
-        parts = k.split(".") if isinstance(k, str) else []
-        out.append(parts[1] if len(parts) > 2 and parts[0] == "mgmt" else None)
-    return out
+    return [_am1_agent_of(k) for k in routing_keys.take(pa.array(rows)).to_pylist()]
 
 
 def decode_content(
     batch: pa.RecordBatch | pa.Table,
     registry: SchemaRegistry,
     *,
-    am1_i_presence: bool = True,
     per_record: PerRecord | None = None,
 ) -> ContentResult:
     """Decode the object samples of a batch of raw messages (see the module docstring).
@@ -649,8 +711,8 @@ def decode_content(
         msg_keys = msg_keys.chunk(0) if msg_keys.num_chunks else pa.array([], pa.string())
     rkeys = table.column("routing_key").combine_chunks() if "routing_key" in names else None
     comp = compile_registry(registry)
-    w = _walk(body, comp, am1_i_presence)
-    ctx = _Ctx(w, msg_keys, rkeys)
+    w = _walk(body, comp)
+    ctx = _Ctx(w, comp, *_string_buffers(msg_keys), rkeys)
 
     fallback: set[int] = set(np.flatnonzero(w.status != K.ST_OK).tolist())
     reasons: dict[str, int] = {}
@@ -666,22 +728,27 @@ def decode_content(
     for _attempt in range(2):
         tables = {}
         late: set[int] = set()
-        if len(rec):
-            order = np.argsort(rec[:, K.R_SCHEMA], kind="stable")
-            bounds = np.flatnonzero(np.diff(rec[order, K.R_SCHEMA])) + 1
-            for grp in np.split(order, bounds):
-                sub = rec[grp]
-                schema = comp.schemas[int(sub[0, K.R_SCHEMA])]
+        if rec.shape[1]:
+            ks = rec[K.R_SCHEMA]
+            groups: list[Any] = [None]  # one class: use the matrix as it is, no copy
+            if not (ks == ks[0]).all():
+                order = np.argsort(ks, kind="stable")
+                groups = np.split(order, np.flatnonzero(np.diff(ks[order])) + 1)
+            for grp in groups:
+                sub = rec if grp is None else np.ascontiguousarray(rec[:, grp])
+                schema = comp.schemas[int(sub[K.R_SCHEMA, 0])]
                 tbl, failed = _class_table(ctx, sub, schema)
                 if failed.any():
-                    late |= set(sub[failed, K.R_MSG].tolist())
+                    late |= set(sub[K.R_MSG][failed].tolist())
                 elif tbl is not None:
                     tables[schema.key] = [tbl]
         if not late:
             break
         reasons["container value rejected"] = len(late)
         fallback |= late
-        rec = rec[~np.isin(rec[:, K.R_MSG], np.array(sorted(late), dtype=np.int64))]
+        rec = np.ascontiguousarray(
+            rec[:, ~np.isin(rec[K.R_MSG], np.array(sorted(late), dtype=np.int64))]
+        )
 
     quarantine: list[dict[str, Any]] = []
     others: list[tuple[str, Any]] = []
@@ -706,7 +773,7 @@ def decode_content(
             quarantine.append(
                 {
                     "msg_key": key,
-                    "reason": str(getattr(p, "reason", p)),
+                    "reason": f"{p.error}: {p.message}",
                     "offset": getattr(p, "offset", None),
                     "body": raw,
                 }
