@@ -47,6 +47,10 @@ def register(subparsers: Any) -> None:
     p.add_argument("--rate", type=float, default=None, help="message rate cap (msg/s)")
     p.add_argument("--batch", type=int, default=100, help="records per message")
     p.add_argument("--seed", type=int, default=1)
+    p.add_argument("--first-bank", type=int, default=1, help="agent bank of the first agent")
+    p.add_argument(
+        "--no-broker-key", action="store_true", help="answer only agent.<bank>, not 'broker'"
+    )
     p.add_argument("--start-ns", type=int, default=None, help="simulated start time (default: now)")
     p.add_argument("--realtime", action="store_true", help="pace intervals with the wall clock")
     p.add_argument(
@@ -105,6 +109,8 @@ def run(args: argparse.Namespace) -> int:
         realtime=args.realtime,
         restarts=tuple(args.restart),
         serve_s=args.serve,
+        first_bank=args.first_bank,
+        broker_key=not args.no_broker_key,
     )
     try:
         cfg.validate()

@@ -83,6 +83,8 @@ class SimAgent:
         load: LoadConfig,
         seed: int,
         boot_seq: int = 1,
+        first_bank: int = 1,
+        broker_key: bool = True,
     ) -> None:
         if dialect not in DIALECTS:
             raise ValueError(f"unknown dialect {dialect!r} (use {', '.join(DIALECTS)})")
@@ -93,7 +95,8 @@ class SimAgent:
         self.rng = random.Random(f"{seed}:{index}")
         self.uuid = uuid.UUID(int=self.rng.getrandbits(128), version=4)
         self.broker_bank = 1
-        self.agent_bank = index + 1
+        self.agent_bank = first_bank + index
+        self.broker_key = broker_key and index == 0
         self.boot_seq = boot_seq
         self.model = SimBroker(schema, self.rng, load)
         self.force_all = True  # publish everything at the next interval (boot, B, 'x')
@@ -121,9 +124,9 @@ class SimAgent:
 
     @property
     def command_keys(self) -> list[str]:
-        """The keys whose requests this agent answers (only the first agent is ``broker``)."""
+        """The keys whose requests this agent answers (only the first agent answers ``broker``)."""
         keys = [f"agent.{self.agent_bank}"]
-        if self.index == 0:
+        if self.broker_key:
             keys.insert(0, "broker")
         return keys
 

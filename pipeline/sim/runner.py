@@ -55,6 +55,8 @@ class SimConfig:
     realtime: bool = False
     restarts: Sequence[tuple[int, int]] = ()  # (agent index, interval) restarts
     serve_s: float = 0.0  # after the last interval, keep answering requests this long
+    first_bank: int = 1  # agent bank of agent 0 (command key agent.<bank>)
+    broker_key: bool = True  # agent 0 also answers the well-known key "broker"
 
     def validate(self) -> None:
         if self.agents < 1 or self.intervals < 0 or self.interval_s < 1 or self.batch < 1:
@@ -63,6 +65,8 @@ class SimConfig:
             raise ValueError(f"intervals <= {MAX_INTERVALS}")
         if self.load.queues < 0 or self.load.connections < 0:
             raise ValueError("queues and connections must be >= 0")
+        if not 1 <= self.first_bank or self.first_bank + self.agents > 1 << 24:
+            raise ValueError("agent banks must lie in 1 .. 2**24 - 1")
 
 
 class Sink(Protocol):
@@ -164,7 +168,15 @@ class Simulation:
         self.registry: SchemaRegistry = self.schema.registry()
         self.requests = requests
         self.agents = [
-            SimAgent(i, config.dialect, self.schema, config.load, config.seed)
+            SimAgent(
+                i,
+                config.dialect,
+                self.schema,
+                config.load,
+                config.seed,
+                first_bank=config.first_bank,
+                broker_key=config.broker_key,
+            )
             for i in range(config.agents)
         ]
         self.summary = RunSummary()

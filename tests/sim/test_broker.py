@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import random
 from dataclasses import replace
 from typing import Any
 
@@ -76,6 +77,8 @@ def test_console_requests_are_answered_per_schema_and_manifest(
     broker: Any, tmp_path: Any, dialect: str
 ) -> None:
     d = dialect.upper()
+    bank = random.randrange(1000, 1 << 20)
+    key = f"agent.{bank}"
     manifest = str(tmp_path / "manifest.jsonl")
     args = [
         "--url",
@@ -96,15 +99,19 @@ def test_console_requests_are_answered_per_schema_and_manifest(
         manifest,
         "--seed",
         "3",
+        "--first-bank",
+        str(bank),
+        "--no-broker-key",  # other tests may run agents on this broker too
     ]
     ours = default_schema()
     with sim_process(args) as (proc, ready):
         agent = ready["agents"][0]
+        assert agent["command_keys"] == [key] and agent["agent_bank"] == bank
         registry = SchemaRegistry()  # the console learns every schema from the agent
         with Console(broker.url, registry) as con:
 
             def ask(rec: Record, final: str = "z") -> list[Record]:
-                return con.request("broker", v1.encode_record(rec, registry), rec.seq, final=final)
+                return con.request(key, v1.encode_record(rec, registry), rec.seq, final=final)
 
             # B -> b
             (b,) = ask(BrokerRequest(dialect=d, opcode="B", seq=11), final="b")

@@ -52,13 +52,30 @@ def shape(decoded: list[tuple[CapturedMessage, list[Record]]]) -> dict[str, Any]
     return {"patterns": pats, "names": names, "max_records": multi}
 
 
-def test_am2_capture_decodes_like_the_real_sample(shared_dir: str, tmp_path: Any, capsys: pytest.CaptureFixture[str]) -> None:
+def test_am2_capture_decodes_like_the_real_sample(
+    shared_dir: str, tmp_path: Any, capsys: pytest.CaptureFixture[str]
+) -> None:
     out = str(tmp_path / "sim.jsonl")
     manifest = str(tmp_path / "manifest.jsonl")
-    rc = main([
-        "sim", "--output", out, "--manifest", manifest, "--dialect", "am2", "--intervals", "4",
-        "--queues", "40", "--start-ns", str(START_NS), "--restart", "0:2",
-    ])
+    rc = main(
+        [
+            "sim",
+            "--output",
+            out,
+            "--manifest",
+            manifest,
+            "--dialect",
+            "am2",
+            "--intervals",
+            "4",
+            "--queues",
+            "40",
+            "--start-ns",
+            str(START_NS),
+            "--restart",
+            "0:2",
+        ]
+    )
     assert rc == 0
     summary = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
     sim = decode_file(out)
@@ -82,18 +99,49 @@ def test_am2_capture_decodes_like_the_real_sample(shared_dir: str, tmp_path: Any
         assert s["names"][(cls, "i")] == q["names"][(cls, "i")], cls  # every statistic, in both
         assert q["names"][(cls, "c")] <= s["names"][(cls, "c")], cls
     assert s["max_records"] > 1 and q["max_records"] > 1  # batched records
-    hashes_real = {(r.class_name, r.schema_hash) for _, rs in real for r in rs if isinstance(r, ObjectSample | Event)}
-    hashes_sim = {(r.class_name, r.schema_hash) for _, rs in sim for r in rs if isinstance(r, ObjectSample | Event)}
-    assert {("queue", bytes.fromhex("3db4e9111b6b1523a48b6855f4c5627b"))} <= hashes_real & hashes_sim
+    hashes_real = {
+        (r.class_name, r.schema_hash)
+        for _, rs in real
+        for r in rs
+        if isinstance(r, ObjectSample | Event)
+    }
+    hashes_sim = {
+        (r.class_name, r.schema_hash)
+        for _, rs in sim
+        for r in rs
+        if isinstance(r, ObjectSample | Event)
+    }
+    assert {
+        ("queue", bytes.fromhex("3db4e9111b6b1523a48b6855f4c5627b"))
+    } <= hashes_real & hashes_sim
     beats = [r.timestamp_ns for _, rs in sim for r in rs if isinstance(r, Heartbeat)]
     assert beats == [START_NS + k * 1_000_000_000 for k in range(1, 5)]
 
 
 @pytest.mark.parametrize("dialect", ["am1", "v2"])
-def test_other_dialects_to_capture(tmp_path: Any, dialect: str, capsys: pytest.CaptureFixture[str]) -> None:
+def test_other_dialects_to_capture(
+    tmp_path: Any, dialect: str, capsys: pytest.CaptureFixture[str]
+) -> None:
     out = str(tmp_path / "sim.jsonl")
     manifest = str(tmp_path / "manifest.jsonl")
-    assert main(["sim", "-o", out, "--manifest", manifest, "--dialect", dialect, "--intervals", "2", "--start-ns", str(START_NS)]) == 0
+    assert (
+        main(
+            [
+                "sim",
+                "-o",
+                out,
+                "--manifest",
+                manifest,
+                "--dialect",
+                dialect,
+                "--intervals",
+                "2",
+                "--start-ns",
+                str(START_NS),
+            ]
+        )
+        == 0
+    )
     capsys.readouterr()
     decoded = decode_file(out)
     rows = [r for r in read_manifest(manifest) if r.get("source") == "publish"]
