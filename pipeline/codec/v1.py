@@ -439,53 +439,107 @@ def _object_codec(dialect: str, registry: SchemaRegistry, depth: int) -> tuple[D
     return dec, enc
 
 
+# QMF type codes that are one fixed-size number on the wire: struct format per dialect
+_FIXED_FMT = {
+    1: "B",
+    2: "H",
+    3: "I",
+    4: "Q",
+    9: "Q",
+    12: "f",
+    13: "d",
+    16: "b",
+    17: "h",
+    18: "i",
+    19: "q",
+}
+
+
+def fixed_format(code: int, dialect: str) -> str | None:
+    """struct format char of a fixed-size numeric QMF type (absTime is int64 in AM2)."""
+    if code == 8:
+        return "q" if dialect == "AM2" else "Q"
+    return _FIXED_FMT.get(code)
+
+
 class Plan:
     """Compiled element layout of one class for 'c' / 'i' / 'g' / 'e' / method arguments.
 
     ``props``: (name, decoder, encoder, optional bit or -1); ``stats``: (name,
-    decoder, encoder). Decoding is a loop over prebuilt decoders.
+    decoder, encoder); ``formats``: struct format char per element (props then
+    stats) or None. Decoding walks ``segments``: runs of consecutive mandatory
+    fixed-size numbers are read with one precompiled ``struct.Struct`` (most
+    statistics), other elements with their own decoder.
     """
 
-    __slots__ = ("n_presence", "props", "simple", "stats")
+    __slots__ = ("n_opt", "n_presence", "props", "segments", "stats")
 
     def __init__(
         self,
         props: list[tuple[str, Decoder, Encoder, int]],
         stats: list[tuple[str, Decoder, Encoder]],
         n_presence: int,
+        formats: Sequence[str | None] = (),
     ) -> None:
         self.props = props
         self.stats = stats
         self.n_presence = n_presence
-        # all elements in order when nothing is optional
-        self.simple = (
-            [(n, d) for n, d, _, b in props if b < 0] + [(n, d) for n, d, _ in stats]
-            if n_presence == 0
-            else None
-        )
+        self.n_opt = sum(1 for p in props if p[3] >= 0)
+        elems = [(n, d, b) for n, d, _, b in props] + [(n, d, -1) for n, d, _ in stats]
+        fmts = list(formats) + [None] * (len(elems) - len(formats))
+        segs: list[tuple[struct.Struct | None, Any, Any, int]] = []
+        run_names: list[str] = []
+        run_fmt: list[str] = []
+        run_decs: list[tuple[str, Decoder]] = []
+
+        def flush() -> None:
+            if run_names:
+                segs.append(
+                    (struct.Struct(">" + "".join(run_fmt)), tuple(run_names), tuple(run_decs), -1)
+                )
+                run_names.clear()
+                run_fmt.clear()
+                run_decs.clear()
+
+        for (name, dec, bit), fmt in zip(elems, fmts, strict=True):
+            if fmt is not None and bit < 0:
+                run_names.append(name)
+                run_fmt.append(fmt)
+                run_decs.append((name, dec))
+            else:
+                flush()
+                segs.append((None, name, dec, bit))
+        flush()
+        self.segments = segs
 
     def decode(self, buf: bytes, off: int) -> tuple[dict[str, Any], int]:
         values: dict[str, Any] = {}
-        simple = self.simple
-        if simple is not None:
-            for name, dec in simple:
-                values[name], off = dec(buf, off)
-            return values, off
-        np = self.n_presence
-        end = off + np
-        if end > len(buf):
-            raise Truncated(off, np, max(len(buf) - off, 0), "presence bitmask")
-        bits = int.from_bytes(buf[off:end], "little")
-        n_opt = sum(1 for p in self.props if p[3] >= 0)
-        if bits >> n_opt:
-            raise Malformed(off, f"presence bits set beyond the {n_opt} optional properties")
-        off = end
-        for name, dec, _, bit in self.props:
-            if bit >= 0 and not (bits >> bit) & 1:
-                continue
-            values[name], off = dec(buf, off)
-        for name, dec, _ in self.stats:
-            values[name], off = dec(buf, off)
+        bits = 0
+        n = len(buf)
+        if self.n_presence:
+            np = self.n_presence
+            end = off + np
+            if end > n:
+                raise Truncated(off, np, max(n - off, 0), "presence bitmask")
+            bits = int.from_bytes(buf[off:end], "little")
+            if bits >> self.n_opt:
+                raise Malformed(
+                    off, f"presence bits set beyond the {self.n_opt} optional properties"
+                )
+            off = end
+        for st, names, dec, bit in self.segments:
+            if st is not None:
+                end = off + st.size
+                if end > n:
+                    # re-read element by element to report exactly which one is cut
+                    for name, d in dec:
+                        values[name], off = d(buf, off)
+                values.update(zip(names, st.unpack_from(buf, off), strict=True))
+                off = end
+            else:
+                if bit >= 0 and not (bits >> bit) & 1:
+                    continue
+                values[names], off = dec(buf, off)
         return values, off
 
     def encode(self, out: bytearray, values: Mapping[str, Any]) -> None:
@@ -520,15 +574,19 @@ def _plan(
     props: list[tuple[str, Decoder, Encoder, int]] = []
     stats: list[tuple[str, Decoder, Encoder]] = []
     n_presence = 0
+    pfmts: list[str | None] = []
+    sfmts: list[str | None] = []
     if opcode == "e":
         for a in schema.arguments:
             d, e = _value_codec(a.type_code, dialect, registry, depth)
             stats.append((a.name, d, e))
+            sfmts.append(fixed_format(a.type_code, dialect))
     else:
         if opcode in ("c", "g"):
             bit = 0
             for p in schema.properties:
                 d, e = _value_codec(p.type_code, dialect, registry, depth)
+                pfmts.append(fixed_format(p.type_code, dialect))
                 if p.optional:
                     props.append((p.name, d, e, bit))
                     bit += 1
@@ -539,7 +597,8 @@ def _plan(
             for s in schema.statistics:
                 d, e = _value_codec(s.type_code, dialect, registry, depth)
                 stats.append((s.name, d, e))
-    plan = Plan(props, stats, n_presence)
+                sfmts.append(fixed_format(s.type_code, dialect))
+    plan = Plan(props, stats, n_presence, pfmts + sfmts)
     registry.plans[key] = plan
     return plan
 
@@ -555,11 +614,13 @@ def _args_plan(
     for m in schema.methods:
         if m.name == method:
             stats = []
+            fmts = []
             for a in m.arguments:
                 if direction in arg_direction(a):
                     d, e = _value_codec(a.type_code, dialect, registry)
                     stats.append((a.name, d, e))
-            plan = Plan([], stats, 0)
+                    fmts.append(fixed_format(a.type_code, dialect))
+            plan = Plan([], stats, 0, fmts)
             break
     registry.plans[key] = plan
     return plan
@@ -589,21 +650,38 @@ def _class_key(buf: bytes, off: int) -> tuple[str, str, bytes, int]:
 
 def _dec_content(buf: bytes, off: int, seq: int, ctx: Ctx, opcode: str) -> tuple[Record, int]:
     start = off
-    package, name, h, off = _class_key(buf, off)
+    n = len(buf)
+    plans = ctx.registry.plans
+    # Fast path: the raw class-key bytes (package, class, hash) -> names and Plan.
+    hit = None
+    if off < n:
+        p2 = off + 1 + buf[off]
+        if p2 < n:
+            kend = p2 + 17 + buf[p2]
+            ckey = (ctx.dialect, opcode, buf[off:kend])
+            hit = plans.get(ckey)
+    if hit is not None:
+        package, name, h, plan = hit
+        off = kend
+    else:
+        package, name, h, off = _class_key(buf, off)
+        schema = ctx.registry.get(SchemaKey(package, name, h))
+        if schema is None:
+            raise MissingSchema(start, f"{package}:{name}({h.hex()})")
+        plan = _plan(ctx.dialect, opcode, schema, ctx.registry)
+        plans[(ctx.dialect, opcode, buf[start:off])] = (package, name, h, plan)
+    agent: str | None
     if ctx.dialect == "AM2":
         upd, cre, dele, first, second = read_struct(TIMES_AM2, buf, off, "timestamps and object id")
         off += 40
         oid: Any = Am2ObjectId.from_ints(first, second)
-        agent: str | None = f"{oid.broker_bank}.{oid.agent_bank}"
+        agent = f"{oid.broker_bank}.{oid.agent_bank}"
     else:
         upd, cre, dele, raw = read_struct(TIMES_AM1, buf, off, "timestamps and object id")
         off += 32
         oid = Am1ObjectId.from_int(raw)
         agent = ctx.agent
-    schema = ctx.registry.get(SchemaKey(package, name, h))
-    if schema is None:
-        raise MissingSchema(start, f"{package}:{name}({h.hex()})")
-    values, off = _plan(ctx.dialect, opcode, schema, ctx.registry).decode(buf, off)
+    values, off = plan.decode(buf, off)
     rec = ObjectSample(
         dialect=ctx.dialect,
         opcode=opcode,
