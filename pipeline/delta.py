@@ -21,9 +21,10 @@ import uuid
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, date, datetime, timedelta
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Literal
 
 import pyarrow as pa
+import pyarrow.compute as pc
 import pyarrow.parquet as pq
 from deltalake import CommitProperties, DeltaTable, Transaction
 from deltalake.transaction import AddAction
@@ -64,6 +65,7 @@ class CommitResult:
     files_added: int = 0
     files_removed: int = 0
     rows: int = 0
+    updated: int = 0
 
 
 # ---------------------------------------------------------------------------
@@ -339,11 +341,6 @@ def _partition_values_from_dir(rel_dir: str, partition_by: Sequence[str]) -> dic
     return values
 
 
-def _delta_path(rel_path: str) -> str:
-    """A relative file path as the URI-encoded form the Delta log stores."""
-    return urllib.parse.quote(rel_path, safe="/=-_.~")
-
-
 def build_add_actions(
     table: DeltaTable,
     files: Iterable[tuple[str, Mapping[str, str | None]]],
@@ -384,7 +381,7 @@ def build_add_actions(
         rows += meta.num_rows
         actions.append(
             AddAction(
-                path=_delta_path(rel_path),
+                path=rel_path,  # delta-rs URI-encodes it for the log
                 size=os.path.getsize(full),
                 partition_values=dict(pvalues),
                 modification_time=now_ms,
@@ -426,7 +423,7 @@ def commit_files(
             size, pvalues = live[p]
             removals.append(
                 RemoveAction(
-                    p,
+                    urllib.parse.unquote(p),  # the log form is encoded; delta-rs encodes again
                     data_change=True,
                     deletion_timestamp=now_ms,
                     size=size,
@@ -500,6 +497,8 @@ def _stage_and_move(
         for name in sorted(names):
             if not name.endswith(".parquet") or name.startswith((".", "_")):
                 continue
+            if pq.ParquetFile(os.path.join(dirpath, name)).metadata.num_rows == 0:
+                continue  # Spark writes one empty file for an empty batch
             pvalues = _partition_values_from_dir(rel_dir, partition_by) if partition_by else {}
             rel_path = os.path.join(rel_dir, name) if rel_dir else name
             dest = os.path.join(root, rel_path)
@@ -711,3 +710,143 @@ def read_table(
     """
     dt = _open(path, version)
     return _scan(spark, dt, _live_files(dt), with_file=False)
+
+
+# ---------------------------------------------------------------------------
+# Merges and range overwrites
+
+
+def _sql_ident(name: str) -> str:
+    """A DataFusion identifier (quoted: unquoted ones are lower-cased)."""
+    return '"' + name.replace('"', '""') + '"'
+
+
+def merge_batch(
+    df: DataFrame,
+    path: str | os.PathLike[str],
+    *,
+    keys: Sequence[str],
+    app_id: str,
+    batch_id: int,
+    mode: Literal["upsert", "insert_if_absent"] = "upsert",
+    target_filter: str | None = None,
+) -> CommitResult:
+    """Merge a micro-batch on ``keys``, exactly once.
+
+    ``upsert``: matched rows are replaced, the others inserted. It runs
+    delta-rs ``DeltaTable.merge`` with the batch as an Arrow table on the
+    driver: meant for small (dimension-like) tables and batches; delta-rs
+    rewrites only the files holding matched keys. Duplicate keys in the batch
+    are an error (which one should win is undefined).
+
+    ``insert_if_absent``: rows whose key is already in the table are dropped
+    (and duplicates within the batch collapse to one). This is the bronze
+    de-duplication after at-least-once delivery, so it must scale: Spark
+    anti-joins the batch with the table's key columns (only those columns are
+    read; ``target_filter``, a Spark SQL predicate on the table such as a time
+    window, narrows the scan further) and the survivors go through the
+    parallel append path. Assumes one writer per table.
+    """
+    if not keys:
+        raise ValueError("merge needs at least one key column")
+    dt = DeltaTable(os.fspath(path))
+    if _already_committed(dt, app_id, batch_id):
+        return CommitResult(skipped=True, version=dt.version())
+    schema = table_schema(dt)
+    for k in keys:
+        if k not in schema.names:
+            raise SchemaMismatchError(f"key column {k!r} not in table {path}")
+    batch = conform(df, schema)
+    if mode == "insert_if_absent":
+        existing = read_table(batch.sparkSession, path)
+        if target_filter:
+            existing = existing.where(target_filter)
+        fresh = batch.dropDuplicates(list(keys)).join(
+            existing.select(*keys).distinct(), on=list(keys), how="left_anti"
+        )
+        return _write_and_commit(
+            fresh, dt, app_id=app_id, batch_id=batch_id, operation="insert_if_absent"
+        )
+    if mode != "upsert":
+        raise ValueError(f"unknown merge mode {mode!r}")
+    source = batch.toArrow().cast(schema)
+    if source.num_rows:
+        counts = source.group_by(list(keys)).aggregate([([], "count_all")])
+        if pc.max(counts.column("count_all")).as_py() > 1:
+            raise ValueError(f"batch {batch_id} has duplicate keys {list(keys)}")
+    predicate = " AND ".join(f"t.{_sql_ident(k)} = s.{_sql_ident(k)}" for k in keys)
+    metrics = (
+        dt.merge(
+            source,
+            predicate=predicate,
+            source_alias="s",
+            target_alias="t",
+            commit_properties=_commit_properties(app_id, batch_id, "upsert"),
+        )
+        .when_matched_update_all()
+        .when_not_matched_insert_all()
+        .execute()
+    )
+    dt.update_incremental()
+    return CommitResult(
+        skipped=False,
+        version=dt.version(),
+        files_added=int(metrics.get("num_target_files_added", 0)),
+        files_removed=int(metrics.get("num_target_files_removed", 0)),
+        rows=int(metrics.get("num_target_rows_inserted", 0)),
+        updated=int(metrics.get("num_target_rows_updated", 0)),
+    )
+
+
+def overwrite_range(
+    df: DataFrame,
+    path: str | os.PathLike[str],
+    *,
+    predicate: str,
+    app_id: str,
+    batch_id: int,
+    check_batch: bool = True,
+) -> CommitResult:
+    """Replace the rows matching ``predicate`` (Spark SQL) with the batch, atomically
+    and exactly once: the backfill primitive.
+
+    Files holding matching rows are rewritten by Spark without those rows,
+    together with the batch, and one commit removes the old files and adds
+    the new ones, so readers see the old range or the new one, never a mix.
+    With ``check_batch`` every batch row must match the predicate (as
+    delta-spark's replaceWhere insists), otherwise a rerun would not replace
+    what the first run wrote.
+    """
+    from pyspark.sql import functions as F
+
+    dt = DeltaTable(os.fspath(path))
+    if _already_committed(dt, app_id, batch_id):
+        return CommitResult(skipped=True, version=dt.version())
+    schema = table_schema(dt)
+    batch = conform(df, schema)
+    outside = F.expr(f"NOT coalesce(({predicate}), false)")
+    if check_batch and batch.where(outside).limit(1).count() > 0:
+        raise ValueError(f"batch {batch_id} has rows outside the predicate {predicate!r}")
+    spark = batch.sparkSession
+    files = _live_files(dt)
+    scan = _scan(spark, dt, files, with_file=True)
+    hit = {
+        r[0]
+        for r in scan.where(F.expr(f"coalesce(({predicate}), false)"))
+        .select(FILE_COL)
+        .distinct()
+        .collect()
+    }
+    touched = [f for f in files if f.delta_path in hit]
+    out = batch
+    if touched:
+        kept = _scan(spark, dt, touched, with_file=False).where(outside)
+        out = batch.unionByName(kept)
+    return _write_and_commit(
+        out,
+        dt,
+        app_id=app_id,
+        batch_id=batch_id,
+        operation="overwrite_range",
+        remove=[f.delta_path for f in touched],
+    )
