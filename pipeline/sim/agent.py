@@ -100,6 +100,7 @@ class SimAgent:
         self.boot_seq = boot_seq
         self.model = SimBroker(schema, self.rng, load)
         self.force_all = True  # publish everything at the next interval (boot, B, 'x')
+        self.booted = False  # boot events (clientConnect) published
         self.send_schema = True
 
     # ------------------------------------------------------------------ identity

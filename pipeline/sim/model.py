@@ -103,6 +103,7 @@ class SimBroker:
         self.boot_ns = 0
         self.broker_num = 0
         self.vhost_num = 0
+        self.memory_num = 0
         self.exchanges: dict[str, int] = {}
         self.queue_nums: list[int] = []
         self.queue_binding: dict[int, int] = {}  # queue -> binding that routes its traffic
@@ -177,6 +178,22 @@ class SimBroker:
         )
         self.vhost_num = vhost.object_num
         vref = SimRef(vhost.object_num)
+        # qpidd's malloc statistics are optional properties, republished as they move
+        memory = self._new(
+            "memory",
+            {
+                "name": "amqp-broker",
+                "malloc_arena": 1_372_160,
+                "malloc_ordblks": 144,
+                "malloc_hblks": 0,
+                "malloc_hblkhd": 0,
+                "malloc_uordblks": 637_600,
+                "malloc_fordblks": 734_560,
+                "malloc_keepcost": 130_192,
+            },
+            now_ns,
+        )
+        self.memory_num = memory.object_num
         for name, etype in (
             ("", "direct"),
             ("amq.direct", "direct"),
@@ -383,6 +400,11 @@ class SimBroker:
                 # a consumer attached and left inside the interval: only High shows it
                 q.stats["consumerCountHigh"] = q.stats["consumerCount"] + 1
                 q.stat_dirty = True
+        mem = self.objects[self.memory_num].props
+        used = max(4096, mem["malloc_uordblks"] + rng.randrange(-8192, 8193))
+        mem["malloc_uordblks"] = used
+        mem["malloc_fordblks"] = max(0, mem["malloc_arena"] - used)
+        self.objects[self.memory_num].prop_dirty = True
         self._broker_totals(now_ns)
 
     def _broker_totals(self, now_ns: int) -> None:

@@ -261,6 +261,24 @@ class Simulation:
                 )
             )
             specs.append(EventSpec(find("queueDelete"), o.delete_ns, dict(common)))
+        model = agent.model
+        if interval_start <= model.boot_ns < interval_start + self.config.interval_s * NS or (
+            model.boot_ns < interval_start and not agent.booted
+        ):
+            agent.booted = True  # the clients (re)connect right after the broker started
+            for n in model.conn_nums:
+                conn = model.objects[n]
+                specs.append(
+                    EventSpec(
+                        find("clientConnect"),
+                        model.boot_ns + n,
+                        {
+                            "rhost": conn.props["address"],
+                            "user": conn.props["authIdentity"],
+                            "properties": dict(conn.props["remoteProperties"]),
+                        },
+                    )
+                )
         rng = agent.rng
         queues = agent.model.queue_nums
         for _ in range(agent.model.load.events_per_interval):
@@ -324,6 +342,7 @@ class Simulation:
         old = agent.boot_seq
         agent.boot_seq += 1
         agent.model.build(at_ns)
+        agent.booted = False
         agent.force_all = True
         agent.send_schema = True
         self.summary.restarts += 1

@@ -98,7 +98,11 @@ def test_am2_capture_decodes_like_the_real_sample(
     for cls in ("queue", "exchange", "binding", "subscription", "session", "connection", "broker"):
         assert s["names"][(cls, "i")] == q["names"][(cls, "i")], cls  # every statistic, in both
         assert q["names"][(cls, "c")] <= s["names"][(cls, "c")], cls
+    assert q["names"][("memory", "c")] == s["names"][("memory", "c")]
     assert s["max_records"] > 1 and q["max_records"] > 1  # batched records
+    events_real = {r.event_name for _, rs in real for r in rs if isinstance(r, Event)}
+    events_sim = {r.event_name for _, rs in sim for r in rs if isinstance(r, Event)}
+    assert {"clientConnect", "queueDeclare", "queueDelete"} <= events_real & events_sim
     hashes_real = {
         (r.class_name, r.schema_hash)
         for _, rs in real
