@@ -110,3 +110,21 @@ def test_v2_messages(records: list[Record]) -> None:
     assert res.records == records
     again = encode_v2(res.records)
     assert again.body == enc.body
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    st.sampled_from([b"AM1", b"AM2"]),
+    st.sampled_from(sorted(set("BbzQqSshcigGMmPpAaxe"))),
+    st.binary(max_size=80),
+)
+def test_arbitrary_bytes_only_codec_problems_and_lossless(
+    magic: bytes, op: str, tail: bytes
+) -> None:
+    """Random bodies behind a valid header: never an exception; a clean decode re-encodes exactly."""
+    from tests.codec.test_v1_vectors import registry
+
+    body = magic + op.encode() + b"\x00\x00\x00\x01" + tail
+    res = decode_message(body, registry=registry())
+    if not res.problems:
+        assert encode_records(res.records, registry()) == body

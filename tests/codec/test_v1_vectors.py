@@ -33,7 +33,7 @@ from pipeline.codec.schema import (
     SchemaKey,
     SchemaRegistry,
 )
-from pipeline.codec.types import Am1ObjectId, Am2ObjectId
+from pipeline.codec.types import Am1ObjectId, Am2ObjectId, EmbeddedObject
 from pipeline.codec.v1 import OPCODES, decode_v1, encode_record, encode_records, schema_response_for
 from tests.codec.vectors import UUID, map_bytes, s8, tmap, u8, u16, u32, u64, v16
 
@@ -572,3 +572,88 @@ def test_bad_class_kind_is_malformed() -> None:
     assert records == []
     assert [p.error for p in problems] == ["Malformed"]
     assert problems[0].message == "malformed data at offset 8: class kind must be 1 or 2, found 3"
+
+
+def test_presence_bits_span_octets_lowest_bit_first() -> None:
+    """Nine optional properties: two presence octets, first octet first, lowest bit first."""
+    props = tuple(Element(f"p{i}", 1, access=3, optional=True) for i in range(9))
+    schema = ClassSchema(key=SchemaKey(PKG, "many", HASH), properties=props)
+    values = {"p0": 10, "p7": 17, "p8": 18}
+    rec = ObjectSample(
+        dialect="AM2",
+        opcode="c",
+        package=PKG,
+        class_name="many",
+        schema_hash=HASH,
+        update_ns=T1,
+        create_ns=T2,
+        delete_ns=0,
+        object_id=AM2_OID,
+        values=values,
+        agent="1.0",
+    )
+    raw = (
+        hdr("AM2", "c")
+        + s8(PKG)
+        + s8("many")
+        + HASH
+        + TIMES
+        + AM2_OID_RAW
+        + bytes([0b1000_0001, 0b1])
+        + bytes([10, 17, 18])
+    )
+    reg = SchemaRegistry([schema])
+    assert encode_record(rec, reg) == raw
+    assert decode_v1(raw, reg) == ([rec], [])
+    # a bit beyond the ninth optional property is malformed
+    bad = raw.replace(bytes([0b1000_0001, 0b1]), bytes([0b1000_0001, 0b11]))
+    records, problems = decode_v1(bad, reg)
+    assert records == []
+    assert (
+        [p.message for p in problems]
+        == [
+            "malformed data at offset 78: presence bits set beyond the 9 optional properties"  # 8+9+5+16+24+16
+        ]
+    )
+
+
+def test_type_20_embedded_object() -> None:
+    """QMF type 20 with inner type 20: class key, then presence bits, properties, statistics."""
+    holder = ClassSchema(key=SchemaKey(PKG, "holder", HASH), statistics=(Element("inner", 20),))
+    reg = SchemaRegistry([WIDGET, holder])
+    inner = EmbeddedObject(PKG, CLS, HASH, {"name": "w", "size": 2, "count": 1, "load": 0.5})
+    rec = ObjectSample(
+        dialect="AM2",
+        opcode="i",
+        package=PKG,
+        class_name="holder",
+        schema_hash=HASH,
+        update_ns=T1,
+        create_ns=T2,
+        delete_ns=0,
+        object_id=AM2_OID,
+        values={"inner": inner},
+        agent="1.0",
+    )
+    raw = (
+        hdr("AM2", "i")
+        + s8(PKG)
+        + s8("holder")
+        + HASH
+        + TIMES
+        + AM2_OID_RAW
+        + u8(20)
+        + KEY
+        + u8(0b01)
+        + s8("w")
+        + u32(2)
+        + u64(1)
+        + b"\x3f\xe0"
+        + bytes(6)
+    )
+    assert encode_record(rec, reg) == raw
+    assert decode_v1(raw, reg) == ([rec], [])
+    # without the inner class's schema the record cannot be split
+    records, problems = decode_v1(raw, SchemaRegistry([holder]))
+    assert records == []
+    assert [p.error for p in problems] == ["MissingSchema"]

@@ -1,0 +1,413 @@
+"""Vectorized content decoding equals the per-record codec, table for table.
+
+The oracle is the pure codec run message by message (``decode_message``,
+one registry, input order) with its object samples converted by
+``records_to_table``; ``decode_content`` must return exactly those tables,
+on the real qpidd capture and on generated data, whichever path (kernel or
+per-message fallback) each message took.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import uuid
+from collections.abc import Iterator, Sequence
+from typing import Any
+
+import pyarrow as pa
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from pipeline.codec.capture import CapturedMessage, read_capture
+from pipeline.codec.records import Heartbeat, ObjectSample, Record
+from pipeline.codec.schema import ClassSchema, Element, SchemaKey, SchemaRegistry
+from pipeline.codec.types import Am1ObjectId, Am2ObjectId, TypedList, TypedMap
+from pipeline.codec.v1 import encode_records
+from pipeline.codec.vectorized import (
+    QUARANTINE_SCHEMA,
+    arrow_mapper,
+    decode_content,
+    per_record_decode,
+    records_to_table,
+    sample_schema,
+)
+from tests.codec.strategies import object_samples
+
+# ------------------------------------------------------------------ helpers
+
+
+def batch_of(msgs: Sequence[CapturedMessage]) -> pa.Table:
+    """A landing-like Arrow table of captured messages (msg_key m<row>)."""
+    return pa.table(
+        {
+            "msg_key": [f"m{i}" for i in range(len(msgs))],
+            "routing_key": [m.routing_key for m in msgs],
+            "app_id": [m.app_id for m in msgs],
+            "content_type": [m.content_type for m in msgs],
+            "application_properties": pa.array(
+                [[(str(k), str(v)) for k, v in m.application_properties.items()] for m in msgs],
+                pa.map_(pa.string(), pa.string()),
+            ),
+            "body": pa.array([m.body for m in msgs], pa.binary()),
+        }
+    )
+
+
+def bodies_batch(bodies: Sequence[bytes]) -> pa.Table:
+    return batch_of([CapturedMessage(body=b) for b in bodies])
+
+
+def oracle(
+    table: pa.Table, registry: SchemaRegistry
+) -> tuple[dict[SchemaKey, pa.Table], list[tuple[str, Record]], list[tuple[str, str]]]:
+    """The per-record path over the batch: class tables, other records, (msg_key, error)."""
+    reg = registry.copy()
+    per_class: dict[SchemaKey, list[tuple[str, int, Any]]] = {}
+    others: list[tuple[str, Record]] = []
+    problems: list[tuple[str, str]] = []
+    for row in table.to_pylist():
+        meta = dict(row)
+        if meta.get("application_properties") is not None:
+            meta["application_properties"] = dict(meta["application_properties"])
+        recs, probs = per_record_decode(row["body"], reg, meta)
+        for i, r in enumerate(recs):
+            key = (
+                SchemaKey(r.package, r.class_name, r.schema_hash)
+                if isinstance(r, ObjectSample)
+                else None
+            )
+            if key is not None and key in reg:
+                per_class.setdefault(key, []).append((row["msg_key"], i, r))
+            else:
+                others.append((row["msg_key"], r))
+        problems += [(row["msg_key"], p.error) for p in probs]
+    tables = {}
+    for k, items in per_class.items():
+        schema = reg.get(k)
+        assert schema is not None
+        tables[k] = records_to_table(items, schema)
+    return tables, others, problems
+
+
+def assert_same(table: pa.Table, registry: SchemaRegistry) -> Any:
+    """decode_content(table) == oracle(table); returns the result for further checks."""
+    want, want_others, want_problems = oracle(table, registry)
+    got = decode_content(table, registry.copy())
+    assert set(got.samples) == set(want)
+    for k, t in want.items():
+        g = got.samples[k]
+        assert g.schema == t.schema, k
+        if not g.equals(t):  # show the first differing row
+            for i, (a, b) in enumerate(zip(g.to_pylist(), t.to_pylist(), strict=True)):
+                assert a == b, (k, i)
+        assert g.equals(t), k
+    assert [(k, type(r).__name__, r) for k, r in got.others] == [
+        (k, type(r).__name__, r) for k, r in want_others
+    ]
+    assert [
+        (q["msg_key"], q["reason"].split(":")[0]) for q in got.quarantine.to_pylist()
+    ] == want_problems
+    return got
+
+
+# ------------------------------------------------------------------ the real sample
+
+
+@pytest.fixture(scope="module")
+def sample(shared_dir: str) -> list[CapturedMessage]:
+    return list(read_capture(os.path.join(shared_dir, "samples", "qpidd-capture-20s.jsonl")))
+
+
+@pytest.fixture(scope="module")
+def sample_registry(sample: list[CapturedMessage]) -> SchemaRegistry:
+    """Every schema the capture announces (what the schema registry table would hold)."""
+    reg = SchemaRegistry()
+    for m in sample:
+        m.decode(reg)
+    return reg
+
+
+def test_real_sample_equals_per_record_path(
+    sample: list[CapturedMessage], sample_registry: SchemaRegistry
+) -> None:
+    table = batch_of(sample)
+    got = assert_same(table, sample_registry)
+    # 200 AM2 messages hold only c/i/g records (summary: c 26, ci 75, g 12, i 87): all on
+    # the kernel path; the other 663 (v2, events, heartbeats, schema traffic) fall back.
+    assert got.fast_messages == 200
+    assert got.fallback_messages == 663
+    assert got.fallback_reasons == {"not AM1/AM2": 384, "non-content record": 279}
+    assert got.quarantine.num_rows == 0
+    am2 = {
+        f"{k.package}:{k.name}": sum(1 for d in t.column("dialect").to_pylist() if d == "AM2")
+        for k, t in got.samples.items()
+    }
+    assert {k: v for k, v in am2.items() if v} == {
+        "org.apache.qpid.acl:acl": 6,
+        "org.apache.qpid.broker:binding": 291,
+        "org.apache.qpid.broker:broker": 23,
+        "org.apache.qpid.broker:connection": 73,
+        "org.apache.qpid.broker:exchange": 113,
+        "org.apache.qpid.broker:memory": 19,
+        "org.apache.qpid.broker:queue": 177,
+        "org.apache.qpid.broker:session": 73,
+        "org.apache.qpid.broker:subscription": 149,
+        "org.apache.qpid.broker:system": 4,
+        "org.apache.qpid.broker:vhost": 4,
+    }
+    opcodes: dict[str, int] = {}
+    deleted = 0
+    for t in got.samples.values():
+        for d, op, dl in zip(
+            t.column("dialect").to_pylist(),
+            t.column("opcode").to_pylist(),
+            t.column("delete_ns").to_pylist(),
+            strict=True,
+        ):
+            if d == "AM2":
+                opcodes[op] = opcodes.get(op, 0) + 1
+                deleted += dl != 0
+    assert opcodes == {"c": 320, "i": 575, "g": 37}
+    assert deleted == 157
+
+
+def test_real_sample_queue_row(
+    sample: list[CapturedMessage], sample_registry: SchemaRegistry
+) -> None:
+    """One decoded queue statistics row, value by value, from the kernel path."""
+    content = [m for m in sample if m.body[:3] == b"AM2" and m.body[3:4] == b"i"]
+    got = decode_content(batch_of(content), sample_registry.copy())
+    assert got.fallback_messages == 0
+    key = next(k for k in got.samples if k.name == "queue")
+    t = got.samples[key]
+    assert t.schema == sample_schema(sample_registry.get(key))  # type: ignore[arg-type]
+    rows = [r for r in t.to_pylist() if r["opcode"] == "i"]
+    assert len(rows) > 0
+    r = rows[0]
+    assert (r["dialect"], r["package"], r["class_name"]) == (
+        "AM2",
+        "org.apache.qpid.broker",
+        "queue",
+    )
+    assert r["name"] is None and r["durable"] is None  # 'i' carries statistics only
+    assert isinstance(r["msgDepth"], int) and r["msgDepth"] >= 0
+    assert r["agent"] == f"{r['broker_bank']}.{r['agent_bank']}"
+    assert r["boot_seq"] is None and r["bank"] is None  # AM1-only id parts
+
+
+# ------------------------------------------------------------------ generated data
+
+ALL_TYPES = [1, 2, 3, 4, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17, 18, 19, 21]
+WIDE = ClassSchema(
+    key=SchemaKey("org.example", "wide", bytes(range(16))),
+    properties=(
+        *(Element(f"p{t}", t, access=3) for t in ALL_TYPES),
+        *(Element(f"o{t}", t, access=3, optional=True) for t in (3, 6, 10, 15)),
+        Element("o_more", 4, access=3, optional=True),
+    ),
+    statistics=tuple(Element(f"s{t}", t) for t in ALL_TYPES),
+)
+
+
+def value_for(t: int, rnd: random.Random, dialect: str) -> Any:
+    """A random value of QMF type t, extremes included."""
+    bits = {1: 8, 2: 16, 3: 32, 4: 64, 9: 64}
+    if t in bits:
+        return rnd.choice([0, (1 << bits[t]) - 1, rnd.getrandbits(bits[t])])
+    signed = {16: 8, 17: 16, 18: 32, 19: 64}
+    if t in signed or (t == 8 and dialect == "AM2"):
+        b = signed.get(t, 64)
+        return rnd.choice(
+            [-(1 << (b - 1)), (1 << (b - 1)) - 1, rnd.getrandbits(b) - (1 << (b - 1))]
+        )
+    if t == 8:
+        return rnd.getrandbits(64)
+    if t in (6, 7):
+        return rnd.choice(["", "q-1", "ünïcode ✓", "x" * (300 if t == 7 else 255)])
+    if t == 10:
+        if dialect == "AM2":
+            return Am2ObjectId(
+                rnd.randrange(16),
+                rnd.randrange(4096),
+                rnd.randrange(1 << 20),
+                rnd.randrange(1 << 28),
+                rnd.getrandbits(64),
+            )
+        return Am1ObjectId(rnd.randrange(1 << 15), rnd.randrange(1 << 24), rnd.randrange(1 << 24))
+    if t == 11:
+        return rnd.random() < 0.5
+    if t in (12, 13):
+        return rnd.choice([0.0, -1.5, 3.25e10, rnd.uniform(-1e6, 1e6)])
+    if t == 14:
+        return uuid.UUID(int=rnd.getrandbits(128))
+    if t == 15:
+        return rnd.choice([TypedMap(), TypedMap([("k", "v"), ("n", 7)], {"k": 0x95, "n": 0x21})])
+    if t == 21:
+        return rnd.choice([TypedList(), TypedList([1, "a"], [0x21, 0x95])])
+    raise AssertionError(t)
+
+
+def wide_records(rnd: random.Random, n_msgs: int) -> Iterator[bytes]:
+    for m in range(n_msgs):
+        dialect = "AM2" if m % 3 else "AM1"
+        recs = []
+        for _ in range(rnd.randint(1, 6)):
+            op = rnd.choice("cig")
+            values: dict[str, Any] = {}
+            if op in "cg":
+                for e in WIDE.properties:
+                    if not e.optional or rnd.random() < 0.5:
+                        values[e.name] = value_for(e.type_code, rnd, dialect)
+            if op in "ig":
+                for e in WIDE.statistics:
+                    values[e.name] = value_for(e.type_code, rnd, dialect)
+            oid: Any = value_for(10, rnd, dialect)
+            recs.append(
+                ObjectSample(
+                    dialect=dialect, opcode=op, seq=rnd.getrandbits(32),
+                    package=WIDE.key.package, class_name=WIDE.key.name, schema_hash=WIDE.key.hash,
+                    update_ns=rnd.getrandbits(64), create_ns=rnd.getrandbits(63), delete_ns=0,
+                    object_id=oid, values=values,
+                )
+            )  # fmt: skip
+        yield encode_records(recs, SchemaRegistry([WIDE]))
+
+
+def test_every_type_both_dialects_on_the_kernel_path() -> None:
+    reg = SchemaRegistry([WIDE])
+    bodies = list(wide_records(random.Random(7), 60))
+    got = assert_same(bodies_batch(bodies), reg)
+    assert got.fallback_messages == 0 and got.fast_messages == 60
+    t = got.samples[WIDE.key]
+    # uint64 keeps its bit pattern in int64; optional properties absent -> null
+    rows = t.to_pylist()
+    assert any(r["p4"] == -1 for r in rows if r["p4"] is not None)
+    assert any(r["o6"] is None for r in rows if r["opcode"] != "i")
+    assert all(r["p1"] is None for r in rows if r["opcode"] == "i")
+    assert {r["p15"] for r in rows if r["p15"] is not None} == {"{}", '{"k":"v","n":7}'}
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    st.lists(
+        st.lists(object_samples("AM2") | object_samples("AM1"), min_size=1, max_size=4),
+        min_size=1,
+        max_size=4,
+    )
+)
+def test_generated_classes_equal_per_record_path(
+    msgs: list[list[tuple[ClassSchema, ObjectSample]]],
+) -> None:
+    """Random schemas (every type code, type 20 included) and records, packed into messages."""
+    reg = SchemaRegistry()
+    for recs in msgs:
+        for schema, _ in recs:
+            reg.add(schema)
+    keys = {s.key for s in reg}
+    names = [
+        n for s in reg for n in (*(e.name for e in s.properties), *(e.name for e in s.statistics))
+    ]
+    if len(keys) != len(list(reg)) or any(n.endswith("_value") for n in names):
+        return  # two drawn classes share a key, or a name could clash with a renamed column
+    bodies = [encode_records([r for _, r in recs], reg) for recs in msgs]
+    assert_same(bodies_batch(bodies), reg)
+
+
+# ------------------------------------------------------------------ fallback per message
+
+
+def queue_like() -> ClassSchema:
+    return ClassSchema(
+        key=SchemaKey("org.apache.qpid.broker", "queue", b"\x11" * 16),
+        properties=(Element("name", 6, access=1), Element("durable", 11, access=1)),
+        statistics=(Element("msgDepth", 4), Element("flowStopped", 11)),
+    )
+
+
+def sample_rec(op: str, i: int, schema: ClassSchema) -> ObjectSample:
+    values: dict[str, Any] = {}
+    if op in "cg":
+        values |= {"name": f"q{i}", "durable": bool(i % 2)}
+    if op in "ig":
+        values |= {"msgDepth": i, "flowStopped": False}
+    return ObjectSample(
+        dialect="AM2", opcode=op, seq=i, package=schema.key.package, class_name=schema.key.name,
+        schema_hash=schema.key.hash, update_ns=1000 + i, create_ns=10, delete_ns=0,
+        object_id=Am2ObjectId(0, 1, 1, 0, i), values=values, agent="1.0",
+    )  # fmt: skip
+
+
+def test_fallback_is_per_message_and_keeps_good_records() -> None:
+    q = queue_like()
+    reg = SchemaRegistry([q])
+    good = encode_records([sample_rec("c", 1, q), sample_rec("i", 1, q)], reg)
+    with_heartbeat = encode_records(
+        [sample_rec("i", 2, q), Heartbeat(dialect="AM2", opcode="h", timestamp_ns=5)], reg
+    )
+    truncated = encode_records([sample_rec("i", 3, q), sample_rec("i", 4, q)], reg)[:-3]
+    unknown = SchemaKey("org.example", "nope", b"\x22" * 16)
+    other = ClassSchema(key=unknown, statistics=(Element("x", 4),))
+    missing = encode_records(
+        [sample_rec("i", 5, q), ObjectSample(
+            dialect="AM2", opcode="i", seq=0, package="org.example", class_name="nope",
+            schema_hash=unknown.hash, update_ns=0, create_ns=0, delete_ns=0,
+            object_id=Am2ObjectId(0, 1, 1, 0, 9), values={"x": 1},
+        )], SchemaRegistry([q, other]),
+    )  # fmt: skip
+    bad_bool = bytearray(encode_records([sample_rec("i", 6, q)], reg))
+    bad_bool[-1] = 2  # flowStopped octet 2: the codec rejects it
+    table = bodies_batch([good, with_heartbeat, truncated, missing, bytes(bad_bool), b"garbage!"])
+    got = assert_same(table, reg)
+    assert got.fast_messages == 1
+    assert got.fallback_reasons == {
+        "non-content record": 1,
+        "truncated": 1,
+        "unknown schema": 1,
+        "malformed value": 1,
+        "not AM1/AM2": 1,
+    }
+    t = got.samples[q.key]
+    # good records of the bad messages are kept: m0 (2), m1 (1), m2 (1 of 2), m3 (1 of 2)
+    assert list(
+        zip(t.column("msg_key").to_pylist(), t.column("msgDepth").to_pylist(), strict=True)
+    ) == [("m0", None), ("m0", 1), ("m1", 2), ("m2", 3), ("m3", 5)]
+    assert [(k, type(r).__name__) for k, r in got.others] == [("m1", "Heartbeat")]
+    q_rows = got.quarantine.to_pylist()
+    assert [(r["msg_key"], r["reason"].split(":")[0]) for r in q_rows] == [
+        ("m2", "Truncated"),
+        ("m3", "MissingSchema"),
+        ("m4", "Malformed"),
+        ("m5", "BadMagic"),
+    ]
+    assert q_rows[0]["body"] == truncated
+    assert got.quarantine.schema == QUARANTINE_SCHEMA
+
+
+def test_schema_response_earlier_in_the_batch_is_used() -> None:
+    """Content of a class announced in the same batch decodes as the per-record path would."""
+    from pipeline.codec.v1 import schema_response_for
+
+    q = queue_like()
+    announce = encode_records([schema_response_for(q, "AM2")], SchemaRegistry())
+    content = encode_records([sample_rec("g", 1, q)], SchemaRegistry([q]))
+    got = assert_same(bodies_batch([content, announce, content]), SchemaRegistry())
+    t = got.samples[q.key]
+    assert t.column("msg_key").to_pylist() == ["m2"]
+    assert got.quarantine.column("reason").to_pylist()[0].startswith("MissingSchema")
+
+
+# ------------------------------------------------------------------ mapInArrow adapter
+
+
+def test_arrow_mapper_in_plain_python() -> None:
+    reg = SchemaRegistry([WIDE])
+    table = bodies_batch(list(wide_records(random.Random(3), 30)))
+    mapper = arrow_mapper(reg, WIDE.key)
+    out = list(mapper(iter(table.to_batches(max_chunksize=7))))
+    assert len(out) == 5  # 30 messages in batches of 7: every batch has wide samples
+    assert all(b.schema == sample_schema(WIDE) for b in out)
+    whole = decode_content(table, reg).samples[WIDE.key]
+    assert pa.Table.from_batches(out).equals(whole)
+    assert list(arrow_mapper(reg, WIDE.key)(iter([bodies_batch([b"AM2h"]).to_batches()[0]]))) == []
