@@ -389,6 +389,16 @@ class Simulation:
                 self.sink.flush()  # a console waits for these
         return True
 
+    def _serve_until(self, deadline: float, interval: int) -> bool:
+        """Answer requests until ``deadline`` (monotonic) or stop(); False if out of budget."""
+        while not self._stop:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                return True
+            if not self.serve_requests(min(0.2, left), interval):
+                return False
+        return True
+
     def run(self) -> RunSummary:
         """Run until a bound is reached; closes nothing (the caller owns sink and manifest)."""
         cfg = self.config
@@ -408,7 +418,18 @@ class Simulation:
                 break
             t0 = start + i * interval_ns
             t1 = t0 + interval_ns
-            if not self.serve_requests(0.0, i):
+            if cfg.realtime:  # publish interval i when it is over on the wall clock
+                due = self._wall0 + (i + 1) * cfg.interval_s
+                if cfg.duration_s is not None and due > self._wall0 + cfg.duration_s:
+                    self._serve_until(self._wall0 + cfg.duration_s, i)
+                    self.summary.stopped_by = "duration"
+                    break
+                if not self._serve_until(due, i):
+                    break
+                if self._stop:
+                    self.summary.stopped_by = "stop"
+                    break
+            elif not self.serve_requests(0.0, i):
                 break
             ok = True
             for agent in self.agents:
@@ -436,21 +457,10 @@ class Simulation:
                 break
             self.sink.flush()
             self.summary.intervals = i + 1
-            if cfg.realtime:
-                wait = self._wall0 + (i + 1) * cfg.interval_s - time.monotonic()
-                if cfg.duration_s is not None:
-                    wait = min(wait, self._wall0 + cfg.duration_s - time.monotonic())
-                if wait > 0 and not self.serve_requests(wait, i):
-                    break
         else:
             self.summary.stopped_by = "intervals"
-        if cfg.serve_s > 0 and self.summary.stopped_by in ("intervals", "stop"):
-            deadline = time.monotonic() + cfg.serve_s
-            while not self._stop and time.monotonic() < deadline:
-                if not self.serve_requests(
-                    min(0.05, max(0.0, deadline - time.monotonic())), self.summary.intervals
-                ):
-                    break
+        if cfg.serve_s > 0 and self.summary.stopped_by == "intervals":
+            self._serve_until(time.monotonic() + cfg.serve_s, self.summary.intervals)
         return self.summary
 
 
