@@ -10,7 +10,7 @@ returned beside every record decoded before them.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -66,12 +66,18 @@ def decode_message(
     body: bytes | bytearray | memoryview,
     *,
     registry: SchemaRegistry,
-    application_properties: Mapping[str, Any] | None = None,
+    application_properties: Mapping[str, Any] | Iterable[tuple[str, Any]] | None = None,
     content_type: str | None = None,
     app_id: str | None = None,
     routing_key: str | None = None,
 ) -> DecodeResult:
-    """Decode one AMQP message body of any QMF dialect into records + problems."""
+    """Decode one AMQP message body of any QMF dialect into records + problems.
+
+    ``application_properties`` may also be a list of (key, value) pairs, which is
+    what an Arrow map column gives back.
+    """
+    if application_properties is not None and not isinstance(application_properties, Mapping):
+        application_properties = dict(application_properties)
     buf = bytes(body)
     dialect = detect_dialect(buf, application_properties=application_properties, app_id=app_id)
     if dialect == "V2":

@@ -98,3 +98,12 @@ def test_am1_agent_comes_from_the_routing_key() -> None:
     assert isinstance(rec, ObjectSample) and rec.agent == "agent7"
     assert rec.schema_hash == HASH
     assert routing_agent("console.obj.1.0.org.test.widget") is None
+
+
+def test_application_properties_as_arrow_map_pairs() -> None:
+    body = map_bytes(("_arguments", 0xA8, map_bytes()))
+    res = decode_message(
+        body, registry=SchemaRegistry(), application_properties=[("qmf.opcode", "_method_response")]
+    )
+    assert res.dialect == "V2"
+    assert [r.opcode for r in res.records] == ["_method_response"]
