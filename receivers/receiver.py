@@ -435,6 +435,11 @@ class _Handler(MessagingHandler):
     def on_disconnected(self, event: Event) -> None:
         self.owner._on_disconnected(event.connection)
 
+    def on_transport_closed(self, event: Event) -> None:
+        # MessagingHandler reports a disconnect only for a connection still open
+        # locally; after we closed it on an error, the socket's end is news too.
+        self.owner._on_disconnected(event.connection)
+
     def on_connection_closed(self, event: Event) -> None:
         self.owner._on_closed(event.connection)
 
