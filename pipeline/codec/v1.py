@@ -648,6 +648,10 @@ def _class_key(buf: bytes, off: int) -> tuple[str, str, bytes, int]:
     return package, name, h, off
 
 
+_AM2_IDS: dict[tuple[int, int], tuple[Am2ObjectId, str]] = {}
+_MAX_IDS = 1 << 16
+
+
 def _dec_content(buf: bytes, off: int, seq: int, ctx: Ctx, opcode: str) -> tuple[Record, int]:
     start = off
     n = len(buf)
@@ -674,8 +678,16 @@ def _dec_content(buf: bytes, off: int, seq: int, ctx: Ctx, opcode: str) -> tuple
     if ctx.dialect == "AM2":
         upd, cre, dele, first, second = read_struct(TIMES_AM2, buf, off, "timestamps and object id")
         off += 40
-        oid: Any = Am2ObjectId.from_ints(first, second)
-        agent = f"{oid.broker_bank}.{oid.agent_bank}"
+        # the same objects are sampled every interval: reuse their (immutable) ids
+        cached = _AM2_IDS.get((first, second))
+        if cached is None:
+            oid2 = Am2ObjectId.from_ints(first, second)
+            cached = (oid2, f"{oid2.broker_bank}.{oid2.agent_bank}")
+            if len(_AM2_IDS) >= _MAX_IDS:
+                _AM2_IDS.clear()
+            _AM2_IDS[(first, second)] = cached
+        oid: Any = cached[0]
+        agent = cached[1]
     else:
         upd, cre, dele, raw = read_struct(TIMES_AM1, buf, off, "timestamps and object id")
         off += 32
