@@ -78,6 +78,11 @@ def decode_message(
     """
     if application_properties is not None and not isinstance(application_properties, Mapping):
         application_properties = dict(application_properties)
+    if not isinstance(body, bytes | bytearray | memoryview):
+        problem = Problem(
+            "Malformed", f"malformed data at offset 0: body is {type(body).__name__}, not bytes", 0
+        )
+        return DecodeResult(None, [], [problem])
     buf = bytes(body)
     dialect = detect_dialect(buf, application_properties=application_properties, app_id=app_id)
     if dialect == "V2":

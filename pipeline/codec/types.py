@@ -788,10 +788,6 @@ def _dec_qbool(buf: bytes, off: int) -> tuple[Any, int]:
     return b == 1, off + 1
 
 
-def _dec_array_v1(buf: bytes, off: int) -> tuple[Any, int]:
-    return decode_array(buf, off)
-
-
 def _qmf_table(dialect: str) -> dict[int, tuple[Decoder, Encoder]]:
     ref = (_dec_ref_am2, _enc_ref_am2) if dialect == "AM2" else (_dec_ref_am1, _enc_ref_am1)
     abstime = (
@@ -819,7 +815,7 @@ def _qmf_table(dialect: str) -> dict[int, tuple[Decoder, Encoder]]:
         18: (_fixed(I32, "int32"), _fixed_enc(I32, "int32")),
         19: (_fixed(I64, "int64"), _fixed_enc(I64, "int64")),
         21: (decode_list, _enc_list),
-        22: (_dec_array_v1, _enc_array),
+        22: (decode_array, _enc_array),
     }
 
 

@@ -107,3 +107,10 @@ def test_application_properties_as_arrow_map_pairs() -> None:
     )
     assert res.dialect == "V2"
     assert [r.opcode for r in res.records] == ["_method_response"]
+
+
+def test_a_missing_body_is_a_problem() -> None:
+    res = decode_message(None, registry=SchemaRegistry())  # type: ignore[arg-type]
+    assert [(p.error, p.message) for p in res.problems] == [
+        ("Malformed", "malformed data at offset 0: body is NoneType, not bytes")
+    ]
