@@ -80,6 +80,7 @@ from pipeline.codec.types import (
     _enc_uuid,
     decode_map,
     encode_map,
+    infer_code,
     qmf_types,
     read_bin,
     read_str8,
@@ -322,19 +323,13 @@ def _element_map(e: Element, dialect: str, kind: str) -> TypedMap:
                     v = {1: "I", 2: "O", 3: "IO"}.get(v, "I")
                 items[k] = (0x90, v)
             continue
-        items[k] = (0x90 if isinstance(v, str) else _infer(v), v)
+        items[k] = (0x90 if isinstance(v, str) else infer_code(v), v)
     m = TypedMap()
     for k in sorted(items):
         code, v = items[k]
         m[k] = v
         m.codes[k] = code
     return m
-
-
-def _infer(v: Any) -> int:
-    from pipeline.codec.types import infer_code
-
-    return infer_code(v)
 
 
 def _method_maps(meth: Method, dialect: str) -> tuple[TypedMap, tuple[TypedMap, ...]]:
@@ -344,7 +339,7 @@ def _method_maps(meth: Method, dialect: str) -> tuple[TypedMap, tuple[TypedMap, 
         "argCount": (0x21, len(meth.arguments)),
     }
     for k, v in meth.extra.items():
-        items[k] = (0x90 if isinstance(v, str) else _infer(v), v)
+        items[k] = (0x90 if isinstance(v, str) else infer_code(v), v)
     for k in sorted(items):
         main[k] = items[k][1]
         main.codes[k] = items[k][0]
