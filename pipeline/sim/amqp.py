@@ -13,7 +13,7 @@ from __future__ import annotations
 import itertools
 import time
 import uuid
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -117,16 +117,23 @@ class Subscriber:
         return out
 
     def collect(
-        self, until: int | None = None, idle_s: float = 1.0, max_s: float = 30.0
+        self,
+        until: int | None = None,
+        idle_s: float = 1.0,
+        max_s: float = 30.0,
+        match: Callable[[Received], bool] | None = None,
     ) -> list[Received]:
-        """Collect until ``until`` messages, ``idle_s`` of silence, or ``max_s`` in all."""
+        """Collect until ``until`` matching messages, ``idle_s`` of silence, or ``max_s`` in all.
+
+        ``match`` keeps only the messages it accepts (a shared broker carries others' traffic).
+        """
         got: list[Received] = []
         deadline = time.monotonic() + max_s
         last = time.monotonic()
         while time.monotonic() < deadline:
-            batch = self.poll(0.1)
+            batch = [m for _, m in self.poll(0.1) if match is None or match(m)]
             if batch:
-                got.extend(m for _, m in batch)
+                got.extend(batch)
                 last = time.monotonic()
                 if until is not None and len(got) >= until:
                     break

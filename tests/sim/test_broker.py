@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import random
+from collections.abc import Callable
 from dataclasses import replace
 from typing import Any
 
@@ -29,7 +30,7 @@ from pipeline.codec.records import (
 from pipeline.codec.schema import ClassSchema, SchemaRegistry
 from pipeline.codec.types import Am1ObjectId, Am2ObjectId, TypedMap
 from pipeline.qmfxml import default_schema
-from pipeline.sim.amqp import Console, Subscriber
+from pipeline.sim.amqp import Console, Received, Subscriber
 from pipeline.sim.manifest import jsonable, read_manifest, record_row
 from pipeline.sim.model import NS
 from pipeline.sim.wire import decode_arguments, encode_arguments
@@ -44,6 +45,29 @@ SUBSCRIPTIONS = {
     "am2": ["/exchange/qpid.management/console.#", "/exchange/qpid.management/schema.#"],
     "v2": ["/exchange/qmf.default.topic/agent.ind.#"],
 }
+
+
+def _ours(
+    dialect: str, ready: dict[str, Any], registry: SchemaRegistry
+) -> Callable[[Received], bool]:
+    """Our agents' messages: AM1 and V2 keys name the agent; AM2 needs a look inside."""
+    uuids = {a["uuid"] for a in ready["agents"]}
+    banks = {a["agent_bank"] for a in ready["agents"]}
+
+    def match(m: Received) -> bool:
+        key = m.routing_key or ""
+        if dialect == "am1":
+            return key.split(".")[1] in uuids if key.count(".") > 1 else False
+        if dialect == "v2":
+            return key.rsplit(".", 1)[-1] in uuids
+        try:
+            recs = m.decode(registry)
+        except ValueError:
+            return False
+        oids = [r.object_id for r in recs if isinstance(r, ObjectSample)]
+        return all(isinstance(o, Am2ObjectId) and o.agent_bank in banks for o in oids)
+
+    return match
 
 
 def _as_sent(schema: ClassSchema, dialect: str) -> ClassSchema:
@@ -289,12 +313,16 @@ def test_raw_subscriber_decodes_exactly_the_manifest(
         str(START_NS),
         "--manifest",
         manifest,
+        "--first-bank",
+        str(random.randrange(1000, 1 << 20)),
+        "--seed",  # a uuid of our own: other tests may run agents on this broker too
+        str(random.randrange(1 << 30)),
     ]
     registry = default_schema().registry()
     with Subscriber(broker.url, SUBSCRIPTIONS[dialect]) as sub, sim_process(args) as (proc, ready):
         summary = finish(proc)
-        msgs = sub.collect(until=summary["messages"], idle_s=2.0, max_s=60.0)
-    uuids = {a["uuid"] for a in ready["agents"]}
+        match = _ours(dialect, ready, registry)
+        msgs = sub.collect(until=summary["messages"], idle_s=2.0, max_s=60.0, match=match)
     rows = [r for r in read_manifest(manifest) if r.get("source") == "publish"]
     assert len({r["message"] for r in rows}) == summary["messages"]
     assert len(rows) == summary["records"]
@@ -302,24 +330,12 @@ def test_raw_subscriber_decodes_exactly_the_manifest(
     for r in rows:
         expected.setdefault(r["message"], []).append(r)
 
-    def ours(key: str) -> bool:
-        """Other tests share the broker: AM1 and V2 keys name the agent, AM2 keys do not."""
-        if dialect == "am1":
-            return key.split(".")[1] in uuids
-        if dialect == "v2":
-            return key.rsplit(".", 1)[-1] in uuids
-        return True
-
     def stream(key: str) -> str:  # one queue per subscription: order is kept within each
         return "schema" if key.startswith("schema.") else "data"
 
     for name in ("schema", "data"):
         theirs = [m for m in sorted(expected) if stream(expected[m][0]["routing_key"]) == name]
-        mine = [
-            m
-            for m in msgs
-            if m.routing_key and ours(m.routing_key) and stream(m.routing_key) == name
-        ]
+        mine = [m for m in msgs if m.routing_key and stream(m.routing_key) == name]
         matched = 0
         for m in mine:
             if matched == len(theirs):
@@ -369,14 +385,19 @@ def test_transient_queue_over_the_broker_am2(broker: Any, tmp_path: Any) -> None
         manifest,
         "--events",
         "0",
+        "--first-bank",
+        str(random.randrange(1000, 1 << 20)),
+        "--seed",  # a uuid of our own: other tests may run agents on this broker too
+        str(random.randrange(1 << 30)),
     ]
     registry = default_schema().registry()
     with (
         Subscriber(broker.url, ["/exchange/qpid.management/console.#"]) as sub,
-        sim_process(args) as (proc, _),
+        sim_process(args) as (proc, ready),
     ):
         summary = finish(proc)
-        msgs = sub.collect(until=summary["messages"], idle_s=2.0, max_s=60.0)
+        match = _ours("am2", ready, registry)
+        msgs = sub.collect(until=summary["messages"], idle_s=2.0, max_s=60.0, match=match)
     recs = [r for m in msgs for r in m.decode(registry)]
     queues = [
         r for r in recs if isinstance(r, ObjectSample) and r.class_name == "queue" and r.delete_ns

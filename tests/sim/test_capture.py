@@ -164,9 +164,24 @@ def test_bad_options_are_refused(capsys: pytest.CaptureFixture[str], tmp_path: A
     assert "batch" in capsys.readouterr().err
 
 
-def test_realtime_run_stops_at_its_duration(tmp_path: Any, capsys: pytest.CaptureFixture[str]) -> None:
+def test_realtime_run_stops_at_its_duration(
+    tmp_path: Any, capsys: pytest.CaptureFixture[str]
+) -> None:
     out = str(tmp_path / "rt.jsonl")
-    rc = main(["sim", "-o", out, "--realtime", "--duration", "1.5", "--intervals", "1000", "--queues", "3"])
+    rc = main(
+        [
+            "sim",
+            "-o",
+            out,
+            "--realtime",
+            "--duration",
+            "1.5",
+            "--intervals",
+            "1000",
+            "--queues",
+            "3",
+        ]
+    )
     assert rc == 0
     summary = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
     assert summary["stopped_by"] == "duration"
@@ -174,9 +189,13 @@ def test_realtime_run_stops_at_its_duration(tmp_path: Any, capsys: pytest.Captur
     assert len(decode_file(out)) == summary["messages"]
 
 
-def test_rate_and_message_bounds_from_the_command_line(tmp_path: Any, capsys: pytest.CaptureFixture[str]) -> None:
+def test_rate_and_message_bounds_from_the_command_line(
+    tmp_path: Any, capsys: pytest.CaptureFixture[str]
+) -> None:
     out = str(tmp_path / "n.jsonl")
-    assert main(["sim", "-o", out, "--max-messages", "25", "--rate", "500", "--intervals", "100"]) == 0
+    assert (
+        main(["sim", "-o", out, "--max-messages", "25", "--rate", "500", "--intervals", "100"]) == 0
+    )
     summary = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
     assert (summary["messages"], summary["stopped_by"]) == (25, "max_messages")
     assert len(decode_file(out)) == 25
