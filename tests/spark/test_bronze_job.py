@@ -1,0 +1,192 @@
+"""Landing log -> bronze: exactly the landed messages, once, across restarts and replays."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import time
+from collections.abc import Sequence
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+import pytest
+from deltalake import DeltaTable
+from pyspark.sql import SparkSession
+
+from pipeline import delta
+from pipeline.bronze import BronzeSettings, checkpoint_query_id, start_bronze, trigger_kwargs
+from pipeline.source import register
+from pipeline.transforms.bronze import bronze_batch
+from receivers.landing import LandedMessage, LandingWriter, message_key
+from schemas.tables import BRONZE, LANDING, spark_schema
+from tests.spark.test_source import REPO, land, spark_submit_env
+
+pytestmark = pytest.mark.spark
+
+CONTENT = ("msg_key", "routing_key", "subject", "message_id", "correlation_id", "app_id",
+           "content_type", "application_properties", "body")  # fmt: skip
+
+
+def land_copies(root: Path, partition: str, msgs: Sequence[LandedMessage]) -> None:
+    """A redelivery: the same messages landed again (later receive time, other offsets)."""
+    copies = [
+        LandedMessage(**{**m.__dict__, "received_at_us": m.received_at_us + 10_000_000})
+        for m in msgs
+    ]
+    LandingWriter(root, partition, fsync=False).append(copies)
+
+
+def content(m: LandedMessage) -> tuple[Any, ...]:
+    return (
+        message_key(m), m.routing_key, m.subject, m.message_id, m.correlation_id, m.app_id,
+        m.content_type, sorted(m.application_properties.items()), m.body,
+    )  # fmt: skip
+
+
+def bronze_content(table: pa.Table) -> list[tuple[Any, ...]]:
+    rows = table.select(list(CONTENT)).to_pylist()
+    return sorted(
+        tuple(sorted(r[c]) if c == "application_properties" else r[c] for c in CONTENT)
+        for r in rows
+    )
+
+
+def test_trigger_parsing() -> None:
+    assert trigger_kwargs("availableNow") == {"availableNow": True}
+    assert trigger_kwargs("processingTime=5 seconds") == {"processingTime": "5 seconds"}
+    with pytest.raises(ValueError, match="expected availableNow"):
+        trigger_kwargs("once")
+
+
+def test_bronze_batch_keeps_the_first_copy(spark: SparkSession, tmp_path: Path) -> None:
+    root = tmp_path / "landing"
+    a = land(root, "a", [4])
+    land_copies(root, "a", a[1:3])  # offsets 4, 5 repeat offsets 1, 2
+    land_copies(root, "0", a[3:4])  # partition "0" sorts first: its copy wins
+    register(spark)
+    df = spark.read.format("qmf").option("path", str(root)).load()
+    out = bronze_batch(df, 7)
+    assert out.columns == BRONZE.names
+    got = sorted((r.partition, r.offset, r.msg_key, r.batch_id) for r in out.collect())
+    assert got == sorted(
+        [("a", 0, message_key(a[0]), 7), ("a", 1, message_key(a[1]), 7),
+         ("a", 2, message_key(a[2]), 7), ("0", 0, message_key(a[3]), 7)]
+    )  # fmt: skip
+
+
+def _wait_for(pred: Any, timeout_s: float, what: str) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not pred():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out waiting for {what}")
+        time.sleep(0.5)
+
+
+def test_restart_from_checkpoint_no_duplicates_no_gaps(spark: SparkSession, tmp_path: Path) -> None:
+    root, table, ck = tmp_path / "landing", str(tmp_path / "bronze"), str(tmp_path / "ck")
+    a = land(root, "a", [100, 100, 100])
+    b = land(root, "b", [120])
+
+    def settings(trigger: str) -> BronzeSettings:
+        return BronzeSettings(
+            landing=str(root), table=table, checkpoint=ck, trigger=trigger,
+            max_records_per_trigger=150,
+        )  # fmt: skip
+
+    # Run 1 drains what is there.
+    q = start_bronze(spark, settings("availableNow"))
+    try:
+        assert q.awaitTermination(300)
+    finally:
+        q.stop()
+    app_id = f"qmf-bronze-{checkpoint_query_id(ck)}"
+    last = delta.committed_batch(table, app_id)
+    assert last == 2  # 420 rows, 150 per batch
+
+    # A crash between the Delta commit and the checkpoint's commit: Spark
+    # replays the last batch on restart; the app transaction skips it.
+    (Path(ck) / "commits" / str(last)).unlink()
+    (Path(ck) / "commits" / f".{last}.crc").unlink(missing_ok=True)
+
+    # More data: new messages and a redelivery of old ones into a new partition.
+    a += land(root, "a", [100, 100], first_index=300)
+    c_dups = a[10:40] + b[0:20]
+    land_copies(root, "c", c_dups)
+    b += land(root, "b", [80], first_index=120)
+
+    # Run 2: a processing-time query, stopped mid-way once it wrote a batch.
+    q = start_bronze(spark, settings("processingTime=1 second"))
+    try:
+        _wait_for(lambda: (delta.committed_batch(table, app_id) or 0) > last, 300, "run 2 batch")
+    finally:
+        q.stop()
+    # Run 3 drains the rest.
+    q = start_bronze(spark, settings("availableNow"))
+    try:
+        assert q.awaitTermination(300)
+    finally:
+        q.stop()
+
+    # Every batch committed exactly once: the replayed batch 2 added no commit.
+    commits = sorted(
+        h["qmf.batch_id"] for h in DeltaTable(table).history() if "qmf.batch_id" in h
+    )
+    assert commits == list(range(len(commits))) and commits[-1] > last
+
+    out = delta.read_arrow(table)
+    assert sorted(set(out["batch_id"].to_pylist())) == commits
+    keys = out.column("msg_key").to_pylist()
+    assert len(keys) == len(set(keys)) == len(a) + len(b)
+    assert bronze_content(out) == sorted(content(m) for m in a + b)
+    # Each stored copy is one of the landed positions of that message.
+    positions = {(p, o) for p, o in zip(out["partition"].to_pylist(), out["offset"].to_pylist(), strict=True)}
+    assert {p for p, _ in positions} <= {"a", "b", "c"}
+    assert len(positions) == len(keys)
+
+
+@pytest.mark.slow
+def test_bronze_job_through_spark_submit(tmp_path: Path) -> None:
+    root, table, ck = tmp_path / "landing", tmp_path / "bronze", tmp_path / "ck"
+    a = land(root, "a", [150, 150])
+    b = land(root, "b", [100, 100])
+    land_copies(root, "c", b[0:20])
+    proc = subprocess.run(
+        [
+            str(Path(sys.executable).parent / "spark-submit"),
+            "--master", "local[2]",
+            "--conf", "spark.ui.enabled=false",
+            "--conf", "spark.sql.shuffle.partitions=2",
+            "--driver-memory", "1g",
+            str(REPO / "jobs" / "bronze.py"),
+            "--landing", str(root), "--table", str(table), "--checkpoint", str(ck),
+            "--trigger", "availableNow", "--max-records-per-trigger", "200",
+            "--timeout", "400",
+        ],
+        capture_output=True, text=True, timeout=600, env=spark_submit_env(), check=False,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    # Admission control (fair share, smallest backlog first) fixes the batches:
+    # 0: c[0:20] b[0:90] a[0:90] (c's copies of b lose to b: lower partition)
+    # 1: b[90:190] a[90:190]     2: b[190:200] a[190:300]
+    batch_of = {("a", i): 0 if i < 90 else 1 if i < 190 else 2 for i in range(300)}
+    batch_of |= {("b", i): 0 if i < 90 else 1 if i < 190 else 2 for i in range(200)}
+    expected = []
+    for part, msgs in (("a", a), ("b", b)):
+        for i, m in enumerate(msgs):
+            expected.append((
+                part, i, message_key(m),
+                datetime.fromtimestamp(m.received_at_us / 1e6, UTC),
+                m.routing_key, m.subject, m.message_id, m.correlation_id, m.reply_to, m.app_id,
+                m.content_type, sorted(m.application_properties.items()), m.body,
+                batch_of[(part, i)],
+            ))  # fmt: skip
+    out = delta.read_arrow(table)
+    assert out.schema.names == BRONZE.names
+    got = sorted(
+        tuple(sorted(v) if k == "application_properties" else v for k, v in r.items())
+        for r in out.to_pylist()
+    )
+    assert got == sorted(expected)
+    assert spark_schema(LANDING).names == BRONZE.names[:-1]
