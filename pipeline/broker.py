@@ -122,6 +122,10 @@ class BrokerPaths:
         return self.state / "rabbitmq-env.conf"
 
     @property
+    def inetrc(self) -> Path:
+        return self.state / "erl_inetrc"
+
+    @property
     def enabled_plugins(self) -> Path:
         return self.state / "enabled_plugins"
 
@@ -344,6 +348,9 @@ def node_env(cfg: BrokerConfig) -> dict[str, str]:
             "RABBITMQ_CTL_DIST_PORT_MAX": str(cfg.dist_port + 9),
             "ERL_EPMD_PORT": str(cfg.epmd_port),
             "ERL_EPMD_ADDRESS": "127.0.0.1",
+            # Resolve "localhost" (the node's host part) without /etc/hosts, which
+            # minimal images (debootstrap minbase, some containers) lack.
+            "ERL_INETRC": str(p.inetrc),
             "RABBITMQ_SERVER_ADDITIONAL_ERL_ARGS": "-kernel inet_dist_use_interface {127,0,0,1}",
             "RABBITMQ_ALLOW_INPUT": "",
             "LC_ALL": "C.UTF-8",
@@ -525,6 +532,14 @@ def build_config(cfg: BrokerConfig, tls: TlsFiles | None) -> str:
     return "\n".join(lines) + "\n"
 
 
+def _write_inetrc(p: BrokerPaths) -> None:
+    """Erlang resolver config: "localhost" is 127.0.0.1 even without /etc/hosts."""
+    text = '{host, {127,0,0,1}, ["localhost"]}.\n{lookup, [file, native]}.\n'
+    if not p.inetrc.is_file() or p.inetrc.read_text() != text:
+        p.state.mkdir(parents=True, exist_ok=True)
+        _write_atomic(p.inetrc, text)
+
+
 def write_node_files(cfg: BrokerConfig) -> TlsFiles | None:
     """(Re)write config, plugins and definitions; cheap, so done at every start."""
     p = cfg.paths
@@ -535,6 +550,7 @@ def write_node_files(cfg: BrokerConfig) -> TlsFiles | None:
         tls = generate_tls(p.tls_dir)
     _write_atomic(p.config, build_config(cfg, tls))
     _write_atomic(p.advanced_config, "[].\n")
+    _write_inetrc(p)
     _write_atomic(p.conf_env, "# intentionally empty: keeps /etc/rabbitmq/rabbitmq-env.conf out\n")
     _write_atomic(p.enabled_plugins, "[" + ",".join(PLUGINS) + "].\n")
     _write_atomic(p.definitions, json.dumps(build_definitions(cfg), indent=1), 0o600)
@@ -965,6 +981,7 @@ def rabbitmqctl(*args: str, timeout: float = 60.0, cfg: BrokerConfig | None = No
     if cfg is None and external_url() is not None:
         raise BrokerError("rabbitmqctl administration is only available for the local node")
     cfg = cfg or load_config()
+    _write_inetrc(cfg.paths)
     cmd = [_rabbit_bin("rabbitmqctl"), "-n", cfg.node, "-q", *args]
     try:
         proc = subprocess.run(cmd, env=node_env(cfg), capture_output=True, text=True,
