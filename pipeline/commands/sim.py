@@ -74,7 +74,8 @@ def _announce(sim: Simulation) -> None:
             "agent": a.record_agent,
             "broker_bank": a.broker_bank,
             "agent_bank": a.agent_bank,
-            "command_keys": a.command_keys,
+            "command_keys": [k for _, k in a.command_addresses],
+            "v2_name": a.v2_name,
         }
         for a in sim.agents
     ]
@@ -135,8 +136,8 @@ def run(args: argparse.Namespace) -> int:
         if not args.output:
             from pipeline.sim.amqp import CommandListener
 
-            keys = [k for a in sim.agents for k in a.command_keys]
-            requests = CommandListener(url, keys, sim.registry)
+            addresses = [pair for a in sim.agents for pair in a.command_addresses]
+            requests = CommandListener(url, addresses, sim.registry)
             sim.requests = requests
         _announce(sim)
         previous = {

@@ -34,9 +34,11 @@ from pipeline.codec.records import (
     ObjectSample,
     PackageIndication,
     PackageQuery,
+    QmfException,
     Record,
     SchemaRequest,
     SchemaResponse,
+    V2Message,
 )
 from pipeline.codec.schema import KIND_EVENT, KIND_TABLE, ClassSchema, Element
 from pipeline.codec.types import Am1ObjectId, Am2ObjectId, ObjectId, V2ObjectId
@@ -50,6 +52,8 @@ CODEC_DIALECT = {"am1": "AM1", "am2": "AM2", "v2": "V2"}
 AM1_SEVERITY = {0: "critical", 1: "critical", 2: "critical", 3: "error", 4: "warning"}
 # qpid's v2 severity names, as in agent.ind.event.<pkg>.<event>.<severity>.*
 V2_SEVERITY = ("emerg", "alert", "crit", "error", "warn", "notice", "info", "debug")
+
+V2_LOCATE_KEY = "console.request.agent_locate"
 
 STATUS_OK = 0
 STATUS_UNKNOWN_OBJECT = 1
@@ -130,6 +134,23 @@ class SimAgent:
         if self.broker_key:
             keys.insert(0, "broker")
         return keys
+
+    @property
+    def command_addresses(self) -> list[tuple[str, str]]:
+        """(AMQP 1.0 source address, key) pairs this agent listens on for console requests.
+
+        v1: ``qpid.management`` with the command keys. v2: ``qmf.default.direct`` with
+        the agent name (and ``broker`` for agent 0), plus agent-locate on the topic.
+        """
+        if self.dialect != "v2":
+            return [(f"/exchange/qpid.management/{k}", k) for k in self.command_keys]
+        keys = [self.v2_name] + (["broker"] if self.broker_key else [])
+        return [(f"/exchange/qmf.default.direct/{k}", k) for k in keys] + [
+            (f"/exchange/qmf.default.topic/{V2_LOCATE_KEY}", V2_LOCATE_KEY)
+        ]
+
+    def answers(self, key: str) -> bool:
+        return any(k == key for _, k in self.command_addresses)
 
     def oid(self, num: int) -> ObjectId:
         if self.dialect == "am1":
@@ -386,16 +407,9 @@ class SimAgent:
             if req.arguments is not None
             else self.decode_args(meth.arguments, req.raw_arguments)
         )
-        outs: dict[str, Any]
-        if obj.cls.name == "broker" and meth.name == "echo":
-            outs = {"sequence": args.get("sequence", 0), "body": args.get("body", "")}
-        elif obj.cls.name == "queue" and meth.name == "purge":
-            self.model.purge(obj, int(args.get("request", 0)))
-            outs = {}
-        elif obj.cls.name == "broker" and meth.name == "getLogLevel":
-            outs = {"level": "notice+"}
-        else:
-            return self._mresp(req.seq, STATUS_NOT_IMPLEMENTED, f"NotImplemented: {meth.name}")
+        outs = self.call(obj, meth.name, args)
+        if isinstance(outs, int):
+            return self._mresp(req.seq, outs, f"{STATUS_TEXT[outs]}: {meth.name}")
         out_elems = [a for a in meth.arguments if a.extra.get("dir") in ("O", "IO")]
         from pipeline.sim.wire import encode_arguments
 
@@ -410,6 +424,19 @@ class SimAgent:
             raw_arguments=raw,
         )
 
+    def call(self, obj: SimObject, method: str, args: dict[str, Any]) -> dict[str, Any] | int:
+        """Run a method: its output arguments, or an error status."""
+        if not any(m.name == method for m in obj.cls.schema.methods):
+            return STATUS_UNKNOWN_METHOD
+        if obj.cls.name == "broker" and method == "echo":
+            return {"sequence": args.get("sequence", 0), "body": args.get("body", "")}
+        if obj.cls.name == "queue" and method == "purge":
+            self.model.purge(obj, int(args.get("request", 0) or 0))
+            return {}
+        if obj.cls.name == "broker" and method == "getLogLevel":
+            return {"level": "notice+"}
+        return STATUS_NOT_IMPLEMENTED
+
     def _mresp(self, seq: int, status: int, text: str) -> MethodResponse:
         return MethodResponse(
             dialect=self.codec_dialect, opcode="m", seq=seq, status=status, text=text
@@ -420,6 +447,115 @@ class SimAgent:
 
         ins = [a for a in elems if a.extra.get("dir") in ("I", "IO")]
         return decode_arguments(self.codec_dialect, ins, raw)
+
+
+# ---------------------------------------------------------------------- QMF v2 requests
+
+
+def _text(v: Any) -> str | None:
+    if isinstance(v, bytes):
+        return v.decode("utf-8", "replace")
+    return v if isinstance(v, str) else None
+
+
+class V2Requests:
+    """A v2 agent's answers: agent locate, object/schema-id queries and method calls."""
+
+    def __init__(self, agent: SimAgent) -> None:
+        self.agent = agent
+
+    def _exception(self, code: int, text: str) -> QmfException:
+        return QmfException(
+            dialect="V2",
+            opcode="_exception",
+            code=code,
+            text=text,
+            values={},
+            agent=self.agent.v2_name,
+        )
+
+    def handle(self, req: Record, now_ns: int) -> list[Record]:
+        """The replies to one v2 request (nothing for what is not a request)."""
+        a = self.agent
+        if not isinstance(req, V2Message):
+            return []
+        body = req.body if isinstance(req.body, dict) else {}
+        if req.opcode == "_agent_locate_request":
+            values = {
+                "_epoch": a.boot_seq,
+                "_heartbeat_interval": 1,
+                "_instance": str(a.uuid),
+                "_name": a.v2_name,
+                "_product": "qpidd",
+                "_timestamp": now_ns,
+                "_vendor": "apache.org",
+            }
+            return [
+                V2Message(
+                    dialect="V2",
+                    opcode="_agent_locate_response",
+                    content=None,
+                    body={"_values": values},
+                    agent=a.v2_name,
+                )
+            ]
+        if req.opcode == "_query_request":
+            what = _text(body.get("_what"))
+            if what == "OBJECT":
+                return self._objects(body, now_ns)
+            if what == "SCHEMA_ID":
+                return [
+                    ClassIndication(
+                        dialect="V2",
+                        opcode="_query_response",
+                        class_kind=c.schema.kind,
+                        package=c.package,
+                        class_name=c.name,
+                        schema_hash=c.key.hash,
+                    )
+                    for c in a.schema
+                ]
+            return [self._exception(1, f"Query for _what => '{what}' not supported")]
+        if req.opcode == "_method_request":
+            return [self._method(body)]
+        return []
+
+    def _objects(self, body: dict[str, Any], now_ns: int) -> list[Record]:
+        a = self.agent
+        objs = [o for o in a.model.objects.values() if not o.deleted]
+        oid = body.get("_object_id")
+        sid = body.get("_schema_id")
+        if isinstance(oid, dict):
+            name = _text(oid.get("_object_name"))
+            objs = [o for o in objs if a.object_name(o) == name]
+        elif isinstance(sid, dict):
+            cls = _text(sid.get("_class_name"))
+            pkg = _text(sid.get("_package_name"))
+            objs = [o for o in objs if o.cls.name == cls and pkg in (None, o.cls.package)]
+        out: list[Record] = []
+        for o in objs:
+            rec = a.sample(o, "g", now_ns)
+            rec.opcode = "_query_response"
+            out.append(rec)
+        return out
+
+    def _method(self, body: dict[str, Any]) -> Record:
+        a = self.agent
+        oid = body.get("_object_id")
+        name = _text(oid.get("_object_name")) if isinstance(oid, dict) else None
+        obj = next((o for o in a.model.objects.values() if a.object_name(o) == name), None)
+        method = _text(body.get("_method_name")) or ""
+        if obj is None:
+            return self._exception(STATUS_UNKNOWN_OBJECT, f"UnknownObject: {name}")
+        raw_args = body.get("_arguments")
+        args = {
+            k: _text(v) if isinstance(v, bytes) else v
+            for k, v in (raw_args.items() if isinstance(raw_args, dict) else [])
+        }
+        outs = a.call(obj, method, args)
+        if isinstance(outs, int):
+            return self._exception(outs, f"{STATUS_TEXT[outs]}: {method}")
+        return MethodResponse(dialect="V2", opcode="_method_response", status=0, arguments=outs)
 
 
 def table_classes(schema: ManagementSchema) -> list[XmlClass]:

@@ -151,18 +151,29 @@ class Subscriber:
         self.close()
 
 
+@dataclass(frozen=True)
+class Request:
+    """A console request as an agent sees it."""
+
+    key: str  # the command key it came on
+    record: Record
+    reply_to: str | None
+    correlation_id: Any = None
+
+
 class CommandListener:
-    """The agents' side: requests on ``/exchange/qpid.management/<command key>``."""
+    """The agents' side: one receiver per (address, key) their requests come on."""
 
-    def __init__(self, url: str, keys: Iterable[str], registry: SchemaRegistry) -> None:
-        self.keys = list(dict.fromkeys(keys))
+    def __init__(
+        self, url: str, addresses: Iterable[tuple[str, str]], registry: SchemaRegistry
+    ) -> None:
+        self.addresses = dict(addresses)  # address -> key
         self.registry = registry
-        self.sub = Subscriber(url, [f"/exchange/qpid.management/{k}" for k in self.keys])
+        self.sub = Subscriber(url, list(self.addresses))
 
-    def poll(self, timeout_s: float) -> list[tuple[str, Record, str | None]]:
-        out: list[tuple[str, Record, str | None]] = []
+    def poll(self, timeout_s: float) -> list[Request]:
+        out: list[Request] = []
         for address, m in self.sub.poll(timeout_s):
-            key = address.rsplit("/", 1)[-1]
             res = decode_message(
                 m.body,
                 registry=self.registry,
@@ -172,7 +183,7 @@ class CommandListener:
                 routing_key=m.routing_key,
             )
             for rec in res.records:  # a bad request is dropped, like qpidd does
-                out.append((key, rec, m.reply_to))
+                out.append(Request(self.addresses[address], rec, m.reply_to, m.correlation_id))
         return out
 
     def close(self) -> None:
@@ -192,6 +203,7 @@ class Console:
         from receivers.publisher import Publisher
 
         self._seq = itertools.count(1)
+        self.v2_replies: Subscriber | None = None
         self.replies = Subscriber(self.url, [f"/exchange/amq.direct/{self.reply_key}"])
         try:
             self.pub = Publisher(self.url)
@@ -229,7 +241,44 @@ class Console:
             f"no complete reply to seq {seq} on {key!r} within {self.timeout_s} s: {got}"
         )
 
+    def request_v2(
+        self, key: str, opcode: str, body: Any, exchange: str = "qmf.default.direct"
+    ) -> list[Record]:
+        """Send one QMF v2 request to ``key``; the records of the reply with our correlation id.
+
+        The reply address is ``/exchange/qmf.default.direct/<reply key>`` (a v2 console
+        subscribes there as well as on ``amq.direct``).
+        """
+        from pipeline.codec import v2
+        from pipeline.codec.records import V2Message
+
+        if self.v2_replies is None:
+            self.v2_replies = Subscriber(
+                self.url, [f"/exchange/qmf.default.direct/{self.reply_key}"]
+            )
+        corr = f"{self.reply_key}-{self.next_seq()}"
+        enc = v2.encode_v2([V2Message(dialect="V2", opcode=opcode, content=None, body=body)])
+        self.pub.publish(
+            key,
+            enc.body,
+            exchange=exchange,
+            application_properties=enc.application_properties,
+            content_type=enc.content_type,
+            app_id="qmf2",
+            reply_to=f"/exchange/qmf.default.direct/{self.reply_key}",
+            correlation_id=corr,
+        )
+        self.pub.flush()
+        deadline = time.monotonic() + self.timeout_s
+        while time.monotonic() < deadline:
+            for _, m in self.v2_replies.poll(0.1):
+                if m.correlation_id == corr:
+                    return m.decode(self.registry)
+        raise TimeoutError(f"no v2 reply to {opcode} on {key!r} within {self.timeout_s} s")
+
     def close(self) -> None:
+        if self.v2_replies is not None:
+            self.v2_replies.close()
         try:
             self.pub.close()
         finally:

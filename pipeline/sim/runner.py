@@ -23,16 +23,18 @@ import json
 import time
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
-from typing import IO, Any, Protocol
+from typing import IO, TYPE_CHECKING, Any, Protocol
 
-from pipeline.codec.records import Record
 from pipeline.codec.schema import SchemaRegistry
 from pipeline.qmfxml import ManagementSchema, default_schema
-from pipeline.sim.agent import Published, SimAgent
+from pipeline.sim.agent import Published, SimAgent, V2Requests
 from pipeline.sim.manifest import Manifest, record_row
 from pipeline.sim.model import NS, EventSpec, LoadConfig, SimObject
-from pipeline.sim.wire import Packed, pack, reply_messages
+from pipeline.sim.wire import Packed, pack, reply_messages, v2_reply_messages
 from receivers.publisher import OutMessage
+
+if TYPE_CHECKING:
+    from pipeline.sim.amqp import Request
 
 MAX_INTERVALS = 1_000_000
 
@@ -132,9 +134,9 @@ class BrokerSink:
 
 
 class RequestSource(Protocol):
-    """Console requests addressed to the agents: (agent command key, decoded record, reply-to)."""
+    """Console requests addressed to the agents."""
 
-    def poll(self, timeout_s: float) -> list[tuple[str, Record, str | None]]: ...
+    def poll(self, timeout_s: float) -> list[Request]: ...
 
     def close(self) -> None: ...
 
@@ -365,11 +367,19 @@ class Simulation:
                 time.sleep(timeout_s)
             return True
         now_ns = self.start_ns + self.summary.intervals * self.config.interval_s * NS
-        for key, rec, reply_to in self.requests.poll(timeout_s):
+        for req in self.requests.poll(timeout_s):
+            rec = req.record
             for agent in self.agents:
-                if key not in agent.command_keys:
+                if not agent.answers(req.key):
                     continue
-                replies = agent.handle(rec, now_ns)
+                if agent.dialect == "v2":
+                    replies = V2Requests(agent).handle(rec, now_ns)
+                    packed = v2_reply_messages(
+                        replies, req.reply_to, req.correlation_id, agent.v2_name
+                    )
+                else:
+                    replies = agent.handle(rec, now_ns)
+                    packed = reply_messages(replies, self.registry, req.reply_to)
                 self.manifest.write(
                     {
                         "kind": "request",
@@ -378,13 +388,11 @@ class Simulation:
                         "interval": interval,
                         "opcode": rec.opcode,
                         "seq": rec.seq,
-                        "routing_key": key,
-                        "reply_to": reply_to,
+                        "routing_key": req.key,
+                        "reply_to": req.reply_to,
                     }
                 )
-                if not self._send(
-                    reply_messages(replies, self.registry, reply_to), interval, agent, "reply"
-                ):
+                if not self._send(packed, interval, agent, "reply"):
                     return False
                 self.sink.flush()  # a console waits for these
         return True

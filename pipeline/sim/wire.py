@@ -141,3 +141,40 @@ def reply_messages(
         Packed(OutMessage(routing_key=key, body=v1.encode_record(r, registry), exchange=ex), (r,))
         for r in records
     ]
+
+
+def v2_reply_messages(
+    records: Sequence[Record], reply_to: str | None, correlation_id: Any, agent_name: str
+) -> list[Packed]:
+    """A v2 reply: query results in one ``_query_response`` list, anything else one map each.
+
+    The request's correlation id is copied (v2 consoles match replies by it).
+    """
+    target = reply_target(reply_to)
+    if target is None or not records:
+        return []
+    ex, key = target
+    from pipeline.codec import v2
+
+    groups: list[list[Record]] = []
+    for r in records:
+        if groups and r.opcode == "_query_response" and groups[-1][0].opcode == r.opcode:
+            groups[-1].append(r)
+        else:
+            groups.append([r])
+    out: list[Packed] = []
+    for g in groups:
+        enc = v2.encode_v2(g, agent=agent_name)
+        props = dict(enc.application_properties)
+        props["method"] = "response" if g[0].opcode != "_exception" else "indication"
+        msg = OutMessage(
+            routing_key=key,
+            body=enc.body,
+            application_properties=props,
+            content_type=enc.content_type,
+            app_id="qmf2",
+            correlation_id=correlation_id,
+            exchange=ex,
+        )
+        out.append(Packed(msg, tuple(g)))
+    return out
