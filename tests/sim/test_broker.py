@@ -430,3 +430,62 @@ def test_transient_queue_over_the_broker_am2(broker: Any, tmp_path: Any) -> None
         if r.get("kind") == "object" and r["class_name"] == "queue" and r["delete_ns"]
     ]
     assert len(manifest_tmp) == 6
+
+
+def test_v2_console_locate_query_and_methods(broker: Any, tmp_path: Any) -> None:
+    manifest = str(tmp_path / "manifest.jsonl")
+    args = [
+        "--url", broker.url, "--dialect", "v2", "--intervals", "2", "--queues", "4",
+        "--start-ns", str(START_NS), "--serve", "90", "--manifest", manifest,
+        "--seed", str(random.randrange(1 << 30)), "--no-broker-key",
+    ]  # fmt: skip
+    with sim_process(args) as (_proc, ready):
+        name = ready["agents"][0]["v2_name"]
+        registry = default_schema().registry()
+        with Console(broker.url, registry) as con:
+            (loc,) = con.request_v2(name, "_agent_locate_request", [])
+            assert loc.opcode == "_agent_locate_response"
+            assert jsonable(loc.body["_values"]["_name"]) == name  # type: ignore[attr-defined]
+            sid = {"_class_name": "queue", "_package_name": PKG}
+            replies = con.request_v2(name, "_query_request", {"_what": "OBJECT", "_schema_id": sid})
+            assert len(replies) == 4
+            assert all(
+                isinstance(r, ObjectSample) and r.opcode == "_query_response" for r in replies
+            )
+            ids = con.request_v2(name, "_query_request", {"_what": "SCHEMA_ID"})
+            assert [
+                (r.class_name, r.schema_hash) for r in ids if isinstance(r, ClassIndication)
+            ] == [(c.name, c.key.hash) for c in default_schema()]
+            (broker_obj,) = con.request_v2(
+                name,
+                "_query_request",
+                {"_what": "OBJECT", "_object_id": {"_object_name": f"{PKG}:broker:amqp-broker"}},
+            )
+            assert isinstance(broker_obj, ObjectSample)
+            oid = {"_object_name": f"{PKG}:broker:amqp-broker"}
+            (m,) = con.request_v2(
+                name,
+                "_method_request",
+                {
+                    "_object_id": oid,
+                    "_method_name": "echo",
+                    "_arguments": {"sequence": 7, "body": "hi"},
+                },
+            )
+            assert isinstance(m, MethodResponse) and jsonable(m.arguments) == {
+                "sequence": 7,
+                "body": "hi",
+            }
+            (e,) = con.request_v2(
+                name,
+                "_method_request",
+                {"_object_id": oid, "_method_name": "nope", "_arguments": {}},
+            )
+            assert e.kind == "exception" and (e.code, e.text) == (2, "UnknownMethod: nope")  # type: ignore[attr-defined]
+            (e,) = con.request_v2(name, "_query_request", {"_what": "SCHEMA"})
+            assert (e.code, e.text) == (1, "Query for _what => 'SCHEMA' not supported")  # type: ignore[attr-defined]
+    latest = _latest(list(read_manifest(manifest)))
+    for r in replies:
+        assert isinstance(r, ObjectSample) and r.update_ns == START_NS + 2 * NS
+        assert jsonable(r.values) == latest[r.object_id.object_name]  # type: ignore[union-attr]
+    assert jsonable(broker_obj.values)["name"] == "amqp-broker"
