@@ -197,6 +197,11 @@ def test_console_requests_are_answered_per_schema_and_manifest(
 
             def method(seq: int, oid: Any, name: str, raw_args: bytes, cls: str) -> MethodResponse:
                 c = ours.get(PKG, cls)
+                key_fields: dict[str, Any] = (
+                    {"package": PKG, "class_name": cls, "schema_hash": c.key.hash}
+                    if d == "AM2"
+                    else {}
+                )
                 req = MethodRequest(
                     dialect=d,
                     opcode="M",
@@ -204,11 +209,7 @@ def test_console_requests_are_answered_per_schema_and_manifest(
                     object_id=oid,
                     method_name=name,
                     raw_arguments=raw_args,
-                    **(
-                        {"package": PKG, "class_name": cls, "schema_hash": c.key.hash}
-                        if d == "AM2"
-                        else {}
-                    ),
+                    **key_fields,
                 )
                 (m,) = ask(req, final="m")
                 assert isinstance(m, MethodResponse)
