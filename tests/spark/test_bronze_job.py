@@ -190,3 +190,60 @@ def test_bronze_job_through_spark_submit(tmp_path: Path) -> None:
     )
     assert got == sorted(expected)
     assert spark_schema(LANDING).names == BRONZE.names[:-1]
+
+
+def am1_body(opcode: bytes, seq: int, payload: bytes) -> bytes:
+    """An AM1 message: 'A' 'M' '1' opcode seq(u32), then the payload."""
+    return b"AM1" + opcode + seq.to_bytes(4, "big") + payload
+
+
+@pytest.mark.broker
+@pytest.mark.slow
+def test_broker_to_bronze_end_to_end(broker: Any, spark: SparkSession, tmp_path: Path) -> None:
+    """Publish N AM1 messages; the source's embedded receiver lands them; bronze holds N."""
+    import uuid
+
+    from pipeline import broker as qmf_broker
+    from receivers.publisher import Publisher
+
+    n = 1_200
+    tag = f"it{uuid.uuid4().hex[:10]}"
+    queue = f"qmf-bronze-{tag}"
+    qmf_broker.declare_queue(queue, [("qpid.management", f"mgmt.{tag}.#")])
+    sent: list[tuple[str, bytes]] = []
+    types = ("prop", "stat", "event", "schema")
+    try:
+        with Publisher(broker.url, window=500) as pub:
+            for i in range(n):
+                key = f"mgmt.{tag}.{types[i % 4]}.org.apache.qpid.broker.queue{i % 7}"
+                body = am1_body(b"cige"[i % 4 : i % 4 + 1], i, f"payload-{i}".encode() * (i % 5))
+                pub.publish(key, body, application_properties={"i": str(i)})
+                sent.append((key, body))
+            pub.flush()
+        root, table, ck = tmp_path / "landing", str(tmp_path / "bronze"), str(tmp_path / "ck")
+        settings = BronzeSettings(
+            landing=str(root), table=table, checkpoint=ck, trigger="processingTime=1 second",
+            max_records_per_trigger=500, embedded_receiver=True,
+            receiver_options={"url": broker.url, "queue": queue, "partition": "r0"},
+        )  # fmt: skip
+        query = start_bronze(spark, settings)
+        try:
+
+            def landed_in_bronze() -> bool:
+                if query.exception() is not None:
+                    raise AssertionError(str(query.exception()))
+                return delta.table_exists(table) and delta.read_arrow(table).num_rows >= n
+
+            _wait_for(landed_in_bronze, 300, f"{n} rows in bronze")
+        finally:
+            query.stop()
+        out = delta.read_arrow(table)
+        assert out.num_rows == n
+        got = sorted(zip(out["routing_key"].to_pylist(), out["body"].to_pylist(), strict=True))
+        assert got == sorted(sent)
+        assert out["subject"].to_pylist() == out["routing_key"].to_pylist()
+        assert sorted(int(p["i"]) for p in map(dict, out["application_properties"].to_pylist())) == list(range(n))
+        assert set(out["partition"].to_pylist()) == {"r0"}
+        assert sorted(out["offset"].to_pylist()) == list(range(n))
+    finally:
+        qmf_broker.delete_queue(queue)
