@@ -113,6 +113,7 @@ class SimBroker:
         self.session_conn: dict[int, int] = {}
         self.conn_nums: list[int] = []
         self.transient_seq = 0
+        self.announced: set[int] = set()  # object numbers whose creation the manifest has
         self.system_id = uuid.UUID(int=rng.getrandbits(128), version=4)
 
     # ------------------------------------------------------------------ building
@@ -130,6 +131,7 @@ class SimBroker:
     def build(self, now_ns: int) -> None:
         """Create the whole topology at boot time ``now_ns`` (object numbers restart at 1)."""
         self.objects.clear()
+        self.announced.clear()
         self._next_num = 1
         self.boot_ns = now_ns
         self.exchanges.clear()
@@ -479,6 +481,7 @@ class SimBroker:
         """Drop deleted objects after their last publication."""
         for o in objs:
             self.objects.pop(o.object_num, None)
+            self.announced.discard(o.object_num)
             if o.object_num in self.queue_nums:
                 self.queue_nums.remove(o.object_num)
             self.queue_binding.pop(o.object_num, None)

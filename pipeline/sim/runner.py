@@ -28,7 +28,7 @@ from typing import IO, TYPE_CHECKING, Any, Protocol
 from pipeline.codec.schema import SchemaRegistry
 from pipeline.qmfxml import ManagementSchema, default_schema
 from pipeline.sim.agent import Published, SimAgent, V2Requests
-from pipeline.sim.manifest import Manifest, record_row
+from pipeline.sim.manifest import Manifest, jsonable, record_row
 from pipeline.sim.model import NS, EventSpec, LoadConfig, SimObject
 from pipeline.sim.wire import Packed, pack, reply_messages, v2_reply_messages
 from receivers.publisher import OutMessage
@@ -340,6 +340,30 @@ class Simulation:
         pubs.append(agent.heartbeat(now_ns, self.config.interval_s))
         return pubs
 
+    def _lifecycle(self, agent: SimAgent, deleted: list[SimObject], interval: int) -> None:
+        """Manifest lines for objects that came into being (first published) or went away."""
+
+        def row(kind: str, o: SimObject, ts: int) -> dict[str, Any]:
+            return {
+                "kind": kind,
+                "agent": agent.record_agent,
+                "agent_uuid": str(agent.uuid),
+                "interval": interval,
+                "package": o.cls.package,
+                "class_name": o.cls.name,
+                "object_id": jsonable(agent.oid(o.object_num)),
+                "object_name": agent.object_name(o),
+                "timestamp_ns": ts,
+            }
+
+        model = agent.model
+        for o in model.objects.values():
+            if o.object_num not in model.announced:
+                model.announced.add(o.object_num)
+                self.manifest.write(row("create", o, o.create_ns))
+        for o in deleted:
+            self.manifest.write(row("delete", o, o.delete_ns))
+
     def _restart(self, agent: SimAgent, at_ns: int, interval: int) -> None:
         old = agent.boot_seq
         agent.boot_seq += 1
@@ -458,6 +482,8 @@ class Simulation:
                     batch=cfg.batch,
                 )
                 ok = self._send(packed, i, agent, "publish")
+                if ok:
+                    self._lifecycle(agent, created, i)
                 agent.model.forget(created)
                 if not ok:
                     break

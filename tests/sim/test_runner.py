@@ -290,3 +290,24 @@ def test_ten_thousand_queues() -> None:
     assert queue_c == 10_000
     assert max(len(m.body) for m in sink.messages) < 400_000
     assert sim.summary.messages == len(sink.messages)
+
+
+def test_manifest_lists_creates_and_deletes() -> None:
+    load = LoadConfig(queues=5, transient_per_interval=1, connections=2)
+    sim, _ = run(dialect="am2", intervals=3, restarts=[(0, 1)], load=load)
+    rows = sim.manifest.rows
+    creates = [r for r in rows if r["kind"] == "create"]
+    deletes = [r for r in rows if r["kind"] == "delete"]
+    model = sim.agents[0].model
+    live = len(model.objects)
+    # boot objects twice (boot, restart) + 3 transient queues with their bindings
+    transient_objs = {(r["object_id"]["oid"]) for r in deletes}
+    assert len(creates) == 2 * live + len(transient_objs)
+    assert {r["class_name"] for r in deletes} == {"queue", "binding"}
+    assert all(r["object_name"].startswith("org.apache.qpid.broker:") for r in creates)
+    for d in deletes:
+        (c,) = [r for r in creates if r["object_id"] == d["object_id"]]
+        assert c["interval"] == d["interval"] and c["timestamp_ns"] < d["timestamp_ns"]
+    objects = [r for r in rows if r["kind"] == "object"]
+    first = {r["object_id"]["oid"]: r for r in reversed(objects)}
+    assert all(first[c["object_id"]["oid"]]["create_ns"] == c["timestamp_ns"] for c in creates)
