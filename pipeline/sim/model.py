@@ -26,7 +26,6 @@ from typing import Any
 
 from pipeline.qmfxml import (
     COUNTER,
-    WATERMARK,
     WATERMARK_HIGH,
     WATERMARK_LOW,
     ManagementSchema,
@@ -385,8 +384,6 @@ class SimBroker:
                 if obj.stats[name] != cur:
                     obj.stats[name] = cur
                     changed = True
-            elif info.kind == WATERMARK:
-                pass
         return changed
 
     def advance(self, now_ns: int, dt_s: float) -> None:

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import IO, TYPE_CHECKING, Any, Protocol
 
@@ -519,9 +519,4 @@ def run_to(
     return summary, manifest
 
 
-def messages_of(sink: MemorySink) -> Iterable[OutMessage]:
-    return iter(sink.messages)
-
-
-__all__ = ["CaptureSink", "MemorySink", "SimConfig", "Simulation", "run_to"]
-_ = Any
+__all__ = ["BrokerSink", "CaptureSink", "MemorySink", "SimConfig", "Simulation", "run_to"]

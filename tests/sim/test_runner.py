@@ -311,3 +311,19 @@ def test_manifest_lists_creates_and_deletes() -> None:
     objects = [r for r in rows if r["kind"] == "object"]
     first = {r["object_id"]["oid"]: r for r in reversed(objects)}
     assert all(first[c["object_id"]["oid"]]["create_ns"] == c["timestamp_ns"] for c in creates)
+
+
+def test_run_to_a_capture_file_closes_everything(tmp_path: Any) -> None:
+    from pipeline.codec.capture import read_capture
+    from pipeline.sim.manifest import read_manifest
+    from pipeline.sim.runner import CaptureSink, run_to
+
+    cap, man = str(tmp_path / "c.jsonl"), str(tmp_path / "m.jsonl")
+    summary, manifest = run_to(
+        SimConfig(dialect="v2", intervals=2, start_ns=START_NS), CaptureSink(cap), man
+    )
+    assert manifest.count == len(list(read_manifest(man))) and manifest.rows == []
+    msgs = list(read_capture(cap))
+    assert len(msgs) == summary.messages
+    assert {m.subject for m in msgs} == {m.routing_key for m in msgs}
+    assert all(m.properties["app_id"] == "qmf2" for m in msgs)
