@@ -386,9 +386,7 @@ def _bitmap(valid: npt.NDArray[np.bool_]) -> pa.Buffer:
     return pa.py_buffer(np.packbits(valid, bitorder="little"))
 
 
-def _numeric(
-    slots: I64, valid: npt.NDArray[np.bool_], nulls: int, t: int
-) -> pa.Array:
+def _numeric(slots: I64, valid: npt.NDArray[np.bool_], nulls: int, t: int) -> pa.Array:
     n = len(slots)
     vb = _bitmap(valid) if nulls else None
     if t == 11:
@@ -403,7 +401,10 @@ def _numeric(
 
 
 def _string(
-    offsets: npt.NDArray[np.int32], buf: npt.NDArray[np.uint8], valid: npt.NDArray[np.bool_], nulls: int
+    offsets: npt.NDArray[np.int32],
+    buf: npt.NDArray[np.uint8],
+    valid: npt.NDArray[np.bool_],
+    nulls: int,
 ) -> pa.Array:
     n = len(valid)
     vb = _bitmap(valid) if nulls else None
@@ -487,7 +488,11 @@ def _string_buffers(arr: pa.Array) -> tuple[I64, npt.NDArray[np.uint8]]:
     arr = arr.cast(pa.large_string())
     bufs = arr.buffers()
     offs = np.frombuffer(bufs[1], np.int64)[arr.offset : arr.offset + len(arr) + 1]
-    data = np.frombuffer(bufs[2], np.uint8) if bufs[2] is not None and bufs[2].size else np.zeros(1, np.uint8)
+    data = (
+        np.frombuffer(bufs[2], np.uint8)
+        if bufs[2] is not None and bufs[2].size
+        else np.zeros(1, np.uint8)
+    )
     return offs, data
 
 
@@ -513,15 +518,16 @@ def _identity(ctx: _Ctx, sub: I64, schema: ClassSchema) -> dict[str, pa.Array]:
     else:
         am1_agents = _agent_am1(ctx.routing_keys, sub[K.R_MSG], n)
         agent = pa.array(
-            [a if v == 1 else f"{x}.{y}" for a, v, x, y in zip(am1_agents, ver, bb, ab, strict=True)],
+            [
+                a if v == 1 else f"{x}.{y}"
+                for a, v, x, y in zip(am1_agents, ver, bb, ab, strict=True)
+            ],
             pa.string(),
         )
         dialect = pa.array(_DIALECTS, pa.string()).take(pa.array(ver))
     op = sub[K.R_OP].astype(np.uint8)
     return {
-        "msg_key": _str_array(
-            *K.take_strings(ctx.key_offsets, ctx.key_data, sub[K.R_MSG])
-        ),
+        "msg_key": _str_array(*K.take_strings(ctx.key_offsets, ctx.key_data, sub[K.R_MSG])),
         "record_index": pa.array(sub[K.R_IDX].astype(np.int32)),
         "dialect": dialect,
         "opcode": _str_array(np.arange(n + 1, dtype=np.int32), op),
@@ -533,10 +539,16 @@ def _identity(ctx: _Ctx, sub: I64, schema: ClassSchema) -> dict[str, pa.Array]:
         "update_ns": pa.array(sub[K.R_UPDATE]),
         "create_ns": pa.array(sub[K.R_CREATE]),
         "delete_ns": pa.array(sub[K.R_DELETE]),
-        "boot_seq": _masked(((hi >> np.uint64(48)) & np.uint64(0x7FFF)).astype(np.int32), am1, pa.int32()),
-        "bank": _masked(((hi >> np.uint64(24)) & np.uint64(0xFFFFFF)).astype(np.int32), am1, pa.int32()),
+        "boot_seq": _masked(
+            ((hi >> np.uint64(48)) & np.uint64(0x7FFF)).astype(np.int32), am1, pa.int32()
+        ),
+        "bank": _masked(
+            ((hi >> np.uint64(24)) & np.uint64(0xFFFFFF)).astype(np.int32), am1, pa.int32()
+        ),
         "flags": _masked((hi >> np.uint64(60)).astype(np.int8), am2, pa.int8()),
-        "epoch": _masked(((hi >> np.uint64(48)) & np.uint64(0xFFF)).astype(np.int64), am2, pa.int64()),
+        "epoch": _masked(
+            ((hi >> np.uint64(48)) & np.uint64(0xFFF)).astype(np.int64), am2, pa.int64()
+        ),
         "broker_bank": _masked(bb, am2, pa.int32()),
         "agent_bank": _masked(ab, am2, pa.int32()),
         "object_num": pa.array(np.where(am1, (hi & np.uint64(0xFFFFFF)).astype(np.int64), lo)),
@@ -635,30 +647,38 @@ def per_record_decode(
     body: bytes, registry: SchemaRegistry, meta: Mapping[str, Any]
 ) -> tuple[list[Any], list[Any]]:
     """Decode one whole message with the pure codec: (records, problems)."""
-    from pipeline.codec.v1 import decode_v1
+    from pipeline.codec.message import decode_message
 
-    return decode_v1(body, registry, agent=_am1_agent_of(meta.get("routing_key")))  # type: ignore[return-value]
+    res = decode_message(
+        body,
+        registry=registry,
+        application_properties=meta.get("application_properties"),
+        content_type=meta.get("content_type"),
+        app_id=meta.get("app_id"),
+        routing_key=meta.get("routing_key"),
+    )
+    return list(res.records), list(res.problems)
 
 
 def _am1_agent_of(routing_key: Any) -> str | None:
-    """AM1 agent = ``<agent>`` of ``mgmt.<agent>.<type>...``."""
-    parts = routing_key.split(".") if isinstance(routing_key, str) else []
-    return parts[1] if len(parts) > 2 and parts[0] == "mgmt" else None
+    from pipeline.codec.message import routing_agent
+
+    return routing_agent(routing_key if isinstance(routing_key, str) else None)
 
 
 def _is_sample(r: Any) -> bool:
     return getattr(r, "kind", None) == "object"
 
 
-def records_to_table(
-    items: Iterable[tuple[str, int, Any]], schema: ClassSchema
-) -> pa.Table:
+def records_to_table(items: Iterable[tuple[str, int, Any]], schema: ClassSchema) -> pa.Table:
     """Per-record object samples (msg_key, record_index, record) of one class -> its wide table.
 
     This is also the oracle's conversion: the vectorized tables must equal it.
     """
     out_schema = sample_schema(schema)
-    types = [(column_name(e.name), e.name, e.type_code) for e in (*schema.properties, *schema.statistics)]
+    types = [
+        (column_name(e.name), e.name, e.type_code) for e in (*schema.properties, *schema.statistics)
+    ]
     rows: list[dict[str, Any]] = []
     for msg_key, index, r in items:
         row = r.row()
@@ -666,7 +686,7 @@ def records_to_table(
         values = row.pop("values") or {}
         row["msg_key"] = msg_key
         row["record_index"] = index
-        for c in ("update_ns", "create_ns", "delete_ns"):
+        for c in ("update_ns", "create_ns", "delete_ns", "object_num"):
             row[c] = None if row[c] is None else _signed(int(row[c]), 64)
         for col, name, t in types:
             row[col] = cell(t, values.get(name))
@@ -755,11 +775,15 @@ def decode_content(
     per_class: dict[SchemaKey, list[tuple[str, int, Any]]] = {}
     fb_rows: dict[SchemaKey, list[int]] = {}
     decode_one = per_record or per_record_decode
-    meta_cols = [c for c in ("routing_key", "app_id", "content_type", "application_properties") if c in names]
+    meta_cols = [
+        c for c in ("routing_key", "app_id", "content_type", "application_properties") if c in names
+    ]
     for m in sorted(fallback):
         key = msg_keys[m].as_py()
         raw = body[m].as_py() or b""
         meta = {c: table.column(c)[m].as_py() for c in meta_cols}
+        if isinstance(meta.get("application_properties"), list):  # Arrow map -> pairs
+            meta["application_properties"] = dict(meta["application_properties"])
         recs, problems = decode_one(raw, registry, meta)
         for i, r in enumerate(recs):
             if _is_sample(r):
@@ -781,9 +805,7 @@ def decode_content(
     for sk, items in per_class.items():
         sch = registry.get(sk)
         assert sch is not None
-        t = records_to_table(items, sch).append_column(
-            "__row", pa.array(fb_rows[sk], pa.int64())
-        )
+        t = records_to_table(items, sch).append_column("__row", pa.array(fb_rows[sk], pa.int64()))
         tables.setdefault(sk, []).append(t)
     samples = {k: _in_input_order(v) for k, v in tables.items()}
     return ContentResult(
