@@ -285,7 +285,9 @@ def test_ten_thousand_queues() -> None:
         load=LoadConfig(queues=10_000, connections=50, transient_per_interval=0),
     )
     queue_c = sum(
-        1 for r in sim.manifest.rows if r.get("class_name") == "queue" and r["opcode"] == "c"
+        1
+        for r in sim.manifest.rows
+        if r["kind"] == "object" and r["class_name"] == "queue" and r["opcode"] == "c"
     )
     assert queue_c == 10_000
     assert max(len(m.body) for m in sink.messages) < 400_000
