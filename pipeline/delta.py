@@ -225,6 +225,35 @@ def conform(df: DataFrame, schema: pa.Schema) -> DataFrame:
     return df.select(*cols)
 
 
+# Features this layer honours: reading plain Parquet files listed by the log
+# is only right when no feature changes what a file means.
+_SAFE_READER_FEATURES = {"timestampNtz", "v2Checkpoint", "vacuumProtocolCheck", "variantType"}
+_SAFE_WRITER_FEATURES = _SAFE_READER_FEATURES | {
+    "appendOnly",
+    "invariants",
+    "changeDataFeed",
+    "domainMetadata",
+}
+
+
+def check_protocol(dt: DeltaTable, *, write: bool) -> None:
+    """Refuse tables whose features this layer would silently get wrong
+    (deletion vectors, column mapping, constraints, generated columns...)."""
+    proto = dt.protocol()
+    if proto.min_reader_version == 2:
+        raise DeltaLayerError("tables with column mapping (reader version 2) are not supported")
+    unsafe = set(proto.reader_features or []) - _SAFE_READER_FEATURES
+    if write:
+        if proto.min_writer_version in (3, 4, 5, 6):
+            raise DeltaLayerError(
+                f"writer version {proto.min_writer_version} (constraints, generated or "
+                "identity columns) is not supported"
+            )
+        unsafe |= set(proto.writer_features or []) - _SAFE_WRITER_FEATURES
+    if unsafe:
+        raise DeltaLayerError(f"table features {sorted(unsafe)} are not supported by this layer")
+
+
 # ---------------------------------------------------------------------------
 # Exactly-once bookkeeping
 
@@ -232,6 +261,12 @@ def conform(df: DataFrame, schema: pa.Schema) -> DataFrame:
 def committed_batch(path: str | os.PathLike[str], app_id: str) -> int | None:
     """The last batch id committed by ``app_id`` (None if it never wrote)."""
     return DeltaTable(os.fspath(path)).transaction_version(app_id)
+
+
+def _open_for_write(path: str | os.PathLike[str]) -> DeltaTable:
+    dt = DeltaTable(os.fspath(path))
+    check_protocol(dt, write=True)
+    return dt
 
 
 def _already_committed(dt: DeltaTable, app_id: str, batch_id: int) -> bool:
@@ -409,7 +444,7 @@ def commit_files(
     """
     from deltalake._internal import RemoveAction
 
-    dt = DeltaTable(os.fspath(path))
+    dt = _open_for_write(path)
     if _already_committed(dt, app_id, batch_id):
         return CommitResult(skipped=True, version=dt.version())
     actions, rows = build_add_actions(dt, files)
@@ -437,10 +472,14 @@ def commit_files(
         partition_by=partition_columns(dt) or None,
         commit_properties=_commit_properties(app_id, batch_id, operation),
     )
-    dt.update_incremental()
+    try:
+        dt.update_incremental()
+        version: int | None = dt.version()
+    except Exception:  # the commit is durable; only reading its version back failed
+        version = None
     return CommitResult(
         skipped=False,
-        version=dt.version(),
+        version=version,
         files_added=len(actions),
         files_removed=len(removals),
         rows=rows,
@@ -547,7 +586,7 @@ def _write_and_commit(
         return result
     finally:
         shutil.rmtree(staging, ignore_errors=True)
-        if not committed:
+        if not committed and moved and not _already_committed(DeltaTable(root), app_id, batch_id):
             _remove_quietly(os.path.join(root, rel) for rel, _ in moved)
         staging_root = os.path.join(root, STAGING_DIR)
         try:
@@ -567,7 +606,7 @@ def append_batch(
 
     Meant for ``foreachBatch``: ``append_batch(df, path, app_id=query_name, batch_id=batch_id)``.
     """
-    dt = DeltaTable(os.fspath(path))
+    dt = _open_for_write(path)
     if _already_committed(dt, app_id, batch_id):
         return CommitResult(skipped=True, version=dt.version())
     schema = table_schema(dt)
@@ -606,7 +645,9 @@ def _live_files(dt: DeltaTable) -> list[_LiveFile]:
 
 
 def _open(path: str | os.PathLike[str], version: int | None) -> DeltaTable:
-    return DeltaTable(os.fspath(path), version=version)
+    dt = DeltaTable(os.fspath(path), version=version)
+    check_protocol(dt, write=False)
+    return dt
 
 
 def read_arrow(path: str | os.PathLike[str], version: int | None = None) -> pa.Table:
@@ -749,7 +790,7 @@ def merge_batch(
     """
     if not keys:
         raise ValueError("merge needs at least one key column")
-    dt = DeltaTable(os.fspath(path))
+    dt = _open_for_write(path)
     if _already_committed(dt, app_id, batch_id):
         return CommitResult(skipped=True, version=dt.version())
     schema = table_schema(dt)
@@ -819,7 +860,7 @@ def overwrite_range(
     """
     from pyspark.sql import functions as F
 
-    dt = DeltaTable(os.fspath(path))
+    dt = _open_for_write(path)
     if _already_committed(dt, app_id, batch_id):
         return CommitResult(skipped=True, version=dt.version())
     schema = table_schema(dt)

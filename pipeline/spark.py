@@ -25,9 +25,6 @@ BASE_CONF: dict[str, str] = {
     "spark.sql.session.timeZone": "UTC",
     "spark.sql.parquet.outputTimestampType": "TIMESTAMP_MICROS",
     "spark.sql.execution.arrow.pyspark.enabled": "true",
-    "spark.sql.execution.arrow.pyspark.fallback.enabled": "false",
-    "spark.sql.execution.pythonUDF.arrow.enabled": "true",
-    "spark.sql.execution.arrow.maxRecordsPerBatch": "10000",
     "spark.ui.showConsoleProgress": "false",
 }
 

@@ -16,6 +16,7 @@ from deltalake import DeltaTable
 from pyspark.sql import DataFrame, SparkSession
 
 from pipeline.delta import (
+    DeltaLayerError,
     SchemaMismatchError,
     append_batch,
     commit_files,
@@ -227,6 +228,16 @@ def test_readers_agree(spark: SparkSession, tmp_path: Path) -> None:
     assert spark_rows(read_table(spark, path, version=1)) == arrow_as_spark_rows(expected)[:6]
 
 
+def test_unsupported_table_features_refused(spark: SparkSession, tmp_path: Path) -> None:
+    """Deletion vectors would make plain file reads return deleted rows: refused."""
+    path = tmp_path / "dv"
+    DeltaTable.create(str(path), EVENTS, configuration={"delta.enableDeletionVectors": "true"})
+    with pytest.raises(DeltaLayerError, match="deletionVectors"):
+        read_arrow(path)
+    with pytest.raises(DeltaLayerError, match="deletionVectors"):
+        append_batch(frame(spark, [event(1)]), path, app_id="j", batch_id=0)
+
+
 def test_read_empty_table(spark: SparkSession, tmp_path: Path) -> None:
     path = tmp_path / "bronze"
     create_table(path, BRONZE)
@@ -248,6 +259,8 @@ def test_merge_upserts(spark: SparkSession, tmp_path: Path) -> None:
     assert got == {0: "n0", 1: "one", 2: "n2", 3: "three", 10: "n10", 11: "n11"}
     updated = next(r for r in read_arrow(path).to_pylist() if r["id"] == 3)
     assert updated == {**event(3, name="three"), "props": [("k", "3")]}
+    # Files written by delta-rs's merge read back the same through Spark.
+    assert spark_rows(read_table(spark, path)) == arrow_as_spark_rows(read_arrow(path))
     # The same batch id again is a no-op, even with other content.
     version = DeltaTable(str(path)).version()
     replay = merge_batch(
