@@ -953,7 +953,7 @@ def broker_status(cfg: BrokerConfig | None = None) -> BrokerStatus:
     ports = {"amqp_port": cfg.port, "dist_port": cfg.dist_port, "epmd_port": cfg.epmd_port}
     if _tls_files(cfg) is not None:
         ports["tls_port"] = cfg.tls_port
-    detail = f"state: {cfg.paths.state}"
+    detail = f"state: {cfg.paths.state}\nlog: {cfg.paths.log_file}"
     if pid is not None and not amqp10:
         detail += "\nnode process is up but AMQP 1.0 does not answer yet"
     return BrokerStatus(
