@@ -163,6 +163,8 @@ class SimAgent:
 
     def object_name(self, obj: SimObject) -> str:
         """qpidd's v2 object name: ``<package>:<class>:<index values joined by ','>``."""
+        if obj.object_name is not None:
+            return obj.object_name
         parts: list[str] = []
         for p in obj.cls.index_properties:
             v = obj.props.get(p.name)
@@ -171,7 +173,8 @@ class SimAgent:
                 parts.append(self.object_name(target) if target is not None else str(v.object_num))
             else:
                 parts.append(str(v))
-        return f"{obj.cls.package}:{obj.cls.name}:{','.join(parts)}"
+        obj.object_name = f"{obj.cls.package}:{obj.cls.name}:{','.join(parts)}"
+        return obj.object_name
 
     def find_object(self, oid: ObjectId) -> SimObject | None:
         if isinstance(oid, Am1ObjectId):

@@ -60,6 +60,7 @@ class SimObject:
     deq_rate: float = 0.0
     msg_size: int = 0
     consumers: int = 0
+    object_name: str | None = None  # v2 name, cached: index properties never change
 
     @property
     def class_name(self) -> str:
