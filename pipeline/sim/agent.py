@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from pipeline.codec import v1
+from pipeline.codec.errors import CodecError
 from pipeline.codec.records import (
     BrokerRequest,
     BrokerResponse,
@@ -59,11 +60,15 @@ STATUS_OK = 0
 STATUS_UNKNOWN_OBJECT = 1
 STATUS_UNKNOWN_METHOD = 2
 STATUS_NOT_IMPLEMENTED = 3
+STATUS_PARAMETER_INVALID = 4  # qpid's ManagementAgent codes beyond the M3 spec
+STATUS_EXCEPTION = 7
 STATUS_TEXT = {
     STATUS_OK: "OK",
     STATUS_UNKNOWN_OBJECT: "UnknownObject",
     STATUS_UNKNOWN_METHOD: "UnknownMethod",
     STATUS_NOT_IMPLEMENTED: "NotImplemented",
+    STATUS_PARAMETER_INVALID: "InvalidParameter",
+    STATUS_EXCEPTION: "Exception",
 }
 
 
@@ -405,11 +410,14 @@ class SimAgent:
         meth = next((m for m in obj.cls.schema.methods if m.name == req.method_name), None)
         if meth is None:
             return self._mresp(req.seq, STATUS_UNKNOWN_METHOD, f"UnknownMethod: {req.method_name}")
-        args = (
-            req.arguments
-            if req.arguments is not None
-            else self.decode_args(meth.arguments, req.raw_arguments)
-        )
+        try:
+            args = (
+                req.arguments
+                if req.arguments is not None
+                else self.decode_args(meth.arguments, req.raw_arguments)
+            )
+        except CodecError as exc:
+            return self._mresp(req.seq, STATUS_PARAMETER_INVALID, f"InvalidParameter: {exc}")
         outs = self.call(obj, meth.name, args)
         if isinstance(outs, int):
             return self._mresp(req.seq, outs, f"{STATUS_TEXT[outs]}: {meth.name}")

@@ -25,6 +25,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import IO, TYPE_CHECKING, Any, Protocol
 
+from pipeline.codec.records import QmfException
 from pipeline.codec.schema import SchemaRegistry
 from pipeline.qmfxml import ManagementSchema, default_schema
 from pipeline.sim.agent import Published, SimAgent, V2Requests
@@ -396,14 +397,10 @@ class Simulation:
             for agent in self.agents:
                 if not agent.answers(req.key):
                     continue
-                if agent.dialect == "v2":
-                    replies = V2Requests(agent).handle(rec, now_ns)
-                    packed = v2_reply_messages(
-                        replies, req.reply_to, req.correlation_id, agent.v2_name
-                    )
-                else:
-                    replies = agent.handle(rec, now_ns)
-                    packed = reply_messages(replies, self.registry, req.reply_to)
+                try:
+                    packed = self._answer(agent, req, now_ns)
+                except Exception as exc:  # a request we cannot answer must not end the run
+                    packed = self._answer_error(agent, req, exc)
                 self.manifest.write(
                     {
                         "kind": "request",
@@ -420,6 +417,21 @@ class Simulation:
                     return False
                 self.sink.flush()  # a console waits for these
         return True
+
+    def _answer(self, agent: SimAgent, req: Request, now_ns: int) -> list[Packed]:
+        if agent.dialect == "v2":
+            replies = V2Requests(agent).handle(req.record, now_ns)
+            return v2_reply_messages(replies, req.reply_to, req.correlation_id, agent.v2_name)
+        return reply_messages(agent.handle(req.record, now_ns), self.registry, req.reply_to)
+
+    def _answer_error(self, agent: SimAgent, req: Request, exc: Exception) -> list[Packed]:
+        """qpidd answers a request it chokes on with an error; so do we (status 7)."""
+        text = f"Exception: {type(exc).__name__}: {exc}"[:200]
+        if agent.dialect == "v2":
+            err = QmfException(dialect="V2", opcode="_exception", code=7, text=text, values={})
+            return v2_reply_messages([err], req.reply_to, req.correlation_id, agent.v2_name)
+        z = agent.complete(req.record.seq, 7, text)
+        return reply_messages([z], self.registry, req.reply_to)
 
     def _serve_until(self, deadline: float, interval: int) -> bool:
         """Answer requests until ``deadline`` (monotonic) or stop(); False if out of budget."""

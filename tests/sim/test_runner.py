@@ -329,3 +329,49 @@ def test_run_to_a_capture_file_closes_everything(tmp_path: Any) -> None:
     assert len(msgs) == summary.messages
     assert {m.subject for m in msgs} == {m.routing_key for m in msgs}
     assert all(m.properties["app_id"] == "qmf2" for m in msgs)
+
+
+class Scripted:
+    """A RequestSource that hands out a fixed list of requests once."""
+
+    def __init__(self, requests: list[Any]) -> None:
+        self.pending = requests
+
+    def poll(self, timeout_s: float) -> list[Any]:
+        out, self.pending = self.pending, []
+        return out
+
+    def close(self) -> None:
+        pass
+
+
+def test_bad_requests_get_error_replies_and_the_run_goes_on() -> None:
+    from pipeline.codec.records import GetQuery, MethodRequest
+    from pipeline.sim.amqp import Request
+
+    sink = MemorySink()
+    sim = Simulation(SimConfig(dialect="am1", intervals=2, start_ns=START_NS), sink)
+    bank = sim.agents[0].agent_bank
+    bad_args = MethodRequest(
+        dialect="AM1",
+        opcode="M",
+        seq=5,
+        object_id=Am1ObjectId(1, bank, 2),
+        method_name="echo",
+        raw_arguments=b"\x00",
+    )
+    broken = GetQuery(dialect="AM1", opcode="G", seq=6, query=None)  # type: ignore[arg-type]
+    sim.requests = Scripted(
+        [Request("broker", bad_args, "/exchange/amq.direct/r1"), Request("agent.1", broken, "r2")]
+    )
+    sim.run()
+    assert sim.summary.intervals == 2 and sim.summary.replies == 2
+    replies = [m for m in sink.messages if m.exchange == "amq.direct"]
+    assert [m.routing_key for m in replies] == ["r1", "r2"]
+    reg = default_schema().registry()
+    (m,) = captured(replies[0], 0).decode(reg).records
+    assert (m.opcode, m.seq, m.status) == ("m", 5, 4)  # type: ignore[attr-defined]
+    assert m.text.startswith("InvalidParameter: ")  # type: ignore[attr-defined]
+    (z,) = captured(replies[1], 0).decode(reg).records
+    assert (z.opcode, z.seq, z.code) == ("z", 6, 7)  # type: ignore[attr-defined]
+    assert z.text.startswith("Exception: AttributeError")  # type: ignore[attr-defined]
