@@ -644,6 +644,37 @@ def _live_files(dt: DeltaTable) -> list[_LiveFile]:
     return out
 
 
+def prune_files(
+    dt: DeltaTable, files: Sequence[_LiveFile], column: str, low: Any, high: Any
+) -> list[_LiveFile]:
+    """The files that may hold rows with ``low <= column <= high``, by the log's
+    min/max stats (files without stats for the column are kept). Timestamp
+    stats are millisecond-truncated by some writers, so maxima get 1 ms slack.
+    """
+    schema = table_schema(dt)
+    if column not in schema.names:
+        raise SchemaMismatchError(f"column {column!r} not in table")
+    if column in partition_columns(dt):
+        raise ValueError(f"{column!r} is a partition column: filter partitions instead")
+    adds = pa.table(dt.get_add_actions(flatten=True))
+    if f"min.{column}" not in adds.column_names or f"max.{column}" not in adds.column_names:
+        return list(files)
+    t = schema.field(column).type
+    lo = pa.scalar(low, t)
+    hi = pa.scalar(high, t)
+    maxima = adds.column(f"max.{column}")
+    if pa.types.is_timestamp(t):
+        maxima = pc.add(maxima, pa.scalar(timedelta(milliseconds=1), pa.duration(t.unit)))
+    minima = adds.column(f"min.{column}")
+    outside = pc.or_(pc.less(maxima, lo), pc.greater(minima, hi))
+    skip = {
+        p
+        for p, out in zip(adds.column("path").to_pylist(), outside.to_pylist(), strict=True)
+        if out is True
+    }
+    return [f for f in files if f.delta_path not in skip]
+
+
 def _open(path: str | os.PathLike[str], version: int | None) -> DeltaTable:
     dt = DeltaTable(os.fspath(path), version=version)
     check_protocol(dt, write=False)
@@ -771,6 +802,7 @@ def merge_batch(
     batch_id: int,
     mode: Literal["upsert", "insert_if_absent"] = "upsert",
     target_filter: str | None = None,
+    target_range: tuple[str, Any, Any] | None = None,
 ) -> CommitResult:
     """Merge a micro-batch on ``keys``, exactly once.
 
@@ -786,7 +818,10 @@ def merge_batch(
     anti-joins the batch with the table's key columns (only those columns are
     read; ``target_filter``, a Spark SQL predicate on the table such as a time
     window, narrows the scan further) and the survivors go through the
-    parallel append path. Assumes one writer per table.
+    parallel append path. ``target_range=(column, low, high)`` says that
+    duplicates can only be among rows with ``low <= column <= high``: files
+    whose Delta min/max stats lie outside are not even opened, which keeps the
+    check's cost flat as the table grows. Assumes one writer per table.
     """
     if not keys:
         raise ValueError("merge needs at least one key column")
@@ -799,11 +834,19 @@ def merge_batch(
             raise SchemaMismatchError(f"key column {k!r} not in table {path}")
     batch = conform(df, schema)
     if mode == "insert_if_absent":
-        existing = read_table(batch.sparkSession, path)
+        from pyspark.sql import functions as F
+
+        files = _live_files(dt)
+        if target_range is not None:
+            files = prune_files(dt, files, *target_range)
+        existing = _scan(batch.sparkSession, dt, files, with_file=False)
+        if target_range is not None:
+            column, low, high = target_range
+            existing = existing.where(F.col(column).between(F.lit(low), F.lit(high)))
         if target_filter:
             existing = existing.where(target_filter)
         fresh = batch.dropDuplicates(list(keys)).join(
-            existing.select(*keys).distinct(), on=list(keys), how="left_anti"
+            existing.select(*keys), on=list(keys), how="left_anti"
         )
         return _write_and_commit(
             fresh, dt, app_id=app_id, batch_id=batch_id, operation="insert_if_absent"

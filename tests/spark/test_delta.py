@@ -18,12 +18,14 @@ from pyspark.sql import DataFrame, SparkSession
 from pipeline.delta import (
     DeltaLayerError,
     SchemaMismatchError,
+    _live_files,
     append_batch,
     commit_files,
     committed_batch,
     create_table,
     merge_batch,
     overwrite_range,
+    prune_files,
     read_arrow,
     read_table,
 )
@@ -275,33 +277,35 @@ def test_merge_upserts(spark: SparkSession, tmp_path: Path) -> None:
         )
 
 
+def msg(key: str, offset: int, batch: int) -> dict[str, Any]:
+    return {
+        "partition": "p0",
+        "offset": offset,
+        "msg_key": key,
+        "received_at": ts(offset),
+        "routing_key": "mgmt.a.b",
+        "subject": None,
+        "message_id": None,
+        "correlation_id": None,
+        "reply_to": None,
+        "app_id": None,
+        "content_type": "amqp/map",
+        "application_properties": {"qmf.opcode": "_data"},
+        "body": f"body-{key}".encode(),
+        "batch_id": batch,
+    }
+
+
+def bronze(spark: SparkSession, rows: list[dict[str, Any]]) -> DataFrame:
+    return spark.createDataFrame(pa.Table.from_pylist(rows, schema=BRONZE))
+
+
 def test_insert_if_absent_dedups_bronze(spark: SparkSession, tmp_path: Path) -> None:
     path = tmp_path / "bronze"
     create_table(path, BRONZE)
 
-    def msg(key: str, offset: int, batch: int) -> dict[str, Any]:
-        return {
-            "partition": "p0",
-            "offset": offset,
-            "msg_key": key,
-            "received_at": ts(offset),
-            "routing_key": "mgmt.a.b",
-            "subject": None,
-            "message_id": None,
-            "correlation_id": None,
-            "reply_to": None,
-            "app_id": None,
-            "content_type": "amqp/map",
-            "application_properties": {"qmf.opcode": "_data"},
-            "body": f"body-{key}".encode(),
-            "batch_id": batch,
-        }
-
-    def bronze(rows: list[dict[str, Any]]) -> DataFrame:
-        return spark.createDataFrame(pa.Table.from_pylist(rows, schema=BRONZE))
-
     first = merge_batch(
-        bronze([msg("a", 0, 0), msg("b", 1, 0), msg("b", 1, 0)]),
+        bronze(spark, [msg("a", 0, 0), msg("b", 1, 0), msg("b", 1, 0)]),
         path,
         keys=["msg_key"],
         app_id="bronze",
@@ -311,7 +315,7 @@ def test_insert_if_absent_dedups_bronze(spark: SparkSession, tmp_path: Path) -> 
     assert first.rows == 2
     # Redelivered a and b (new offsets) plus a new c: only c lands.
     second = merge_batch(
-        bronze([msg("a", 5, 1), msg("c", 6, 1), msg("b", 7, 1)]),
+        bronze(spark, [msg("a", 5, 1), msg("c", 6, 1), msg("b", 7, 1)]),
         path,
         keys=["msg_key"],
         app_id="bronze",
@@ -324,7 +328,7 @@ def test_insert_if_absent_dedups_bronze(spark: SparkSession, tmp_path: Path) -> 
     # A batch of only duplicates still records its batch id, with no data file.
     files = data_files(path)
     third = merge_batch(
-        bronze([msg("c", 6, 2)]),
+        bronze(spark, [msg("c", 6, 2)]),
         path,
         keys=["msg_key"],
         app_id="bronze",
@@ -414,3 +418,32 @@ def test_partitioned_append_and_readers(spark: SparkSession, tmp_path: Path) -> 
     }
     assert len(pq.read_table(DeltaTable(str(path)).file_uris(), columns=["id"])) == len(after)
     assert {(r["id"], r["site"], r["day"]) for r in spark_rows(read_table(spark, path))} == after
+
+
+def test_insert_if_absent_within_a_range_prunes_files(spark: SparkSession, tmp_path: Path) -> None:
+    path = tmp_path / "bronze"
+    create_table(path, BRONZE)
+    for b, keys in enumerate([("a", "b"), ("c", "d")]):
+        rows = [msg(k, 30 * b + i, b) for i, k in enumerate(keys)]
+        append_batch(bronze(spark, rows), path, app_id="load", batch_id=b)
+    dt = DeltaTable(str(path))
+    live = _live_files(dt)
+    kept = prune_files(dt, live, "received_at", ts(25), ts(40))
+    assert 0 < len(kept) < len(live)
+    assert sorted(pq.read_table([f.local_path for f in kept]).column("msg_key").to_pylist()) == [
+        "c",
+        "d",
+    ]
+    # Keys are only compared within the range: "c" is a duplicate, the old "a" is not seen.
+    result = merge_batch(
+        bronze(spark, [msg("a", 50, 2), msg("c", 51, 2)]),
+        path,
+        keys=["msg_key"],
+        app_id="bronze",
+        batch_id=2,
+        mode="insert_if_absent",
+        target_range=("received_at", ts(25), ts(59)),
+    )
+    assert result.rows == 1
+    got = sorted((r["msg_key"], r["offset"]) for r in read_arrow(path).to_pylist())
+    assert got == [("a", 0), ("a", 50), ("b", 1), ("c", 30), ("d", 31)]
