@@ -435,3 +435,66 @@ def default_schema() -> ManagementSchema:
     if _DEFAULT is None:
         _DEFAULT = load_schema()
     return _DEFAULT
+
+
+def describe(schema: ManagementSchema) -> list[dict[str, Any]]:
+    """A plain table of every class (for tools that should not parse XML): wire facts + kinds."""
+    out: list[dict[str, Any]] = []
+    for c in schema:
+        s = c.schema
+        out.append(
+            {
+                "package": c.package,
+                "name": c.name,
+                "xml_name": c.xml_name,
+                "kind": "event" if c.is_event else "table",
+                "hash": c.key.hash.hex(),
+                "severity": c.severity,
+                "parent_ref": c.parent_ref,
+                "properties": [
+                    {
+                        "name": p.name,
+                        "type": p.type_code,
+                        "xml_type": c.xml_types.get(p.name),
+                        "access": p.access,
+                        "index": p.index,
+                        "optional": p.optional,
+                        "references": c.references.get(p.name),
+                    }
+                    for p in s.properties
+                ],
+                "statistics": [
+                    {
+                        "name": e.name,
+                        "type": e.type_code,
+                        "xml_type": c.statistics[e.name].xml_type,
+                        "kind": c.statistics[e.name].kind,
+                        "base": c.statistics[e.name].base,
+                        "unit": e.extra.get("unit"),
+                    }
+                    for e in s.statistics
+                ],
+                "methods": [m.name for m in s.methods],
+                "arguments": [
+                    {"name": a.name, "type": a.type_code, "xml_type": c.xml_types.get(a.name)}
+                    for a in s.arguments
+                ],
+            }
+        )
+    return out
+
+
+DESCRIPTION_FILE = os.path.join(_SCHEMA_DIR, "classes.json")
+
+
+def main() -> None:
+    """Regenerate ``schemas/qpid/classes.json`` from the XML (``python -m pipeline.qmfxml``)."""
+    import json
+
+    with open(DESCRIPTION_FILE, "w", encoding="utf-8") as fh:
+        json.dump(describe(default_schema()), fh, indent=1, sort_keys=True)
+        fh.write("\n")
+
+
+if __name__ == "__main__":
+    main()

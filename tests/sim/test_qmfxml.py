@@ -153,3 +153,22 @@ def test_bad_xml_is_refused() -> None:
         parse_schema_xml('<schema package="p"><event name="e" args="zz"/></schema>')
     with pytest.raises(SchemaXmlError, match="no package"):
         parse_schema_xml("<schema/>")
+
+
+def test_derived_class_table_is_up_to_date() -> None:
+    import json
+
+    from pipeline.qmfxml import DESCRIPTION_FILE, describe
+
+    with open(DESCRIPTION_FILE, encoding="utf-8") as fh:
+        assert json.load(fh) == describe(default_schema())  # regenerate: python -m pipeline.qmfxml
+    (queue,) = [c for c in describe(default_schema()) if c["name"] == "queue"]
+    depth = next(s for s in queue["statistics"] if s["name"] == "msgDepth")
+    assert depth == {
+        "name": "msgDepth",
+        "type": 4,
+        "xml_type": "count64",
+        "kind": "gauge",
+        "base": "msgDepth",
+        "unit": "message",
+    }
