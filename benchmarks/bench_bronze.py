@@ -1,0 +1,179 @@
+"""Landing log -> bronze throughput (records/s), against a plain pyarrow + delta-rs baseline.
+
+    .venv/bin/python benchmarks/bench_bronze.py [--messages 500000] [--size 400]
+
+Both runs read the same landing log in the same process and write a Delta
+table with the bronze schema:
+
+* baseline: read every segment with pyarrow, add ``batch_id``, and
+  ``write_deltalake`` in chunks of ``--batch`` rows (no Spark, no de-duplication,
+  everything through one process);
+* pipeline: the ``qmf`` streaming source with ``Trigger.AvailableNow`` and
+  ``maxRecordsPerTrigger = --batch`` into ``pipeline.bronze`` (exactly-once
+  insert-if-absent on ``msg_key``: Spark anti-joins each batch with the table's
+  keys, writes Parquet in parallel, the driver commits with delta-rs).
+
+SparkSession start-up is excluded from the pipeline's time (it is paid once
+per job); the time to the first bronze commit is reported separately.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import pyarrow as pa
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+from receivers.landing import LandedMessage, LandingLog, LandingWriter  # noqa: E402
+from schemas.tables import BRONZE  # noqa: E402
+
+
+def make_landing(root: Path, messages: int, size: int, partitions: int, segment: int) -> None:
+    """``messages`` AM1-like messages of ``size`` bytes, spread over ``partitions``."""
+    pad = bytes(range(256)) * (size // 256 + 1)
+    per_part = messages // partitions
+    for p in range(partitions):
+        writer = LandingWriter(root, f"r{p}", fsync=False)
+        done = 0
+        while done < per_part:
+            n = min(segment, per_part - done)
+            msgs = []
+            for i in range(done, done + n):
+                key = f"mgmt.agent{p}.prop.org.apache.qpid.broker.queue{i % 50}"
+                head = b"AM1c" + i.to_bytes(4, "big") + f"{p}:{i}:".encode()
+                msgs.append(
+                    LandedMessage(
+                        body=head + pad[: max(size - len(head), 0)],
+                        routing_key=key,
+                        subject=key,
+                        content_type="application/octet-stream",
+                        application_properties={"qmf.agent": f"agent{p}"},
+                        received_at_us=1_700_000_000_000_000 + i,
+                    )
+                )
+            writer.append(msgs)
+            done += n
+
+
+def baseline(root: Path, table: Path, batch: int) -> tuple[float, int]:
+    """pyarrow reads + write_deltalake appends; returns (seconds, rows)."""
+    from deltalake import write_deltalake
+
+    start = time.perf_counter()
+    log = LandingLog(root)
+    ends = log.end_offsets()
+    pending: list[pa.RecordBatch] = []
+    pending_rows = 0
+    batch_id = 0
+    rows = 0
+
+    def flush() -> None:
+        nonlocal pending, pending_rows, batch_id, rows
+        t = pa.Table.from_batches(pending)
+        t = t.append_column(
+            BRONZE.field("batch_id"), pa.array([batch_id] * t.num_rows, pa.int64())
+        )
+        write_deltalake(str(table), t.cast(BRONZE), mode="append")
+        rows += t.num_rows
+        batch_id += 1
+        pending, pending_rows = [], 0
+
+    for b in log.iter_batches({p: (0, e) for p, e in ends.items()}):
+        pending.append(b)
+        pending_rows += b.num_rows
+        if pending_rows >= batch:
+            flush()
+    if pending:
+        flush()
+    return time.perf_counter() - start, rows
+
+
+def pipeline_run(root: Path, table: Path, ck: Path, batch: int) -> tuple[float, float, int, float]:
+    """The bronze stream; returns (seconds, seconds to first commit, rows, session start s)."""
+    from deltalake import DeltaTable
+
+    from pipeline import delta
+    from pipeline.bronze import BronzeSettings, start_bronze
+    from pipeline.spark import get_spark
+
+    t0 = time.perf_counter()
+    spark = get_spark("bench-bronze")
+    session_s = time.perf_counter() - t0
+    settings = BronzeSettings(
+        landing=str(root), table=str(table), checkpoint=str(ck),
+        trigger="availableNow", max_records_per_trigger=batch,
+    )  # fmt: skip
+    start = time.perf_counter()
+    query = start_bronze(spark, settings)
+    first: float | None = None
+    deadline = start + 3600
+    while not query.awaitTermination(1):
+        if first is None and delta.table_exists(table) and DeltaTable(str(table)).version() > 0:
+            first = time.perf_counter() - start
+        if time.perf_counter() > deadline:
+            query.stop()
+            raise SystemExit("pipeline run did not finish within an hour")
+    elapsed = time.perf_counter() - start
+    if query.exception() is not None:
+        raise SystemExit(f"query failed: {query.exception()}")
+    progress = [p for p in query.recentProgress if p["numInputRows"] > 0]
+    if first is None:
+        first = elapsed
+    rows = sum(int(p["numInputRows"]) for p in progress)
+    spark.stop()
+    return elapsed, first, rows, session_s
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--messages", type=int, default=500_000)
+    ap.add_argument("--size", type=int, default=400, help="body bytes per message")
+    ap.add_argument("--partitions", type=int, default=2, help="landing partitions (receivers)")
+    ap.add_argument("--segment", type=int, default=1_000, help="messages per landing segment")
+    ap.add_argument("--batch", type=int, default=200_000, help="records per micro-batch")
+    ap.add_argument("--workdir", default=None, help="keep files here (default: a temp dir)")
+    args = ap.parse_args()
+
+    work = Path(args.workdir or tempfile.mkdtemp(prefix="bench-bronze-"))
+    root = work / "landing"
+    shutil.rmtree(work / "baseline", ignore_errors=True)
+    shutil.rmtree(work / "bronze", ignore_errors=True)
+    shutil.rmtree(work / "ck", ignore_errors=True)
+    try:
+        t = time.perf_counter()
+        if not root.exists():
+            make_landing(root, args.messages, args.size, args.partitions, args.segment)
+        landed = sum(LandingLog(root).end_offsets().values())
+        print(f"landing log: {landed} messages of ~{args.size} B in {time.perf_counter() - t:.1f} s")
+
+        base_s, base_rows = baseline(root, work / "baseline", args.batch)
+        pipe_s, first_s, pipe_rows, session_s = pipeline_run(
+            root, work / "bronze", work / "ck", args.batch
+        )
+        base_rate, pipe_rate = base_rows / base_s, pipe_rows / pipe_s
+        print(f"baseline (pyarrow + write_deltalake): {base_rows} rows in {base_s:.1f} s = {base_rate:,.0f} records/s")
+        print(f"pipeline (qmf source -> bronze, exactly-once dedup): {pipe_rows} rows in {pipe_s:.1f} s = {pipe_rate:,.0f} records/s"
+              f" (first commit after {first_s:.1f} s; session start {session_s:.1f} s, not counted)")
+        print(f"ratio pipeline/baseline: {pipe_rate / base_rate:.2f}")
+        print("RESULT " + json.dumps({
+            "messages": landed, "size": args.size, "batch": args.batch, "cpus": os.cpu_count(),
+            "baseline_rps": round(base_rate), "pipeline_rps": round(pipe_rate),
+            "ratio": round(pipe_rate / base_rate, 3), "first_commit_s": round(first_s, 1),
+        }))  # fmt: skip
+        return 0 if pipe_rows == landed == base_rows else 1
+    finally:
+        if args.workdir is None:
+            shutil.rmtree(work, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
