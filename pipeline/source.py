@@ -43,7 +43,7 @@ from pyspark.sql.streaming.datasource import (
 )
 from pyspark.sql.types import StructType
 
-from receivers.landing import LandingLog
+from receivers.landing import LandingError, LandingLog
 from schemas.tables import LANDING, spark_schema
 
 if TYPE_CHECKING:
@@ -353,6 +353,15 @@ class QmfStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
 
     def latestOffset(self, start: dict[str, int], limit: ReadLimit) -> dict[str, int]:
         self._ensure_receiver()
+        ends = self.landing.end_offsets()
+        behind = {p: (int(o), ends.get(p, 0)) for p, o in start.items() if int(o) > ends.get(p, 0)}
+        if behind:
+            # The log was reset or restored from an older copy: refuse to
+            # wait silently for offsets that will mean other messages.
+            raise LandingError(
+                f"landing log {self.opts.path} is behind the query's offsets "
+                f"(partition: (query, log)) {behind}"
+            )
         available = self._available()
         first = self.landing.start_offsets()
         # A partition new to this query starts at its first offset on disk.

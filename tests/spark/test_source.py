@@ -204,6 +204,28 @@ def test_reader_ranges_are_deterministic(tmp_path: Path) -> None:
     assert first.column("offset").to_pylist() == [*range(2, 23), 0, 1, 2]
 
 
+def test_reader_offsets_admission_and_regression(tmp_path: Path) -> None:
+    """The driver-side calls, straight: what Spark asks and what the source answers."""
+    from pyspark.sql.streaming.datasource import ReadAllAvailable, ReadMaxRows
+
+    from receivers.landing import LandingError
+
+    root = tmp_path / "landing"
+    land(root, "a", [10, 10])
+    reader = QmfStreamReader(spark_schema(LANDING), {"path": str(root)})
+    assert reader.initialOffset() == {"a": 0}
+    assert reader.latestOffset({"a": 0}, ReadMaxRows(5)) == {"a": 5}
+    assert reader.latestOffset({"a": 5}, ReadAllAvailable()) == {"a": 20}
+    assert reader.latestOffset({"a": 20}, ReadAllAvailable()) == {"a": 20}
+    reader.prepareForTriggerAvailableNow()
+    land(root, "a", [10], first_index=20)
+    land(root, "b", [4])
+    assert reader.latestOffset({"a": 20}, ReadAllAvailable()) == {"a": 20}  # target holds
+    assert reader.reportLatestOffset() == {"a": 30, "b": 4}
+    with pytest.raises(LandingError, match="behind the query's offsets"):
+        reader.latestOffset({"a": 31}, ReadAllAvailable())
+
+
 # --------------------------------------------------------------------------- with Spark
 
 
