@@ -18,9 +18,11 @@ import fcntl
 import hashlib
 import json
 import os
+import re
 import shutil
 import signal
 import socket
+import ssl
 import subprocess
 import time
 import urllib.parse
@@ -272,8 +274,16 @@ def load_config(home: Path | str | None = None) -> BrokerConfig:
         extra_user=os.environ.get("QMF_BROKER_EXTRA_USER", DEFAULT_EXTRA_USER),
         extra_password=os.environ.get("QMF_BROKER_EXTRA_PASSWORD", DEFAULT_EXTRA_PASSWORD),
         gen_queue_expires_ms=_env_int("QMF_BROKER_GEN_EXPIRES_MS", DEFAULT_GEN_QUEUE_EXPIRES_MS),
-        memory_limit=os.environ.get("QMF_BROKER_MEMORY", "2GB"),
+        memory_limit=_memory_limit(os.environ.get("QMF_BROKER_MEMORY", "2GB")),
     )
+
+
+def _memory_limit(raw: str) -> str:
+    """RabbitMQ ignores an unparsable watermark (falls back to 40% of RAM): refuse it here."""
+    value = raw.strip()
+    if not re.fullmatch(r"\d+(\.\d+)?([kKMGT]i?B|[kKMGT]B|B)?", value):
+        raise BrokerError(f"QMF_BROKER_MEMORY={raw!r}: expected e.g. 2GB, 512MiB, 1073741824")
+    return value
 
 
 def _free_port(span: int = 1) -> int:
@@ -351,6 +361,9 @@ def node_env(cfg: BrokerConfig) -> dict[str, str]:
             # Resolve "localhost" (the node's host part) without /etc/hosts, which
             # minimal images (debootstrap minbase, some containers) lack.
             "ERL_INETRC": str(p.inetrc),
+            # A failed boot must not stall on a large crash dump (nor litter the cwd).
+            "ERL_CRASH_DUMP": str(p.log_dir / "erl_crash.dump"),
+            "ERL_CRASH_DUMP_SECONDS": "5",
             "RABBITMQ_SERVER_ADDITIONAL_ERL_ARGS": "-kernel inet_dist_use_interface {127,0,0,1}",
             "RABBITMQ_ALLOW_INPUT": "",
             "LC_ALL": "C.UTF-8",
@@ -579,6 +592,30 @@ def _openssl(args: Sequence[str], cwd: Path) -> None:
         raise BrokerError(f"openssl {' '.join(args[:2])} failed: {proc.stderr.strip()}")
 
 
+def check_tls_files(files: TlsFiles) -> None:
+    """Load every PEM as the listener and a client would: RabbitMQ boots fine with broken
+    TLS files and only fails each handshake later, so catch that before configuring."""
+    try:
+        ssl.create_default_context(cafile=str(files.ca))
+        for cert, key in ((files.server_cert, files.server_key),
+                          (files.client_cert, files.client_key)):
+            ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT).load_cert_chain(str(cert), str(key))
+    except (ssl.SSLError, OSError) as exc:
+        raise BrokerError(f"unusable TLS files in {files.ca.parent}: {exc}") from exc
+
+
+def tls_handshake(host: str, port: int, files: TlsFiles, timeout: float = 5.0) -> str | None:
+    """None when a TLS handshake with the listener verifies against our CA, else why not."""
+    ctx = ssl.create_default_context(cafile=str(files.ca))
+    ctx.load_cert_chain(str(files.client_cert), str(files.client_key))
+    try:
+        with socket.create_connection((host, port), timeout=timeout) as raw, \
+                ctx.wrap_socket(raw, server_hostname="localhost"):
+            return None
+    except (ssl.SSLError, ssl.CertificateError, OSError) as exc:
+        return str(exc) or type(exc).__name__
+
+
 def generate_tls(directory: Path | str, client_cn: str = DEFAULT_CLIENT_CN,
                  days: int = 3650) -> TlsFiles:
     """A throw-away CA, a server cert for localhost/127.0.0.1 and a client cert (CN=client_cn).
@@ -793,6 +830,30 @@ def _check_ports_free(cfg: BrokerConfig) -> None:
                 f"(not node {cfg.node}); stop it or choose other ports with "
                 "QMF_BROKER_PORT / QMF_BROKER_TLS_PORT / QMF_BROKER_DIST_PORT"
             )
+    # An epmd there is fine (ours from an earlier run); anything else would hang the boot.
+    if port_open("127.0.0.1", cfg.epmd_port, timeout=0.5) and not _is_epmd(cfg.epmd_port):
+        raise BrokerError(
+            f"epmd port 127.0.0.1:{cfg.epmd_port} is taken by something that is not epmd; "
+            "choose another with QMF_BROKER_EPMD_PORT"
+        )
+
+
+def _is_epmd(port: int, timeout: float = 2.0) -> bool:
+    """epmd answers NAMES_REQ ("n") with its own port as 4 big-endian bytes."""
+    try:
+        with socket.create_connection(("127.0.0.1", port), timeout=timeout) as sock:
+            sock.settimeout(timeout)
+            sock.sendall(b"\x00\x01n")
+            got = b""
+            deadline = time.monotonic() + timeout
+            while len(got) < 4 and time.monotonic() < deadline:
+                chunk = sock.recv(4 - len(got))
+                if not chunk:
+                    break
+                got += chunk
+            return len(got) == 4 and int.from_bytes(got, "big") == port
+    except OSError:
+        return False
 
 
 def _wait_ready(cfg: BrokerConfig, proc: subprocess.Popen[bytes] | None, timeout: float) -> int:
@@ -802,7 +863,9 @@ def _wait_ready(cfg: BrokerConfig, proc: subprocess.Popen[bytes] | None, timeout
     last_error = "the AMQP port never opened"
     while time.monotonic() < deadline:
         if proc is not None and proc.poll() is not None:
-            raise BrokerError(_failure(cfg, f"rabbitmq-server exited with code {proc.returncode}"))
+            raise BrokerError(_failure(
+                cfg, f"rabbitmq-server exited (code {proc.returncode}) before accepting "
+                "AMQP 1.0 connections"))
         if amqp10_handshake(cfg.host, cfg.port, timeout=2.0):
             try:
                 amqp10_attach(info.url, timeout=min(10.0, max(1.0, deadline - time.monotonic())))
@@ -810,22 +873,31 @@ def _wait_ready(cfg: BrokerConfig, proc: subprocess.Popen[bytes] | None, timeout
                 last_error = str(exc)
             else:
                 pid = _node_pid(cfg)
-                if pid is not None:
+                tls = _tls_files(cfg)
+                tls_error = tls_handshake(cfg.host, cfg.tls_port, tls) if tls else None
+                if pid is not None and tls_error is None:
                     return pid
-                last_error = "node answers but its pid file is missing"
+                last_error = (f"TLS listener {cfg.host}:{cfg.tls_port} fails: {tls_error}"
+                              if tls_error else "node answers but its pid file is missing")
         elif port_open(cfg.host, cfg.port, timeout=0.5):
             last_error = "the port answers but not with AMQP 1.0 (plugin not loaded yet?)"
         time.sleep(0.5)
     raise BrokerError(_failure(cfg, f"not ready after {timeout:.0f}s: {last_error}"))
 
 
+_KEY_LINE = re.compile(r"ERROR|BOOT FAILED|Kernel pid terminated|\[error\].*(reason|Error)")
+
+
 def _failure(cfg: BrokerConfig, why: str) -> str:
+    """The reason first (key lines of both logs), then the raw tails."""
     p = cfg.paths
-    return (
-        f"local RabbitMQ node {cfg.node} failed to start: {why}\n"
-        f"--- tail of {p.log_file}\n{_tail(p.log_file)}\n"
-        f"--- tail of {p.console_log}\n{_tail(p.console_log)}"
-    )
+    tails = {path: _tail(path) for path in (p.log_file, p.console_log)}
+    key = [ln for text in tails.values() for ln in text.splitlines() if _KEY_LINE.search(ln)]
+    parts = [f"local RabbitMQ node {cfg.node} failed to start: {why}"]
+    if key:
+        parts.append("--- key lines\n" + "\n".join(key[-8:]))
+    parts += [f"--- tail of {path}\n{text}" for path, text in tails.items()]
+    return "\n".join(parts)
 
 
 def _start_locked(cfg: BrokerConfig, timeout: float) -> BrokerInfo:
@@ -861,6 +933,7 @@ def _start_locked(cfg: BrokerConfig, timeout: float) -> BrokerInfo:
         _wait_ready(cfg, proc, timeout)
     except BrokerError:
         _kill_node(cfg, proc.pid)
+        _stop_epmd(cfg)
         raise
     return local_info(cfg)
 
@@ -872,6 +945,9 @@ def _kill_node(cfg: BrokerConfig, wrapper_pid: int | None) -> None:
         if target:
             with contextlib.suppress(ProcessLookupError):
                 os.kill(target, signal.SIGKILL)
+    deadline = time.monotonic() + 10
+    while pid and _pid_alive(pid) and time.monotonic() < deadline:
+        time.sleep(0.1)
 
 
 def start_broker(timeout: float | None = None, cfg: BrokerConfig | None = None) -> BrokerInfo:
@@ -1105,6 +1181,7 @@ def ensure_tls(directory: Path | str | None = None, restart: bool = True,
     target = Path(directory).resolve() if directory is not None else cfg.paths.tls_dir
     with _locked(cfg):
         files = generate_tls(target)
+        check_tls_files(files)
         current = _tls_files(cfg)
         cfg.paths.state.mkdir(parents=True, exist_ok=True)
         if target == cfg.paths.tls_dir:

@@ -7,6 +7,7 @@ shared node other test modules use stays up; that also proves two nodes never co
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import os
 import socket
 import time
@@ -23,7 +24,7 @@ from pipeline.cli import main as cli_main
 
 pytestmark = pytest.mark.broker
 
-ENV_KEYS = ("QMF_HOME", "QMF_BROKER_PORT", "QMF_BROKER_TLS_PORT", "QMF_BROKER_DIST_PORT",
+ENV_KEYS = ("QMF_HOME", "QMF_BROKER_MEMORY", "QMF_BROKER_PORT", "QMF_BROKER_TLS_PORT", "QMF_BROKER_DIST_PORT",
             "QMF_BROKER_EPMD_PORT", "QMF_BROKER_URL", "QMF_RABBITMQ_BIN")
 
 
@@ -319,20 +320,46 @@ def test_port_in_use_fails_with_clear_message(
             b.start_broker(timeout=10)
 
 
-def test_boot_failure_reports_log_tail(
-    private: b.BrokerConfig, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
-) -> None:
-    """A server that dies at boot: start fails fast, quoting its output."""
-    bindir = tmp_path / "bin"
-    bindir.mkdir()
-    script = bindir / "rabbitmq-server"
-    script.write_text("#!/bin/sh\necho 'boot failed: eaddrinuse (simulated)'\nexit 7\n")
-    script.chmod(0o755)
-    monkeypatch.setenv("QMF_HOME", str(tmp_path / "home"))
-    monkeypatch.setenv("QMF_RABBITMQ_BIN", str(bindir))
-    t0 = time.monotonic()
+def test_epmd_port_taken_by_something_else(tmp_path: Path) -> None:
+    with socket.socket() as squatter:
+        squatter.bind(("127.0.0.1", 0))
+        squatter.listen(1)
+        cfg = dataclasses.replace(b.isolated_config(tmp_path),
+                                  epmd_port=int(squatter.getsockname()[1]))
+        with pytest.raises(b.BrokerError, match=r"epmd port .* is taken by something that is "
+                                                r"not epmd; choose another"):
+            b.start_broker(timeout=10, cfg=cfg)
+    assert not b.broker_status(cfg).running
+
+
+def test_bad_settings_are_refused(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Things RabbitMQ itself would accept silently (and then misbehave)."""
+    monkeypatch.setenv("QMF_BROKER_MEMORY", "lots")
+    with pytest.raises(b.BrokerError, match="QMF_BROKER_MEMORY='lots'"):
+        b.load_config(tmp_path)
+    monkeypatch.setenv("QMF_BROKER_MEMORY", "512MiB")
+    assert b.load_config(tmp_path).memory_limit == "512MiB"
+    bad = tmp_path / "badtls"
+    bad.mkdir()
+    for name in ("ca.pem", "server.pem", "server.key", "client.pem", "client.key"):
+        (bad / name).write_text("-----BEGIN CERTIFICATE-----\nnope\n-----END CERTIFICATE-----\n")
+    cfg = b.isolated_config(tmp_path)
+    with pytest.raises(b.BrokerError, match="unusable TLS files"):
+        b.ensure_tls(bad, cfg=cfg)
+    assert not cfg.paths.tls_choice.exists()
+
+
+def test_boot_failure_reports_the_reason_and_log_tail(tmp_path: Path) -> None:
+    """A real boot failure (corrupt state: the node's Mnesia dir is a file)."""
+    cfg = b.isolated_config(tmp_path)
+    cfg.paths.mnesia.mkdir(parents=True)
+    (cfg.paths.mnesia / cfg.node).write_text("not a directory")
     with pytest.raises(b.BrokerError) as err:
-        b.start_broker(timeout=30)
-    assert time.monotonic() - t0 < 10
-    assert "exited with code 7" in str(err.value)
-    assert "boot failed: eaddrinuse (simulated)" in str(err.value)
+        b.start_broker(timeout=60, cfg=cfg)
+    text = str(err.value)
+    assert text.startswith(f"local RabbitMQ node {cfg.node} failed to start: rabbitmq-server "
+                           "exited (code 0) before accepting AMQP 1.0 connections")
+    assert "--- key lines\n" in text and "BOOT FAILED" in text
+    assert "cannot_create_mnesia_dir" in text
+    assert f"--- tail of {cfg.paths.log_file}" in text
+    assert not b.broker_status(cfg).running
