@@ -278,6 +278,8 @@ class SimBroker:
                 self.sub_session[sub.object_num] = sess_num
                 q.consumers = 1
             self._set_counts(q)
+        for num in self.exchanges.values():
+            self._reset_watermarks(self.objects[num])
         self._broker_totals(now_ns)
 
     def _add_queue(self, name: str, now_ns: int, durable: bool) -> SimObject:
@@ -310,6 +312,10 @@ class SimBroker:
         }
         if exchange == "amq.topic":
             props["origin"] = "sim"
+        ex = self.objects[self.exchanges[exchange]].stats
+        ex["bindingCount"] += 1
+        ex["bindingCountHigh"] = max(ex["bindingCountHigh"], ex["bindingCount"])
+        self.objects[self.exchanges[exchange]].stat_dirty = True
         return self._new("binding", props, now_ns)
 
     def _set_counts(self, q: SimObject) -> None:
@@ -390,6 +396,10 @@ class SimBroker:
     def advance(self, now_ns: int, dt_s: float) -> None:
         """One publish interval of traffic ending at ``now_ns``."""
         rng = self.rng
+        for num in self.exchanges.values():
+            ex = self.objects[num]
+            if self._reset_watermarks(ex):
+                ex.stat_dirty = True
         for num in self.queue_nums:
             q = self.objects[num]
             if self._reset_watermarks(q):
@@ -459,6 +469,9 @@ class SimBroker:
         for o in created:
             o.create_ns = t_create
             o.delete_ns = t_delete
+            if o.class_name == "binding":  # gone again: only the exchange's High remembers it
+                ex = self.objects[o.props["exchangeRef"].object_num]
+                ex.stats["bindingCount"] -= 1
         return created
 
     def purge(self, q: SimObject, request: int) -> int:

@@ -375,3 +375,20 @@ def test_bad_requests_get_error_replies_and_the_run_goes_on() -> None:
     (z,) = captured(replies[1], 0).decode(reg).records
     assert (z.opcode, z.seq, z.code) == ("z", 6, 7)  # type: ignore[attr-defined]
     assert z.text.startswith("Exception: AttributeError")  # type: ignore[attr-defined]
+
+
+def test_exchange_binding_watermark_remembers_a_transient_binding() -> None:
+    sim, sink = run(dialect="am2", intervals=3, load=LoadConfig(queues=8, transient_per_interval=1))
+    default_ex = [
+        r
+        for _, r in decoded(sink)
+        if isinstance(r, ObjectSample)
+        and r.class_name == "exchange"
+        and r.opcode == "i"
+        and r.object_id is not None
+        and getattr(r.object_id, "object_num", None) == sim.agents[0].model.exchanges[""]
+    ]
+    assert len(default_ex) == 3
+    for r in default_ex:  # 8 queues bound; a ninth binding came and went inside each interval
+        v = r.values
+        assert (v["bindingCount"], v["bindingCountLow"], v["bindingCountHigh"]) == (8, 8, 9)
