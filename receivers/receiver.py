@@ -34,12 +34,14 @@ import fcntl
 import json
 import logging
 import os
+import queue
 import re
 import signal
 import socket
 import threading
 import time
 import uuid
+from collections import deque
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
@@ -47,7 +49,11 @@ from pathlib import Path
 from types import FrameType
 from typing import IO, Any, Protocol
 
-from cproton import pn_message_get_content_type
+from cproton import (
+    pn_message_get_content_type,
+    pn_message_get_reply_to,
+    pn_message_get_subject,
+)
 from proton import (
     Connection,
     Data,
@@ -61,7 +67,7 @@ from proton import (
     symbol,
 )
 from proton.handlers import MessagingHandler
-from proton.reactor import Container, Filter
+from proton.reactor import ApplicationEvent, Container, EventInjector, Filter
 
 from receivers.config import BrokerConfig, ConfigError
 from receivers.landing import PARTITION_RE, LandedMessage, LandingWriter
@@ -194,44 +200,53 @@ def _body_bytes(body: Any) -> tuple[bytes, str | None]:
     return bytes(d.encode()), "amqp-1.0"
 
 
-def _content_type(msg: Message) -> str | None:
-    """Proton's getter turns an absent content-type into symbol('None'); ask the C layer."""
-    raw: str | None = pn_message_get_content_type(msg._msg)
-    return raw
+def _text(value: Any) -> str | None:
+    """Fast path of :func:`_as_text` for the common plain-str case."""
+    return value if value is None or type(value) is str else _as_text(value)
 
 
 def to_landed(msg: Message, received_at_us: int | None = None) -> LandedMessage:
-    """Map a proton Message onto the landing contract (all text fields as str)."""
+    """Map a proton Message onto the landing contract (all text fields as str).
+
+    Hot path (once per message on the reactor thread): string properties are
+    read straight from the C message, which also avoids proton's getter that
+    turns an absent content-type into ``symbol('None')``.
+    """
+    impl = msg._msg
     props: dict[str, str] = {}
     app_id: str | None = None
-    raw_props: Mapping[Any, Any] = msg.properties or {}
-    for k, v in raw_props.items():
-        if k == APP_ID_PROPERTY:
-            app_id = _as_text(v)
-            continue
-        text = _as_text(v)
-        props[str(k)] = "" if text is None else text
-    routing_key: str | None = None
-    annotations: Mapping[Any, Any] = msg.annotations or {}
-    for name in ROUTING_KEY_ANNOTATIONS:
-        if annotations.get(name) is not None:
-            routing_key = _as_text(annotations[name])
-            break
-    subject = _as_text(msg.subject)
-    if routing_key is None:
-        routing_key = subject
-    body, encoding = _body_bytes(msg.body)
-    if encoding is not None:
-        props[BODY_ENCODING_PROPERTY] = encoding
+    raw_props: Mapping[Any, Any] | None = msg.properties
+    if raw_props:
+        for k, v in raw_props.items():
+            if k == APP_ID_PROPERTY:
+                app_id = _text(v)
+                continue
+            text = _text(v)
+            props[str(k)] = "" if text is None else text
+    subject: str | None = pn_message_get_subject(impl)
+    routing_key = subject
+    annotations: Mapping[Any, Any] | None = msg.annotations
+    if annotations:
+        for name in ROUTING_KEY_ANNOTATIONS:
+            if annotations.get(name) is not None:
+                routing_key = _as_text(annotations[name])
+                break
+    body: Any = msg.body  # proton types it narrowly; a data section arrives as memoryview
+    if type(body) is memoryview or type(body) is bytes:
+        raw = bytes(body)
+    else:
+        raw, encoding = _body_bytes(body)
+        if encoding is not None:
+            props[BODY_ENCODING_PROPERTY] = encoding
     return LandedMessage(
-        body=body,
+        body=raw,
         routing_key=routing_key,
         subject=subject,
-        message_id=_as_text(msg.id),
-        correlation_id=_as_text(msg.correlation_id),
-        reply_to=_as_text(msg.reply_to),
+        message_id=_text(msg.id),
+        correlation_id=_text(msg.correlation_id),
+        reply_to=pn_message_get_reply_to(impl),
         app_id=app_id,
-        content_type=_content_type(msg),
+        content_type=pn_message_get_content_type(impl),
         application_properties=props,
         received_at_us=received_at_us if received_at_us is not None else time.time_ns() // 1000,
     )
@@ -409,6 +424,9 @@ class _Handler(MessagingHandler):
     def on_link_opened(self, event: Event) -> None:
         self.owner._on_link_opened(event)
 
+    def on_qmf_landed(self, event: Event) -> None:
+        self.owner._complete()
+
     def on_link_error(self, event: Event) -> None:
         link = event.link
         if link is not None:
@@ -461,6 +479,54 @@ class _Tick(Handler):
         self.owner._on_tick()
 
 
+@dataclass
+class _Group:
+    """One flush group on its way to the sink; settled only if its connection still lives."""
+
+    items: list[tuple[LandedMessage, Delivery]]
+    generation: int
+    settle: bool
+    error: BaseException | None = None
+
+
+class _Writer:
+    """The sink's own thread: appends groups in order, one at a time.
+
+    fsync takes milliseconds; doing it here lets the reactor keep receiving
+    (and the next group keep growing) while the previous group is made durable.
+    The reactor thread is woken through ``notify`` and settles the group there,
+    since proton objects belong to the reactor thread.
+    """
+
+    def __init__(self, sink: Sink, notify: Callable[[], None]) -> None:
+        self.sink = sink
+        self.notify = notify
+        self.done: queue.Queue[_Group] = queue.Queue()
+        self._todo: queue.Queue[_Group | None] = queue.Queue()
+        self._thread = threading.Thread(target=self._run, name="qmf-landing-writer", daemon=True)
+        self._thread.start()
+
+    def submit(self, group: _Group) -> None:
+        self._todo.put(group)
+
+    def _run(self) -> None:
+        while True:
+            g = self._todo.get()
+            if g is None:
+                return
+            try:
+                self.sink.append([m for m, _ in g.items])
+            except BaseException as exc:  # reported to the reactor thread, which stops
+                g.error = exc
+            self.done.put(g)
+            with contextlib.suppress(Exception):
+                self.notify()
+
+    def close(self, timeout_s: float) -> None:
+        self._todo.put(None)
+        self._thread.join(timeout_s)
+
+
 class QmfReceiver:
     """Embeddable receiver: ``start()``, then ``run()`` / ``run_for(s)``, then ``stop()``.
 
@@ -488,12 +554,17 @@ class QmfReceiver:
         self._subs = config.subscriptions()
         self._in_hand: list[tuple[LandedMessage, Delivery]] = []
         self._first_in_hand = 0.0
+        self._pending: deque[_Group] = deque()  # submitted to the writer, not yet durable
+        self._pending_count = 0
+        self._writer: _Writer | None = None
+        self._injector: EventInjector | None = None
         self._container: Container | None = None
         self._conn: Connection | None = None
         self._receivers: list[Receiver] = []
         self._fatal: str | None = None
         self._stop_requested = False
         self._stopped = False
+        self._stopped_receiving = False
         self._url_index = 0
         self._generation = 0
         self._attempts = 0
@@ -513,6 +584,12 @@ class QmfReceiver:
         self._container.timeout = self._tick_s
         self._container.start()
         self._container.schedule(self._tick_s, _Tick(self))
+        injector = EventInjector()
+        self._container.selectable(injector)
+        self._injector = injector
+        self._writer = _Writer(
+            self.sink, lambda: injector.trigger(ApplicationEvent("qmf_landed", subject=None))
+        )
         self._connect()
 
     def _connect(self) -> None:
@@ -630,43 +707,101 @@ class QmfReceiver:
                 self._reconnect_at = None
                 self._connect()
             c.process()
+            self._complete()
             self._maybe_flush()
         if self._fatal is not None:
             raise ReceiverError(self._fatal)
 
     def _maybe_flush(self) -> None:
-        if self._in_hand and (
-            len(self._in_hand) >= self.config.flush_count
-            or time.monotonic() - self._first_in_hand >= self.config.flush_ms / 1000
+        """Submit the group in hand if it is big or old enough and the writer is idle."""
+        if (
+            self._in_hand
+            and not self._pending
+            and (
+                len(self._in_hand) >= self.config.flush_count
+                or time.monotonic() - self._first_in_hand >= self.config.flush_ms / 1000
+            )
         ):
-            self._flush()
+            self._submit(settle=True)
 
-    def _flush(self, settle: bool = True) -> None:
-        """Land the group (durable on return), then accept and settle its deliveries."""
-        group = self._in_hand
-        if not group:
-            return
+    def _submit(self, settle: bool) -> None:
+        group = _Group(self._in_hand, self._generation, settle)
         self._in_hand = []
-        msgs = [m for m, _ in group]
-        try:
-            self.sink.append(msgs)
-        except Exception as exc:
-            # Nothing settled: the broker keeps these messages. Stop receiving.
-            self._fatal = f"landing failed, {len(msgs)} messages left unsettled: {exc}"
+        self._pending.append(group)
+        self._pending_count += len(group.items)
+        assert self._writer is not None
+        self._writer.submit(group)
+
+    def _finish(self, g: _Group) -> None:
+        """A group came back from the writer: durable now, so settle it (reactor thread)."""
+        head = self._pending.popleft()
+        assert head is g, "the writer completes groups in order"
+        self._pending_count -= len(g.items)
+        msgs = [m for m, _ in g.items]
+        if g.error is not None:
+            # Nothing of it settled: the broker keeps these messages. Stop receiving.
+            self._fatal = f"landing failed, {len(msgs)} messages left unsettled: {g.error}"
             self.stats.last_error = self._fatal
+            self._stop_requested = True
             if self._conn is not None and self._conn.state & Endpoint.LOCAL_ACTIVE:
                 self._conn.close()
-            raise ReceiverError(self._fatal) from exc
+            return
         self.stats.landed += len(msgs)
         self.stats.groups += 1
-        if settle:
-            for _, d in group:
+        if g.settle and g.generation == self._generation and self._conn is not None:
+            for _, d in g.items:
                 if not d.settled:
                     d.update(Delivery.ACCEPTED)
                     d.settle()
                     self.stats.settled += 1
         if self.on_group is not None:
             self.on_group(msgs)
+
+    def _complete(self) -> None:
+        """Settle every group the writer finished, then top up credit and flush again."""
+        if self._writer is None:
+            return
+        done = False
+        while True:
+            try:
+                g = self._writer.done.get_nowait()
+            except queue.Empty:
+                break
+            self._finish(g)
+            done = True
+        if done:
+            self._top_up()
+            self._maybe_flush()
+
+    def _wait_writer(self, timeout_s: float) -> None:
+        """Block until every submitted group is durable (shutdown, disconnect)."""
+        deadline = time.monotonic() + timeout_s
+        while self._pending and self._writer is not None:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise ReceiverError(f"landing did not finish within {timeout_s} s")
+            try:
+                g = self._writer.done.get(timeout=left)
+            except queue.Empty:
+                continue
+            self._finish(g)
+
+    def _flush(self, settle: bool = True) -> None:
+        """Land everything in hand now and settle it (blocking; shutdown and tests)."""
+        if self._in_hand:
+            self._submit(settle)
+        self._wait_writer(self.config.stop_timeout_s)
+
+    def _held(self) -> int:
+        return len(self._in_hand) + self._pending_count
+
+    def _top_up(self) -> None:
+        """Grant credit back up to the window unless too much is held unsettled."""
+        if self._held() >= 2 * self.config.credit_window:
+            return
+        for r in self._receivers:
+            if r.state & Endpoint.LOCAL_ACTIVE and r.credit <= self.config.credit_window // 2:
+                r.flow(self.config.credit_window - r.credit)
 
     # ---- events -----------------------------------------------------------------------
 
@@ -708,10 +843,13 @@ class QmfReceiver:
         self._in_hand.append((to_landed(msg), d))
         self.stats.received += 1
         link = event.receiver
-        if link is not None and link.credit <= self.config.credit_window // 2:
+        if (
+            link is not None
+            and link.credit <= self.config.credit_window // 2
+            and self._held() < 2 * self.config.credit_window
+        ):
             link.flow(self.config.credit_window - link.credit)
-        if len(self._in_hand) >= self.config.flush_count:
-            self._flush()
+        self._maybe_flush()
 
     def _on_tick(self) -> None:
         self._maybe_flush()
@@ -733,7 +871,7 @@ class QmfReceiver:
             conn.close()  # a refused link: drop the connection and retry the whole set
 
     def _on_disconnected(self, conn: Connection | None) -> None:
-        if self._is_current(conn):
+        if self._is_current(conn) and not self._stopped_receiving:
             self._lost_connection()
 
     def _on_closed(self, conn: Connection | None) -> None:
@@ -749,7 +887,7 @@ class QmfReceiver:
         # land what we hold (a durable queue redelivers it; msg_key de-duplicates).
         if self._in_hand:
             self.stats.unsettled_dropped += len(self._in_hand)
-            self._flush(settle=False)
+            self._submit(settle=False)
         self._conn = None
         self._receivers = []
         if self._stop_requested or self._fatal is not None:
@@ -777,7 +915,10 @@ class QmfReceiver:
         try:
             if self._fatal is None:
                 self._flush()
+            else:
+                self._wait_writer(self.config.stop_timeout_s)
         finally:
+            self._stopped_receiving = True
             deadline = time.monotonic() + self.config.stop_timeout_s
             if c is not None:
                 conn = self._conn
@@ -799,6 +940,10 @@ class QmfReceiver:
                     while time.monotonic() < deadline and c.process():
                         pass
             self._stopped = True
+            if self._injector is not None:
+                self._injector.close()
+            if self._writer is not None:
+                self._writer.close(self.config.stop_timeout_s)
             self.sink.close()
             log.info(
                 "stopped: %d received, %d landed, %d settled",
