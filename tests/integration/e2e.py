@@ -1,0 +1,314 @@
+"""Helpers for the end-to-end reliability tests: child processes, the manifest, bronze checks.
+
+Every child (``qmf sim``, ``qmf receive``, ``spark-submit jobs/bronze.py``) runs in a
+session of its own, so a SIGKILL reaches the whole tree (spark-submit's JVM, its
+Python driver and workers) the way a machine crash would, and the tests can sweep
+leftovers by session id instead of by name.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import signal
+import subprocess
+import sys
+import time
+import uuid
+from collections import Counter
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from contextlib import contextmanager
+from pathlib import Path
+from typing import IO, Any
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+from deltalake import DeltaTable
+
+from pipeline import delta
+from pipeline.codec.message import decode_message
+from pipeline.qmfxml import default_schema
+from pipeline.sim.manifest import read_manifest, record_row
+from receivers.landing import LandingLog
+
+REPO = Path(__file__).resolve().parents[2]
+BIN = Path(sys.executable).parent
+# Fields the simulator adds to a record's row in the manifest (the rest is record_row()).
+MANIFEST_EXTRA = ("interval", "message", "routing_key", "exchange", "agent_uuid", "source")
+
+
+def wait_for(cond: Callable[[], bool], timeout_s: float, what: str, step_s: float = 0.2) -> None:
+    """Poll ``cond`` until true; a bounded wait, never a timing assertion."""
+    deadline = time.monotonic() + timeout_s
+    while not cond():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout_s} s waiting for {what}")
+        time.sleep(step_s)
+
+
+def _session_members(sid: int) -> list[int]:
+    """Pids whose session id is ``sid`` (children that outlived their leader too)."""
+    out = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat", encoding="ascii", errors="replace") as f:
+                stat = f.read()
+        except OSError:
+            continue
+        fields = stat[stat.rfind(")") + 2 :].split()
+        if len(fields) > 3 and int(fields[3]) == sid and fields[0] != "Z":
+            out.append(int(entry))
+    return out
+
+
+class Child:
+    """One child process in its own session, output to files under ``logs``."""
+
+    def __init__(self, name: str, cmd: Sequence[str], logs: Path, env: dict[str, str] | None = None,
+                 stdout_pipe: bool = False) -> None:  # fmt: skip
+        self.name = name
+        self.cmd = list(cmd)
+        self.err_path = logs / f"{name}.stderr"
+        self.out_path = logs / f"{name}.stdout"
+        self._err: IO[bytes] = open(self.err_path, "wb")  # closed in reap()
+        self._out: IO[bytes] = open(self.out_path, "wb")
+        self.proc = subprocess.Popen(
+            self.cmd,
+            cwd=REPO,
+            env=env,
+            stdin=subprocess.DEVNULL,
+            stdout=self._out,
+            stderr=self._err,
+            start_new_session=True,
+        )
+        self.sid = self.proc.pid
+
+    def alive(self) -> bool:
+        return self.proc.poll() is None
+
+    def stderr(self) -> str:
+        return self.err_path.read_text(errors="replace")
+
+    def stdout(self) -> str:
+        return self.out_path.read_text(errors="replace")
+
+    def kill(self) -> int:
+        """SIGKILL the whole session (a crash); returns the leader's exit status."""
+        for _ in range(20):
+            pids = _session_members(self.sid)
+            if not pids:
+                break
+            for pid in pids:
+                try:
+                    os.kill(pid, signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
+            if self.proc.poll() is None:
+                try:
+                    self.proc.wait(1.0)
+                except subprocess.TimeoutExpired:
+                    pass
+            time.sleep(0.05)
+        rc = self.proc.wait(30)
+        self._close()
+        return rc
+
+    def terminate(self, timeout_s: float) -> int:
+        """SIGTERM the leader and wait (bounded); SIGKILL everything if it does not stop."""
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(timeout_s)
+            except subprocess.TimeoutExpired:
+                self.kill()
+                raise AssertionError(f"{self.name} ignored SIGTERM for {timeout_s} s") from None
+        rc = self.proc.returncode
+        self.reap()
+        return rc
+
+    def wait(self, timeout_s: float) -> int:
+        """Wait for a bounded child to end by itself (SIGKILL after ``timeout_s``)."""
+        try:
+            rc = self.proc.wait(timeout_s)
+        except subprocess.TimeoutExpired:
+            self.kill()
+            raise AssertionError(f"{self.name} did not finish in {timeout_s} s") from None
+        self.reap()
+        return rc
+
+    def reap(self) -> None:
+        """Kill what the child left behind in its session (e.g. Python workers), close logs."""
+        if _session_members(self.sid):
+            self.kill()
+        self._close()
+
+    def _close(self) -> None:
+        for f in (self._err, self._out):
+            if not f.closed:
+                f.close()
+
+
+@contextmanager
+def children() -> Iterator[list[Child]]:
+    """Every Child appended to the list is SIGKILLed (with its session) on the way out."""
+    started: list[Child] = []
+    try:
+        yield started
+    finally:
+        for c in started:
+            c.kill()
+
+
+# ------------------------------------------------------------------------ commands
+
+
+def qmf_cmd(*args: str) -> list[str]:
+    return [sys.executable, "-m", "pipeline.cli", *args]
+
+
+def sim_seed() -> int:
+    """A seed of this run's own: its agent uuid (AM1 keys ``mgmt.<uuid>.*``) is ours alone."""
+    return random.SystemRandom().randrange(1 << 40)
+
+
+def sim_agent_uuid(seed: int, dialect: str = "am1") -> str:
+    """Agent 0's uuid for ``qmf sim --seed seed``, known before it publishes (for the binding)."""
+    from pipeline.sim.agent import SimAgent
+    from pipeline.sim.model import LoadConfig
+
+    agent = SimAgent(0, dialect, default_schema(), LoadConfig(queues=1, connections=1), seed)
+    return agent.agent_key
+
+
+def receive_cmd(url: str, queue: str, landing: Path, partition: str, *extra: str) -> list[str]:
+    """``qmf receive`` on a durable queue through the rabbitmq preset (``/amq/queue/NAME``)."""
+    return qmf_cmd(
+        "receive", "--preset", "rabbitmq", "--url", url, "--queue", queue,
+        "--landing", str(landing), "--partition", partition, *extra,
+    )  # fmt: skip
+
+
+def spark_submit_env() -> dict[str, str]:
+    env = dict(os.environ)
+    env["PYTHONPATH"] = str(REPO)
+    env["PYSPARK_PYTHON"] = sys.executable
+    env["PYSPARK_DRIVER_PYTHON"] = sys.executable
+    env.pop("PYSPARK_GATEWAY_PORT", None)
+    env.pop("PYSPARK_GATEWAY_SECRET", None)
+    return env
+
+
+def bronze_cmd(landing: Path, table: Path, checkpoint: Path, *extra: str) -> list[str]:
+    """``jobs/bronze.py`` through the real spark-submit, local[2] (the machine's 2 cores)."""
+    return [
+        str(BIN / "spark-submit"),
+        "--master", "local[2]",
+        "--conf", "spark.ui.enabled=false",
+        "--conf", "spark.sql.shuffle.partitions=2",
+        "--driver-memory", "1g",
+        str(REPO / "jobs" / "bronze.py"),
+        "--landing", str(landing), "--table", str(table), "--checkpoint", str(checkpoint),
+        *extra,
+    ]  # fmt: skip
+
+
+def unique_tag() -> str:
+    return f"it{uuid.uuid4().hex[:10]}"
+
+
+# ------------------------------------------------------------------------ observing
+
+
+def landed_rows(root: Path) -> int:
+    """Rows in the landing log (copies included): only directory listings, cheap to poll."""
+    return sum(LandingLog(root).end_offsets().values())
+
+
+def landed_table(root: Path) -> pa.Table:
+    log = LandingLog(root)
+    starts = log.start_offsets()
+    parts = [log.read(p, starts[p], end) for p, end in sorted(log.end_offsets().items())]
+    return pa.concat_tables(parts)
+
+
+def landed_keys(root: Path) -> list[str]:
+    return [str(k) for k in landed_table(root).column("msg_key").to_pylist()]
+
+
+def bronze_rows(table: Path) -> int:
+    """Rows bronze has committed, from the Parquet footers of the files the log lists."""
+    if not delta.table_exists(table):
+        return 0
+    return sum(pq.ParquetFile(uri).metadata.num_rows for uri in DeltaTable(str(table)).file_uris())
+
+
+def bronze_commits(table: Path) -> list[int]:
+    """Batch ids of the bronze commits, in commit order (a replay adds none)."""
+    hist = DeltaTable(str(table)).history()
+    return [int(h["qmf.batch_id"]) for h in reversed(hist) if "qmf.batch_id" in h]
+
+
+# ------------------------------------------------------------------------ the truth
+
+
+def canonical(routing_key: str, rows: Iterable[dict[str, Any]]) -> str:
+    """One message as text: its routing key and its records' manifest fields, in order."""
+    return json.dumps([routing_key, list(rows)], sort_keys=True, separators=(",", ":"))
+
+
+def manifest_messages(path: Path) -> tuple[list[str], int]:
+    """Every published message of a manifest (canonical form) and the record count."""
+    by_message: dict[int, tuple[str, list[dict[str, Any]]]] = {}
+    records = 0
+    for row in read_manifest(str(path)):
+        if row.get("source") != "publish":
+            continue  # lifecycle lines (create, delete, restart, request) are not records
+        records += 1
+        rec = {k: v for k, v in row.items() if k not in MANIFEST_EXTRA}
+        by_message.setdefault(row["message"], (row["routing_key"], []))[1].append(rec)
+    assert sorted(by_message) == list(range(len(by_message))), "manifest message indexes"
+    return [canonical(k, rs) for _, (k, rs) in sorted(by_message.items())], records
+
+
+def decoded_messages(table: pa.Table) -> tuple[list[str], int]:
+    """Bronze rows decoded with the codec (canonical form) and the record count."""
+    registry = default_schema().registry()
+    out: list[str] = []
+    records = 0
+    cols = table.select(["body", "routing_key", "application_properties", "content_type",
+                         "app_id"]).to_pylist()  # fmt: skip
+    for r in cols:
+        res = decode_message(
+            r["body"], registry=registry, application_properties=r["application_properties"],
+            content_type=r["content_type"], app_id=r["app_id"], routing_key=r["routing_key"],
+        )  # fmt: skip
+        assert not res.problems, (r["routing_key"], res.problems)
+        rows = [json.loads(json.dumps(record_row(rec), sort_keys=True)) for rec in res.records]
+        records += len(rows)
+        out.append(canonical(r["routing_key"], rows))
+    return out, records
+
+
+def assert_bronze_is_the_manifest(table: Path, manifest: Path, summary: dict[str, Any]) -> pa.Table:
+    """Bronze holds every published message exactly once, with exactly its records."""
+    expected, expected_records = manifest_messages(manifest)
+    assert (len(expected), expected_records) == (summary["messages"], summary["records"])
+    # Distinct messages have distinct contents (AM1 seq numbers, timestamps): a fair test.
+    assert len(set(expected)) == len(expected)
+    out = delta.read_arrow(str(table))
+    keys = out.column("msg_key").to_pylist()
+    assert len(keys) == len(set(keys)), "a message is twice in bronze"
+    assert out.column("subject").to_pylist() == out.column("routing_key").to_pylist()
+    got, got_records = decoded_messages(out)
+    missing = Counter(expected) - Counter(got)
+    extra = Counter(got) - Counter(expected)
+    assert not missing and not extra, (
+        f"{sum(missing.values())} published messages missing from bronze, "
+        f"{sum(extra.values())} not published"
+    )
+    assert sorted(got) == sorted(expected)
+    assert (out.num_rows, got_records) == (summary["messages"], summary["records"])
+    return out

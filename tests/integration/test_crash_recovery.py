@@ -1,0 +1,167 @@
+"""Issue 5, "Must show": crashes everywhere, and bronze still holds every message once.
+
+``qmf sim`` (AM1, batched records) publishes >= 50,000 records to the shared
+broker; a durable queue bound to the simulated agent's keys buffers them;
+``qmf receive`` (a child process, rabbitmq preset ``/amq/queue/NAME``) lands
+them and is SIGKILLed at 5 seeded random points and restarted on the same
+partition; ``jobs/bronze.py`` runs through the real spark-submit and is
+SIGKILLed twice (its whole process tree) and restarted from its checkpoint.
+Afterwards bronze is compared with the simulator's manifest: message count,
+record count, and every message decoded by the codec equal to its records.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import signal
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from pipeline import broker as qmf_broker
+from tests.integration.e2e import (
+    Child,
+    assert_bronze_is_the_manifest,
+    bronze_cmd,
+    bronze_commits,
+    bronze_rows,
+    children,
+    landed_keys,
+    landed_rows,
+    qmf_cmd,
+    receive_cmd,
+    sim_agent_uuid,
+    sim_seed,
+    spark_submit_env,
+    unique_tag,
+    wait_for,
+)
+
+pytestmark = [pytest.mark.broker, pytest.mark.spark, pytest.mark.slow]
+
+KILL_SEED = 5  # the kill points are reproducible; the sim seed is per run (own routing keys)
+INTERVALS = 34  # 1000 queues, batch 10: ~53,000 records in ~5,700 messages
+SIM_RATE = 60.0  # messages/s: the run lasts ~95 s, long enough for every crash to land inside it
+EXPECTED_MESSAGES = 5_000  # a lower bound of the run's messages: kill points are placed below it
+
+
+@pytest.mark.timeout(900)
+def test_sigkill_receiver_5_times_and_bronze_twice_exactly_once(
+    broker: Any, tmp_path: Path
+) -> None:
+    rng = random.Random(KILL_SEED)
+    # Receiver kills: 5 points in the landed-row count, spread over the run.
+    receiver_kills = sorted(
+        rng.sample(range(EXPECTED_MESSAGES // 20, EXPECTED_MESSAGES * 9 // 10), 5)
+    )
+    # Bronze kills: once early (maybe before its first commit went through), once mid-run,
+    # each a random moment (0-3 s) after bronze reached the row count.
+    bronze_kills = [
+        (rng.randrange(EXPECTED_MESSAGES // 10, EXPECTED_MESSAGES * 3 // 10), rng.uniform(0, 3)),
+        (rng.randrange(EXPECTED_MESSAGES * 4 // 10, EXPECTED_MESSAGES * 6 // 10), rng.uniform(0, 3)),
+    ]  # fmt: skip
+
+    seed = sim_seed()
+    agent = sim_agent_uuid(seed)
+    tag = unique_tag()
+    queue = f"qmf-e2e-{tag}"
+    qmf_broker.declare_queue(queue, [("qpid.management", f"mgmt.{agent}.#")])
+    landing, table, ck = tmp_path / "landing", tmp_path / "bronze", tmp_path / "ck"
+    logs = tmp_path / "logs"
+    logs.mkdir()
+    manifest = tmp_path / "manifest.jsonl"
+    recv_args = receive_cmd(
+        broker.url, queue, landing, "r0", "--credit", "500", "--flush-count", "200",
+        "--flush-ms", "300",
+    )  # fmt: skip
+    job_args = bronze_cmd(
+        landing, table, ck, "--trigger", "processingTime=2 seconds",
+        "--max-records-per-trigger", "1500",
+    )  # fmt: skip
+    sim_args = qmf_cmd(
+        "sim", "--url", broker.url, "--dialect", "am1", "--seed", str(seed),
+        "--first-bank", str(10_000 + seed % 100_000), "--no-broker-key",
+        "--queues", "1000", "--connections", "10", "--intervals", str(INTERVALS),
+        "--batch", "10", "--rate", str(SIM_RATE), "--manifest", str(manifest),
+    )  # fmt: skip
+    env = spark_submit_env()
+    try:
+        with children() as procs:
+
+            def start(name: str, cmd: list[str], **kw: Any) -> Child:
+                c = Child(name, cmd, logs, **kw)
+                procs.append(c)
+                return c
+
+            job = start("bronze-0", job_args, env=env)
+            receiver = start("receiver-0", recv_args)
+            wait_ready(receiver)
+            sim = start("sim", sim_args)
+
+            # The run: crash the receiver and the job at their points until both are done.
+            r_done = j_done = 0
+
+            def receiver_due() -> bool:
+                return (
+                    r_done < len(receiver_kills) and landed_rows(landing) >= receiver_kills[r_done]
+                )
+
+            def job_due() -> bool:
+                return j_done < len(bronze_kills) and bronze_rows(table) >= bronze_kills[j_done][0]
+
+            while r_done < len(receiver_kills) or j_done < len(bronze_kills):
+                wait_for(lambda: receiver_due() or job_due(), 240, "the next crash point")
+                for c in (receiver, job):
+                    assert c.alive(), f"{c.name} died: {c.stderr()[-3000:]}"
+                if receiver_due():
+                    assert receiver.kill() == -signal.SIGKILL
+                    r_done += 1
+                    receiver = start(f"receiver-{r_done}", recv_args)
+                    wait_ready(receiver)
+                if job_due():
+                    time.sleep(bronze_kills[j_done][1])  # a random moment of its work
+                    assert job.kill() == -signal.SIGKILL
+                    j_done += 1
+                    job = start(f"bronze-{j_done}", job_args, env=env)
+
+            assert sim.alive(), "every crash must come while the simulator still publishes"
+            assert sim.wait(300) == 0, sim.stderr()[-3000:]
+            summary = json.loads(sim.stdout().strip().splitlines()[-1])
+            assert summary["records"] >= 50_000 and summary["messages"] > EXPECTED_MESSAGES
+
+            # Drain: the queue empties, the landing log holds every message (copies too).
+            wait_for(lambda: qmf_broker.queue_depths().get(queue) == 0, 120, "an empty queue",
+                     step_s=1.0)  # fmt: skip
+            wait_for(lambda: len(set(landed_keys(landing))) >= summary["messages"], 120,
+                     "every message landed", step_s=1.0)  # fmt: skip
+            assert receiver.terminate(60) == 0, receiver.stderr()[-3000:]
+            wait_for(lambda: bronze_rows(table) >= summary["messages"] or not job.alive(), 240,
+                     "bronze to catch up", step_s=1.0)  # fmt: skip
+            assert job.terminate(120) == 0, job.stderr()[-3000:]
+    finally:
+        qmf_broker.delete_queue(queue)
+
+    landed = landed_keys(landing)
+    duplicates = len(landed) - len(set(landed))
+    out = assert_bronze_is_the_manifest(table, manifest, summary)
+    assert set(out.column("partition").to_pylist()) == {"r0"}
+    commits = bronze_commits(table)
+    assert commits == sorted(set(commits)), "a micro-batch was committed twice"
+    print(
+        f"\nsim seed {seed}: {summary['messages']} messages, {summary['records']} records; "
+        f"landed {len(landed)} rows ({duplicates} redelivered copies); "
+        f"bronze {out.num_rows} rows in {len(commits)} commits"
+    )
+
+
+def wait_ready(receiver: Child) -> None:
+    """The receiver printed its ready line (subscribed) or died trying."""
+    wait_for(
+        lambda: "ready: subscribed" in receiver.stderr() or not receiver.alive(),
+        60,
+        f"{receiver.name} to subscribe",
+    )
+    assert receiver.alive(), receiver.stderr()[-3000:]
