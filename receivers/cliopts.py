@@ -11,6 +11,7 @@ import argparse
 import os
 
 from receivers.config import BrokerConfig, TlsConfig
+from receivers.console import ConsoleConfig
 from receivers.receiver import PRESETS, ReceiverConfig, parse_binding
 
 DEFAULT_LANDING_ENV = "QMF_LANDING_DIR"
@@ -111,9 +112,34 @@ def add_subscription_args(p: argparse.ArgumentParser) -> None:
     )
 
 
+def add_console_args(p: argparse.ArgumentParser) -> None:
+    """The QMF v1 console role (Broker Request, Class Query, Schema Requests)."""
+    g = p.add_argument_group("console role")
+    g.add_argument(
+        "--console",
+        action="store_true",
+        help="also act as a QMF v1 console: B/P/Q on connect, S for unseen schema hashes, "
+        "replies on a reply queue of its own (landed too)",
+    )
+    g.add_argument("--console-dialect", choices=("AM1", "AM2"), default="AM2")
+    g.add_argument(
+        "--console-key", default="broker", help="routing key of requests (broker or agent.<bank>)"
+    )
+    g.add_argument("--console-exchange", default="qpid.management")
+
+
+def console_config(args: argparse.Namespace) -> ConsoleConfig | None:
+    if not getattr(args, "console", False):
+        return None
+    return ConsoleConfig(
+        dialect=args.console_dialect, exchange=args.console_exchange, command_key=args.console_key
+    )
+
+
 def receiver_config(args: argparse.Namespace) -> ReceiverConfig:
     """The ReceiverConfig the subscription and broker options describe."""
     return ReceiverConfig(
+        console=console_config(args),
         broker=broker_config(args),
         preset=args.preset,
         bindings=tuple(parse_binding(b) for s in args.bind for b in s.split(",") if b),

@@ -64,12 +64,14 @@ from proton import (
     Handler,
     Message,
     Receiver,
+    Sender,
     symbol,
 )
 from proton.handlers import MessagingHandler
 from proton.reactor import ApplicationEvent, Container, EventInjector, Filter
 
 from receivers.config import BrokerConfig, ConfigError
+from receivers.console import ConsoleConfig, ConsoleRole
 from receivers.landing import PARTITION_RE, LandedMessage, LandingWriter
 from receivers.publisher import APP_ID_PROPERTY
 
@@ -382,6 +384,7 @@ class ReceiverConfig:
     backoff_max_s: float = 10.0
     max_connect_attempts: int | None = None
     stop_timeout_s: float = 10.0
+    console: ConsoleConfig | None = None
 
     def __post_init__(self) -> None:
         if self.credit_window < 1 or self.flush_count < 1 or self.flush_ms <= 0:
@@ -412,7 +415,7 @@ class _Handler(MessagingHandler):
     """Forwards proton events to the Receiver; all state lives there."""
 
     def __init__(self, owner: QmfReceiver) -> None:
-        super().__init__(prefetch=0, auto_accept=False, auto_settle=False, peer_close_is_error=True)
+        super().__init__(prefetch=0, auto_accept=False, auto_settle=True, peer_close_is_error=True)
         self.owner = owner
 
     def on_connection_opened(self, event: Event) -> None:
@@ -426,6 +429,9 @@ class _Handler(MessagingHandler):
 
     def on_qmf_landed(self, event: Event) -> None:
         self.owner._complete()
+
+    def on_sendable(self, event: Event) -> None:
+        self.owner._pump_requests()
 
     def on_link_error(self, event: Event) -> None:
         link = event.link
@@ -552,6 +558,12 @@ class QmfReceiver:
         self._links_open = 0
         self.error: BaseException | None = None
         self._subs = config.subscriptions()
+        self.console: ConsoleRole | None = None
+        if config.console is not None:
+            self.console = ConsoleRole(config.console, config.preset)
+            self._subs.append(Subscription(self.console.reply_source, self.console.reply_filter))
+        self._request_sender: Sender | None = None
+        self._requests: deque[Message] = deque()
         self._in_hand: list[tuple[LandedMessage, Delivery]] = []
         self._first_in_hand = 0.0
         self._pending: deque[_Group] = deque()  # submitted to the writer, not yet durable
@@ -616,6 +628,12 @@ class QmfReceiver:
             r = self._container.create_receiver(conn, sub.address, options=options)
             r.flow(self.config.credit_window)
             self._receivers.append(r)
+        self._requests.clear()
+        self._request_sender = None
+        if self.console is not None:
+            self._request_sender = self._container.create_sender(
+                conn, target=self.console.request_target
+            )
 
     def run_for(self, seconds: float) -> None:
         """Process events for ``seconds`` (or until a stop is requested); no shutdown."""
@@ -824,6 +842,8 @@ class QmfReceiver:
             return
         self._links_open += 1
         if self._links_open == len(self._subs) and not self.ready.is_set():
+            if self.console is not None:
+                self._send_requests(self.console.on_connected())
             self.ready.set()
             if self.on_ready is not None:
                 self.on_ready(self)
@@ -840,7 +860,10 @@ class QmfReceiver:
             return  # left unsettled: the broker redelivers
         if not self._in_hand:
             self._first_in_hand = time.monotonic()
-        self._in_hand.append((to_landed(msg), d))
+        landed = to_landed(msg)
+        self._in_hand.append((landed, d))
+        if self.console is not None:
+            self._send_requests(self.console.observe(landed))
         self.stats.received += 1
         link = event.receiver
         if (
@@ -851,8 +874,25 @@ class QmfReceiver:
             link.flow(self.config.credit_window - link.credit)
         self._maybe_flush()
 
+    def _send_requests(self, requests: Sequence[tuple[str, bytes]]) -> None:
+        """Queue console requests (subject = routing key, reply-to = our reply queue)."""
+        if not requests or self.console is None:
+            return
+        for key, body in requests:
+            self._requests.append(
+                Message(body=body, subject=key, reply_to=self.console.reply_to, inferred=True)
+            )
+        self._pump_requests()
+
+    def _pump_requests(self) -> None:
+        s = self._request_sender
+        while self._requests and s is not None and s.credit > 0:
+            s.send(self._requests.popleft())
+
     def _on_tick(self) -> None:
         self._maybe_flush()
+        if self.console is not None and self.ready.is_set():
+            self._send_requests(self.console.due())
         if self._container is not None and not self._stopped:
             self._container.schedule(self._tick_s, _Tick(self))
 
@@ -890,6 +930,7 @@ class QmfReceiver:
             self._submit(settle=False)
         self._conn = None
         self._receivers = []
+        self._request_sender = None
         if self._stop_requested or self._fatal is not None:
             return
         limit = self.config.max_connect_attempts
@@ -986,6 +1027,9 @@ def config_from_options(options: Mapping[str, str]) -> ReceiverConfig:
         "credentialsfile",
         "verifyhostname",
         "partition",
+        "console",
+        "consoledialect",
+        "consolekey",
     }
     unknown = sorted(set(o) - known)
     if unknown:
@@ -1016,8 +1060,14 @@ def config_from_options(options: Mapping[str, str]) -> ReceiverConfig:
         kwargs["flush_count"] = int(o["flushcount"])
     if "flushms" in o:
         kwargs["flush_ms"] = float(o["flushms"])
+    console = None
+    if o.get("console", "false").lower() in ("1", "true", "yes"):
+        console = ConsoleConfig(
+            dialect=o.get("consoledialect", "AM2"), command_key=o.get("consolekey", "broker")
+        )
     return ReceiverConfig(
         broker=broker,
+        console=console,
         preset=o.get("preset", "rabbitmq"),
         bindings=tuple(parse_binding(b) for b in split(o.get("bindings") or o.get("bind"))),
         queue=o.get("queue") or None,

@@ -15,7 +15,7 @@ from typing import Any
 
 def register(subparsers: Any) -> None:
     """Hook for pipeline.cli."""
-    from receivers.cliopts import add_broker_args, add_subscription_args
+    from receivers.cliopts import add_broker_args, add_console_args, add_subscription_args
 
     p: argparse.ArgumentParser = subparsers.add_parser(
         "capture",
@@ -26,6 +26,7 @@ def register(subparsers: Any) -> None:
     )
     add_broker_args(p)
     add_subscription_args(p)
+    add_console_args(p)
     p.add_argument("--output", "-o", required=True, help="capture file (appended to)")
     p.add_argument("--count", type=int, default=None, help="stop once N messages are captured")
     p.add_argument("--duration", type=float, default=None, help="stop after S seconds")

@@ -10,7 +10,12 @@ from typing import Any
 
 def register(subparsers: Any) -> None:
     """Hook for pipeline.cli."""
-    from receivers.cliopts import add_broker_args, add_subscription_args, default_landing_root
+    from receivers.cliopts import (
+        add_broker_args,
+        add_console_args,
+        add_subscription_args,
+        default_landing_root,
+    )
 
     p: argparse.ArgumentParser = subparsers.add_parser(
         "receive",
@@ -20,6 +25,7 @@ def register(subparsers: Any) -> None:
     )
     add_broker_args(p)
     add_subscription_args(p)
+    add_console_args(p)
     p.add_argument("--landing", default=None, help="landing log root (default .qmf/landing)")
     p.add_argument(
         "--partition",
