@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import os
 import sys
+import tempfile
 from collections.abc import Mapping
 from typing import Any
 
@@ -72,6 +73,38 @@ def _existing_conf() -> dict[str, str]:
     return {}
 
 
+_LOG4J2 = """\
+rootLogger.level = {level}
+rootLogger.appenderRef.console.ref = console
+appender.console.type = Console
+appender.console.name = console
+appender.console.target = SYSTEM_ERR
+appender.console.layout.type = PatternLayout
+appender.console.layout.pattern = %d{{yy/MM/dd HH:mm:ss}} %p %c{{1}}: %m%n%ex
+logger.parquet.name = org.apache.parquet
+logger.parquet.level = error
+logger.hadoop.name = org.apache.hadoop
+logger.hadoop.level = error
+"""
+
+
+def _log4j_config(level: str) -> str:
+    """A log4j2 file at the given root level (written once per level and user)."""
+    path = os.path.join(tempfile.gettempdir(), f"qmf-log4j2-{level}-{os.getuid()}.properties")
+    text = _LOG4J2.format(level=level)
+    try:
+        with open(path, encoding="utf-8") as fh:
+            if fh.read() == text:
+                return path
+    except OSError:
+        pass
+    tmp = f"{path}.{os.getpid()}"
+    with open(tmp, "w", encoding="utf-8") as fh:
+        fh.write(text)
+    os.replace(tmp, path)
+    return path
+
+
 def get_spark(
     app_name: str,
     *,
@@ -85,14 +118,27 @@ def get_spark(
     defaults never override what spark-submit (or an existing session) set.
     """
     # Workers must run this very interpreter (the venv with pyarrow etc.);
-    # this has to be in the environment before the JVM starts.
-    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
-    os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
+    # this has to be in the environment before the JVM starts. Under
+    # spark-submit an interpreter chosen there is kept.
+    for var in ("PYSPARK_PYTHON", "PYSPARK_DRIVER_PYTHON"):
+        if _under_spark_submit():
+            os.environ.setdefault(var, sys.executable)
+        else:
+            os.environ[var] = sys.executable
 
     existing = _existing_conf()
     defaults = dict(BASE_CONF)
     if test:
         defaults.update(TEST_CONF)
+    if not existing and SparkContext._active_spark_context is None:
+        # A JVM is about to start: quiet from its first line, not only after
+        # setLogLevel (and no "hostname resolves to a loopback address" warning).
+        level = "error" if test else "warn"
+        defaults["spark.driver.extraJavaOptions"] = (
+            f"-Dlog4j2.configurationFile=file:{_log4j_config(level)}"
+        )
+        if test:
+            os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
 
     builder = SparkSession.builder.appName(app_name)
     if master is not None:
