@@ -1077,12 +1077,29 @@ def config_from_options(options: Mapping[str, str]) -> ReceiverConfig:
 
 
 def start_embedded(root: str, options: Mapping[str, str]) -> QmfReceiver:
-    """Start a receiver in a daemon thread landing into ``root`` (the Spark source's default)."""
+    """Start a receiver in a daemon thread landing into ``root`` (the Spark source's default).
+
+    Waits (``readyTimeout`` seconds, default 30) until the subscriptions exist,
+    so messages published after this returns are not missed; raises on a fatal
+    error (e.g. authentication), and returns anyway if the broker is merely
+    unreachable (the receiver keeps retrying).
+    """
     o = {_norm(k): v for k, v in options.items()}
-    partition = o.pop("partition", None)
-    cfg = config_from_options({k: v for k, v in options.items() if _norm(k) != "partition"})
+    partition = o.get("partition")
+    ready_timeout = float(o.get("readytimeout", "30"))
+    rest = {k: v for k, v in options.items() if _norm(k) not in ("partition", "readytimeout")}
+    cfg = config_from_options(rest)
     receiver = QmfReceiver(cfg, LandingSink(root, partition))
     receiver.start_thread()
+    deadline = time.monotonic() + ready_timeout
+    while not receiver.ready.wait(0.05):
+        if receiver.error is not None:  # the thread ended: it already shut down
+            raise ReceiverError(str(receiver.error))
+        if time.monotonic() > deadline:
+            log.warning(
+                "embedded receiver not subscribed after %.0f s; still trying", ready_timeout
+            )
+            break
     return receiver
 
 

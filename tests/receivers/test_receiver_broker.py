@@ -383,3 +383,33 @@ def test_competing_receivers_each_write_their_own_partition(
     t = landed_table(root)
     assert sorted(t.column("msg_key").to_pylist()) == sorted(expected_key(m) for m in msgs)
     assert os.path.isdir(root / a.sink.partition) and os.path.isdir(root / b.sink.partition)
+
+
+def test_embedded_receiver_for_the_spark_source(broker: Any, tag: str, tmp_path: Path) -> None:
+    from receivers.receiver import start_embedded
+
+    n = 1000
+    msgs = make_messages(tag, n)
+    root = tmp_path / "landing"
+    r = start_embedded(
+        str(root),
+        {
+            "URL": broker.url,
+            "bind": f"qpid.management:mgmt.{tag}.#",
+            "partition": "emb",
+            "flushMs": "10",
+        },
+    )
+    try:
+        assert r.ready.is_set()
+        with Publisher(broker.url) as pub:
+            pub.publish_many(msgs)
+        wait_for(lambda: r.stats.settled >= n, 60, f"{n} settled")
+    finally:
+        r.stop()
+    t = landed_table(root)
+    assert LandingLog(root).partitions() == ["emb"]
+    assert t.column("msg_key").to_pylist() == [expected_key(m) for m in msgs]
+    bad = {"url": f"amqp://guest:nope@127.0.0.1:{broker.port}"}
+    with pytest.raises(ReceiverError, match="amqp:unauthorized-access"):
+        start_embedded(str(tmp_path / "l2"), bad)
