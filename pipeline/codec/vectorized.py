@@ -560,7 +560,7 @@ def _identity(ctx: _Ctx, sub: I64, schema: ClassSchema) -> dict[str, pa.Array]:
 def _class_table(
     ctx: _Ctx, sub: I64, schema: ClassSchema
 ) -> tuple[pa.Table | None, npt.NDArray[np.bool_]]:
-    """One class's table (plus an internal ``__row`` column), or the records whose values failed."""
+    """One class's table, or the records whose values failed (None, mask)."""
     w = ctx.w
     n = sub.shape[1]
     cols = _identity(ctx, sub, schema)
@@ -598,9 +598,7 @@ def _class_table(
             cols[column_name(e.name)] = _element_column(w, e, mat[j], valid, nulls, ver, failed)
     if failed.any():
         return None, failed
-    cols["__row"] = pa.array(sub[K.R_MSG])
-    fields = [*sample_schema(schema), pa.field("__row", pa.int64())]
-    return pa.table(cols, schema=pa.schema(fields)), failed
+    return pa.table(cols, schema=sample_schema(schema)), failed
 
 
 def _element_column(
@@ -743,7 +741,7 @@ def decode_content(
     # Build every class table; a container value the codec rejects sends its
     # message to the per-record path, and the build runs once more without it
     # (bounded: the second pass only has records that passed the first).
-    tables: dict[SchemaKey, list[pa.Table]] = {}
+    tables: dict[SchemaKey, list[tuple[pa.Table, I64]]] = {}
     rec = w.rec
     for _attempt in range(2):
         tables = {}
@@ -761,7 +759,7 @@ def decode_content(
                 if failed.any():
                     late |= set(sub[K.R_MSG][failed].tolist())
                 elif tbl is not None:
-                    tables[schema.key] = [tbl]
+                    tables[schema.key] = [(tbl, sub[K.R_MSG])]
         if not late:
             break
         reasons["container value rejected"] = len(late)
@@ -805,8 +803,9 @@ def decode_content(
     for sk, items in per_class.items():
         sch = registry.get(sk)
         assert sch is not None
-        t = records_to_table(items, sch).append_column("__row", pa.array(fb_rows[sk], pa.int64()))
-        tables.setdefault(sk, []).append(t)
+        tables.setdefault(sk, []).append(
+            (records_to_table(items, sch), np.array(fb_rows[sk], np.int64))
+        )
     samples = {k: _in_input_order(v) for k, v in tables.items()}
     return ContentResult(
         samples=samples,
@@ -818,11 +817,14 @@ def decode_content(
     )
 
 
-def _in_input_order(parts: list[pa.Table]) -> pa.Table:
-    t = pa.concat_tables(parts) if len(parts) > 1 else parts[0]
-    if len(parts) > 1:
-        t = t.sort_by([("__row", "ascending"), ("record_index", "ascending")])
-    return t.drop_columns(["__row"])
+def _in_input_order(parts: list[tuple[pa.Table, I64]]) -> pa.Table:
+    """Kernel rows and fallback rows of one class, merged in (message row, record index) order."""
+    if len(parts) == 1:
+        return parts[0][0]
+    t = pa.concat_tables([p for p, _ in parts])
+    rows = np.concatenate([r for _, r in parts])
+    idx = np.asarray(t.column("record_index").to_numpy(), np.int64)
+    return t.take(pa.array(np.lexsort((idx, rows))))
 
 
 def arrow_mapper(
