@@ -179,7 +179,7 @@ def test_topology_exchanges_and_gen_queue_policy(broker: b.BrokerInfo) -> None:
     assert {row[1] for row in gen} == {"qmf-expire-amq-gen"}
     policies = b.rabbitmqctl("list_policies", "--no-table-headers")
     assert policies.splitlines() == [
-        '/\tqmf-expire-amq-gen\t^amq\\.gen-\tqueues\t{"expires":600000}\t0'
+        '/\tqmf-expire-amq-gen\t^amq\\.gen-\tqueues\t{"expires":60000}\t0'
     ]
 
 
