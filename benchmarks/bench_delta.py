@@ -23,7 +23,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."
 from deltalake import CommitProperties, Transaction, write_deltalake
 from pyspark.sql import DataFrame, SparkSession
 
-from pipeline.delta import append_batch, conform, create_table, read_arrow
+from pipeline.delta import UNIQUE_COLUMNS_OPTIONS, append_batch, conform, create_table, read_arrow
 from pipeline.spark import get_spark
 from schemas.tables import BRONZE
 
@@ -72,8 +72,9 @@ def main() -> int:
     )
     work = args.dir or tempfile.mkdtemp(prefix="bench-delta-")
     parallel_path = os.path.join(work, "parallel")
+    tuned_path = os.path.join(work, "tuned")
     driver_path = os.path.join(work, "driver")
-    for p in (parallel_path, driver_path):
+    for p in (parallel_path, tuned_path, driver_path):
         shutil.rmtree(p, ignore_errors=True)
         create_table(p, BRONZE)
 
@@ -84,6 +85,11 @@ def main() -> int:
     def parallel(batch_id: int, df: DataFrame) -> object:
         return append_batch(df, parallel_path, app_id="bench", batch_id=batch_id)
 
+    def tuned(batch_id: int, df: DataFrame) -> object:
+        return append_batch(
+            df, tuned_path, app_id="bench", batch_id=batch_id, writer_options=UNIQUE_COLUMNS_OPTIONS
+        )
+
     def through_driver(batch_id: int, df: DataFrame) -> object:
         table = df.toArrow().cast(BRONZE)
         props = CommitProperties(app_transactions=[Transaction("bench", batch_id)])
@@ -91,9 +97,10 @@ def main() -> int:
 
     # Warm-up (class loading, Python workers) for both, untimed.
     parallel(0, warm)
+    tuned(0, warm)
     through_driver(0, warm)
 
-    rates: dict[str, list[float]] = {"parallel": [], "driver": []}
+    rates: dict[str, list[float]] = {"parallel": [], "tuned": [], "driver": []}
     for b in range(1, args.batches + 1):
         rates["parallel"].append(
             timed(
@@ -102,20 +109,26 @@ def main() -> int:
                 partial(parallel, b, batch),
             )
         )
+        rates["tuned"].append(
+            timed(f"same, no dictionary on unique cols (#{b})", args.rows, partial(tuned, b, batch))
+        )
         rates["driver"].append(
             timed(f"toArrow + write_deltalake (#{b})", args.rows, partial(through_driver, b, batch))
         )
 
     expected = 1000 + args.rows * args.batches
-    for p in (parallel_path, driver_path):
+    for p in (parallel_path, tuned_path, driver_path):
         got = read_arrow(p).num_rows
         if got != expected:
             raise SystemExit(f"{p}: {got} rows, expected {expected}")
     best_parallel = max(rates["parallel"])
+    best_tuned = max(rates["tuned"])
     best_driver = max(rates["driver"])
     print(f"best parallel: {best_parallel:,.0f} rows/s")
+    print(f"best tuned:    {best_tuned:,.0f} rows/s")
     print(f"best driver:   {best_driver:,.0f} rows/s")
     print(f"ratio parallel/driver: {best_parallel / best_driver:.2f}x")
+    print(f"ratio tuned/driver:    {best_tuned / best_driver:.2f}x")
     batch.unpersist()
     spark.stop()
     if not args.dir:

@@ -24,6 +24,7 @@ from pipeline.delta import (
     committed_batch,
     create_table,
     merge_batch,
+    no_dictionary,
     overwrite_range,
     prune_files,
     read_arrow,
@@ -447,3 +448,26 @@ def test_insert_if_absent_within_a_range_prunes_files(spark: SparkSession, tmp_p
     assert result.rows == 1
     got = sorted((r["msg_key"], r["offset"]) for r in read_arrow(path).to_pylist())
     assert got == [("a", 0), ("a", 50), ("b", 1), ("c", 30), ("d", 31)]
+
+
+def test_writer_options_reach_parquet(spark: SparkSession, tmp_path: Path) -> None:
+    """no_dictionary() turns dictionary encoding off for the named columns only."""
+    path = tmp_path / "events"
+    create_table(path, EVENTS)
+    rows = [event(i, name="same") for i in range(50)]
+    append_batch(
+        frame(spark, rows).coalesce(1),
+        path,
+        app_id="j",
+        batch_id=0,
+        writer_options=no_dictionary("name"),
+    )
+    (uri,) = DeltaTable(str(path)).file_uris()
+    meta = pq.ParquetFile(uri).metadata.row_group(0)
+    encodings = {
+        meta.column(i).path_in_schema: set(meta.column(i).encodings)
+        for i in range(meta.num_columns)
+    }
+    assert "PLAIN_DICTIONARY" not in encodings["name"] and "RLE_DICTIONARY" not in encodings["name"]
+    assert "PLAIN_DICTIONARY" in encodings["day"] or "RLE_DICTIONARY" in encodings["day"]
+    assert read_arrow(path).num_rows == 50
