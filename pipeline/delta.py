@@ -101,7 +101,7 @@ def create_table(
     if table_exists(path):
         dt = DeltaTable(path)
         existing = table_schema(dt)
-        problems = _schema_problems(schema, existing, check_nullability=True)
+        problems = _schema_problems(existing, schema, check_nullability=True)
         if problems:
             raise SchemaMismatchError(
                 f"table {path} exists with another schema: " + "; ".join(problems)
@@ -112,14 +112,20 @@ def create_table(
             )
         return dt
     os.makedirs(path, exist_ok=True)
-    return DeltaTable.create(
-        path,
-        schema,
-        mode="error",
-        partition_by=list(partition_by) or None,
-        name=name,
-        configuration=configuration,
-    )
+    try:
+        return DeltaTable.create(
+            path,
+            schema,
+            mode="error",
+            partition_by=list(partition_by) or None,
+            name=name,
+            configuration=configuration,
+        )
+    except Exception:
+        if not table_exists(path):
+            raise
+        # Another process created it first: validate theirs like any existing table.
+        return create_table(path, schema, partition_by, name=name, configuration=configuration)
 
 
 def table_schema(table: DeltaTable | str | os.PathLike[str]) -> pa.Schema:

@@ -29,6 +29,7 @@ from pipeline.delta import (
     prune_files,
     read_arrow,
     read_table,
+    table_schema,
 )
 from schemas.tables import BRONZE
 
@@ -471,3 +472,19 @@ def test_writer_options_reach_parquet(spark: SparkSession, tmp_path: Path) -> No
     assert "PLAIN_DICTIONARY" not in encodings["name"] and "RLE_DICTIONARY" not in encodings["name"]
     assert "PLAIN_DICTIONARY" in encodings["day"] or "RLE_DICTIONARY" in encodings["day"]
     assert read_arrow(path).num_rows == 50
+
+
+def test_create_table_is_idempotent_and_checks_schema(tmp_path: Path) -> None:
+    path = tmp_path / "bronze"
+    create_table(path, BRONZE)
+    assert create_table(path, BRONZE).version() == 0
+    assert table_schema(path) == BRONZE
+    other = pa.schema(
+        [f if f.name != "offset" else pa.field("offset", pa.int32(), False) for f in BRONZE]
+    )
+    with pytest.raises(SchemaMismatchError, match="column 'offset' is int32, table has int64"):
+        create_table(path, other)
+    with pytest.raises(SchemaMismatchError, match="partitioned by"):
+        create_table(path, BRONZE, partition_by=["partition"])
+    with pytest.raises(ValueError, match="only string, integer, date and boolean"):
+        create_table(tmp_path / "t2", BRONZE, partition_by=["received_at"])
