@@ -155,6 +155,7 @@ def main() -> int:
         landed = sum(LandingLog(root).end_offsets().values())
         print(f"landing log: {landed} messages of ~{args.size} B in {time.perf_counter() - t:.1f} s")
 
+        load_before = os.getloadavg()[0]
         base_s, base_rows = baseline(root, work / "baseline", args.batch)
         pipe_s, first_s, pipe_rows, session_s = pipeline_run(
             root, work / "bronze", work / "ck", args.batch
@@ -163,11 +164,14 @@ def main() -> int:
         print(f"baseline (pyarrow + write_deltalake): {base_rows} rows in {base_s:.1f} s = {base_rate:,.0f} records/s")
         print(f"pipeline (qmf source -> bronze, exactly-once dedup): {pipe_rows} rows in {pipe_s:.1f} s = {pipe_rate:,.0f} records/s"
               f" (first commit after {first_s:.1f} s; session start {session_s:.1f} s, not counted)")
+        load_after = os.getloadavg()[0]
         print(f"ratio pipeline/baseline: {pipe_rate / base_rate:.2f}")
+        print(f"load average (1 min) before/after: {load_before:.1f}/{load_after:.1f} on {os.cpu_count()} CPUs")
         print("RESULT " + json.dumps({
             "messages": landed, "size": args.size, "batch": args.batch, "cpus": os.cpu_count(),
             "baseline_rps": round(base_rate), "pipeline_rps": round(pipe_rate),
             "ratio": round(pipe_rate / base_rate, 3), "first_commit_s": round(first_s, 1),
+            "load_before": round(load_before, 1), "load_after": round(load_after, 1),
         }))  # fmt: skip
         return 0 if pipe_rows == landed == base_rows else 1
     finally:
