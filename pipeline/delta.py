@@ -297,7 +297,7 @@ def _commit_properties(app_id: str, batch_id: int, operation: str) -> CommitProp
 
 def _stat_value(t: pa.DataType, raw: Any, *, is_max: bool) -> Any:
     """A footer min/max as Delta stats JSON, or None when it cannot be exact/safe."""
-    if pa.types.is_integer(t):
+    if pa.types.is_signed_integer(t):
         return int(raw)
     if pa.types.is_date32(t):
         return (date(1970, 1, 1) + timedelta(days=int(raw))).isoformat()
@@ -406,12 +406,19 @@ def build_add_actions(
         meta = pq.ParquetFile(full).metadata
         arrow = meta.schema.to_arrow_schema()
         problems = _schema_problems(file_schema, arrow, check_nullability=False)
+        if problems:  # before reading stats, whose raw values assume the right types
+            raise SchemaMismatchError(
+                f"file {rel_path} does not match table {root}: " + "; ".join(problems)
+            )
         stats = file_stats(meta, file_schema)
         for f in file_schema:
-            if not f.nullable and stats["nullCount"].get(f.name, 0) > 0:
-                problems.append(
-                    f"non-nullable column {f.name!r} has {stats['nullCount'][f.name]} nulls"
-                )
+            if f.nullable or pa.types.is_nested(f.type):
+                continue  # nested non-nullable columns are checked row-wise in conform()
+            count = stats["nullCount"].get(f.name)
+            if count is None:
+                problems.append(f"no null count for non-nullable column {f.name!r}")
+            elif count > 0:
+                problems.append(f"non-nullable column {f.name!r} has {count} nulls")
         for col in parts:
             if pvalues.get(col) is None and not schema.field(col).nullable:
                 problems.append(f"non-nullable partition column {col!r} is null")
