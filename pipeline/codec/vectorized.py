@@ -835,13 +835,16 @@ def arrow_mapper(
     Every yielded batch has ``sample_schema(registry.get(class_key))``, as
     Spark requires; batches without samples of the class yield nothing.
     """
-    schema = registry.get(class_key)
-    if schema is None:
+    if registry.get(class_key) is None:
         raise KeyError(f"no schema for {class_key}")
+    # Only the schemas travel to the workers: a live registry caches decode
+    # plans (struct.Struct objects), which do not pickle.
+    schemas = tuple(registry)
 
     def mapper(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+        reg = SchemaRegistry(schemas)
         for b in batches:
-            t = decode_content(b, registry).samples.get(class_key)
+            t = decode_content(b, reg).samples.get(class_key)
             if t is not None and t.num_rows:
                 yield from t.to_batches()
 
