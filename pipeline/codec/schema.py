@@ -52,7 +52,12 @@ class Method:
 
 @dataclass(frozen=True)
 class ClassSchema:
-    """A table class (properties, statistics, methods) or an event class (arguments)."""
+    """A table class (properties, statistics, methods) or an event class (arguments).
+
+    AM1 has no class kind on the wire: an AM1 event class travels as a schema
+    response with no properties, statistics or methods and one event record
+    named like the class (see ``v1.schema_response_for``).
+    """
 
     key: SchemaKey
     kind: int = KIND_TABLE
@@ -60,6 +65,10 @@ class ClassSchema:
     statistics: tuple[Element, ...] = ()
     methods: tuple[Method, ...] = ()
     arguments: tuple[Element, ...] = ()  # event classes only
+    # AM1 only: the event records (main map + arguments, as Methods) that an AM1
+    # schema response of a table class lists beside its properties; informational,
+    # 'e' records decode against event classes, never against these.
+    events: tuple[Method, ...] = ()
 
     @property
     def optional_properties(self) -> tuple[Element, ...]:

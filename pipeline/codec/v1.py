@@ -203,6 +203,16 @@ def _check_count(n: int, buf: bytes, off: int, what: str) -> None:
         raise Malformed(off, f"{what} count {n} cannot fit in {len(buf) - off} bytes")
 
 
+def is_am1_event_class(
+    class_name: str, n_props: int, n_stats: int, n_methods: int, events: Sequence[Method]
+) -> bool:
+    """AM1's 's' has no class kind, so an event class is a schema response with no
+    properties, statistics or methods and exactly one event record named like the class."""
+    return (
+        n_props == n_stats == n_methods == 0 and len(events) == 1 and events[0].name == class_name
+    )
+
+
 def _dec_schema(buf: bytes, off: int, seq: int, ctx: Ctx) -> tuple[Record, int]:
     start = off
     class_kind: int | None = None
@@ -246,13 +256,19 @@ def _dec_schema(buf: bytes, off: int, seq: int, ctx: Ctx) -> tuple[Record, int]:
     methods, off = _read_member_groups(buf, off, mc)
     if ec:
         events, off = _read_member_groups(buf, off, ec)
-    schema = ClassSchema(
-        key=key,
-        kind=KIND_TABLE,
-        properties=tuple(element_from_map(m, start) for m in props),
-        statistics=tuple(element_from_map(m, start) for m in stats),
-        methods=tuple(_method_from(m, a, start) for m, a in methods),
-    )
+    event_records = tuple(_method_from(m, a, start) for m, a in events)
+    if is_am1_event_class(name, pc, sc, mc, event_records):
+        # AM1's convention for an event class: its one event record, named like the class
+        schema = ClassSchema(key=key, kind=KIND_EVENT, arguments=event_records[0].arguments)
+    else:
+        schema = ClassSchema(
+            key=key,
+            kind=KIND_TABLE,
+            properties=tuple(element_from_map(m, start) for m in props),
+            statistics=tuple(element_from_map(m, start) for m in stats),
+            methods=tuple(_method_from(m, a, start) for m, a in methods),
+            events=event_records,
+        )
     ctx.registry.add(schema)
     rec = SchemaResponse(
         dialect=ctx.dialect,
@@ -274,7 +290,15 @@ def _enc_schema(out: bytearray, r: Record, reg: SchemaRegistry | None) -> None:
     if r.dialect == "AM2":
         if r.class_kind is None:
             raise EncodeError("AM2 schema response needs class_kind")
+        if r.events:
+            raise EncodeError("AM2 schema response has no event records")
         out.append(r.class_kind)
+    else:
+        # AM1: no class kind; an event class travels as one event record (schema_response_for)
+        if r.class_kind is not None:
+            raise EncodeError("AM1 schema response has no class kind (class_kind must be None)")
+        if r.argument_maps:
+            raise EncodeError("AM1 schema response carries event arguments in an event record")
     write_str8(out, key.package)
     write_str8(out, key.name)
     _put_hash(out, key.hash)
@@ -347,13 +371,28 @@ def _method_maps(meth: Method, dialect: str) -> tuple[TypedMap, tuple[TypedMap, 
 
 
 def schema_response_for(schema: ClassSchema, dialect: str = "AM2", seq: int = 0) -> SchemaResponse:
-    """A schema response record for a ClassSchema, with maps laid out as qpidd does."""
+    """A schema response record for a ClassSchema, with maps laid out as qpidd does.
+
+    An event class in AM1 (whose 's' has no class kind) becomes a response with no
+    properties, statistics or methods and one event record named like the class,
+    which carries the arguments; ``_dec_schema`` reads that back as an event class.
+    """
     if schema.kind == KIND_EVENT:
+        if dialect == "AM1":
+            # AM1 has no class kind: counts 0/0/0/1 and one event record named like the class
+            return SchemaResponse(
+                dialect=dialect,
+                opcode="s",
+                seq=seq,
+                class_kind=None,
+                schema=schema,
+                events=(_method_maps(Method(schema.key.name, schema.arguments), dialect),),
+            )
         return SchemaResponse(
             dialect=dialect,
             opcode="s",
             seq=seq,
-            class_kind=KIND_EVENT if dialect == "AM2" else None,
+            class_kind=KIND_EVENT,
             schema=schema,
             argument_maps=tuple(_element_map(a, dialect, "argument") for a in schema.arguments),
         )
@@ -366,6 +405,8 @@ def schema_response_for(schema: ClassSchema, dialect: str = "AM2", seq: int = 0)
         property_maps=tuple(_element_map(p, dialect, "property") for p in schema.properties),
         statistic_maps=tuple(_element_map(s, dialect, "statistic") for s in schema.statistics),
         methods=tuple(_method_maps(m, dialect) for m in schema.methods),
+        # only AM1 lists event records beside a table class's members
+        events=tuple(_method_maps(e, dialect) for e in schema.events) if dialect == "AM1" else (),
     )
 
 

@@ -305,10 +305,11 @@ class SimAgent:
         return Published(ev, self.event_key(cls))
 
     def schema_records(self, seq: int = 0) -> Iterator[Published]:
-        """The schema broadcast: AM1 's' per class, AM2 'p' and 'q' indications; V2 none."""
+        """The schema broadcast: AM1 's' per class and event class, AM2 'p' and 'q'; V2 none."""
         if self.dialect == "am1":
-            # AM1's 's' has no class kind: event classes cannot travel on their own
-            for c in table_classes(self.schema):
+            # every class, events included: AM1's 's' has no class kind, so an event
+            # class travels as one event record named like it (v1.schema_response_for)
+            for c in self.schema:
                 yield Published(
                     self.schema_response(c.schema, seq),
                     f"mgmt.{self.agent_key}.schema.{c.package}.{c.name}",

@@ -2,8 +2,13 @@
 
 from __future__ import annotations
 
-import pytest
+from dataclasses import replace
 
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from pipeline.codec.errors import EncodeError
 from pipeline.codec.records import (
     AttachRequest,
     AttachResponse,
@@ -35,6 +40,7 @@ from pipeline.codec.schema import (
 )
 from pipeline.codec.types import Am1ObjectId, Am2ObjectId, EmbeddedObject
 from pipeline.codec.v1 import OPCODES, decode_v1, encode_record, encode_records, schema_response_for
+from tests.codec import strategies as S
 from tests.codec.vectors import UUID, map_bytes, s8, tmap, u8, u16, u32, u64, v16
 
 PKG, CLS, EV = "org.test", "widget", "alarm"
@@ -441,7 +447,8 @@ SCHEMA_VECTORS: list[tuple[str, Record, bytes]] = [
             opcode="s",
             seq=8,
             class_kind=None,
-            schema=_schema("AM1"),
+            # a table class keeps the event records listed beside its members
+            schema=replace(_schema("AM1"), events=(Method("gone"),)),
             property_maps=(tmap(*PROP),),
             statistic_maps=(tmap(*STAT),),
             methods=((tmap(*METH), (tmap(*ARG_AM1),)),),
@@ -503,6 +510,51 @@ SCHEMA_VECTORS: list[tuple[str, Record, bytes]] = [
         + map_bytes(("name", 0x90, v16("who")), ("type", 0x02, u8(6))),
     ),
 ]
+
+# An AM1 event class: counts 0/0/0/1, one event record named like the class (main map
+# {argCount, desc, name}, then argCount argument maps) that carries the arguments.
+EV_DESC_SCHEMA = ClassSchema(
+    key=SchemaKey(PKG, EV, EV_HASH),
+    kind=KIND_EVENT,
+    arguments=(Element("who", 6, extra={"desc": "who did it"}), Element("level", 1)),
+)
+EV_MAIN = (("argCount", 0x21, 2), ("desc", 0x90, "an alarm"), ("name", 0x90, EV))
+EV_MAIN_RAW = map_bytes(
+    ("argCount", 0x21, u32(2)), ("desc", 0x90, v16("an alarm")), ("name", 0x90, v16(EV))
+)
+EV_WHO = (("desc", 0x90, "who did it"), ("name", 0x90, "who"), ("type", 0x02, 6))
+EV_WHO_RAW = map_bytes(
+    ("desc", 0x90, v16("who did it")), ("name", 0x90, v16("who")), ("type", 0x02, u8(6))
+)
+EV_LEVEL = (("name", 0x90, "level"), ("type", 0x02, 1))
+EV_LEVEL_RAW = map_bytes(("name", 0x90, v16("level")), ("type", 0x02, u8(1)))
+AM1_EVENT_CLASS_RAW = (
+    hdr("AM1", "s", 9)
+    + s8(PKG)
+    + s8(EV)
+    + EV_HASH
+    + u16(0)
+    + u16(0)
+    + u16(0)
+    + u16(1)
+    + EV_MAIN_RAW
+    + EV_WHO_RAW
+    + EV_LEVEL_RAW
+)
+SCHEMA_VECTORS.append(
+    (
+        "AM1-s-event",
+        SchemaResponse(
+            dialect="AM1",
+            opcode="s",
+            seq=9,
+            class_kind=None,
+            schema=EV_DESC_SCHEMA,
+            events=((tmap(*EV_MAIN), (tmap(*EV_WHO), tmap(*EV_LEVEL))),),
+        ),
+        AM1_EVENT_CLASS_RAW,
+    )
+)
 
 ALL = VECTORS + SCHEMA_VECTORS
 
@@ -657,3 +709,148 @@ def test_type_20_embedded_object() -> None:
     records, problems = decode_v1(raw, SchemaRegistry([holder]))
     assert records == []
     assert [p.error for p in problems] == ["MissingSchema"]
+
+
+def test_am1_event_class_schema_response_registers_an_event_class() -> None:
+    """The AM1 event-class response, then an AM1 'e' of that class, with an empty registry."""
+    reg = SchemaRegistry()
+    event = hdr("AM1", "e") + s8(PKG) + s8(EV) + EV_HASH + u64(T1) + u8(3) + s8("me") + u8(2)
+    records, problems = decode_v1(AM1_EVENT_CLASS_RAW + event, reg, agent="a1")
+    assert problems == []
+    assert [r.opcode for r in records] == ["s", "e"]
+    s_rec = records[0]
+    assert isinstance(s_rec, SchemaResponse)
+    assert s_rec.class_kind is None and s_rec.schema.kind == KIND_EVENT
+    assert reg.get(SchemaKey(PKG, EV, EV_HASH)) == EV_DESC_SCHEMA
+    assert records[1] == Event(
+        dialect="AM1",
+        opcode="e",
+        package=PKG,
+        event_name=EV,
+        schema_hash=EV_HASH,
+        timestamp_ns=T1,
+        severity=3,
+        arguments={"who": "me", "level": 2},
+        agent="a1",
+    )
+    assert encode_records(records, reg) == AM1_EVENT_CLASS_RAW + event
+
+
+def test_schema_response_for_am1_event_class() -> None:
+    """schema_response_for writes an event class in AM1 as one event record named like it."""
+    built = schema_response_for(ALARM, "AM1", seq=9)
+    main = (("argCount", 0x21, 2), ("name", 0x90, EV))
+    who = (("name", 0x90, "who"), ("type", 0x02, 6))
+    assert built == SchemaResponse(
+        dialect="AM1",
+        opcode="s",
+        seq=9,
+        class_kind=None,
+        schema=ALARM,
+        events=((tmap(*main), (tmap(*who), tmap(*EV_LEVEL))),),
+    )
+    raw = (
+        hdr("AM1", "s", 9)
+        + s8(PKG)
+        + s8(EV)
+        + EV_HASH
+        + u16(0)
+        + u16(0)
+        + u16(0)
+        + u16(1)
+        + map_bytes(("argCount", 0x21, u32(2)), ("name", 0x90, v16(EV)))
+        + map_bytes(("name", 0x90, v16("who")), ("type", 0x02, u8(6)))
+        + EV_LEVEL_RAW
+    )
+    assert encode_record(built, None) == raw
+    reg = SchemaRegistry()
+    assert decode_v1(raw, reg) == ([built], [])
+    assert reg.get(ALARM.key) == ALARM
+    # with no arguments: argCount 0 and nothing after the main map
+    bare = ClassSchema(key=SchemaKey(PKG, "ping", EV_HASH), kind=KIND_EVENT)
+    raw0 = (
+        hdr("AM1", "s")
+        + s8(PKG)
+        + s8("ping")
+        + EV_HASH
+        + u16(0) * 3
+        + u16(1)
+        + map_bytes(("argCount", 0x21, u32(0)), ("name", 0x90, v16("ping")))
+    )
+    assert encode_record(schema_response_for(bare, "AM1"), None) == raw0
+    assert decode_v1(raw0, SchemaRegistry()) == ([schema_response_for(bare, "AM1")], [])
+
+
+def test_am1_table_schema_keeps_its_event_records() -> None:
+    """A table class with event records: still a table class; schema_response_for writes them back."""
+    schema = replace(_schema("AM1"), events=(Method("gone"),))
+    assert encode_record(schema_response_for(schema, "AM1", seq=8), None) == SCHEMA_VECTORS[0][2]
+    # AM2 has no event records in 's': they are left out there
+    assert encode_record(schema_response_for(schema, "AM2", seq=8), None) == SCHEMA_VECTORS[1][2]
+
+
+@pytest.mark.parametrize(
+    ("counts", "event_name", "kind"),
+    [
+        ((0, 0, 0), EV, KIND_EVENT),  # the convention
+        ((0, 0, 0), "other", 1),  # event record not named like the class
+        ((1, 0, 0), EV, 1),  # a property beside it
+    ],
+)
+def test_am1_event_class_needs_exactly_the_convention(
+    counts: tuple[int, int, int], event_name: str, kind: int
+) -> None:
+    n_props = counts[0]
+    raw = (
+        hdr("AM1", "s")
+        + s8(PKG)
+        + s8(EV)
+        + EV_HASH
+        + u16(n_props)
+        + u16(0)
+        + u16(0)
+        + u16(1)
+        + PROP_RAW * n_props
+        + map_bytes(("argCount", 0x21, u32(1)), ("name", 0x90, v16(event_name)))
+        + EV_LEVEL_RAW
+    )
+    reg = SchemaRegistry()
+    records, problems = decode_v1(raw, reg)
+    assert problems == []
+    (rec,) = records
+    assert isinstance(rec, SchemaResponse)
+    assert rec.schema.kind == kind
+    if kind == KIND_EVENT:
+        assert rec.schema.arguments == (Element("level", 1),) and rec.schema.events == ()
+    else:
+        assert rec.schema.arguments == ()
+        assert rec.schema.events == (Method(event_name, (Element("level", 1),)),)
+    assert reg.get(SchemaKey(PKG, EV, EV_HASH)) == rec.schema
+    assert encode_record(rec, None) == raw
+
+
+def test_schema_response_layout_errors() -> None:
+    am1 = schema_response_for(ALARM, "AM1")
+    with pytest.raises(EncodeError, match="AM1 schema response has no class kind"):
+        encode_record(replace(am1, class_kind=KIND_EVENT), None)
+    am2 = schema_response_for(ALARM, "AM2")
+    with pytest.raises(EncodeError, match="event arguments in an event record"):
+        encode_record(replace(am2, dialect="AM1", class_kind=None), None)
+    table = schema_response_for(_schema("AM2"), "AM2")
+    with pytest.raises(EncodeError, match="AM2 schema response has no event records"):
+        encode_record(replace(table, events=((tmap(*EVT_MAIN), ()),)), None)
+
+
+@settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(st.data())
+def test_am1_event_class_round_trips(data: st.DataObject) -> None:
+    """Any event class: AM1 's' then 'e' in one message, decoded with an empty registry."""
+    schema, event = data.draw(S.events("AM1"))
+    response = schema_response_for(schema, "AM1")
+    body = encode_records([response, event], SchemaRegistry([schema]))
+    reg = SchemaRegistry()
+    decoded, problems = decode_v1(body, reg)
+    assert problems == []
+    assert decoded == [response, event]
+    assert reg.get(schema.key) == schema
+    assert encode_records(decoded, reg) == body

@@ -154,7 +154,7 @@ def test_console_requests_are_answered_per_schema_and_manifest(
                 (c.name, c.key.hash) for c in ours if c.package == PKG
             ]
             # S -> s for the classes we need, checked against the schema
-            for name in ("queue", "broker"):
+            for name in ("queue", "broker", "clientConnect"):  # an event class too
                 c = ours.get(PKG, name)
                 (s,) = ask(
                     SchemaRequest(
@@ -168,6 +168,7 @@ def test_console_requests_are_answered_per_schema_and_manifest(
                     final="s",
                 )
                 assert isinstance(s, SchemaResponse) and s.schema == _as_sent(c.schema, d)
+                assert s.schema.kind == c.schema.kind  # AM1: an event class, by the convention
                 assert registry.get(c.key) == s.schema
             (z,) = ask(
                 SchemaRequest(
@@ -270,6 +271,7 @@ def test_console_requests_are_answered_per_schema_and_manifest(
         ("B", 11),
         ("P", 12),
         ("Q", 13),
+        ("S", 14),
         ("S", 14),
         ("S", 14),
         ("S", 15),

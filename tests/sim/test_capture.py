@@ -13,6 +13,7 @@ import pytest
 from pipeline.cli import main
 from pipeline.codec.capture import CapturedMessage, read_capture
 from pipeline.codec.records import Event, Heartbeat, ObjectSample, Record
+from pipeline.codec.schema import SchemaRegistry
 from pipeline.qmfxml import default_schema
 from pipeline.sim.manifest import read_manifest, record_row
 
@@ -157,6 +158,64 @@ def test_other_dialects_to_capture(
         assert all((x.routing_key or "").startswith("agent.ind.") for x, _ in decoded)
     else:
         assert all((x.routing_key or "").startswith("mgmt.") for x, _ in decoded)
+
+
+def test_am1_capture_decodes_from_its_own_schemas(
+    tmp_path: Any, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """AM1 with an empty registry: the broadcast carries every class, event classes included
+    (one event record named like the class), so every event decodes and equals the manifest."""
+    out = str(tmp_path / "am1.jsonl")
+    manifest = str(tmp_path / "manifest.jsonl")
+    rc = main(
+        [
+            "sim",
+            "-o",
+            out,
+            "--manifest",
+            manifest,
+            "--dialect",
+            "am1",
+            "--intervals",
+            "5",
+            "--start-ns",
+            str(START_NS),
+        ]
+    )
+    assert rc == 0
+    capsys.readouterr()
+    registry = SchemaRegistry()  # nothing known in advance
+    recs: list[Record] = []
+    for m in read_capture(out):
+        res = m.decode(registry)
+        assert res.problems == [], (m.routing_key, res.problems)
+        recs.extend(res.records)
+    rows = [r for r in read_manifest(manifest) if r.get("source") == "publish"]
+    assert len(recs) == len(rows)
+    for r, row in zip(recs, rows, strict=True):
+        assert record_row(r) == {k: row[k] for k in record_row(r)}
+    # the events, one by one, equal the manifest's (count and values)
+    events = [r for r in recs if isinstance(r, Event)]
+    event_rows = [row for row in rows if row["kind"] == "event"]
+    assert [record_row(e) for e in events] == [
+        {k: row[k] for k in record_row(events[0])} for row in event_rows
+    ]
+    assert len(events) == 19
+    assert {e.event_name for e in events} >= {"clientConnect", "queueDeclare", "queueDelete"}
+    # every class and event class of the schema came with the capture, as qmfxml has it
+    ours = default_schema()
+    assert sorted((s.key for s in registry), key=str) == sorted((c.key for c in ours), key=str)
+    for c in ours:
+        got = registry.get(c.key)
+        assert got is not None and got.kind == c.schema.kind
+        if c.is_event:
+            assert got == c.schema
+    # and the summary `qmf decode --summary` prints has no decode problems
+    assert main(["decode", "--input", out, "--summary"]) == 0
+    summary = json.loads(capsys.readouterr().out)
+    assert summary["decode_problems"] == 0
+    assert sum(summary["v1_events"].values()) == len(events)
+    assert summary["v1_schemas_captured"] == len(ours) == 49
 
 
 def test_bad_options_are_refused(capsys: pytest.CaptureFixture[str], tmp_path: Any) -> None:

@@ -133,7 +133,8 @@ def test_idle_objects_are_published_once_and_again_after_console_added() -> None
         p for p in pubs if isinstance(p.record, ObjectSample) and p.record.class_name == "queue"
     ]
     assert sorted(p.record.opcode for p in queue) == ["c"] * 6 + ["i"] * 6
-    assert sum(1 for p in pubs if p.record.opcode == "s") == 24  # schema broadcast again
+    # the schema broadcast again: every class and event class (AM1 carries events too)
+    assert sum(1 for p in pubs if p.record.opcode == "s") == len(default_schema()) == 49
     assert sim._publication(agent, START_NS + 5 * NS, [])[-1].record.opcode == "h"  # then quiet
     assert len(sim._publication(agent, START_NS + 6 * NS, [])) == 1
 
