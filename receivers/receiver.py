@@ -568,6 +568,9 @@ class QmfReceiver:
         self._first_in_hand = 0.0
         self._pending: deque[_Group] = deque()  # submitted to the writer, not yet durable
         self._pending_count = 0
+        self._since_top_up = 0
+        # credit is checked every window/8 messages: it can never run dry in between
+        self._top_up_every = max(1, config.credit_window // 8)
         self._writer: _Writer | None = None
         self._injector: EventInjector | None = None
         self._container: Container | None = None
@@ -767,11 +770,11 @@ class QmfReceiver:
         self.stats.landed += len(msgs)
         self.stats.groups += 1
         if g.settle and g.generation == self._generation and self._conn is not None:
+            accepted = Delivery.ACCEPTED
             for _, d in g.items:
-                if not d.settled:
-                    d.update(Delivery.ACCEPTED)
-                    d.settle()
-                    self.stats.settled += 1
+                d.update(accepted)
+                d.settle()
+            self.stats.settled += len(g.items)
         if self.on_group is not None:
             self.on_group(msgs)
 
@@ -815,6 +818,7 @@ class QmfReceiver:
 
     def _top_up(self) -> None:
         """Grant credit back up to the window unless too much is held unsettled."""
+        self._since_top_up = 0
         if self._held() >= 2 * self.config.credit_window:
             return
         for r in self._receivers:
@@ -851,12 +855,10 @@ class QmfReceiver:
     def _on_message(self, event: Event) -> None:
         d = event.delivery
         msg = event.message
-        if (
-            d is None
-            or msg is None
-            or self._stop_requested
-            or not self._is_current(event.connection)
-        ):
+        # Hot path: no per-message connection check (proton would wrap the
+        # connection for it). A connection's messages reach _in_hand only while it
+        # is current: _lost_connection submits them before the next _connect.
+        if d is None or msg is None or self._stop_requested or self._conn is None:
             return  # left unsettled: the broker redelivers
         if not self._in_hand:
             self._first_in_hand = time.monotonic()
@@ -865,13 +867,9 @@ class QmfReceiver:
         if self.console is not None:
             self._send_requests(self.console.observe(landed))
         self.stats.received += 1
-        link = event.receiver
-        if (
-            link is not None
-            and link.credit <= self.config.credit_window // 2
-            and self._held() < 2 * self.config.credit_window
-        ):
-            link.flow(self.config.credit_window - link.credit)
+        self._since_top_up += 1
+        if self._since_top_up >= self._top_up_every:
+            self._top_up()
         self._maybe_flush()
 
     def _send_requests(self, requests: Sequence[tuple[str, bytes]]) -> None:
