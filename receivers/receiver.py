@@ -27,11 +27,9 @@ Why this shape:
 
 from __future__ import annotations
 
-import base64
 import contextlib
 import dataclasses
 import fcntl
-import json
 import logging
 import os
 import queue
@@ -70,6 +68,7 @@ from proton import (
 from proton.handlers import MessagingHandler
 from proton.reactor import ApplicationEvent, Container, EventInjector, Filter
 
+from pipeline.codec.capture import CapturedMessage, iso_utc, write_capture
 from receivers.config import BrokerConfig, ConfigError
 from receivers.console import ConsoleConfig, ConsoleRole
 from receivers.landing import PARTITION_RE, LandedMessage, LandingWriter
@@ -317,8 +316,8 @@ class LandingSink:
             self._lock_fd = None
 
 
-def capture_record(m: LandedMessage, source: str | None = None) -> dict[str, Any]:
-    """One capture-format object (see DESIGN.md and ``shared/samples``)."""
+def to_captured(m: LandedMessage, source: str | None = None) -> CapturedMessage:
+    """The capture-format record of a landed message (``pipeline.codec.capture``)."""
     props: dict[str, Any] = {"content_length": len(m.body)}
     for name in ("message_id", "correlation_id", "reply_to", "app_id", "content_type"):
         value = getattr(m, name)
@@ -328,16 +327,20 @@ def capture_record(m: LandedMessage, source: str | None = None) -> dict[str, Any
         props["routing_key"] = m.routing_key
     if source is not None:
         props["x-capture-source"] = source
-    received = datetime.fromtimestamp(m.received_at_us / 1_000_000, tz=UTC)
-    return {
-        "application_properties": dict(m.application_properties),
-        "body_base64": base64.b64encode(m.body).decode("ascii"),
-        "content_type": m.content_type,
-        "properties": props,
-        "received_at": received.strftime("%Y-%m-%dT%H:%M:%S.%fZ"),
-        "routing_key": m.routing_key,
-        "subject": m.subject,
-    }
+    return CapturedMessage(
+        body=m.body,
+        routing_key=m.routing_key,
+        subject=m.subject,
+        content_type=m.content_type,
+        properties=props,
+        application_properties=dict(m.application_properties),
+        received_at=iso_utc(datetime.fromtimestamp(m.received_at_us / 1_000_000, tz=UTC)),
+    )
+
+
+def capture_record(m: LandedMessage, source: str | None = None) -> dict[str, Any]:
+    """One capture-format object (see DESIGN.md and ``shared/samples``)."""
+    return to_captured(m, source).to_json()
 
 
 class CaptureSink:
@@ -353,8 +356,7 @@ class CaptureSink:
     def append(self, msgs: Sequence[LandedMessage]) -> None:
         if self._f is None:
             raise ReceiverError("capture file already closed")
-        lines = [json.dumps(capture_record(m, self.source), sort_keys=True) for m in msgs]
-        self._f.write("\n".join(lines) + "\n")
+        write_capture(self._f, [to_captured(m, self.source) for m in msgs])
         self._f.flush()
         os.fsync(self._f.fileno())
         self.count += len(msgs)

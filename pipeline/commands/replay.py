@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import argparse
 import base64
-import json
 import sys
 import time
 from collections.abc import Iterator, Sequence
@@ -65,18 +64,11 @@ def register(subparsers: Any) -> None:
 
 
 def read_capture(path: str | Path) -> Iterator[dict[str, Any]]:
-    """Records of a capture file; blank lines skipped, bad JSON reported with its line."""
-    with open(path, encoding="utf-8") as f:
-        for n, line in enumerate(f, 1):
-            if not line.strip():
-                continue
-            try:
-                rec = json.loads(line)
-            except json.JSONDecodeError as exc:
-                raise ValueError(f"{path}:{n}: not JSON: {exc}") from exc
-            if not isinstance(rec, dict):
-                raise ValueError(f"{path}:{n}: expected a JSON object")
-            yield rec
+    """Records of a capture file (``pipeline.codec.capture``; errors name the line)."""
+    from pipeline.codec.capture import read_capture as read_captured
+
+    for m in read_captured(path):
+        yield m.to_json()
 
 
 def _routing_key(rec: dict[str, Any]) -> str:
