@@ -9,6 +9,7 @@ from __future__ import annotations
 import base64
 import json
 import os
+import random
 import signal
 import subprocess
 import sys
@@ -190,10 +191,10 @@ def test_lands_exactly_what_was_published(broker: Any, tag: str, tmp_path: Path)
     assert all_bytes == set(range(256))
 
 
-def test_sigkill_mid_stream_then_restart_loses_nothing(
+def test_sigkill_at_five_random_points_then_restart_loses_nothing(
     broker: Any, tag: str, durable_queue: str, tmp_path: Path, procs: list[ReceiverProcess]
 ) -> None:
-    n = 4000
+    n = 8000
     msgs = make_messages(tag, n)
     with Publisher(broker.url) as pub:
         pub.publish_many(msgs)
@@ -202,25 +203,27 @@ def test_sigkill_mid_stream_then_restart_loses_nothing(
         "--url", broker.url, "--queue", durable_queue, "--landing", str(root),
         "--partition", "p0", "--flush-count", "100", "--flush-ms", "20", "--credit", "300",
     ]  # fmt: skip
-    first = ReceiverProcess(tmp_path, "first", args)
-    procs.append(first)
-    first.wait_ready()
-    wait_for(lambda: landed_rows(root) >= n // 3, 120, "a third of the messages landed")
-    first.signal(signal.SIGKILL)
-    assert first.wait() == -signal.SIGKILL
-    at_kill = landed_rows(root)
-    assert at_kill < n, "the kill must come mid-stream"
-
-    second = ReceiverProcess(tmp_path, "second", args)
-    procs.append(second)
-    second.wait_ready()
+    seed = random.randrange(2**32)
+    points = sorted(random.Random(seed).sample(range(n // 20, n * 17 // 20), 5))
 
     def distinct() -> int:
         return len(set(landed_table(root).column("msg_key").to_pylist()))
 
+    for i, point in enumerate(points):
+        p = ReceiverProcess(tmp_path, f"killed{i}", args)
+        procs.append(p)
+        p.wait_ready()
+        wait_for(lambda: landed_rows(root) >= point, 120, f"{point} rows landed (seed {seed})")  # noqa: B023
+        p.signal(signal.SIGKILL)
+        assert p.wait() == -signal.SIGKILL
+        assert distinct() < n, f"kill {i} at {point} rows must come mid-stream (seed {seed})"
+
+    last = ReceiverProcess(tmp_path, "last", args)
+    procs.append(last)
+    last.wait_ready()
     wait_for(lambda: distinct() >= n, 120, "every message landed")
-    second.signal(signal.SIGTERM)
-    assert second.wait() == 0, second.stderr()
+    last.signal(signal.SIGTERM)
+    assert last.wait() == 0, last.stderr()
 
     t = landed_table(root)
     keys = t.column("msg_key").to_pylist()
