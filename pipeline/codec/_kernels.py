@@ -287,12 +287,13 @@ def _skip_group(
 
 
 @nb.njit(cache=True)
-def fill(data: Any, pos: Any, presence: Any, ver: Any, kinds: Any, bits: Any) -> Any:
+def fill(data: Any, pos: Any, presence: Any, ver: Any, kinds: Any, bits: Any, u64run: Any) -> Any:
     """Decode one group (properties or statistics) of checked records, column-major.
 
     ``pos[i]`` is where record i's values start (-1: the record lacks the
     group); returns a (len(kinds), n) int64 slot matrix, so each column is a
     contiguous row. Absent values get 0 (their validity comes from presence).
+    ``u64run[j]`` > 0 marks a run of that many mandatory 8-byte values at j.
     """
     n = pos.shape[0]
     w = kinds.shape[0]
@@ -306,14 +307,24 @@ def fill(data: Any, pos: Any, presence: Any, ver: Any, kinds: Any, bits: Any) ->
             continue
         pres = np.uint64(presence[i])
         vr = ver[i]
-        for j in range(w):
+        j = 0
+        while j < w:
+            r = u64run[j]
+            if r > 0:  # a run of mandatory 8-byte values: no dispatch
+                for t in range(r):
+                    out[j + t, i] = _be8(data, p + 8 * t)
+                p += 8 * r
+                j += r
+                continue
             b = bits[j]
             if b >= 0 and (pres >> np.uint64(b)) & np.uint64(1) == 0:
                 out[j, i] = 0
+                j += 1
                 continue
             v, q, _st = _read_value(data, p, end, kinds[j], vr)
             out[j, i] = v
             p = q
+            j += 1
     return out
 
 
@@ -554,18 +565,15 @@ def uuid_column(data: Any, pos: Any, valid: Any, hexd: Any) -> tuple[Any, Any]:
 
 @nb.njit(cache=True, inline="always")
 def _put_dec(buf: Any, w: int, v: np.uint64) -> int:
-    """Write v in decimal at buf[w:], return the new write position."""
-    tmp = np.empty(20, dtype=np.uint8)
-    n = 0
-    if v == 0:
-        buf[w] = 0x30
-        return w + 1
-    while v > 0:
-        tmp[n] = 0x30 + np.uint8(v % np.uint64(10))
-        v //= np.uint64(10)
+    """Write v in decimal at buf[w:], return the new write position (no temporaries)."""
+    n = 1
+    t = v // np.uint64(10)
+    while t > np.uint64(0):
         n += 1
-    for k in range(n):
-        buf[w + k] = tmp[n - 1 - k]
+        t //= np.uint64(10)
+    for k in range(n - 1, -1, -1):
+        buf[w + k] = np.uint8(0x30 + np.uint8(v % np.uint64(10)))
+        v //= np.uint64(10)
     return w + n
 
 
@@ -605,14 +613,19 @@ def objref_column(data: Any, pos: Any, valid: Any, ver: Any) -> tuple[Any, Any]:
 
 
 @nb.njit(cache=True)
-def empty_container(data: Any, pos: Any, valid: Any, out: Any) -> None:
-    """out[i] = 1 when the 0-10 map or list at pos[i] (u32 size, u32 count) is empty."""
+def container_sizes(data: Any, pos: Any, valid: Any, out: Any) -> None:
+    """Encoded size (u32 size field + 4) of the map/list at pos[i]; 0 when empty or absent.
+
+    An empty 0-10 map or list is exactly ``size=4, count=0``; anything else
+    (entries, or size fields that disagree) is left to the codec's decoder.
+    """
     for i in range(pos.shape[0]):
         out[i] = 0
         if valid[i]:
             p = pos[i]
-            if _be(data, p, 4) >= np.uint64(4) and _be(data, p + 4, 4) == np.uint64(0):
-                out[i] = 1
+            size = _be4(data, p)
+            if not (size == 4 and _be4(data, p + 4) == 0):
+                out[i] = size + 4
 
 
 def hex_digits() -> npt.NDArray[np.uint8]:

@@ -91,6 +91,9 @@ _TEXT_TYPES = frozenset({6, 7, 10, 14, 15, 20, 21, 22})
 
 def arrow_type(type_code: int) -> pa.DataType:
     """Arrow type of a QMF element column (see the module docstring)."""
+    hit = _ARROW_OF.get(type_code)
+    if hit is not None:
+        return hit
     if type_code in _INT_TYPES:
         return _INT_TYPES[type_code]
     if type_code == 11:
@@ -102,6 +105,13 @@ def arrow_type(type_code: int) -> pa.DataType:
     if type_code in _TEXT_TYPES:
         return pa.string()
     raise ValueError(f"no column type for QMF type code {type_code}")
+
+
+_ARROW_OF: dict[int, pa.DataType] = {}
+for _t in range(1, 23):
+    if _t != 5:
+        _ARROW_OF[_t] = arrow_type(_t)
+_NUMPY_OF: dict[int, Any] = {t: a.to_pandas_dtype() for t, a in _ARROW_OF.items() if t in _INT_TYPES}
 
 
 def column_name(name: str) -> str:
@@ -206,6 +216,8 @@ class CompiledRegistry:
     el_bit: I64  # presence bit of optional properties, -1 otherwise
     run_len: I64  # elements in the run of plain fixed-size values starting here (0: none)
     run_bytes: I64  # encoded bytes of that run
+    u64run: I64  # mandatory 8-byte values in a row from here, within the group (0: other)
+    out_schemas: tuple[pa.Schema, ...]  # sample_schema of each class
 
 
 _PLAIN_SIZE = {1: 1, 2: 2, 3: 4, 4: 8, 8: 8, 9: 8, 12: 4, 13: 8, 16: 1, 17: 2, 18: 4, 19: 8}
@@ -232,6 +244,17 @@ def _runs(
             else:
                 n, size = 0, 0
     return run_len, run_bytes
+
+
+def _u64_runs(types: list[int], bits: list[int], groups: list[tuple[int, int]]) -> list[int]:
+    """Per element, how many mandatory 8-byte values follow in a row (itself included)."""
+    out = [0] * len(types)
+    for start, count in groups:
+        n = 0
+        for e in range(start + count - 1, start - 1, -1):
+            n = n + 1 if _PLAIN_SIZE.get(types[e]) == 8 and bits[e] < 0 else 0
+            out[e] = n
+    return out
 
 
 _COMPILED: dict[tuple[SchemaKey, ...], CompiledRegistry] = {}
@@ -267,7 +290,9 @@ def compile_registry(registry: SchemaRegistry | Iterable[ClassSchema]) -> Compil
         for e in s.statistics:
             el_type.append(e.type_code)
             el_bit.append(-1)
-    run_len, run_bytes = _runs(el_type, el_bit, [*zip(p_start, p_count), *zip(s_start, s_count)])
+    groups = [*zip(p_start, p_count, strict=True), *zip(s_start, s_count, strict=True)]
+    run_len, run_bytes = _runs(el_type, el_bit, groups)
+    u64run = _u64_runs(el_type, el_bit, groups)
     # name_off = [0, pkg0 end, cls0 end, pkg1 end, ...]: schema k's package is
     # names[off[2k]:off[2k+1]] and its class names[off[2k+1]:off[2k+2]].
     i64 = np.int64
@@ -289,6 +314,8 @@ def compile_registry(registry: SchemaRegistry | Iterable[ClassSchema]) -> Compil
         el_bit=np.array(el_bit or [-1], dtype=i64),
         run_len=np.array(run_len or [0], dtype=i64),
         run_bytes=np.array(run_bytes or [0], dtype=i64),
+        u64run=np.array(u64run or [0], dtype=i64),
+        out_schemas=tuple(sample_schema(s) for s in schemas),
     )
     if len(_COMPILED) > 64:
         _COMPILED.clear()
@@ -396,8 +423,8 @@ def _numeric(slots: I64, valid: npt.NDArray[np.bool_], nulls: int, t: int) -> pa
     elif t == 13:
         arr = slots.view(np.float64)
     else:
-        arr = slots.astype(arrow_type(t).to_pandas_dtype(), copy=False)
-    return pa.Array.from_buffers(arrow_type(t), n, [vb, pa.py_buffer(arr)], nulls)
+        arr = slots.astype(_NUMPY_OF[t], copy=False)
+    return pa.Array.from_buffers(_ARROW_OF[t], n, [vb, pa.py_buffer(arr)], nulls)
 
 
 def _string(
@@ -425,35 +452,51 @@ def _string(
     return arr
 
 
+_JSON_CACHE: dict[bytes, str | None] = {}
+_JSON_CACHE_MAX = 65536
+
+
 def _container(
     w: _Walk, pos: I64, valid: npt.NDArray[np.bool_], t: int, dialect: str
 ) -> tuple[list[str | None], npt.NDArray[np.bool_]]:
     """JSON text of maps/lists: empty ones in bulk, others through the codec's decoder.
 
-    Returns the texts and a per-record "failed" mask (the codec rejected the
-    value: that message must go to the per-record path).
+    Non-empty values are decoded once per distinct encoding (an object's
+    arguments repeat in every sample), through a bounded cache. Returns the
+    texts and a per-record "failed" mask (the codec rejected the value: that
+    message must go to the per-record path).
     """
     from pipeline.codec.types import qmf_types
 
-    empty = np.zeros(len(pos), np.uint8)
-    K.empty_container(w.data, pos, valid, empty)
-    out: list[str | None] = [None] * len(pos)
-    failed = np.zeros(len(pos), np.bool_)
-    dec = qmf_types(dialect)[t][0]
+    sizes = np.zeros(len(pos), np.int64)
+    K.container_sizes(w.data, pos, valid, sizes)
     empty_text = "{}" if t == 15 else "[]"
-    for i in np.flatnonzero(valid):
-        if empty[i]:
-            out[i] = empty_text
-            continue
-        p = int(pos[i])
-        size = int.from_bytes(w.data[p : p + 4].tobytes(), "big")
-        raw = w.data[p : p + 4 + size].tobytes()
-        try:
-            value, _ = dec(raw, 0)
-        except Exception:
+    out: list[str | None] = [empty_text if v else None for v in valid.tolist()]
+    failed = np.zeros(len(pos), np.bool_)
+    todo = np.flatnonzero(sizes)
+    if len(todo) == 0:
+        return out, failed
+    dec = qmf_types(dialect)[t][0]
+    mv = memoryview(w.data)
+    cache = _JSON_CACHE
+    if len(cache) > _JSON_CACHE_MAX:
+        cache.clear()
+    for i, p, n in zip(todo.tolist(), pos[todo].tolist(), sizes[todo].tolist(), strict=True):
+        raw = mv[p : p + n].tobytes()
+        key = bytes([t]) + raw
+        if key in cache:
+            text = cache[key]
+        else:
+            try:
+                value, _ = dec(raw, 0)
+                text = to_json(value)
+            except Exception:
+                text = None
+            cache[key] = text
+        if text is None:
             failed[i] = True
-            continue
-        out[i] = to_json(value)
+        else:
+            out[i] = text
     return out, failed
 
 
@@ -585,7 +628,9 @@ def _class_table(
             continue
         e0 = int(comp.p_start[k] if is_props else comp.s_start[k])
         sl = slice(e0, e0 + len(elements))
-        mat = K.fill(w.data, base, presence, ver, comp.el_kind[sl], comp.el_bit[sl])
+        mat = K.fill(
+            w.data, base, presence, ver, comp.el_kind[sl], comp.el_bit[sl], comp.u64run[sl]
+        )
         has = base >= 0
         n_absent = int(n - np.count_nonzero(has))
         for j, e in enumerate(elements):
@@ -598,7 +643,7 @@ def _class_table(
             cols[column_name(e.name)] = _element_column(w, e, mat[j], valid, nulls, ver, failed)
     if failed.any():
         return None, failed
-    return pa.table(cols, schema=sample_schema(schema)), failed
+    return pa.table(cols, schema=comp.out_schemas[k]), failed
 
 
 def _element_column(
