@@ -203,22 +203,34 @@ class Publisher:
         self._inflight: set[tuple[str, str]] = set()  # (link name, delivery tag)
         self._senders: dict[str, Sender] = {}
         self._last_pump = 0.0
+        errors: list[str] = []
+        for i in range(len(self.config.urls)):  # failover: the first URL that opens
+            self._error = None
+            self._closing = self._closed = False
+            if self._open(self.config.for_url(i), connect_timeout_s):
+                return
+            errors.append(self._error or "failed")
+            self._shutdown(1.0)
+            if "unauthorized-access" in errors[-1]:
+                break  # the same credentials will not work elsewhere either
+        raise PublishError("; ".join(errors))
+
+    def _open(self, cfg: BrokerConfig, timeout_s: float) -> bool:
+        """Connect to one URL; True once the broker opened the connection."""
         self._container = Container(_Handler(self))
         self._container.timeout = 0.05
-        self._conn = self._container.connect(**self.config.connect_kwargs())
+        self._conn = self._container.connect(**cfg.connect_kwargs())
         self._container.start()
-        deadline = time.monotonic() + connect_timeout_s
+        deadline = time.monotonic() + timeout_s
         while not self._opened and self._error is None:
             if time.monotonic() > deadline:
-                self._error = (
-                    f"no connection to {', '.join(self.config.urls)} within {connect_timeout_s} s"
-                )
+                self._error = f"no connection to {cfg.urls[0]} within {timeout_s} s"
                 break
             self._container.process()
         if self._error is not None:
-            msg = self._error
-            self._shutdown(1.0)
-            raise PublishError(msg)
+            self._error = f"{self._error} [{cfg.urls[0]}]"
+            return False
+        return True
 
     # --- internals -------------------------------------------------------------------------
 

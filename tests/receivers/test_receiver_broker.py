@@ -416,3 +416,28 @@ def test_embedded_receiver_for_the_spark_source(broker: Any, tag: str, tmp_path:
     bad = {"url": f"amqp://guest:nope@127.0.0.1:{broker.port}"}
     with pytest.raises(ReceiverError, match="amqp:unauthorized-access"):
         start_embedded(str(tmp_path / "l2"), bad)
+
+
+def test_failover_to_the_next_url(broker: Any, tag: str, tmp_path: Path) -> None:
+    dead = "amqp://127.0.0.1:1"  # nothing listens on port 1
+    urls = (dead, broker.url)
+    n = 200
+    msgs = make_messages(tag, n)
+    cfg = ReceiverConfig(
+        broker=BrokerConfig(urls=urls, user="guest", password="guest"),
+        bindings=(("qpid.management", f"mgmt.{tag}.#"),),
+        backoff_initial_s=0.05,
+    )
+    r = run_receiver_thread(cfg, LandingSink(tmp_path / "landing", "p0"))
+    try:
+        assert r.stats.connects == 1 and r.stats.disconnects == 1
+        with Publisher(BrokerConfig(urls=urls, user="guest", password="guest")) as pub:
+            pub.publish_many(msgs)
+        wait_for(lambda: r.stats.settled >= n, 60, f"{n} settled")
+    finally:
+        r.stop()
+    assert landed_table(tmp_path / "landing").column("msg_key").to_pylist() == [
+        expected_key(m) for m in msgs
+    ]
+    with pytest.raises(PublishError, match=r"amqp://127\.0\.0\.1:1\b"):
+        Publisher(dead, connect_timeout_s=5)
