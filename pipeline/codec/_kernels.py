@@ -118,6 +118,17 @@ def _be8(d: Any, p: int) -> np.int64:
 
 
 @nb.njit(cache=True, inline="always")
+def _bswap64(x: np.uint64) -> np.uint64:
+    """Big-endian <-> native for a uint64 loaded little-endian (LLVM emits one bswap)."""
+    m32 = np.uint64(0x00000000FFFFFFFF)
+    m16 = np.uint64(0x0000FFFF0000FFFF)
+    m8 = np.uint64(0x00FF00FF00FF00FF)
+    x = ((x & m32) << np.uint64(32)) | ((x >> np.uint64(32)) & m32)
+    x = ((x & m16) << np.uint64(16)) | ((x >> np.uint64(16)) & m16)
+    return ((x & m8) << np.uint64(8)) | ((x >> np.uint64(8)) & m8)
+
+
+@nb.njit(cache=True, inline="always")
 def _be(data: Any, p: int, n: int) -> np.uint64:
     v = np.uint64(0)
     for k in range(n):
@@ -311,8 +322,9 @@ def fill(data: Any, pos: Any, presence: Any, ver: Any, kinds: Any, bits: Any, u6
         while j < w:
             r = u64run[j]
             if r > 0:  # a run of mandatory 8-byte values: no dispatch
+                run = data[p : p + 8 * r].view(np.uint64)  # unaligned loads, then byte swap
                 for t in range(r):
-                    out[j + t, i] = _be8(data, p + 8 * t)
+                    out[j + t, i] = np.int64(_bswap64(run[t]))
                 p += 8 * r
                 j += r
                 continue
