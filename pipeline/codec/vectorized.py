@@ -413,9 +413,8 @@ def _bitmap(valid: npt.NDArray[np.bool_]) -> pa.Buffer:
     return pa.py_buffer(np.packbits(valid, bitorder="little"))
 
 
-def _numeric(slots: I64, valid: npt.NDArray[np.bool_], nulls: int, t: int) -> pa.Array:
+def _numeric(slots: I64, vb: pa.Buffer | None, nulls: int, t: int) -> pa.Array:
     n = len(slots)
-    vb = _bitmap(valid) if nulls else None
     if t == 11:
         return pa.Array.from_buffers(pa.bool_(), n, [vb, _bitmap(slots != 0)], nulls)
     if t == 12:
@@ -430,11 +429,10 @@ def _numeric(slots: I64, valid: npt.NDArray[np.bool_], nulls: int, t: int) -> pa
 def _string(
     offsets: npt.NDArray[np.int32],
     buf: npt.NDArray[np.uint8],
-    valid: npt.NDArray[np.bool_],
+    vb: pa.Buffer | None,
     nulls: int,
 ) -> pa.Array:
-    n = len(valid)
-    vb = _bitmap(valid) if nulls else None
+    n = len(offsets) - 1
     arr = pa.Array.from_buffers(
         pa.string(), n, [vb, pa.py_buffer(offsets), pa.py_buffer(buf)], nulls
     )
@@ -542,6 +540,8 @@ def _string_buffers(arr: pa.Array) -> tuple[I64, npt.NDArray[np.uint8]]:
 def _masked(vals: npt.NDArray[Any], valid: npt.NDArray[np.bool_], t: pa.DataType) -> pa.Array:
     if valid.all():
         return pa.array(vals, type=t)
+    if not valid.any():
+        return pa.nulls(len(vals), t)
     return pa.array(vals, type=t, mask=~valid)
 
 
@@ -633,14 +633,18 @@ def _class_table(
         )
         has = base >= 0
         n_absent = int(n - np.count_nonzero(has))
+        has_bitmap = _bitmap(has) if n_absent else None  # shared by the group's columns
         for j, e in enumerate(elements):
             if is_props and e.optional:
                 valid = np.empty(n, np.bool_)
                 nulls = K.validity(base, presence, bit, valid)
+                vb = _bitmap(valid) if nulls else None
                 bit += 1
             else:
-                valid, nulls = has, n_absent
-            cols[column_name(e.name)] = _element_column(w, e, mat[j], valid, nulls, ver, failed)
+                valid, nulls, vb = has, n_absent, has_bitmap
+            cols[column_name(e.name)] = _element_column(
+                w, e, mat[j], valid, vb, nulls, ver, failed
+            )
     if failed.any():
         return None, failed
     return pa.table(cols, schema=comp.out_schemas[k]), failed
@@ -651,6 +655,7 @@ def _element_column(
     e: Element,
     slots: I64,
     valid: npt.NDArray[np.bool_],
+    vb: pa.Buffer | None,
     nulls: int,
     ver: I64,
     failed: npt.NDArray[np.bool_],
@@ -660,13 +665,13 @@ def _element_column(
         return pa.nulls(len(slots), arrow_type(t))
     if t in (6, 7):
         o, buf = K.string_column(w.data, slots, valid, t == 7)
-        return _string(o, buf, valid, nulls)
+        return _string(o, buf, vb, nulls)
     if t == 14:
         o, buf = K.uuid_column(w.data, slots, valid, K.hex_digits())
-        return _string(o, buf, valid, nulls)
+        return _string(o, buf, vb, nulls)
     if t == 10:
         o, buf = K.objref_column(w.data, slots, valid, ver)
-        return _string(o, buf, valid, nulls)
+        return _string(o, buf, vb, nulls)
     if t in (15, 21, 22):
         texts: list[str | None] = [None] * len(slots)
         for d in (1, 2):
@@ -678,7 +683,7 @@ def _element_column(
                 texts[i] = x
             failed[m] |= f
         return pa.array(texts, pa.string())
-    return _numeric(slots, valid, nulls, t)
+    return _numeric(slots, vb, nulls, t)
 
 
 # ------------------------------------------------------------ per-record path
