@@ -18,11 +18,15 @@ Slot encoding (one int64 per element value):
 
 from __future__ import annotations
 
+import sys
 from typing import Any
 
 import numba as nb
 import numpy as np
 import numpy.typing as npt
+
+if sys.byteorder != "little":  # ``fill`` loads 8 bytes natively and swaps them
+    raise ImportError("pipeline.codec._kernels assumes a little-endian CPU")
 
 # Per-message status written by ``walk``. OK messages were decoded entirely
 # here; any other status sends the whole message to the per-record path.
@@ -137,7 +141,7 @@ def _be(data: Any, p: int, n: int) -> np.uint64:
 
 
 @nb.njit(cache=True, inline="always")
-def _read_value(data: Any, p: int, end: int, kind: int, ver: int) -> tuple[np.int64, int, int]:
+def _read_value(data: Any, p: Any, end: Any, kind: Any, ver: Any) -> tuple[Any, Any, int]:
     """Decode one value at p: (slot, next position, status)."""
     if kind == K_U64:
         if p + 8 > end:
@@ -195,10 +199,10 @@ def _read_value(data: Any, p: int, end: int, kind: int, ver: int) -> tuple[np.in
 @nb.njit(cache=True)
 def _find_schema(
     data: Any,
-    pkg_p: int,
-    pkg_n: int,
-    cls_p: int,
-    cls_n: int,
+    pkg_p: Any,
+    pkg_n: Any,
+    cls_p: Any,
+    cls_n: Any,
     h_hi: np.uint64,
     h_lo: np.uint64,
     hash_hi: Any,
@@ -528,7 +532,7 @@ def string_column(data: Any, pos: Any, valid: Any, wide: bool) -> tuple[Any, Any
     for i in range(n):
         if valid[i]:
             p = pos[i]
-            ln = (np.int64(data[p]) << 8 | np.int64(data[p + 1])) if wide else np.int64(data[p])
+            ln: Any = (np.int64(data[p]) << 8 | np.int64(data[p + 1])) if wide else np.int64(data[p])
             total += ln
         offsets[i + 1] = total
     buf = np.empty(total, dtype=np.uint8)

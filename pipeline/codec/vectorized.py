@@ -268,7 +268,13 @@ def compile_registry(registry: SchemaRegistry | Iterable[ClassSchema]) -> Compil
     if hit is not None and hit.schemas == schemas:
         return hit
     hi, lo, names, name_off = [], [], bytearray(), [0]
-    p_start, p_count, s_start, s_count, n_oct, el_type, el_bit = [], [], [], [], [], [], []
+    p_start: list[int] = []
+    p_count: list[int] = []
+    s_start: list[int] = []
+    s_count: list[int] = []
+    n_oct: list[int] = []
+    el_type: list[int] = []
+    el_bit: list[int] = []
     for s in schemas:
         h = s.key.hash.ljust(16, b"\0")[:16]
         hi.append(int.from_bytes(h[:8], "big"))
@@ -475,7 +481,7 @@ def _container(
     if len(todo) == 0:
         return out, failed
     dec = qmf_types(dialect)[t][0]
-    mv = memoryview(w.data)
+    mv = memoryview(w.data)  # type: ignore[arg-type]
     cache = _JSON_CACHE
     if len(cache) > _JSON_CACHE_MAX:
         cache.clear()
@@ -498,16 +504,19 @@ def _container(
     return out, failed
 
 
+_STRING = pa.string()
+
+
 def _str_array(
     offsets: npt.NDArray[np.int32],
     buf: npt.NDArray[np.uint8],
-    t: pa.DataType = pa.string(),
+    t: pa.DataType = _STRING,
 ) -> pa.Array:
     n = len(offsets) - 1
     return pa.Array.from_buffers(t, n, [None, pa.py_buffer(offsets), pa.py_buffer(buf)], 0)
 
 
-def _const_str(value: str | bytes, n: int, t: pa.DataType = pa.string()) -> pa.Array:
+def _const_str(value: str | bytes, n: int, t: pa.DataType = _STRING) -> pa.Array:
     raw = value.encode() if isinstance(value, str) else value
     return _str_array(*K.repeat_bytes(np.frombuffer(raw, np.uint8).copy(), n), t)
 
