@@ -129,6 +129,29 @@ class Child:
         self.reap()
         return rc
 
+    def signal_member(self, needle: str, sig: int) -> None:
+        """Signal the session member whose command line contains ``needle``.
+
+        spark-submit's leader is the JVM: a SIGTERM there ends it with 143 before
+        the Python driver (``jobs/bronze.py``) can stop its query; the driver's own
+        SIGTERM handler is what stops the job cleanly (exit 0 through spark-submit).
+        """
+        for pid in _session_members(self.sid):
+            try:
+                with open(f"/proc/{pid}/cmdline", "rb") as f:
+                    cmdline = f.read().replace(b"\0", b" ").decode(errors="replace")
+            except OSError:
+                continue
+            if needle in cmdline and "pyspark.daemon" not in cmdline:
+                os.kill(pid, sig)
+                return
+        raise AssertionError(f"no process of {self.name} runs {needle!r}")
+
+    def stop_via(self, needle: str, timeout_s: float) -> int:
+        """SIGTERM the member running ``needle``; wait for the leader (bounded)."""
+        self.signal_member(needle, signal.SIGTERM)
+        return self.wait(timeout_s)
+
     def wait(self, timeout_s: float) -> int:
         """Wait for a bounded child to end by itself (SIGKILL after ``timeout_s``)."""
         try:
