@@ -54,3 +54,48 @@ def spark_schema(name_or_schema: str | pa.Schema) -> StructType:
 
     schema = TABLES[name_or_schema] if isinstance(name_or_schema, str) else name_or_schema
     return from_arrow_schema(schema)
+
+
+# Object samples (decoded 'c'/'i'/'g' content and QMF v2 _data): one table per
+# class. Its schema is these identity columns, then one column per property and
+# statistic in schema order (``pipeline.codec.vectorized.sample_schema`` derives
+# it from the class schema). Names follow ``pipeline.codec.records``
+# (OBJECT_SAMPLE_COLUMNS); ``record_index`` is the record's position in its
+# message, so (msg_key, record_index) identifies a sample across replays.
+OBJECT_SAMPLE_IDENTITY = pa.schema(
+    [
+        pa.field("msg_key", pa.string(), nullable=False),
+        pa.field("record_index", pa.int32(), nullable=False),
+        pa.field("dialect", pa.string(), nullable=False),
+        pa.field("opcode", pa.string(), nullable=False),
+        pa.field("seq", pa.int64()),
+        pa.field("agent", pa.string()),
+        pa.field("package", pa.string(), nullable=False),
+        pa.field("class_name", pa.string(), nullable=False),
+        pa.field("schema_hash", pa.binary(), nullable=False),
+        pa.field("update_ns", pa.int64()),
+        pa.field("create_ns", pa.int64()),
+        pa.field("delete_ns", pa.int64()),
+        pa.field("boot_seq", pa.int32()),  # AM1 object id
+        pa.field("bank", pa.int32()),
+        pa.field("flags", pa.int8()),  # AM2 object id
+        pa.field("epoch", pa.int64()),  # AM2, and QMF v2 agent epoch
+        pa.field("broker_bank", pa.int32()),
+        pa.field("agent_bank", pa.int32()),
+        pa.field("object_num", pa.int64()),  # AM1 / AM2
+        pa.field("agent_name", pa.string()),  # QMF v2 object id
+        pa.field("object_name", pa.string()),
+    ]
+)
+
+# Messages whose decoding stopped at a codec error (the good records before it
+# are still decoded): the raw body is kept for replay after a codec fix.
+CONTENT_QUARANTINE = pa.schema(
+    [
+        pa.field("msg_key", pa.string(), nullable=False),
+        pa.field("reason", pa.string(), nullable=False),
+        pa.field("offset", pa.int64()),
+        pa.field("body", pa.binary(), nullable=False),
+    ]
+)
+TABLES["content_quarantine"] = CONTENT_QUARANTINE

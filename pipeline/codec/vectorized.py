@@ -41,6 +41,7 @@ import pyarrow as pa
 
 from pipeline.codec import _kernels as K
 from pipeline.codec.schema import KIND_TABLE, ClassSchema, Element, SchemaKey, SchemaRegistry
+from schemas.tables import CONTENT_QUARANTINE, OBJECT_SAMPLE_IDENTITY
 
 I64 = npt.NDArray[np.int64]
 
@@ -48,30 +49,7 @@ I64 = npt.NDArray[np.int64]
 
 #: Columns every object-sample table starts with, then one column per
 #: property and statistic in schema order.
-IDENTITY_FIELDS: tuple[pa.Field, ...] = (
-    pa.field("msg_key", pa.string(), nullable=False),
-    pa.field("record_index", pa.int32(), nullable=False),  # position in the message
-    # then records.OBJECT_SAMPLE_COLUMNS without "values", in that order
-    pa.field("dialect", pa.string(), nullable=False),
-    pa.field("opcode", pa.string(), nullable=False),
-    pa.field("seq", pa.int64()),
-    pa.field("agent", pa.string()),
-    pa.field("package", pa.string(), nullable=False),
-    pa.field("class_name", pa.string(), nullable=False),
-    pa.field("schema_hash", pa.binary(), nullable=False),
-    pa.field("update_ns", pa.int64()),
-    pa.field("create_ns", pa.int64()),
-    pa.field("delete_ns", pa.int64()),
-    pa.field("boot_seq", pa.int32()),
-    pa.field("bank", pa.int32()),
-    pa.field("flags", pa.int8()),
-    pa.field("epoch", pa.int64()),
-    pa.field("broker_bank", pa.int32()),
-    pa.field("agent_bank", pa.int32()),
-    pa.field("object_num", pa.int64()),
-    pa.field("agent_name", pa.string()),
-    pa.field("object_name", pa.string()),
-)
+IDENTITY_FIELDS: tuple[pa.Field, ...] = tuple(OBJECT_SAMPLE_IDENTITY)
 IDENTITY_NAMES = frozenset(f.name for f in IDENTITY_FIELDS)
 
 _INT_TYPES: dict[int, pa.DataType] = {
@@ -132,14 +110,7 @@ def sample_schema(schema: ClassSchema) -> pa.Schema:
     return pa.schema(fields, metadata={"qmf_class": str(schema.key)})
 
 
-QUARANTINE_SCHEMA = pa.schema(
-    [
-        pa.field("msg_key", pa.string(), nullable=False),
-        pa.field("reason", pa.string(), nullable=False),
-        pa.field("offset", pa.int64()),
-        pa.field("body", pa.binary(), nullable=False),
-    ]
-)
+QUARANTINE_SCHEMA = CONTENT_QUARANTINE
 
 
 # --------------------------------------------------------- Python value -> cell

@@ -409,3 +409,18 @@ def test_arrow_mapper_in_plain_python() -> None:
     whole = decode_content(table, reg).samples[WIDE.key]
     assert pa.Table.from_batches(out).equals(whole)
     assert list(arrow_mapper(reg, WIDE.key)(iter([bodies_batch([b"AM2h"]).to_batches()[0]]))) == []
+
+
+def test_sample_schema_follows_the_record_model() -> None:
+    from pipeline.codec.records import OBJECT_SAMPLE_COLUMNS
+    from schemas.tables import OBJECT_SAMPLE_IDENTITY
+
+    schema = sample_schema(WIDE)
+    ident = [f.name for f in OBJECT_SAMPLE_IDENTITY]
+    assert ident == ["msg_key", "record_index", *[c for c in OBJECT_SAMPLE_COLUMNS if c != "values"]]
+    assert schema.names[: len(ident)] == ident
+    assert schema.names[len(ident) :] == [e.name for e in (*WIDE.properties, *WIDE.statistics)]
+    types = dict(zip(schema.names, schema.types, strict=True))
+    assert (types["p1"], types["p4"], types["p12"], types["p14"], types["p15"]) == (
+        pa.int16(), pa.int64(), pa.float32(), pa.string(), pa.string()
+    )  # fmt: skip
