@@ -247,3 +247,63 @@ def test_broker_to_bronze_end_to_end(broker: Any, spark: SparkSession, tmp_path:
         assert sorted(out["offset"].to_pylist()) == list(range(n))
     finally:
         qmf_broker.delete_queue(queue)
+
+
+@pytest.mark.slow
+def test_bronze_job_killed_twice_then_restarted(tmp_path: Path) -> None:
+    """SIGKILL the spark-submit job (JVM and Python) twice mid-run: bronze ends exact."""
+    import os
+    import signal
+
+    root, table, ck = tmp_path / "landing", tmp_path / "bronze", tmp_path / "ck"
+    a = land(root, "a", [1_000] * 30)
+    b = land(root, "b", [500] * 40)
+    land_copies(root, "c", a[5_000:6_000] + b[100:600])
+    cmd = [
+        str(Path(sys.executable).parent / "spark-submit"),
+        "--master", "local[2]",
+        "--conf", "spark.ui.enabled=false",
+        "--conf", "spark.sql.shuffle.partitions=2",
+        "--driver-memory", "1g",
+        str(REPO / "jobs" / "bronze.py"),
+        "--landing", str(root), "--table", str(table), "--checkpoint", str(ck),
+        "--trigger", "availableNow", "--max-records-per-trigger", "5000", "--timeout", "900",
+    ]  # fmt: skip
+
+    def committed() -> int:
+        if not (ck / "metadata").exists() or not delta.table_exists(table):
+            return -1
+        got = delta.committed_batch(table, f"qmf-bronze-{checkpoint_query_id(str(ck))}")
+        return -1 if got is None else got
+
+    for _kill in range(2):
+        before = committed()
+        proc = subprocess.Popen(
+            cmd, env=spark_submit_env(), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+            start_new_session=True,
+        )  # fmt: skip
+
+        def progressed(p: subprocess.Popen[bytes] = proc, b: int = before) -> bool:
+            return committed() >= b + 2 or p.poll() is not None
+
+        try:
+            _wait_for(progressed, 600, "two more bronze commits")
+            assert proc.poll() is None, "the job finished before it could be killed"
+        finally:
+            if proc.poll() is None:
+                os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait(60)
+    assert proc.returncode == -signal.SIGKILL
+    killed_at = committed()
+    assert killed_at >= 3
+
+    final = subprocess.run(cmd, env=spark_submit_env(), capture_output=True, text=True,
+                           timeout=1200, check=False)  # fmt: skip
+    assert final.returncode == 0, final.stderr[-4000:]
+
+    commits = sorted(h["qmf.batch_id"] for h in DeltaTable(str(table)).history() if "qmf.batch_id" in h)
+    assert commits == list(range(len(commits))) and commits[-1] > killed_at
+    out = delta.read_arrow(table)
+    keys = out.column("msg_key").to_pylist()
+    assert len(keys) == len(set(keys)) == len(a) + len(b) == 50_000
+    assert bronze_content(out) == sorted(content(m) for m in a + b)
