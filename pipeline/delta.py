@@ -937,6 +937,7 @@ def overwrite_range(
     app_id: str,
     batch_id: int,
     check_batch: bool = True,
+    within: tuple[str, Any, Any] | None = None,
     writer_options: Mapping[str, str] | None = None,
 ) -> CommitResult:
     """Replace the rows matching ``predicate`` (Spark SQL) with the batch, atomically
@@ -947,7 +948,9 @@ def overwrite_range(
     the new ones, so readers see the old range or the new one, never a mix.
     With ``check_batch`` every batch row must match the predicate (as
     delta-spark's replaceWhere insists), otherwise a rerun would not replace
-    what the first run wrote.
+    what the first run wrote. ``within=(column, low, high)`` is the caller's
+    promise that every matching row has ``low <= column <= high``: files whose
+    min/max stats lie outside are then not scanned at all.
     """
     from pyspark.sql import functions as F
 
@@ -961,6 +964,8 @@ def overwrite_range(
         raise ValueError(f"batch {batch_id} has rows outside the predicate {predicate!r}")
     spark = batch.sparkSession
     files = _live_files(dt)
+    if within is not None:
+        files = prune_files(dt, files, *within)
     scan = _scan(spark, dt, files, with_file=True)
     hit = {
         r[0]

@@ -488,3 +488,30 @@ def test_create_table_is_idempotent_and_checks_schema(tmp_path: Path) -> None:
         create_table(path, BRONZE, partition_by=["partition"])
     with pytest.raises(ValueError, match="only string, integer, date and boolean"):
         create_table(tmp_path / "t2", BRONZE, partition_by=["received_at"])
+
+
+def test_overwrite_range_unpartitioned_with_stats_pruning(
+    spark: SparkSession, tmp_path: Path
+) -> None:
+    path = tmp_path / "events"
+    create_table(path, EVENTS)
+    for b in range(3):  # three commits with disjoint id ranges: separate files
+        append_batch(
+            frame(spark, [event(10 * b + i) for i in range(5)]), path, app_id="load", batch_id=b
+        )
+    dt = DeltaTable(str(path))
+    assert len(prune_files(dt, _live_files(dt), "id", 10, 14)) < len(_live_files(dt))
+    result = overwrite_range(
+        frame(spark, [event(11, name="x"), event(12, name="y")]),
+        path,
+        predicate="id BETWEEN 10 AND 14",
+        within=("id", 10, 14),
+        app_id="fix",
+        batch_id=0,
+    )
+    assert not result.skipped
+    got = sorted((r["id"], r["name"]) for r in read_arrow(path).to_pylist())
+    assert got == [(i, f"n{i}") for i in range(5)] + [(11, "x"), (12, "y")] + [
+        (i, f"n{i}") for i in range(20, 25)
+    ]
+    assert sorted((r["id"], r["name"]) for r in spark_rows(read_table(spark, path))) == got
