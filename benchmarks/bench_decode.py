@@ -178,10 +178,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--mixed-batch", type=int, default=10000, help="messages per batch, stream (b) (Spark default maxRecordsPerBatch)")
     ap.add_argument("--per-record-messages", type=int, default=300, help="messages for the per-record path")
     ap.add_argument("--repeat", type=int, default=5)
+    ap.add_argument("--tune-malloc", action="store_true", help="vectorized.tune_malloc() first")
     args = ap.parse_args(argv)
 
     t0 = time.perf_counter()
     from pipeline.codec import vectorized
+
+    if args.tune_malloc:
+        print(f"tune_malloc: {vectorized.tune_malloc()}")
 
     q_bodies, q_reg = queue_stream(args.records)
     warm = batches(q_bodies[:2], 2)[0]

@@ -424,3 +424,13 @@ def test_sample_schema_follows_the_record_model() -> None:
     assert (types["p1"], types["p4"], types["p12"], types["p14"], types["p15"]) == (
         pa.int16(), pa.int64(), pa.float32(), pa.string(), pa.string()
     )  # fmt: skip
+
+
+def test_tune_malloc_on_glibc_and_decoding_unchanged() -> None:
+    from pipeline.codec.vectorized import tune_malloc
+
+    reg = SchemaRegistry([WIDE])
+    table = bodies_batch(list(wide_records(random.Random(5), 10)))
+    before = decode_content(table, reg).samples[WIDE.key]
+    assert tune_malloc() is True  # Debian's glibc has mallopt
+    assert decode_content(table, reg).samples[WIDE.key].equals(before)
