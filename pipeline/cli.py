@@ -23,7 +23,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="qmf", description=__doc__)
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     sub.required = True
-    for name, module_name in COMMAND_MODULES.items():
+    for module_name in COMMAND_MODULES.values():
         try:
             module = importlib.import_module(module_name)
         except ModuleNotFoundError as exc:
