@@ -130,7 +130,7 @@ class Child:
         return rc
 
     def signal_member(self, needle: str, sig: int) -> None:
-        """Signal the session member whose command line contains ``needle``.
+        """Signal the Python process of the session that runs the script ``needle``.
 
         spark-submit's leader is the JVM: a SIGTERM there ends it with 143 before
         the Python driver (``jobs/bronze.py``) can stop its query; the driver's own
@@ -139,16 +139,17 @@ class Child:
         for pid in _session_members(self.sid):
             try:
                 with open(f"/proc/{pid}/cmdline", "rb") as f:
-                    cmdline = f.read().replace(b"\0", b" ").decode(errors="replace")
+                    argv = f.read().decode(errors="replace").split("\0")
             except OSError:
                 continue
-            if needle in cmdline and "pyspark.daemon" not in cmdline:
+            # The Python process itself, not the JVM whose arguments name the script too.
+            if "python" in os.path.basename(argv[0]) and any(needle in a for a in argv[1:3]):
                 os.kill(pid, sig)
                 return
         raise AssertionError(f"no process of {self.name} runs {needle!r}")
 
     def stop_via(self, needle: str, timeout_s: float) -> int:
-        """SIGTERM the member running ``needle``; wait for the leader (bounded)."""
+        """SIGTERM the Python process running ``needle``; wait for the leader (bounded)."""
         self.signal_member(needle, signal.SIGTERM)
         return self.wait(timeout_s)
 

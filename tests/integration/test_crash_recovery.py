@@ -114,7 +114,11 @@ def test_sigkill_receiver_5_times_and_bronze_twice_exactly_once(
                 return j_done < len(bronze_delays) and bronze_rows(table) > job_base
 
             while r_done < len(receiver_kills) or j_done < len(bronze_delays):
-                wait_for(lambda: receiver_due() or job_due(), 300, "the next crash point")
+
+                def next_event(r: Child = receiver, j: Child = job) -> bool:
+                    return receiver_due() or job_due() or not (r.alive() and j.alive())
+
+                wait_for(next_event, 300, "the next crash point")
                 for c in (receiver, job):
                     assert c.alive(), f"{c.name} died: {c.stderr()[-3000:]}"
                 if receiver_due():
