@@ -644,6 +644,33 @@ def container_sizes(data: Any, pos: Any, valid: Any, out: Any) -> None:
                 out[i] = size + 4
 
 
+@nb.njit(cache=True)
+def container_column(valid: Any, rank: Any, tx_off: Any, tx_buf: Any, empty: Any) -> tuple[Any, Any]:
+    """(int32 offsets, bytes) of a JSON text column: ``empty`` text, or text ``rank[i]``."""
+    n = valid.shape[0]
+    offsets = np.empty(n + 1, dtype=np.int32)
+    offsets[0] = 0
+    total = 0
+    for i in range(n):
+        if valid[i]:
+            r = rank[i]
+            total += (tx_off[r + 1] - tx_off[r]) if r >= 0 else empty.shape[0]
+        offsets[i + 1] = total
+    buf = np.empty(total, dtype=np.uint8)
+    for i in range(n):
+        if valid[i]:
+            o = offsets[i]
+            r = rank[i]
+            if r >= 0:
+                a = tx_off[r]
+                for k in range(tx_off[r + 1] - a):
+                    buf[o + k] = tx_buf[a + k]
+            else:
+                for k in range(empty.shape[0]):
+                    buf[o + k] = empty[k]
+    return offsets, buf
+
+
 def hex_digits() -> npt.NDArray[np.uint8]:
     """The lowercase hex digit table for ``uuid_column``."""
     return _HEX

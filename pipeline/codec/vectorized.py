@@ -427,52 +427,63 @@ def _string(
     return arr
 
 
-_JSON_CACHE: dict[bytes, str | None] = {}
+_JSON_CACHE: dict[bytes, bytes | None] = {}
 _JSON_CACHE_MAX = 65536
 
 
 def _container(
-    w: _Walk, pos: I64, valid: npt.NDArray[np.bool_], t: int, dialect: str
-) -> tuple[list[str | None], npt.NDArray[np.bool_]]:
-    """JSON text of maps/lists: empty ones in bulk, others through the codec's decoder.
+    w: _Walk, pos: I64, valid: npt.NDArray[np.bool_], vb: pa.Buffer | None, nulls: int, t: int
+) -> tuple[pa.Array, npt.NDArray[np.bool_]]:
+    """JSON text column of maps/lists: empty ones in bulk, others through the codec's decoder.
 
     Non-empty values are decoded once per distinct encoding (an object's
-    arguments repeat in every sample), through a bounded cache. Returns the
-    texts and a per-record "failed" mask (the codec rejected the value: that
-    message must go to the per-record path).
+    arguments repeat in every sample), through a bounded cache; the column is
+    then assembled by a kernel, so no Python work is done per empty value.
+    Returns the column and a per-record "failed" mask (the codec rejected the
+    value: that message must go to the per-record path). 0-10 maps, lists and
+    arrays decode the same way in AM1 and AM2.
     """
     from pipeline.codec.types import qmf_types
 
-    sizes = np.zeros(len(pos), np.int64)
+    n = len(pos)
+    sizes = np.zeros(n, np.int64)
     K.container_sizes(w.data, pos, valid, sizes)
-    empty_text = "{}" if t == 15 else "[]"
-    out: list[str | None] = [empty_text if v else None for v in valid.tolist()]
-    failed = np.zeros(len(pos), np.bool_)
+    failed = np.zeros(n, np.bool_)
     todo = np.flatnonzero(sizes)
-    if len(todo) == 0:
-        return out, failed
-    dec = qmf_types(dialect)[t][0]
-    mv = memoryview(w.data)  # type: ignore[arg-type]
-    cache = _JSON_CACHE
-    if len(cache) > _JSON_CACHE_MAX:
-        cache.clear()
-    for i, p, n in zip(todo.tolist(), pos[todo].tolist(), sizes[todo].tolist(), strict=True):
-        raw = mv[p : p + n].tobytes()
-        key = bytes([t]) + raw
-        if key in cache:
-            text = cache[key]
-        else:
-            try:
-                value, _ = dec(raw, 0)
-                text = to_json(value)
-            except Exception:
-                text = None
-            cache[key] = text
-        if text is None:
-            failed[i] = True
-        else:
-            out[i] = text
-    return out, failed
+    rank = np.full(n, -1, np.int64)
+    rank[todo] = np.arange(len(todo))
+    texts: list[bytes] = []
+    if len(todo):
+        dec = qmf_types("AM2")[t][0]
+        mv = memoryview(w.data)  # type: ignore[arg-type]
+        cache = _JSON_CACHE
+        if len(cache) > _JSON_CACHE_MAX:
+            cache.clear()
+        prefix = bytes([t])
+        for i, p, size in zip(todo.tolist(), pos[todo].tolist(), sizes[todo].tolist(), strict=True):
+            raw = mv[p : p + size].tobytes()
+            key = prefix + raw
+            if key in cache:
+                text = cache[key]
+            else:
+                try:
+                    value, _ = dec(raw, 0)
+                    text = to_json(value).encode()
+                except Exception:
+                    text = None
+                cache[key] = text
+            if text is None:
+                failed[i] = True
+                text = b""
+            texts.append(text)
+    tx_off = np.zeros(len(texts) + 1, np.int64)
+    if texts:
+        tx_off[1:] = np.cumsum([len(x) for x in texts])
+    joined = b"".join(texts)
+    tx_buf = np.frombuffer(joined, np.uint8) if joined else np.zeros(1, np.uint8)
+    empty = np.frombuffer(b"{}" if t == 15 else b"[]", np.uint8).copy()
+    offsets, buf = K.container_column(valid, rank, tx_off, tx_buf, empty)
+    return _string(offsets, buf, vb, nulls), failed
 
 
 _STRING = pa.string()
@@ -653,16 +664,9 @@ def _element_column(
         o, buf = K.objref_column(w.data, slots, valid, ver)
         return _string(o, buf, vb, nulls)
     if t in (15, 21, 22):
-        texts: list[str | None] = [None] * len(slots)
-        for d in (1, 2):
-            m = np.flatnonzero(ver == d)
-            if len(m) == 0:
-                continue
-            tx, f = _container(w, slots[m], valid[m], t, _DIALECTS[d])
-            for i, x in zip(m.tolist(), tx, strict=True):
-                texts[i] = x
-            failed[m] |= f
-        return pa.array(texts, pa.string())
+        arr, f = _container(w, slots, valid, vb, nulls, t)
+        failed |= f
+        return arr
     return _numeric(slots, vb, nulls, t)
 
 
