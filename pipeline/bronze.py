@@ -22,6 +22,7 @@ import threading
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from datetime import UTC, datetime, timedelta
 from typing import TYPE_CHECKING
 
 from pipeline import delta
@@ -87,9 +88,9 @@ def checkpoint_query_id(checkpoint: str) -> str:
 class BronzeBatchWriter:
     """The ``foreachBatch`` function: one micro-batch -> one bronze commit (or none)."""
 
-    def __init__(self, settings: BronzeSettings) -> None:
+    def __init__(self, settings: BronzeSettings, app_id: str | None = None) -> None:
         self.settings = settings
-        self._app_id: str | None = None
+        self._app_id = app_id
 
     @property
     def app_id(self) -> str:
@@ -97,18 +98,31 @@ class BronzeBatchWriter:
             self._app_id = f"qmf-bronze-{checkpoint_query_id(self.settings.checkpoint)}"
         return self._app_id
 
-    def _target_filter(self, df: DataFrame) -> str | None:
-        """Limit the key check to rows received near this batch (None: the whole table)."""
+    def dedup_range(self, rows: DataFrame) -> tuple[str, datetime, datetime] | None:
+        """``received_at`` range that can hold an earlier copy of a row of this batch.
+
+        A redelivery is received after the original, within the window; the
+        table's other rows are not even opened (their files' stats are outside).
+        None (no window): the check covers the whole table.
+        """
         window = self.settings.dedup_window_s
         if window is None:
             return None
         from pyspark.sql import functions as F
 
-        lowest = df.agg(F.min("received_at")).first()
-        if lowest is None or lowest[0] is None:
+        r = rows.agg(
+            F.unix_micros(F.min("received_at")).alias("lo"),
+            F.unix_micros(F.max("received_at")).alias("hi"),
+        ).first()
+        if r is None or r["lo"] is None:
             return None
-        since = lowest[0].timestamp() - window
-        return f"received_at >= timestamp_seconds({since:.6f})"
+        epoch = datetime(1970, 1, 1, tzinfo=UTC)
+        slack = timedelta(seconds=window)
+        return (
+            "received_at",
+            epoch + timedelta(microseconds=r["lo"]) - slack,
+            epoch + timedelta(microseconds=r["hi"]) + slack,
+        )
 
     def __call__(self, df: DataFrame, batch_id: int) -> None:
         done = delta.committed_batch(self.settings.table, self.app_id)
@@ -116,8 +130,9 @@ class BronzeBatchWriter:
             log.info("bronze batch %d already committed: skipped", batch_id)
             return
         rows = bronze_batch(df, batch_id)
-        if self.settings.dedup_window_s is not None:
-            rows = rows.persist()
+        windowed = self.settings.dedup_window_s is not None
+        if windowed:
+            rows = rows.persist()  # read the landing range once for the range and the write
         try:
             result = delta.merge_batch(
                 rows,
@@ -126,10 +141,11 @@ class BronzeBatchWriter:
                 app_id=self.app_id,
                 batch_id=batch_id,
                 mode="insert_if_absent",
-                target_filter=self._target_filter(rows),
+                target_range=self.dedup_range(rows),
+                writer_options=delta.UNIQUE_COLUMNS_OPTIONS,
             )
         finally:
-            if self.settings.dedup_window_s is not None:
+            if windowed:
                 rows.unpersist()
         log.info("bronze batch %d: %s", batch_id, result)
 

@@ -6,7 +6,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Sequence
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
@@ -21,7 +21,7 @@ from pipeline.source import register
 from pipeline.transforms.bronze import bronze_batch
 from receivers.landing import LandedMessage, LandingWriter, message_key
 from schemas.tables import BRONZE, LANDING, spark_schema
-from tests.spark.test_source import REPO, land, spark_submit_env
+from tests.spark.test_source import REPO, T0_US, land, spark_submit_env
 
 pytestmark = pytest.mark.spark
 
@@ -74,6 +74,44 @@ def test_bronze_batch_keeps_the_first_copy(spark: SparkSession, tmp_path: Path) 
         [("a", 0, message_key(a[0]), 7), ("a", 1, message_key(a[1]), 7),
          ("a", 2, message_key(a[2]), 7), ("0", 0, message_key(a[3]), 7)]
     )  # fmt: skip
+
+
+def test_dedup_window_bounds_the_key_check(spark: SparkSession, tmp_path: Path) -> None:
+    """Within the window a redelivery is dropped; beyond it, the check does not look."""
+    from pipeline.bronze import BronzeBatchWriter
+
+    root, table = tmp_path / "landing", str(tmp_path / "bronze")
+    a = land(root, "a", [5])
+
+    def copy(m: LandedMessage, later_s: int) -> LandedMessage:
+        return LandedMessage(**{**m.__dict__, "received_at_us": m.received_at_us + later_s * 10**6})
+
+    LandingWriter(root, "b", fsync=False).append([copy(a[1], 30), copy(a[2], 40)])
+    LandingWriter(root, "c", fsync=False).append([copy(a[3], 7200)])
+    register(spark)
+    delta.create_table(table, BRONZE)
+    settings = BronzeSettings(
+        landing=str(root), table=table, checkpoint=str(tmp_path / "ck"), dedup_window_s=600
+    )
+    write = BronzeBatchWriter(settings, app_id="test-window")
+
+    def part(p: str) -> Any:
+        return spark.read.format("qmf").option("path", str(root)).load().where(f"partition = '{p}'")
+
+    epoch = datetime(1970, 1, 1, tzinfo=UTC)
+    assert write.dedup_range(part("b")) == (
+        "received_at",
+        epoch + timedelta(microseconds=T0_US + 1 + 30_000_000 - 600_000_000),
+        epoch + timedelta(microseconds=T0_US + 2 + 40_000_000 + 600_000_000),
+    )
+    for batch_id, p in enumerate("abc"):
+        write(part(p), batch_id)
+    out = delta.read_arrow(table)
+    got = sorted(zip(out["partition"].to_pylist(), out["offset"].to_pylist(), strict=True))
+    # b's copies (30 s and 40 s later) are dropped; c's copy (2 h later) is
+    # outside the window, so the check never sees the original: kept.
+    assert got == [("a", 0), ("a", 1), ("a", 2), ("a", 3), ("a", 4), ("c", 0)]
+    assert sorted(out["batch_id"].to_pylist()) == [0, 0, 0, 0, 0, 2]
 
 
 def _wait_for(pred: Any, timeout_s: float, what: str) -> None:
