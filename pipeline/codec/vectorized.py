@@ -2,10 +2,12 @@
 
 Why: the per-record codec costs microseconds per record in Python, and the
 bronze table holds millions of statistics records. Here a numba kernel
-(``_kernels.walk``) walks the raw ``body`` buffers of a whole Arrow batch,
+(``_kernels.walk``) walks the raw ``body`` buffers of a whole Arrow batch and
 splits the concatenated records with the schemas (v1 records carry no
-lengths) and writes one 64-bit slot per value; columns are then gathered per
-class with numpy and numba, never a Python loop per record.
+lengths); ``_kernels.fill`` then decodes each class's values column-major, and
+the Arrow columns are built from those arrays: no Python loop per record
+(only non-empty maps/lists go through the codec, once per distinct encoding).
+See docs/performance.md for the design and the figures.
 
 What goes where (one call, ``decode_content``):
 
@@ -746,7 +748,9 @@ def decode_content(
     ``batch`` needs a binary ``body`` column; ``msg_key`` (else the row number)
     and ``routing_key`` / ``app_id`` / ``content_type`` /
     ``application_properties`` are used when present. Output rows are in
-    input order (message row, then record index).
+    input order (message row, then record index). As in the per-record codec,
+    schema responses met in fallback messages are added to ``registry``.
+    ``per_record`` replaces the per-message decoder (tests, instrumentation).
     """
     table = batch if isinstance(batch, pa.Table) else pa.Table.from_batches([batch])
     table = table.combine_chunks()
