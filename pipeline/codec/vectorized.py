@@ -355,14 +355,6 @@ class _Walk:
 
 def _walk(body: pa.Array, comp: CompiledRegistry) -> _Walk:
     data, offs = _body_buffers(body)
-    if not comp.schemas:
-        n = len(body)
-        return _Walk(
-            np.empty((K.N_RFIELDS, 0), np.int64),
-            np.full(n, K.ST_UNKNOWN_SCHEMA, np.uint8),
-            np.zeros(n, np.int64),
-            data,
-        )
     rec, nrec, status, errpos = K.walk(
         data,
         offs,

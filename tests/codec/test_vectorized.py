@@ -434,3 +434,13 @@ def test_tune_malloc_on_glibc_and_decoding_unchanged() -> None:
     before = decode_content(table, reg).samples[WIDE.key]
     assert tune_malloc() is True  # Debian's glibc has mallopt
     assert decode_content(table, reg).samples[WIDE.key].equals(before)
+
+
+def test_empty_registry_and_empty_batch() -> None:
+    q = queue_like()
+    body = encode_records([sample_rec("i", 1, q)], SchemaRegistry([q]))
+    got = assert_same(bodies_batch([body, b"AM2h\x00\x00\x00\x00" + bytes(8)]), SchemaRegistry())
+    assert got.fallback_reasons == {"unknown schema": 1, "non-content record": 1}
+    assert got.samples == {}
+    empty = decode_content(bodies_batch([]), SchemaRegistry([q]))
+    assert (empty.samples, empty.quarantine.num_rows, empty.fast_messages) == ({}, 0, 0)
