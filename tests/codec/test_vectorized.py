@@ -444,3 +444,20 @@ def test_empty_registry_and_empty_batch() -> None:
     assert got.samples == {}
     empty = decode_content(bodies_batch([]), SchemaRegistry([q]))
     assert (empty.samples, empty.quarantine.num_rows, empty.fast_messages) == ({}, 0, 0)
+
+
+def test_large_binary_and_chunked_input_give_the_same_tables() -> None:
+    reg = SchemaRegistry([WIDE])
+    table = bodies_batch(list(wide_records(random.Random(11), 12)))
+    want = decode_content(table, reg).samples[WIDE.key]
+    large = table.set_column(
+        table.schema.get_field_index("body"), "body", table.column("body").cast(pa.large_binary())
+    )
+    chunked = pa.concat_tables([table.slice(0, 5), table.slice(5)])
+    assert chunked.column("body").num_chunks == 2
+    assert decode_content(large, reg).samples[WIDE.key].equals(want)
+    assert decode_content(chunked, reg).samples[WIDE.key].equals(want)
+    sliced = table.slice(4, 6)  # an Arrow offset into the body buffers
+    assert decode_content(sliced, reg).samples[WIDE.key].equals(
+        want.filter(pa.compute.is_in(want.column("msg_key"), value_set=pa.array([f"m{i}" for i in range(4, 10)])))
+    )
