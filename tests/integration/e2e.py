@@ -275,6 +275,30 @@ def bronze_commits(table: Path) -> list[int]:
     return [int(h["qmf.batch_id"]) for h in reversed(hist) if "qmf.batch_id" in h]
 
 
+def wait_new_file(directory: Path, suffix: str, timeout_s: float) -> bool:
+    """Spin (1 ms) until a new ``*suffix`` file appears in ``directory``; False on timeout.
+
+    Used to crash a process right after it made something durable (a landing
+    segment renamed into place, a Delta commit) and before it could act on it
+    (settle the deliveries, write Spark's commit log): the windows where a crash
+    makes copies or replays.
+    """
+
+    def names() -> set[str]:
+        try:
+            return {n for n in os.listdir(directory) if n.endswith(suffix)}
+        except FileNotFoundError:
+            return set()
+
+    before = names()
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if names() - before:
+            return True
+        time.sleep(0.001)
+    return False
+
+
 # ------------------------------------------------------------------------ the truth
 
 

@@ -38,6 +38,7 @@ from tests.integration.e2e import (
     spark_submit_env,
     unique_tag,
     wait_for,
+    wait_new_file,
 )
 
 pytestmark = [pytest.mark.broker, pytest.mark.spark, pytest.mark.slow]
@@ -57,12 +58,18 @@ def test_sigkill_receiver_5_times_and_bronze_twice_exactly_once(
     receiver_kills = sorted(
         rng.sample(range(EXPECTED_MESSAGES // 20, EXPECTED_MESSAGES * 9 // 10), 5)
     )
-    # ... each a random 0-1.5 s after the count was reached: landing, settling or waiting.
+    # ... kills 1 and 3 the instant a new segment is on disk (landed, maybe not yet settled:
+    # the broker redelivers, the log holds copies); the others a random 0-1.5 s after the
+    # count was reached: while landing, settling or waiting.
     receiver_delays = [rng.uniform(0, 1.5) for _ in receiver_kills]
+    after_segment = {1, 3}
     # Bronze kills: each incarnation is killed once it committed a batch of its own (so the
-    # next one restarts from a checkpoint in mid-stream), at a random moment 0-4 s later:
-    # in its next batch's read, write or commit, or between the Delta and checkpoint commits.
-    bronze_delays = [rng.uniform(0, 4), rng.uniform(0, 4)]
+    # next one restarts from a checkpoint in mid-stream): the first the instant its next
+    # Delta commit is on disk (before Spark's commit log has the batch: the restart replays
+    # it and the app transaction skips it), the second a random 0-4 s later (reading,
+    # writing Parquet or committing).
+    bronze_delays = [0.0, rng.uniform(0, 4)]
+    after_commit = {0}
     seed = sim_seed()
     agent = sim_agent_uuid(seed)
     tag = unique_tag()
@@ -122,14 +129,20 @@ def test_sigkill_receiver_5_times_and_bronze_twice_exactly_once(
                 for c in (receiver, job):
                     assert c.alive(), f"{c.name} died: {c.stderr()[-3000:]}"
                 if receiver_due():
-                    time.sleep(receiver_delays[r_done])
+                    if r_done in after_segment:
+                        assert wait_new_file(landing / "r0", ".arrow", 60), "no segment landed"
+                    else:
+                        time.sleep(receiver_delays[r_done])
                     assert sim.alive(), "a receiver crash must come while the simulator publishes"
                     assert receiver.kill() == -signal.SIGKILL
                     r_done += 1
                     receiver = start(f"receiver-{r_done}", recv_args)
                     wait_ready(receiver)
                 if job_due():
-                    time.sleep(bronze_delays[j_done])
+                    if j_done in after_commit:
+                        assert wait_new_file(table / "_delta_log", ".json", 240), "no commit"
+                    else:
+                        time.sleep(bronze_delays[j_done])
                     assert job.kill() == -signal.SIGKILL
                     job_base = bronze_rows(table)
                     at_bronze_kills.append((job_base, sim.alive()))
@@ -160,12 +173,17 @@ def test_sigkill_receiver_5_times_and_bronze_twice_exactly_once(
     out = assert_bronze_is_the_manifest(table, manifest, summary)
     assert set(out.column("partition").to_pylist()) == {"r0"}
     commits = bronze_commits(table)
+    replays = sum(
+        (logs / f"bronze-{i}.stdout").read_text().count("already committed: skipped")
+        for i in range(len(bronze_delays) + 1)
+    )
     assert commits == sorted(set(commits)), "a micro-batch was committed twice"
     print(
         f"\nsim seed {seed}: {summary['messages']} messages, {summary['records']} records; "
         f"landed {len(landed)} rows ({duplicates} redelivered copies); "
         f"bronze {out.num_rows} rows in {len(commits)} commits; "
-        f"bronze (rows, sim running) at its kills: {at_bronze_kills}"
+        f"bronze (rows, sim running) at its kills: {at_bronze_kills}; "
+        f"replayed batches skipped: {replays}"
     )
 
 
