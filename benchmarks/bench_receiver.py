@@ -100,9 +100,12 @@ def run_receiver(
         cpu = time.process_time()
         start = time.perf_counter()
         r.start_thread()
-        if not done.wait(600):
-            r.stop()
-            raise RuntimeError(f"receiver landed {r.stats.landed} of {n}")
+        deadline = time.monotonic() + 600
+        while not done.wait(1.0):
+            if r.error is not None or time.monotonic() > deadline:
+                raise RuntimeError(
+                    f"receiver landed {r.stats.landed} of {n}: {r.error!r} {r.stats}"
+                )
         r.stop()
         cpu = time.process_time() - cpu
         rows = sum(LandingLog(d).end_offsets().values())
@@ -116,7 +119,7 @@ def main() -> int:
     ap.add_argument("--n", type=int, default=20000, help="messages per round")
     ap.add_argument("--rounds", type=int, default=2)
     ap.add_argument("--body", type=int, default=300, help="body bytes")
-    ap.add_argument("--credit", type=int, default=1000, help="credit window for both")
+    ap.add_argument("--credit", type=int, default=2000, help="credit window for both")
     ap.add_argument("--flush", type=int, default=500, help="receiver group size")
     args = ap.parse_args()
 

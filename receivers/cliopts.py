@@ -99,7 +99,7 @@ def add_subscription_args(p: argparse.ArgumentParser) -> None:
     g.add_argument(
         "--source", action="append", default=[], help="raw AMQP 1.0 source address (repeatable)"
     )
-    g.add_argument("--credit", type=int, default=1000, help="credit window (default 1000)")
+    g.add_argument("--credit", type=int, default=2000, help="credit window (default 2000)")
     g.add_argument(
         "--flush-count", type=int, default=500, help="group commit after N messages (500)"
     )

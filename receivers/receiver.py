@@ -66,12 +66,12 @@ from proton import (
     symbol,
 )
 from proton.handlers import EndpointStateHandler, MessagingHandler
-from proton.reactor import ApplicationEvent, Container, EventInjector, Filter
+from proton.reactor import Container, Filter
 
 from pipeline.codec.capture import CapturedMessage, iso_utc, write_capture
 from receivers.config import BrokerConfig, ConfigError
 from receivers.console import ConsoleConfig, ConsoleRole
-from receivers.landing import PARTITION_RE, LandedMessage, LandingWriter
+from receivers.landing import PARTITION_RE, LandedMessage, LandingWriter, to_table
 from receivers.publisher import APP_ID_PROPERTY
 
 log = logging.getLogger("qmf.receiver")
@@ -82,6 +82,7 @@ ROUTING_KEY_ANNOTATIONS = ("x-opt-routing-key", "x-amqp-0-10.routing-key")
 BODY_ENCODING_PROPERTY = "x-qmf-body-encoding"
 QPIDD_TOPIC_FILTER = "apache.org:legacy-amqp-topic-binding:string"
 FATAL_CONDITIONS = ("amqp:unauthorized-access",)
+QUIET_RESTATE_S = 5.0
 
 
 class ReceiverError(RuntimeError):
@@ -310,6 +311,10 @@ class LandingSink:
     def append(self, msgs: Sequence[LandedMessage]) -> None:
         self.writer.append(msgs)
 
+    def warm_up(self) -> None:
+        """Build one table in memory: pyarrow's lazy imports (~1 s) happen now, not mid-stream."""
+        to_table(self.partition, 0, [LandedMessage(body=b"")])
+
     def close(self) -> None:
         if self._lock_fd is not None:
             os.close(self._lock_fd)
@@ -379,7 +384,7 @@ class ReceiverConfig:
     bindings: tuple[tuple[str, str], ...] = ()
     queue: str | None = None
     sources: tuple[str, ...] = ()
-    credit_window: int = 1000
+    credit_window: int = 2000
     flush_count: int = 500
     flush_ms: float = 50.0
     backoff_initial_s: float = 0.2
@@ -460,9 +465,6 @@ class _Handler(MessagingHandler):
     def on_link_opened(self, event: Event) -> None:
         self.owner._on_link_opened(event)
 
-    def on_qmf_landed(self, event: Event) -> None:
-        self.owner._complete()
-
     def on_link_error(self, event: Event) -> None:
         link = event.link
         if link is not None:
@@ -530,13 +532,13 @@ class _Writer:
 
     fsync takes milliseconds; doing it here lets the reactor keep receiving
     (and the next group keep growing) while the previous group is made durable.
-    The reactor thread is woken through ``notify`` and settles the group there,
+    The reactor thread polls ``done`` after every event round (a few ms while a
+    group is pending) and settles the group there,
     since proton objects belong to the reactor thread.
     """
 
-    def __init__(self, sink: Sink, notify: Callable[[], None]) -> None:
+    def __init__(self, sink: Sink) -> None:
         self.sink = sink
-        self.notify = notify
         self.done: queue.Queue[_Group] = queue.Queue()
         self._todo: queue.Queue[_Group | None] = queue.Queue()
         self._thread = threading.Thread(target=self._run, name="qmf-landing-writer", daemon=True)
@@ -546,6 +548,10 @@ class _Writer:
         self._todo.put(group)
 
     def _run(self) -> None:
+        warm_up = getattr(self.sink, "warm_up", None)
+        if warm_up is not None:
+            with contextlib.suppress(Exception):
+                warm_up()
         while True:
             g = self._todo.get()
             if g is None:
@@ -555,8 +561,6 @@ class _Writer:
             except BaseException as exc:  # reported to the reactor thread, which stops
                 g.error = exc
             self.done.put(g)
-            with contextlib.suppress(Exception):
-                self.notify()
 
     def close(self, timeout_s: float) -> None:
         self._todo.put(None)
@@ -599,10 +603,11 @@ class QmfReceiver:
         self._pending: deque[_Group] = deque()  # submitted to the writer, not yet durable
         self._pending_count = 0
         self._since_top_up = 0
+        self._received_at_check = 0
+        self._quiet_since = time.monotonic()
         # credit is checked every window/8 messages: it can never run dry in between
         self._top_up_every = max(1, config.credit_window // 8)
         self._writer: _Writer | None = None
-        self._injector: EventInjector | None = None
         self._container: Container | None = None
         self._conn: Connection | None = None
         self._receivers: list[Receiver] = []
@@ -629,12 +634,9 @@ class QmfReceiver:
         self._container.timeout = self._tick_s
         self._container.start()
         self._container.schedule(self._tick_s, _Tick(self))
-        injector = EventInjector()
-        self._container.selectable(injector)
-        self._injector = injector
-        self._writer = _Writer(
-            self.sink, lambda: injector.trigger(ApplicationEvent("qmf_landed", subject=None))
-        )
+        # The writer thread never touches proton: cffi releases the GIL inside
+        # proton's C calls, so only this thread may call into the engine.
+        self._writer = _Writer(self.sink)
         self._connect()
 
     def _connect(self) -> None:
@@ -757,6 +759,7 @@ class QmfReceiver:
             if self._reconnect_at is not None and now >= self._reconnect_at:
                 self._reconnect_at = None
                 self._connect()
+            c.timeout = 0.002 if self._pending else self._tick_s
             c.process()
             self._complete()
             self._maybe_flush()
@@ -851,9 +854,24 @@ class QmfReceiver:
         self._since_top_up = 0
         if self._held() >= 2 * self.config.credit_window:
             return
+        low = self.config.credit_window - self._top_up_every
         for r in self._receivers:
-            if r.state & Endpoint.LOCAL_ACTIVE and r.credit <= self.config.credit_window // 2:
+            if r.state & Endpoint.LOCAL_ACTIVE and r.credit <= low:
                 r.flow(self.config.credit_window - r.credit)
+
+    def _restate_credit(self) -> None:
+        """After a quiet spell, send one flow frame per link (one more credit).
+
+        Insurance against the broker and us disagreeing about the credit left:
+        a flow frame re-states it. Idle subscriptions are normal, so this is
+        cheap by design: at most one frame per link per quiet interval, and
+        never beyond window + 64.
+        """
+        if self._held() >= self.config.credit_window:
+            return
+        for r in self._receivers:
+            if r.state & Endpoint.LOCAL_ACTIVE and r.credit < self.config.credit_window + 64:
+                r.flow(1)
 
     # ---- events -----------------------------------------------------------------------
 
@@ -917,6 +935,13 @@ class QmfReceiver:
 
     def _on_tick(self) -> None:
         self._maybe_flush()
+        now = time.monotonic()
+        if self.stats.received != self._received_at_check:
+            self._received_at_check = self.stats.received
+            self._quiet_since = now
+        elif now - self._quiet_since >= QUIET_RESTATE_S and self.ready.is_set():
+            self._quiet_since = now
+            self._restate_credit()
         if self.console is not None and self.ready.is_set():
             self._send_requests(self.console.due())
         if self._container is not None and not self._stopped:
@@ -1007,8 +1032,6 @@ class QmfReceiver:
                     while time.monotonic() < deadline and c.process():
                         pass
             self._stopped = True
-            if self._injector is not None:
-                self._injector.close()
             if self._writer is not None:
                 self._writer.close(self.config.stop_timeout_s)
             self.sink.close()
