@@ -6,7 +6,9 @@ Exactly once end to end comes from two mechanisms:
   between the Delta commit and the checkpoint's commit) are skipped by the
   Delta app transaction ``(app_id, batch_id)``;
 * redeliveries (the same message landed twice by an at-least-once receiver)
-  are dropped by key: insert-if-absent on ``msg_key``.
+  are dropped by key: insert-if-absent on ``msg_key``
+  (``pipeline.transforms.bronze``: only keys are shuffled, then the exactly-once
+  parallel append of ``pipeline.delta``). One writer per bronze table.
 
 ``app_id`` is ``qmf-bronze-<query id>``, the id Spark keeps in the checkpoint:
 stable across restarts of one query, new when the checkpoint is reset (whose
@@ -98,11 +100,10 @@ class BronzeBatchWriter:
             self._app_id = f"qmf-bronze-{checkpoint_query_id(self.settings.checkpoint)}"
         return self._app_id
 
-    def dedup_range(self, rows: DataFrame) -> tuple[str, datetime, datetime] | None:
+    def dedup_range(self, rows: DataFrame) -> tuple[datetime, datetime] | None:
         """``received_at`` range that can hold an earlier copy of a row of this batch.
 
-        A redelivery is received after the original, within the window; the
-        table's other rows are not even opened (their files' stats are outside).
+        A redelivery is received after the original, within the window.
         None (no window): the check covers the whole table.
         """
         window = self.settings.dedup_window_s
@@ -119,34 +120,33 @@ class BronzeBatchWriter:
         epoch = datetime(1970, 1, 1, tzinfo=UTC)
         slack = timedelta(seconds=window)
         return (
-            "received_at",
             epoch + timedelta(microseconds=r["lo"]) - slack,
             epoch + timedelta(microseconds=r["hi"]) + slack,
         )
+
+    def existing_keys(self, df: DataFrame) -> DataFrame:
+        """The table's keys a row of ``df`` could collide with (only ``msg_key`` is read)."""
+        from pyspark.sql import functions as F
+
+        table = delta.read_table(df.sparkSession, self.settings.table)
+        span = self.dedup_range(df)
+        if span is not None:
+            table = table.where(F.col("received_at").between(F.lit(span[0]), F.lit(span[1])))
+        return table.select(KEY)
 
     def __call__(self, df: DataFrame, batch_id: int) -> None:
         done = delta.committed_batch(self.settings.table, self.app_id)
         if done is not None and batch_id <= done:
             log.info("bronze batch %d already committed: skipped", batch_id)
             return
-        rows = bronze_batch(df, batch_id)
-        windowed = self.settings.dedup_window_s is not None
-        if windowed:
-            rows = rows.persist()  # read the landing range once for the range and the write
-        try:
-            result = delta.merge_batch(
-                rows,
-                self.settings.table,
-                keys=[KEY],
-                app_id=self.app_id,
-                batch_id=batch_id,
-                mode="insert_if_absent",
-                target_range=self.dedup_range(rows),
-                writer_options=delta.UNIQUE_COLUMNS_OPTIONS,
-            )
-        finally:
-            if windowed:
-                rows.unpersist()
+        rows = bronze_batch(df, batch_id, self.existing_keys(df))
+        result = delta.append_batch(
+            rows,
+            self.settings.table,
+            app_id=self.app_id,
+            batch_id=batch_id,
+            writer_options=delta.UNIQUE_COLUMNS_OPTIONS,
+        )
         log.info("bronze batch %d: %s", batch_id, result)
 
 

@@ -100,7 +100,6 @@ def test_dedup_window_bounds_the_key_check(spark: SparkSession, tmp_path: Path) 
 
     epoch = datetime(1970, 1, 1, tzinfo=UTC)
     assert write.dedup_range(part("b")) == (
-        "received_at",
         epoch + timedelta(microseconds=T0_US + 1 + 30_000_000 - 600_000_000),
         epoch + timedelta(microseconds=T0_US + 2 + 40_000_000 + 600_000_000),
     )
