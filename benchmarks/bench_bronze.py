@@ -13,8 +13,9 @@ table with the bronze schema:
   insert-if-absent on ``msg_key``: Spark anti-joins each batch with the table's
   keys, writes Parquet in parallel, the driver commits with delta-rs).
 
-SparkSession start-up is excluded from the pipeline's time (it is paid once
-per job); the time to the first bronze commit is reported separately.
+A third run, the source alone into Spark's ``noop`` sink, shows what reading
+costs. SparkSession start-up and a warm-up read (JVM, Python workers) are
+excluded (paid once per job); the time to the first bronze commit is reported.
 """
 
 from __future__ import annotations
@@ -102,11 +103,12 @@ def pipeline_run(root: Path, table: Path, ck: Path, batch: int) -> tuple[float, 
     from deltalake import DeltaTable
 
     from pipeline import delta
-    from pipeline.bronze import BronzeSettings, start_bronze
+    from pipeline.bronze import BronzeSettings, start_bronze, tune_shuffles
     from pipeline.spark import get_spark
 
     t0 = time.perf_counter()
     spark = get_spark("bench-bronze")
+    tune_shuffles(spark)
     session_s = time.perf_counter() - t0
     settings = BronzeSettings(
         landing=str(root), table=str(table), checkpoint=str(ck),
@@ -135,6 +137,30 @@ def pipeline_run(root: Path, table: Path, ck: Path, batch: int) -> tuple[float, 
     return elapsed, first, rows, session_s
 
 
+def source_only(root: Path, ck: Path, batch: int) -> float:
+    """The source alone into Spark's ``noop`` sink: what reading costs (seconds)."""
+    from pipeline.source import register
+    from pipeline.spark import get_spark
+
+    spark = get_spark("bench-bronze")
+    register(spark)
+    # Warm-up (JVM, Python workers, imports) so both timed runs are steady state.
+    spark.read.format("qmf").option("path", str(root)).load().write.format("noop").mode(
+        "overwrite"
+    ).save()
+    start = time.perf_counter()
+    query = (
+        spark.readStream.format("qmf").option("path", str(root))
+        .option("maxRecordsPerTrigger", str(batch)).load()
+        .writeStream.format("noop").option("checkpointLocation", str(ck))
+        .trigger(availableNow=True).start()
+    )  # fmt: skip
+    if not query.awaitTermination(3600):
+        query.stop()
+        raise SystemExit("source-only run did not finish within an hour")
+    return time.perf_counter() - start
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--messages", type=int, default=500_000)
@@ -150,6 +176,7 @@ def main() -> int:
     shutil.rmtree(work / "baseline", ignore_errors=True)
     shutil.rmtree(work / "bronze", ignore_errors=True)
     shutil.rmtree(work / "ck", ignore_errors=True)
+    shutil.rmtree(work / "ck-noop", ignore_errors=True)
     try:
         t = time.perf_counter()
         if not root.exists():
@@ -159,6 +186,7 @@ def main() -> int:
 
         load_before = os.getloadavg()[0]
         base_s, base_rows = baseline(root, work / "baseline", args.batch)
+        source_s = source_only(root, work / "ck-noop", args.batch)
         pipe_s, first_s, pipe_rows, session_s = pipeline_run(
             root, work / "bronze", work / "ck", args.batch
         )
@@ -167,12 +195,14 @@ def main() -> int:
         print(f"pipeline (qmf source -> bronze, exactly-once dedup): {pipe_rows} rows in {pipe_s:.1f} s = {pipe_rate:,.0f} records/s"
               f" (first commit after {first_s:.1f} s; session start {session_s:.1f} s, not counted)")
         load_after = os.getloadavg()[0]
+        print(f"source alone (qmf -> noop sink): {landed} rows in {source_s:.1f} s = {landed / source_s:,.0f} records/s")
         print(f"ratio pipeline/baseline: {pipe_rate / base_rate:.2f}")
         print(f"load average (1 min) before/after: {load_before:.1f}/{load_after:.1f} on {os.cpu_count()} CPUs")
         print("RESULT " + json.dumps({
             "messages": landed, "size": args.size, "batch": args.batch, "cpus": os.cpu_count(),
             "baseline_rps": round(base_rate), "pipeline_rps": round(pipe_rate),
             "ratio": round(pipe_rate / base_rate, 3), "first_commit_s": round(first_s, 1),
+            "source_only_rps": round(landed / source_s),
             "load_before": round(load_before, 1), "load_after": round(load_after, 1),
         }))  # fmt: skip
         return 0 if pipe_rows == landed == base_rows else 1

@@ -15,7 +15,7 @@ import threading
 from collections.abc import Sequence
 from types import FrameType
 
-from pipeline.bronze import BronzeSettings, run_bronze, trigger_kwargs
+from pipeline.bronze import BronzeSettings, run_bronze, trigger_kwargs, tune_shuffles
 
 
 def _trigger(text: str) -> str:
@@ -83,6 +83,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     from pipeline.spark import get_spark
 
     spark = get_spark("qmf-bronze")
+    tune_shuffles(spark)
     try:
         return run_bronze(spark, settings, args.timeout, stop)
     finally:

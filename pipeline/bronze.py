@@ -150,6 +150,18 @@ class BronzeBatchWriter:
         log.info("bronze batch %d: %s", batch_id, result)
 
 
+def tune_shuffles(spark: SparkSession) -> None:
+    """Few shuffle partitions unless the user chose: bronze only shuffles keys.
+
+    Spark's default of 200 is pure task overhead on a few cores (a 600k-row
+    profile on local[2]: 32.6 s with 4 partitions against 50.2 s with 200).
+    """
+    if spark.sparkContext.getConf().contains("spark.sql.shuffle.partitions"):
+        return
+    n = max(2, 2 * spark.sparkContext.defaultParallelism)
+    spark.conf.set("spark.sql.shuffle.partitions", str(n))
+
+
 def start_bronze(spark: SparkSession, settings: BronzeSettings) -> StreamingQuery:
     """Create the table if needed and start the streaming query."""
     register(spark)
