@@ -518,13 +518,25 @@ class _Tick(Handler):
 
 
 @dataclass
+class _Job:
+    """What the writer thread sees of a group: messages only, never proton objects.
+
+    A proton wrapper's last reference dropped on another thread would run
+    ``pn_decref`` there, racing the reactor (cffi releases the GIL in C calls).
+    """
+
+    msgs: list[LandedMessage]
+    error: BaseException | None = None
+
+
+@dataclass
 class _Group:
     """One flush group on its way to the sink; settled only if its connection still lives."""
 
     items: list[tuple[LandedMessage, Delivery]]
     generation: int
     settle: bool
-    error: BaseException | None = None
+    job: _Job
 
 
 class _Writer:
@@ -539,13 +551,13 @@ class _Writer:
 
     def __init__(self, sink: Sink) -> None:
         self.sink = sink
-        self.done: queue.Queue[_Group] = queue.Queue()
-        self._todo: queue.Queue[_Group | None] = queue.Queue()
+        self.done: queue.Queue[_Job] = queue.Queue()
+        self._todo: queue.Queue[_Job | None] = queue.Queue()
         self._thread = threading.Thread(target=self._run, name="qmf-landing-writer", daemon=True)
         self._thread.start()
 
-    def submit(self, group: _Group) -> None:
-        self._todo.put(group)
+    def submit(self, job: _Job) -> None:
+        self._todo.put(job)
 
     def _run(self) -> None:
         warm_up = getattr(self.sink, "warm_up", None)
@@ -553,14 +565,14 @@ class _Writer:
             with contextlib.suppress(Exception):
                 warm_up()
         while True:
-            g = self._todo.get()
-            if g is None:
+            job = self._todo.get()
+            if job is None:
                 return
             try:
-                self.sink.append([m for m, _ in g.items])
+                self.sink.append(job.msgs)
             except BaseException as exc:  # reported to the reactor thread, which stops
-                g.error = exc
-            self.done.put(g)
+                job.error = exc
+            self.done.put(job)
 
     def close(self, timeout_s: float) -> None:
         self._todo.put(None)
@@ -779,22 +791,23 @@ class QmfReceiver:
             self._submit(settle=True)
 
     def _submit(self, settle: bool) -> None:
-        group = _Group(self._in_hand, self._generation, settle)
+        items = self._in_hand
+        group = _Group(items, self._generation, settle, _Job([m for m, _ in items]))
         self._in_hand = []
         self._pending.append(group)
-        self._pending_count += len(group.items)
+        self._pending_count += len(items)
         assert self._writer is not None
-        self._writer.submit(group)
+        self._writer.submit(group.job)
 
-    def _finish(self, g: _Group) -> None:
+    def _finish(self, job: _Job) -> None:
         """A group came back from the writer: durable now, so settle it (reactor thread)."""
-        head = self._pending.popleft()
-        assert head is g, "the writer completes groups in order"
+        g = self._pending.popleft()
+        assert g.job is job, "the writer completes groups in order"
         self._pending_count -= len(g.items)
-        msgs = [m for m, _ in g.items]
-        if g.error is not None:
+        msgs = job.msgs
+        if job.error is not None:
             # Nothing of it settled: the broker keeps these messages. Stop receiving.
-            self._fatal = f"landing failed, {len(msgs)} messages left unsettled: {g.error}"
+            self._fatal = f"landing failed, {len(msgs)} messages left unsettled: {job.error}"
             self.stats.last_error = self._fatal
             self._stop_requested = True
             if self._conn is not None and self._conn.state & Endpoint.LOCAL_ACTIVE:
