@@ -56,7 +56,7 @@ def _sim_command(args: argparse.Namespace, url: str, manifest: Path) -> list[str
         sys.executable, "-m", "pipeline.cli", "sim",
         "--url", url, "--dialect", args.dialect, "--agents", str(args.agents),
         "--queues", str(args.queues), "--interval", str(args.interval),
-        "--intervals", str(intervals), "--realtime", "--manifest", str(manifest),
+        "--intervals", str(intervals), "--realtime", "--durable", "--manifest", str(manifest),
     ]  # fmt: skip
 
 

@@ -47,6 +47,9 @@ def register(subparsers: Any) -> None:
     p.add_argument("--rate", type=float, default=None, help="message rate cap (msg/s)")
     p.add_argument("--batch", type=int, default=100, help="records per message")
     p.add_argument("--seed", type=int, default=1)
+    p.add_argument(
+        "--durable", action="store_true", help="publish persistent messages (survive a restart)"
+    )
     p.add_argument("--first-bank", type=int, default=1, help="agent bank of the first agent")
     p.add_argument(
         "--no-broker-key", action="store_true", help="answer only agent.<bank>, not 'broker'"
@@ -131,7 +134,7 @@ def run(args: argparse.Namespace) -> int:
                 from pipeline.broker import ensure_broker
 
                 url = ensure_broker().url
-            sink = BrokerSink(url)
+            sink = BrokerSink(url, durable=args.durable)
         sim = Simulation(cfg, sink, manifest)
         if not args.output:
             from pipeline.sim.amqp import CommandListener

@@ -19,6 +19,7 @@ heartbeat. The manifest gets a line per record once its message went out.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import time
 from collections.abc import Callable, Sequence
@@ -118,12 +119,17 @@ class CaptureSink:
 class BrokerSink:
     """Publishes over AMQP 1.0 with the pipelined publisher (subject = routing key)."""
 
-    def __init__(self, url: str) -> None:
+    def __init__(self, url: str, *, durable: bool = False) -> None:
         from receivers.publisher import Publisher
 
         self.pub = Publisher(url)
+        # Persistent messages survive a broker restart in a durable queue; real
+        # qpidd sends QMF non-persistent, hence off by default.
+        self.durable = durable
 
     def send(self, msg: OutMessage) -> None:
+        if self.durable and not msg.durable:
+            msg = dataclasses.replace(msg, durable=True)
         self.pub.publish_message(msg)
 
     def flush(self) -> None:
