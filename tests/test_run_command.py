@@ -84,3 +84,25 @@ def test_qmf_run_lands_every_published_message_once(broker: Any, tmp_path: Path)
         else:
             expected[(m["opcode"],)] += 1
     assert decoded == expected
+
+
+def test_qmf_run_console_asks_the_agents(broker: Any, tmp_path: Path) -> None:
+    """--console: the embedded receiver sends B/P/Q (and S for unseen classes); replies land."""
+    data = tmp_path / "data"
+    queue = f"qmf.test-run-{uuid.uuid4().hex[:8]}"
+    cmd = [
+        sys.executable, "-m", "pipeline.cli", "run", "--data", str(data), "--queue", queue,
+        "--duration", "5", "--agents", "1", "--queues", "3", "--console", "AM1",
+    ]  # fmt: skip
+    env = {**os.environ, "PYSPARK_PYTHON": sys.executable}
+    try:
+        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600, env=env)
+    finally:
+        delete_queue(queue)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    summary = json.loads(proc.stdout[proc.stdout.index("\n{") : proc.stdout.rindex("}") + 1])
+    ops = summary["records_by_opcode"]
+    assert ops["b"] == 1  # the one Broker Response to the console's Broker Request
+    assert ops["z"] >= 2  # Command Completes ending the P and Q queries
+    assert summary["decode_problems"] == 0
+    assert summary["bronze_rows"] == summary["distinct_msg_keys"] == summary["landed_messages"]

@@ -41,6 +41,9 @@ def register(subparsers: Any) -> None:
     p.add_argument("--duration", type=float, default=60.0,
                    help="seconds the agents publish (0: until Ctrl-C)")
     p.add_argument("--no-sim", action="store_true", help="do not start simulated agents")
+    p.add_argument("--console", choices=("AM1", "AM2"), default=None,
+                   help="the receiver also acts as a QMF v1 console in this dialect (asks for "
+                        "schemas broadcast before it started; AM2 for a real qpidd)")
     p.add_argument("--dialect", choices=("am1", "am2", "v2"), default="am1")
     p.add_argument("--agents", type=int, default=2)
     p.add_argument("--queues", type=int, default=50, help="queues per simulated agent")
@@ -58,6 +61,16 @@ def _sim_command(args: argparse.Namespace, url: str, manifest: Path) -> list[str
         "--queues", str(args.queues), "--interval", str(args.interval),
         "--intervals", str(intervals), "--realtime", "--durable", "--manifest", str(manifest),
     ]  # fmt: skip
+
+
+def _receiver_options(args: argparse.Namespace, url: str) -> dict[str, str]:
+    """Options of the source's embedded receiver (see receivers.receiver.config_from_options)."""
+    opts = {"url": url}
+    if not args.url:
+        opts["queue"] = args.queue  # declared on the local node above
+    if args.console:
+        opts.update({"console": "true", "consoleDialect": args.console})
+    return opts
 
 
 def _landed(landing: Path) -> int:
@@ -135,7 +148,7 @@ def run(args: argparse.Namespace) -> int:
         checkpoint=str(checkpoint),
         trigger=args.trigger,
         embedded_receiver=True,
-        receiver_options={"url": url, "queue": args.queue} if not args.url else {"url": url},
+        receiver_options=_receiver_options(args, url),
     )
     spark = get_spark("qmf-run")
     stop = threading.Event()
