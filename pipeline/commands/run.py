@@ -40,6 +40,8 @@ def register(subparsers: Any) -> None:
                    help="durable queue the receiver consumes (declared on the local node)")
     p.add_argument("--duration", type=float, default=60.0,
                    help="seconds the agents publish (0: until Ctrl-C)")
+    p.add_argument("--preset", choices=("rabbitmq", "qpidd"), default="rabbitmq",
+                   help="receiver addressing: RabbitMQ's AMQP 1.0 plugin or a real qpidd")
     p.add_argument("--no-sim", action="store_true", help="do not start simulated agents")
     p.add_argument("--console", choices=("AM1", "AM2"), default=None,
                    help="the receiver also acts as a QMF v1 console in this dialect (asks for "
@@ -65,7 +67,7 @@ def _sim_command(args: argparse.Namespace, url: str, manifest: Path) -> list[str
 
 def _receiver_options(args: argparse.Namespace, url: str) -> dict[str, str]:
     """Options of the source's embedded receiver (see receivers.receiver.config_from_options)."""
-    opts = {"url": url}
+    opts = {"url": url, "preset": args.preset}
     if not args.url:
         opts["queue"] = args.queue  # declared on the local node above
     if args.console:
