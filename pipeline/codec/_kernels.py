@@ -645,6 +645,67 @@ def container_sizes(data: Any, pos: Any, valid: Any, out: Any) -> None:
 
 
 @nb.njit(cache=True)
+def group_records(rec: Any, n_schemas: int) -> tuple[Any, Any]:
+    """Records grouped by class, stably, in one pass: (flat int64 buffer, group starts).
+
+    Class ``k``'s records ``starts[k]:starts[k + 1]`` (in their input order)
+    occupy ``flat[F * starts[k] : F * starts[k + 1]]`` as a C-contiguous
+    (F, count) matrix, F being the number of record fields.
+    """
+    nf = rec.shape[0]
+    n = rec.shape[1]
+    counts = np.zeros(n_schemas + 1, dtype=np.int64)
+    for i in range(n):
+        counts[rec[R_SCHEMA, i] + 1] += 1
+    starts = np.cumsum(counts)
+    fill_at = starts[:-1].copy()
+    flat = np.empty(nf * n, dtype=np.int64)
+    for i in range(n):
+        k = rec[R_SCHEMA, i]
+        j = fill_at[k] - starts[k]
+        fill_at[k] += 1
+        base = nf * starts[k]
+        cnt = starts[k + 1] - starts[k]
+        for f in range(nf):
+            flat[base + f * cnt + j] = rec[f, i]
+    return flat, starts
+
+
+@nb.njit(cache=True)
+def container_hashes(data: Any, pos: Any, sizes: Any, todo: Any) -> Any:
+    """64-bit FNV-1a hash of the encoded bytes of each container ``todo[k]`` (for dedup)."""
+    out = np.empty(todo.shape[0], dtype=np.uint64)
+    prime = np.uint64(0x100000001B3)
+    for k in range(todo.shape[0]):
+        i = todo[k]
+        p = pos[i]
+        h = np.uint64(0xCBF29CE484222325) ^ np.uint64(sizes[i])
+        for j in range(sizes[i]):
+            h = (h ^ np.uint64(data[p + j])) * prime
+        out[k] = h
+    return out
+
+
+@nb.njit(cache=True)
+def same_bytes(data: Any, pos: Any, sizes: Any, todo: Any, rep: Any, inv: Any) -> bool:
+    """True when every container ``todo[k]`` has exactly the bytes of ``todo[rep[inv[k]]]``."""
+    for k in range(todo.shape[0]):
+        i = todo[k]
+        r = todo[rep[inv[k]]]
+        if i == r:
+            continue
+        n = sizes[i]
+        if sizes[r] != n:
+            return False
+        a = pos[i]
+        b = pos[r]
+        for j in range(n):
+            if data[a + j] != data[b + j]:
+                return False
+    return True
+
+
+@nb.njit(cache=True)
 def container_column(valid: Any, rank: Any, tx_off: Any, tx_buf: Any, empty: Any) -> tuple[Any, Any]:
     """(int32 offsets, bytes) of a JSON text column: ``empty`` text, or text ``rank[i]``."""
     n = valid.shape[0]

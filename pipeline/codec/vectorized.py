@@ -402,11 +402,15 @@ def _string(
     buf: npt.NDArray[np.uint8],
     vb: pa.Buffer | None,
     nulls: int,
+    check: bool = True,
 ) -> pa.Array:
+    """A string column from its buffers; ``check=False`` for text built as ASCII here."""
     n = len(offsets) - 1
     arr = pa.Array.from_buffers(
         pa.string(), n, [vb, pa.py_buffer(offsets), pa.py_buffer(buf)], nulls
     )
+    if not check:
+        return arr
     try:
         arr.validate(full=True)
     except pa.ArrowInvalid:
@@ -449,12 +453,24 @@ def _container(
     texts: list[bytes] = []
     if len(todo):
         dec = qmf_types("AM2")[t][0]
+        # One decode per distinct encoding: hash the encoded bytes in a kernel,
+        # group equal hashes, and check byte for byte that each group really
+        # holds one encoding (else, on a hash collision, every value is its own).
+        hashes = K.container_hashes(w.data, pos, sizes, todo)
+        _, rep, inv = np.unique(hashes, return_index=True, return_inverse=True)
+        inv = inv.reshape(-1).astype(np.int64)
+        if K.same_bytes(w.data, pos, sizes, todo, rep.astype(np.int64), inv):
+            uniq = todo[rep]
+            rank[todo] = inv
+        else:
+            uniq = todo
+        bad = np.zeros(len(uniq), np.bool_)
         mv = memoryview(w.data)  # type: ignore[arg-type]
         cache = _JSON_CACHE
         if len(cache) > _JSON_CACHE_MAX:
             cache.clear()
         prefix = bytes([t])
-        for i, p, size in zip(todo.tolist(), pos[todo].tolist(), sizes[todo].tolist(), strict=True):
+        for u, (p, size) in enumerate(zip(pos[uniq].tolist(), sizes[uniq].tolist(), strict=True)):
             raw = mv[p : p + size].tobytes()
             key = prefix + raw
             if key in cache:
@@ -467,9 +483,11 @@ def _container(
                     text = None
                 cache[key] = text
             if text is None:
-                failed[i] = True
+                bad[u] = True
                 text = b""
             texts.append(text)
+        if bad.any():
+            failed[todo] = bad[rank[todo]]
     tx_off = np.zeros(len(texts) + 1, np.int64)
     if texts:
         tx_off[1:] = np.cumsum([len(x) for x in texts])
@@ -477,7 +495,8 @@ def _container(
     tx_buf = np.frombuffer(joined, np.uint8) if joined else np.zeros(1, np.uint8)
     empty = np.frombuffer(b"{}" if t == 15 else b"[]", np.uint8).copy()
     offsets, buf = K.container_column(valid, rank, tx_off, tx_buf, empty)
-    return _string(offsets, buf, vb, nulls), failed
+    # JSON text from json.dumps (ensure_ascii) or "{}"/"[]": ASCII, no check needed.
+    return _string(offsets, buf, vb, nulls, check=False), failed
 
 
 _STRING = pa.string()
@@ -653,10 +672,10 @@ def _element_column(
         return _string(o, buf, vb, nulls)
     if t == 14:
         o, buf = K.uuid_column(w.data, slots, valid, K.hex_digits())
-        return _string(o, buf, vb, nulls)
+        return _string(o, buf, vb, nulls, check=False)  # hex digits and dashes
     if t == 10:
         o, buf = K.objref_column(w.data, slots, valid, ver)
-        return _string(o, buf, vb, nulls)
+        return _string(o, buf, vb, nulls, check=False)  # decimal digits and dashes
     if t in (15, 21, 22):
         arr, f = _container(w, slots, valid, vb, nulls, t)
         failed |= f
@@ -778,12 +797,17 @@ def decode_content(
         late: set[int] = set()
         if rec.shape[1]:
             ks = rec[K.R_SCHEMA]
-            groups: list[Any] = [None]  # one class: use the matrix as it is, no copy
+            subs: list[I64] = [rec]  # one class: use the matrix as it is, no copy
             if not (ks == ks[0]).all():
-                order = np.argsort(ks, kind="stable")
-                groups = np.split(order, np.flatnonzero(np.diff(ks[order])) + 1)
-            for grp in groups:
-                sub = rec if grp is None else np.ascontiguousarray(rec[:, grp])
+                # One kernel pass: each class's records as a contiguous matrix.
+                flat, starts = K.group_records(rec, len(comp.schemas))
+                nf = rec.shape[0]
+                subs = [
+                    flat[nf * a : nf * b].reshape(nf, b - a)
+                    for a, b in zip(starts[:-1].tolist(), starts[1:].tolist(), strict=True)
+                    if b > a
+                ]
+            for sub in subs:
                 schema = comp.schemas[int(sub[K.R_SCHEMA, 0])]
                 tbl, failed = _class_table(ctx, sub, schema)
                 if failed.any():
