@@ -511,9 +511,25 @@ def _str_array(
     return pa.Array.from_buffers(t, n, [None, pa.py_buffer(offsets), pa.py_buffer(buf)], 0)
 
 
+_CONST_CACHE: dict[tuple[bytes, pa.DataType], pa.Array] = {}
+
+
 def _const_str(value: str | bytes, n: int, t: pa.DataType = _STRING) -> pa.Array:
+    """``n`` copies of one string: a zero-copy slice of a cached, longer column.
+
+    The same few constants (package, class, schema hash, dialect) occur in
+    every batch, so they are built once (growing when a batch needs more).
+    """
     raw = value.encode() if isinstance(value, str) else value
-    return _str_array(*K.repeat_bytes(np.frombuffer(raw, np.uint8).copy(), n), t)
+    key = (raw, t)
+    hit = _CONST_CACHE.get(key)
+    if hit is None or len(hit) < n:
+        if len(_CONST_CACHE) > 1024:
+            _CONST_CACHE.clear()
+        size = max(n, 2 * len(hit)) if hit is not None else max(n, 1024)
+        hit = _str_array(*K.repeat_bytes(np.frombuffer(raw, np.uint8).copy(), size), t)
+        _CONST_CACHE[key] = hit
+    return hit.slice(0, n)
 
 
 _DIALECTS = ["", "AM1", "AM2"]
