@@ -360,3 +360,19 @@ def assert_bronze_is_the_manifest(table: Path, manifest: Path, summary: dict[str
     assert sorted(got) == sorted(expected)
     assert (out.num_rows, got_records) == (summary["messages"], summary["records"])
     return out
+
+
+def drain_to_bronze(spark: Any, landing: Path, table: Path, checkpoint: Path) -> None:
+    """Run the bronze stream in-process with AvailableNow until the landing log is drained."""
+    from pipeline.bronze import BronzeSettings, start_bronze
+
+    settings = BronzeSettings(
+        landing=str(landing), table=str(table), checkpoint=str(checkpoint),
+        max_records_per_trigger=2_000,
+    )  # fmt: skip
+    query = start_bronze(spark, settings)
+    try:
+        assert query.awaitTermination(300)
+    finally:
+        query.stop()
+    assert query.exception() is None

@@ -23,7 +23,6 @@ import pytest
 from pyspark.sql import SparkSession
 
 from pipeline import broker as qmf_broker
-from pipeline.bronze import BronzeSettings, start_bronze
 from pipeline.sim.manifest import Manifest
 from pipeline.sim.model import LoadConfig
 from pipeline.sim.runner import MemorySink, SimConfig, Simulation
@@ -33,6 +32,7 @@ from tests.integration.e2e import (
     Child,
     assert_bronze_is_the_manifest,
     children,
+    drain_to_bronze,
     landed_keys,
     landed_rows,
     receive_cmd,
@@ -99,16 +99,7 @@ def test_broker_restart_mid_run_durable_queue_to_bronze(
     # The restart came mid-run: the queue still held messages, some had landed.
     assert before < n * 2 // 3 and depth > 0
 
-    query = start_bronze(
-        spark,
-        BronzeSettings(landing=str(landing), table=str(table), checkpoint=str(ck),
-                       max_records_per_trigger=2_000),
-    )  # fmt: skip
-    try:
-        assert query.awaitTermination(300)
-    finally:
-        query.stop()
-    assert query.exception() is None
+    drain_to_bronze(spark, landing, table, ck)
     landed = landed_keys(landing)
     out = assert_bronze_is_the_manifest(table, manifest_path, summary)
     assert set(out.column("partition").to_pylist()) == {"p0"}

@@ -22,13 +22,13 @@ import pytest
 from pyspark.sql import SparkSession
 
 from pipeline import broker as qmf_broker
-from pipeline.bronze import BronzeSettings, start_bronze
 from receivers.landing import LandingLog
 from receivers.publisher import OutMessage, Publisher
 from tests.integration.e2e import (
     Child,
     assert_bronze_is_the_manifest,
     children,
+    drain_to_bronze,
     landed_keys,
     landed_rows,
     landed_table,
@@ -130,16 +130,7 @@ def test_competing_receivers_union_lands_in_bronze_once(
     copies = Counter(keys)
     assert all(copies[k] >= 2 for k in resent)
 
-    query = start_bronze(
-        spark,
-        BronzeSettings(landing=str(landing), table=str(table), checkpoint=str(ck),
-                       max_records_per_trigger=2_000),
-    )  # fmt: skip
-    try:
-        assert query.awaitTermination(300)
-    finally:
-        query.stop()
-    assert query.exception() is None
+    drain_to_bronze(spark, landing, table, ck)
     out = assert_bronze_is_the_manifest(table, manifest, summary)
     assert set(out.column("partition").to_pylist()) <= set(PARTITIONS)
     print(f"\n{n} messages; landed per partition {per_partition}, "
