@@ -192,7 +192,7 @@ def main() -> int:
         )
         base_rate, pipe_rate = base_rows / base_s, pipe_rows / pipe_s
         print(f"baseline (pyarrow + write_deltalake): {base_rows} rows in {base_s:.1f} s = {base_rate:,.0f} records/s")
-        print(f"pipeline (qmf source -> bronze, exactly-once dedup): {pipe_rows} rows in {pipe_s:.1f} s = {pipe_rate:,.0f} records/s"
+        print(f"pipeline (qmf source -> bronze, exactly-once): {pipe_rows} rows in {pipe_s:.1f} s = {pipe_rate:,.0f} records/s"
               f" (first commit after {first_s:.1f} s; session start {session_s:.1f} s, not counted)")
         load_after = os.getloadavg()[0]
         print(f"source alone (qmf -> noop sink): {landed} rows in {source_s:.1f} s = {landed / source_s:,.0f} records/s")

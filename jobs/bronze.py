@@ -47,8 +47,6 @@ def build_parser() -> argparse.ArgumentParser:
                    help="delete landing segments once committed to bronze")
     p.add_argument("--retention-slack", type=int, default=0,
                    help="records to keep behind the committed offset")
-    p.add_argument("--dedup-window", type=int, default=None, metavar="SECONDS",
-                   help="check msg_key only against rows received this long before the batch")
     p.add_argument("--embedded-receiver", action="store_true",
                    help="run a receiver inside the source (single-machine default)")
     p.add_argument("--receiver-option", type=_key_value, action="append", default=[],
@@ -68,7 +66,6 @@ def main(argv: Sequence[str] | None = None) -> int:
         max_records_per_trigger=args.max_records_per_trigger,
         retention=args.retention,
         retention_slack=args.retention_slack,
-        dedup_window_s=args.dedup_window,
         embedded_receiver=args.embedded_receiver,
         receiver_options=dict(args.receiver_option),
     )

@@ -1,14 +1,15 @@
-"""The bronze stream: ``qmf`` source -> de-duplicated, exactly-once Delta appends.
+"""The bronze stream: ``qmf`` source -> exactly-once Delta appends, one row per delivery.
 
 Exactly once end to end comes from two mechanisms:
 
 * replays of a micro-batch (Spark re-runs the last batch after a crash
   between the Delta commit and the checkpoint's commit) are skipped by the
   Delta app transaction ``(app_id, batch_id)``;
-* redeliveries (the same message landed twice by an at-least-once receiver)
-  are dropped by key: insert-if-absent on ``msg_key``
-  (``pipeline.transforms.bronze``: only keys are shuffled, then the exactly-once
-  parallel append of ``pipeline.delta``). One writer per bronze table.
+* redeliveries (a message landed again because its settlement did not reach
+  the broker) are recognised by the receiver, which lands them with
+  ``duplicate_of`` set (``receivers.indoubt``); bronze filters them out
+  (``pipeline.transforms.bronze``). No batch reads the table, so the cost of a
+  batch does not grow with it. One writer per bronze table.
 
 ``app_id`` is ``qmf-bronze-<query id>``, the id Spark keeps in the checkpoint:
 stable across restarts of one query, new when the checkpoint is reset (whose
@@ -24,12 +25,11 @@ import threading
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from datetime import UTC, datetime, timedelta
 from typing import TYPE_CHECKING
 
 from pipeline import delta
 from pipeline.source import register
-from pipeline.transforms.bronze import KEY, bronze_batch
+from pipeline.transforms.bronze import bronze_batch
 from schemas.tables import BRONZE
 
 if TYPE_CHECKING:
@@ -50,7 +50,6 @@ class BronzeSettings:
     max_records_per_trigger: int | None = None
     retention: str = "none"
     retention_slack: int = 0
-    dedup_window_s: int | None = None
     embedded_receiver: bool = False
     receiver_options: Mapping[str, str] = field(default_factory=dict)
     query_name: str = "qmf_bronze"
@@ -100,46 +99,12 @@ class BronzeBatchWriter:
             self._app_id = f"qmf-bronze-{checkpoint_query_id(self.settings.checkpoint)}"
         return self._app_id
 
-    def dedup_range(self, rows: DataFrame) -> tuple[datetime, datetime] | None:
-        """``received_at`` range that can hold an earlier copy of a row of this batch.
-
-        A redelivery is received after the original, within the window.
-        None (no window): the check covers the whole table.
-        """
-        window = self.settings.dedup_window_s
-        if window is None:
-            return None
-        from pyspark.sql import functions as F
-
-        r = rows.agg(
-            F.unix_micros(F.min("received_at")).alias("lo"),
-            F.unix_micros(F.max("received_at")).alias("hi"),
-        ).first()
-        if r is None or r["lo"] is None:
-            return None
-        epoch = datetime(1970, 1, 1, tzinfo=UTC)
-        slack = timedelta(seconds=window)
-        return (
-            epoch + timedelta(microseconds=r["lo"]) - slack,
-            epoch + timedelta(microseconds=r["hi"]) + slack,
-        )
-
-    def existing_keys(self, df: DataFrame) -> DataFrame:
-        """The table's keys a row of ``df`` could collide with (only ``msg_key`` is read)."""
-        from pyspark.sql import functions as F
-
-        table = delta.read_table(df.sparkSession, self.settings.table)
-        span = self.dedup_range(df)
-        if span is not None:
-            table = table.where(F.col("received_at").between(F.lit(span[0]), F.lit(span[1])))
-        return table.select(KEY)
-
     def __call__(self, df: DataFrame, batch_id: int) -> None:
         done = delta.committed_batch(self.settings.table, self.app_id)
         if done is not None and batch_id <= done:
             log.info("bronze batch %d already committed: skipped", batch_id)
             return
-        rows = bronze_batch(df, batch_id, self.existing_keys(df))
+        rows = bronze_batch(df, batch_id)
         result = delta.append_batch(
             rows,
             self.settings.table,

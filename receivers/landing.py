@@ -49,17 +49,22 @@ class LandedMessage:
     content_type: str | None = None
     application_properties: Mapping[str, str] = field(default_factory=dict)
     received_at_us: int = 0
+    redelivered: bool = False
+    duplicate_of: str | None = None
 
     def key(self) -> str:
         return message_key(self)
 
 
 def message_key(m: LandedMessage) -> str:
-    """Stable identity of a message: equal for a redelivery of the same message.
+    """Content hash of a message: equal for a redelivery *and* for a twin.
 
     It covers what the publisher set (ids, addressing, headers, body), not
-    what the receiver added (receive time, offset), so it survives at-least-once
-    delivery and any replay from the log or from bronze.
+    what the receiver added (receive time, offset). It is not an identity:
+    real brokers send identical twins, each a delivery of its own. A
+    delivery's identity is its (partition, offset); a redelivery is matched
+    to its first copy by this key among in-doubt messages only
+    (``receivers.indoubt``).
     """
     h = hashlib.blake2b(digest_size=16)
     for part in (m.message_id, m.correlation_id, m.routing_key, m.subject, m.content_type):
@@ -116,8 +121,22 @@ def to_table(partition: str, first_offset: int, msgs: Sequence[LandedMessage]) -
             LANDING.field("application_properties").type,
         ),
         "body": pa.array([bytes(m.body) for m in msgs], pa.binary()),
+        "redelivered": pa.array([m.redelivered for m in msgs], pa.bool_()),
+        "duplicate_of": pa.array([m.duplicate_of for m in msgs], pa.string()),
     }
     return pa.Table.from_pydict(cols, schema=LANDING)
+
+
+def _upgrade(t: pa.Table) -> pa.Table:
+    """Segments written before ``redelivered``/``duplicate_of`` existed: first copies."""
+    if t.schema.names == LANDING.names:
+        return t
+    n = t.num_rows
+    if "redelivered" not in t.schema.names:
+        t = t.append_column(LANDING.field("redelivered"), pa.array([False] * n, pa.bool_()))
+    if "duplicate_of" not in t.schema.names:
+        t = t.append_column(LANDING.field("duplicate_of"), pa.nulls(n, pa.string()))
+    return t.select(LANDING.names).cast(LANDING)
 
 
 class LandingWriter:
@@ -199,7 +218,7 @@ class LandingLog:
                 raise LandingError(
                     f"offsets {expected}..{first - 1} of partition {partition!r} are not on disk"
                 )
-            t = ipc.open_file(pa.memory_map(str(path))).read_all()
+            t = _upgrade(ipc.open_file(pa.memory_map(str(path))).read_all())
             lo = max(start - first, 0)
             hi = min(end, last + 1) - first
             tables.append(t.slice(lo, hi - lo))
@@ -218,7 +237,16 @@ class LandingLog:
                 yield from self.read(p, s, e).to_batches()
 
     def delete_before(self, partition: str, offset: int) -> int:
-        """Remove segments wholly below ``offset`` (never the newest); returns how many."""
+        """Remove segments wholly below ``offset`` (never the newest); returns how many.
+
+        Never at or past the partition's settle marker either: messages there
+        may still be sealed as in doubt (``receivers.indoubt``), which reads them.
+        """
+        from receivers.indoubt import read_marker
+
+        marker = read_marker(self.root / partition)
+        if marker is not None:
+            offset = min(offset, marker)
         segs = _segments(self.root / partition)
         removed = 0
         for _first, last, path in segs[:-1]:

@@ -6,8 +6,11 @@ Why this shape:
   hand until a group commit writes them to the sink (the landing log: one
   fsynced Arrow segment per group); only then are their deliveries accepted and
   settled. A crash at any point leaves the broker holding every message that is
-  not on disk, so delivery is at-least-once and ``msg_key`` removes duplicates
-  downstream.
+  not on disk, so delivery is at-least-once. A redelivery of a message already
+  landed is recognised here, not downstream: the broker flags it
+  (``first-acquirer`` false) and ``receivers.indoubt`` matches it to a landed,
+  in-doubt first copy; it lands with ``duplicate_of`` set and bronze skips it.
+  Twins (identical messages sent twice) are not flagged, so each lands.
 * **Group commit:** a group is flushed when ``flush_count`` messages are in hand
   or the oldest has waited ``flush_ms``: one fsync per group, not per message.
 * **Explicit credit:** prefetch 0, and the receiver tops credit up to
@@ -71,6 +74,7 @@ from proton.reactor import Container, Filter
 from pipeline.codec.capture import CapturedMessage, iso_utc, write_capture
 from receivers.config import BrokerConfig, ConfigError
 from receivers.console import ConsoleConfig, ConsoleRole
+from receivers.indoubt import InDoubtLedger, seal, write_marker
 from receivers.landing import PARTITION_RE, LandedMessage, LandingWriter, to_table
 from receivers.publisher import APP_ID_PROPERTY
 
@@ -83,6 +87,11 @@ BODY_ENCODING_PROPERTY = "x-qmf-body-encoding"
 QPIDD_TOPIC_FILTER = "apache.org:legacy-amqp-topic-binding:string"
 FATAL_CONDITIONS = ("amqp:unauthorized-access",)
 QUIET_RESTATE_S = 5.0
+# A group's settlement counts as seen by the broker this long after we settled
+# it (the disposition is on the wire within one reactor round); the settle
+# marker is rewritten at most every MARKER_EVERY_S.
+SETTLE_GRACE_S = 0.5
+MARKER_EVERY_S = 0.25
 
 
 class ReceiverError(RuntimeError):
@@ -240,6 +249,9 @@ def to_landed(msg: Message, received_at_us: int | None = None) -> LandedMessage:
         raw, encoding = _body_bytes(body)
         if encoding is not None:
             props[BODY_ENCODING_PROPERTY] = encoding
+    # RabbitMQ flags a redelivery with first-acquirer false (delivery-count stays
+    # 0); other brokers count deliveries.
+    redelivered = not msg.first_acquirer or bool(msg.delivery_count)
     return LandedMessage(
         body=raw,
         routing_key=routing_key,
@@ -251,6 +263,7 @@ def to_landed(msg: Message, received_at_us: int | None = None) -> LandedMessage:
         content_type=pn_message_get_content_type(impl),
         application_properties=props,
         received_at_us=received_at_us if received_at_us is not None else time.time_ns() // 1000,
+        redelivered=redelivered,
     )
 
 
@@ -282,6 +295,11 @@ class LandingSink:
                 )
         self.partition = partition
         self.writer = LandingWriter(self.root, partition)
+        # What the previous session of this partition left in doubt, then
+        # everyone's in-doubt messages, for matching redeliveries.
+        seal(self.root, partition)
+        self.ledger = InDoubtLedger(self.root, own=partition)
+        self.ledger.refresh()
 
     def _lock(self, partition: str) -> bool:
         d = self.root / partition
@@ -309,7 +327,25 @@ class LandingSink:
         return self.writer.next_offset
 
     def append(self, msgs: Sequence[LandedMessage]) -> None:
+        """Land ``msgs``; a redelivery matched to a landed first copy lands marked."""
+        again = [i for i, m in enumerate(msgs) if m.redelivered]
+        if again:
+            firsts = self.ledger.match([msgs[i].key() for i in again])
+            out = list(msgs)
+            for i, first in zip(again, firsts, strict=True):
+                if first is not None:
+                    out[i] = dataclasses.replace(out[i], duplicate_of=first)
+            msgs = out
         self.writer.append(msgs)
+
+    def mark_settled(self, offset: int) -> None:
+        """Every message below ``offset`` is settled and the broker has seen it."""
+        write_marker(self.writer.dir, offset)
+
+    def seal(self) -> None:
+        """After a lost connection: what is landed but unconfirmed is in doubt."""
+        seal(self.root, self.partition)
+        self.ledger.refresh()
 
     def warm_up(self) -> None:
         """Build one table in memory: pyarrow's lazy imports (~1 s) happen now, not mid-stream."""
@@ -527,6 +563,7 @@ class _Job:
 
     msgs: list[LandedMessage]
     error: BaseException | None = None
+    end: int | None = None  # the sink's next offset after this group (landing sinks)
 
 
 @dataclass
@@ -570,6 +607,7 @@ class _Writer:
                 return
             try:
                 self.sink.append(job.msgs)
+                job.end = getattr(self.sink, "next_offset", None)
             except BaseException as exc:  # reported to the reactor thread, which stops
                 job.error = exc
             self.done.put(job)
@@ -613,6 +651,10 @@ class QmfReceiver:
         self._in_hand: list[tuple[LandedMessage, Delivery]] = []
         self._first_in_hand = 0.0
         self._pending: deque[_Group] = deque()  # submitted to the writer, not yet durable
+        # Landed groups not yet under the settle marker: (end offset, settled at or None).
+        self._landed: deque[tuple[int, float | None]] = deque()
+        self._marker_due: int | None = None
+        self._marker_at = 0.0
         self._pending_count = 0
         self._since_top_up = 0
         self._received_at_check = 0
@@ -770,6 +812,7 @@ class QmfReceiver:
                 return
             if self._reconnect_at is not None and now >= self._reconnect_at:
                 self._reconnect_at = None
+                self._reseal()
                 self._connect()
             c.timeout = 0.002 if self._pending else self._tick_s
             c.process()
@@ -815,12 +858,16 @@ class QmfReceiver:
             return
         self.stats.landed += len(msgs)
         self.stats.groups += 1
+        settled_at: float | None = None
         if g.settle and g.generation == self._generation and self._conn is not None:
             accepted = Delivery.ACCEPTED
             for _, d in g.items:
                 d.update(accepted)
                 d.settle()
             self.stats.settled += len(g.items)
+            settled_at = time.monotonic()
+        if job.end is not None:
+            self._landed.append((job.end, settled_at))
         if self.on_group is not None:
             self.on_group(msgs)
 
@@ -858,6 +905,37 @@ class QmfReceiver:
         if self._in_hand:
             self._submit(settle)
         self._wait_writer(self.config.stop_timeout_s)
+
+    def _advance_marker(self, grace_s: float = SETTLE_GRACE_S, force: bool = False) -> None:
+        """Move the settle marker over the landed groups whose settlement the broker has.
+
+        It stops at the first group landed but not settled (connection lost):
+        that one is sealed as in doubt at the reconnect.
+        """
+        mark = getattr(self.sink, "mark_settled", None)
+        if mark is None:
+            return
+        now = time.monotonic()
+        while self._landed:
+            end, at = self._landed[0]
+            if at is None or now - at < grace_s:
+                break
+            self._landed.popleft()
+            self._marker_due = end
+        if self._marker_due is not None and (force or now - self._marker_at >= MARKER_EVERY_S):
+            mark(self._marker_due)
+            self._marker_due = None
+            self._marker_at = now
+
+    def _reseal(self) -> None:
+        """Before reconnecting: what was landed but not confirmed settled is in doubt now."""
+        seal_fn = getattr(self.sink, "seal", None)
+        if seal_fn is None:
+            return
+        self._wait_writer(self.config.stop_timeout_s)
+        seal_fn()
+        self._landed.clear()
+        self._marker_due = None
 
     def _held(self) -> int:
         return len(self._in_hand) + self._pending_count
@@ -948,6 +1026,7 @@ class QmfReceiver:
 
     def _on_tick(self) -> None:
         self._maybe_flush()
+        self._advance_marker()
         now = time.monotonic()
         if self.stats.received != self._received_at_check:
             self._received_at_check = self.stats.received
@@ -1038,6 +1117,9 @@ class QmfReceiver:
                     ):
                         if not c.process():
                             break
+                    if conn is not None and conn.state & Endpoint.REMOTE_CLOSED:
+                        # The broker closed after every disposition we sent: all settled.
+                        self._advance_marker(grace_s=0.0, force=True)
                 self._stopped = True
                 with contextlib.suppress(Exception):
                     c.stop()

@@ -16,10 +16,13 @@ if TYPE_CHECKING:
 
 TS = pa.timestamp("us", tz="UTC")
 
-# One landed AMQP message. Written by receivers.landing, served by the "qmf"
-# Spark source. ``msg_key`` is the message's stable identity (see
-# receivers.landing.message_key): a redelivered message gets the same key, so
-# downstream de-duplication works after any replay.
+# One landed AMQP delivery. Written by receivers.landing, served by the "qmf"
+# Spark source. A delivery's identity is (partition, offset). ``msg_key`` is a
+# content hash (receivers.landing.message_key), equal for twins (identical
+# messages a broker sends twice: each lands) and for redeliveries.
+# ``redelivered``: the broker flagged the delivery as possibly seen before;
+# ``duplicate_of``: "<partition>:<offset>" of the first copy when the receiver
+# matched the redelivery to a message it had landed (receivers.indoubt).
 LANDING = pa.schema(
     [
         pa.field("partition", pa.string(), nullable=False),
@@ -35,12 +38,17 @@ LANDING = pa.schema(
         pa.field("content_type", pa.string()),
         pa.field("application_properties", pa.map_(pa.string(), pa.string())),
         pa.field("body", pa.binary(), nullable=False),
+        pa.field("redelivered", pa.bool_(), nullable=False),
+        pa.field("duplicate_of", pa.string()),
     ]
 )
 
-# Bronze: one row per AMQP message, exactly as landed, plus the streaming
-# batch that wrote it.
-BRONZE = pa.schema([*LANDING, pa.field("batch_id", pa.int64(), nullable=False)])
+# Bronze: one row per AMQP delivery (twins included, redeliveries of a landed
+# message not), exactly as landed, plus the streaming batch that wrote it.
+# (partition, offset) is its identity across replays.
+BRONZE = pa.schema(
+    [*(f for f in LANDING if f.name != "duplicate_of"), pa.field("batch_id", pa.int64(), False)]
+)
 
 TABLES: dict[str, pa.Schema] = {
     "landing": LANDING,

@@ -81,6 +81,21 @@ def _landed(landing: Path) -> int:
     return sum(LandingLog(landing).end_offsets().values())
 
 
+def _redeliveries(landing: Path) -> int:
+    """Landed rows the receiver matched to an earlier copy (bronze skips them)."""
+    import pyarrow.compute as pc
+
+    from receivers.landing import LandingLog
+
+    log = LandingLog(landing)
+    total = 0
+    for p, end in log.end_offsets().items():
+        start = log.start_offsets()[p]
+        col = log.read(p, start, end).column("duplicate_of")
+        total += int(pc.sum(pc.is_valid(col)).as_py() or 0)
+    return total
+
+
 def _processed(progress: dict[str, Any] | None) -> int:
     """Messages the query has committed: the sum of its source's end offsets."""
     if not progress:
@@ -120,7 +135,7 @@ def _bronze_summary(table: Path) -> dict[str, Any]:
             by_opcode[r.opcode] = by_opcode.get(r.opcode, 0) + 1
     return {
         "bronze_rows": t.num_rows,
-        "distinct_msg_keys": len(set(t.column("msg_key").to_pylist())),
+        "twin_rows": t.num_rows - len(set(t.column("msg_key").to_pylist())),
         "records_by_opcode": dict(sorted(by_opcode.items())),
         "decode_problems": problems,
     }
@@ -199,6 +214,7 @@ def run(args: argparse.Namespace) -> int:
         return 1
     summary = _bronze_summary(table)
     summary["landed_messages"] = _landed(landing)
+    summary["redeliveries_skipped"] = _redeliveries(landing)
     print(json.dumps(summary, indent=1))
     print(f"qmf run: done. Read bronze with e.g. polars.read_delta({str(table)!r})")
     return 0

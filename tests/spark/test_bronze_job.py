@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
+import dataclasses
 import subprocess
 import sys
 import time
 from collections.abc import Sequence
-from datetime import UTC, datetime, timedelta
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -21,7 +22,7 @@ from pipeline.source import register
 from pipeline.transforms.bronze import bronze_batch
 from receivers.landing import LandedMessage, LandingWriter, message_key
 from schemas.tables import BRONZE, LANDING, spark_schema
-from tests.spark.test_source import REPO, T0_US, land, spark_submit_env
+from tests.spark.test_source import REPO, land, spark_submit_env
 
 pytestmark = pytest.mark.spark
 
@@ -29,11 +30,17 @@ CONTENT = ("msg_key", "routing_key", "subject", "message_id", "correlation_id", 
            "content_type", "application_properties", "body")  # fmt: skip
 
 
-def land_copies(root: Path, partition: str, msgs: Sequence[LandedMessage]) -> None:
-    """A redelivery: the same messages landed again (later receive time, other offsets)."""
+def land_copies(
+    root: Path, partition: str, msgs: Sequence[LandedMessage], origin: str, first: int
+) -> None:
+    """Redeliveries as the receiver lands them: flagged, matched to their first
+    copies at ``origin:first..`` (later receive time, other offsets)."""
     copies = [
-        LandedMessage(**{**m.__dict__, "received_at_us": m.received_at_us + 10_000_000})
-        for m in msgs
+        dataclasses.replace(
+            m, received_at_us=m.received_at_us + 10_000_000, redelivered=True,
+            duplicate_of=f"{origin}:{first + i}",
+        )
+        for i, m in enumerate(msgs)
     ]
     LandingWriter(root, partition, fsync=False).append(copies)
 
@@ -60,57 +67,26 @@ def test_trigger_parsing() -> None:
         trigger_kwargs("once")
 
 
-def test_bronze_batch_keeps_the_first_copy(spark: SparkSession, tmp_path: Path) -> None:
+def test_bronze_batch_keeps_twins_and_drops_matched_redeliveries(
+    spark: SparkSession, tmp_path: Path
+) -> None:
     root = tmp_path / "landing"
     a = land(root, "a", [4])
-    land_copies(root, "a", a[1:3])  # offsets 4, 5 repeat offsets 1, 2
-    land_copies(root, "0", a[3:4])  # partition "0" sorts first: its copy wins
+    w = LandingWriter(root, "a", fsync=False)
+    w.append([a[1], a[1]])  # offsets 4, 5: twins of offset 1 (really sent again): kept
+    w.append([dataclasses.replace(a[2], redelivered=True)])  # 6: first copy never landed: kept
+    land_copies(root, "b", a[0:2], "a", 0)  # matched redeliveries: dropped
     register(spark)
     df = spark.read.format("qmf").option("path", str(root)).load()
     out = bronze_batch(df, 7)
     assert out.columns == BRONZE.names
-    got = sorted((r.partition, r.offset, r.msg_key, r.batch_id) for r in out.collect())
-    assert got == sorted(
-        [("a", 0, message_key(a[0]), 7), ("a", 1, message_key(a[1]), 7),
-         ("a", 2, message_key(a[2]), 7), ("0", 0, message_key(a[3]), 7)]
-    )  # fmt: skip
-
-
-def test_dedup_window_bounds_the_key_check(spark: SparkSession, tmp_path: Path) -> None:
-    """Within the window a redelivery is dropped; beyond it, the check does not look."""
-    from pipeline.bronze import BronzeBatchWriter
-
-    root, table = tmp_path / "landing", str(tmp_path / "bronze")
-    a = land(root, "a", [5])
-
-    def copy(m: LandedMessage, later_s: int) -> LandedMessage:
-        return LandedMessage(**{**m.__dict__, "received_at_us": m.received_at_us + later_s * 10**6})
-
-    LandingWriter(root, "b", fsync=False).append([copy(a[1], 30), copy(a[2], 40)])
-    LandingWriter(root, "c", fsync=False).append([copy(a[3], 7200)])
-    register(spark)
-    delta.create_table(table, BRONZE)
-    settings = BronzeSettings(
-        landing=str(root), table=table, checkpoint=str(tmp_path / "ck"), dedup_window_s=600
-    )
-    write = BronzeBatchWriter(settings, app_id="test-window")
-
-    def part(p: str) -> Any:
-        return spark.read.format("qmf").option("path", str(root)).load().where(f"partition = '{p}'")
-
-    epoch = datetime(1970, 1, 1, tzinfo=UTC)
-    assert write.dedup_range(part("b")) == (
-        epoch + timedelta(microseconds=T0_US + 1 + 30_000_000 - 600_000_000),
-        epoch + timedelta(microseconds=T0_US + 2 + 40_000_000 + 600_000_000),
-    )
-    for batch_id, p in enumerate("abc"):
-        write(part(p), batch_id)
-    out = delta.read_arrow(table)
-    got = sorted(zip(out["partition"].to_pylist(), out["offset"].to_pylist(), strict=True))
-    # b's copies (30 s and 40 s later) are dropped; c's copy (2 h later) is
-    # outside the window, so the check never sees the original: kept.
-    assert got == [("a", 0), ("a", 1), ("a", 2), ("a", 3), ("a", 4), ("c", 0)]
-    assert sorted(out["batch_id"].to_pylist()) == [0, 0, 0, 0, 0, 2]
+    got = sorted((r.partition, r.offset, r.msg_key, r.redelivered, r.batch_id) for r in out.collect())
+    assert got == [
+        ("a", 0, message_key(a[0]), False, 7), ("a", 1, message_key(a[1]), False, 7),
+        ("a", 2, message_key(a[2]), False, 7), ("a", 3, message_key(a[3]), False, 7),
+        ("a", 4, message_key(a[1]), False, 7), ("a", 5, message_key(a[1]), False, 7),
+        ("a", 6, message_key(a[2]), True, 7),
+    ]  # fmt: skip
 
 
 def _wait_for(pred: Any, timeout_s: float, what: str) -> None:
@@ -149,8 +125,8 @@ def test_restart_from_checkpoint_no_duplicates_no_gaps(spark: SparkSession, tmp_
 
     # More data: new messages and a redelivery of old ones into a new partition.
     a += land(root, "a", [100, 100], first_index=300)
-    c_dups = a[10:40] + b[0:20]
-    land_copies(root, "c", c_dups)
+    land_copies(root, "c", a[10:40], "a", 10)
+    land_copies(root, "c", b[0:20], "b", 0)
     b += land(root, "b", [80], first_index=120)
 
     # Run 2: a processing-time query, stopped mid-way once it wrote a batch.
@@ -188,7 +164,7 @@ def test_bronze_job_through_spark_submit(tmp_path: Path) -> None:
     root, table, ck = tmp_path / "landing", tmp_path / "bronze", tmp_path / "ck"
     a = land(root, "a", [150, 150])
     b = land(root, "b", [100, 100])
-    land_copies(root, "c", b[0:20])
+    land_copies(root, "c", b[0:20], "b", 0)
     proc = subprocess.run(
         [
             str(Path(sys.executable).parent / "spark-submit"),
@@ -205,7 +181,7 @@ def test_bronze_job_through_spark_submit(tmp_path: Path) -> None:
     )  # fmt: skip
     assert proc.returncode == 0, proc.stderr[-4000:]
     # Admission control (fair share, smallest backlog first) fixes the batches:
-    # 0: c[0:20] b[0:90] a[0:90] (c's copies of b lose to b: lower partition)
+    # 0: c[0:20] b[0:90] a[0:90] (c's rows are matched redeliveries: skipped)
     # 1: b[90:190] a[90:190]     2: b[190:200] a[190:300]
     batch_of = {("a", i): 0 if i < 90 else 1 if i < 190 else 2 for i in range(300)}
     batch_of |= {("b", i): 0 if i < 90 else 1 if i < 190 else 2 for i in range(200)}
@@ -217,7 +193,7 @@ def test_bronze_job_through_spark_submit(tmp_path: Path) -> None:
                 datetime.fromtimestamp(m.received_at_us / 1e6, UTC),
                 m.routing_key, m.subject, m.message_id, m.correlation_id, m.reply_to, m.app_id,
                 m.content_type, sorted(m.application_properties.items()), m.body,
-                batch_of[(part, i)],
+                m.redelivered, batch_of[(part, i)],
             ))  # fmt: skip
     out = delta.read_arrow(table)
     assert out.schema.names == BRONZE.names
@@ -226,7 +202,7 @@ def test_bronze_job_through_spark_submit(tmp_path: Path) -> None:
         for r in out.to_pylist()
     )
     assert got == sorted(expected)
-    assert spark_schema(LANDING).names == BRONZE.names[:-1]
+    assert spark_schema(LANDING).names == [*BRONZE.names[:-1], "duplicate_of"]
 
 
 def am1_body(opcode: bytes, seq: int, payload: bytes) -> bytes:
@@ -295,7 +271,8 @@ def test_bronze_job_killed_twice_then_restarted(tmp_path: Path) -> None:
     root, table, ck = tmp_path / "landing", tmp_path / "bronze", tmp_path / "ck"
     a = land(root, "a", [1_000] * 30)
     b = land(root, "b", [500] * 40)
-    land_copies(root, "c", a[5_000:6_000] + b[100:600])
+    land_copies(root, "c", a[5_000:6_000], "a", 5_000)
+    land_copies(root, "c", b[100:600], "b", 100)
     cmd = [
         str(Path(sys.executable).parent / "spark-submit"),
         "--master", "local[2]",

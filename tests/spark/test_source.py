@@ -85,6 +85,8 @@ def expected_row(partition: str, offset: int, m: LandedMessage) -> tuple[Any, ..
         m.content_type,
         dict(m.application_properties),
         m.body,
+        m.redelivered,
+        m.duplicate_of,
     )
 
 

@@ -1,0 +1,233 @@
+"""Telling a redelivery from a twin: the settle marker and the in-doubt ledger.
+
+Real brokers send *twins* (the same routing key, properties and body twice:
+an unchanged object published twice, identical replies); each is a delivery
+and must land. A *redelivery* is the broker sending again a message whose
+settlement it never saw: its first copy may already be in the landing log.
+Content cannot tell them apart; two facts can:
+
+* the broker flags a redelivery (AMQP 1.0 header ``first-acquirer`` false,
+  or ``delivery-count`` > 0; RabbitMQ 3.10 sets the former);
+* only a message the receiver landed but whose settlement may not have
+  reached the broker can come back. Those are the *in-doubt* messages.
+
+So each landing partition keeps, beside its segments:
+
+``_settled``
+    the offset below which every message's settlement has reached the broker
+    (written by the owning receiver, a grace period after it settled a group,
+    and at a clean stop once the broker confirmed the connection close);
+``_indoubt/<first>-<last>.arrow``
+    (offset, msg_key) of messages that were landed but in doubt when their
+    receiver session ended (crash, lost connection): written when the range
+    is *sealed*, by the partition's next owner or by any receiver that finds
+    the partition's lock free (its owner died);
+``_indoubt/claimed/<offset>``
+    created with O_EXCL by the receiver that matched a redelivery to that
+    in-doubt message: one redelivery per first copy, even with several
+    receivers competing on one queue.
+
+A redelivered message whose key matches an unclaimed in-doubt message is a
+duplicate: it lands with ``duplicate_of = "<partition>:<offset>"`` of its
+first copy (kept for audit; bronze skips it). Without a match it is a new
+delivery (its first copy never landed). Twins are never flagged as
+redelivered, so both land; twins redelivered together match two in-doubt
+copies, one each. The cost is nothing for ordinary messages and one dict
+look-up plus one file creation per redelivery, however large the log: the
+check never reads bronze.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import logging
+import os
+import re
+import threading
+import time
+from collections.abc import Sequence
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.ipc as ipc
+
+log = logging.getLogger("qmf.receiver")
+
+MARKER = "_settled"
+LEDGER_DIR = "_indoubt"
+CLAIMS_DIR = "claimed"
+LEDGER_RE = re.compile(r"^(\d{20})-(\d{20})\.arrow$")
+LEDGER_SCHEMA = pa.schema(
+    [pa.field("offset", pa.int64(), nullable=False), pa.field("msg_key", pa.string(), False)]
+)
+# In-doubt messages whose redelivery has not come after this long are let go.
+DEFAULT_TTL_S = 30 * 86400
+
+
+def read_marker(part_dir: Path) -> int | None:
+    try:
+        return int((part_dir / MARKER).read_text(encoding="ascii").strip())
+    except FileNotFoundError:
+        return None
+
+
+def write_marker(part_dir: Path, offset: int) -> None:
+    """Atomic replace; not fsynced: a marker lost in a machine crash is older,
+    which only widens the in-doubt range."""
+    tmp = part_dir / f"{MARKER}.tmp"
+    tmp.write_text(f"{offset}\n", encoding="ascii")
+    os.replace(tmp, part_dir / MARKER)
+
+
+def _fsync_path(path: Path, flags: int = os.O_RDONLY) -> None:
+    fd = os.open(path, flags)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def seal(root: Path, partition: str) -> tuple[int, int] | None:
+    """Record ``[marker, end)`` of ``partition`` as in doubt; the caller holds its lock.
+
+    Returns the sealed range, or None when nothing was in doubt. A partition
+    without a marker is new, or was written before markers existed: nothing
+    is in doubt, and it gets one.
+    """
+    from receivers.landing import LandingLog
+
+    part_dir = root / partition
+    end = LandingLog(root).end_offsets().get(partition, 0)
+    marker = read_marker(part_dir)
+    if marker is None or marker >= end:
+        if marker != end:  # a new partition, or one from before markers: nothing in doubt
+            write_marker(part_dir, end)
+        return None
+    rows = LandingLog(root).read(partition, marker, end)
+    table = pa.table(
+        {"offset": rows.column("offset"), "msg_key": rows.column("msg_key")}, schema=LEDGER_SCHEMA
+    )
+    ledger = part_dir / LEDGER_DIR
+    ledger.mkdir(exist_ok=True)
+    final = ledger / f"{marker:020d}-{end - 1:020d}.arrow"
+    tmp = final.with_suffix(".tmp")
+    with open(tmp, "wb") as f:
+        with ipc.new_file(f, LEDGER_SCHEMA) as w:
+            w.write_table(table)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, final)
+    _fsync_path(ledger)
+    write_marker(part_dir, end)
+    log.info("partition %s: offsets %d..%d in doubt (landed, settlement unconfirmed)",
+             partition, marker, end - 1)  # fmt: skip
+    return marker, end
+
+
+def _try_lock(part_dir: Path) -> int | None:
+    try:
+        fd = os.open(part_dir / ".lock", os.O_RDWR)
+    except FileNotFoundError:
+        return None
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        os.close(fd)
+        return None
+    return fd
+
+
+class InDoubtLedger:
+    """Every partition's in-doubt messages under one landing root, and their claims.
+
+    Thread-safe (the receiver's writer thread matches, its reactor thread
+    reloads). ``own`` is the caller's partition, which it seals itself.
+    """
+
+    def __init__(
+        self, root: str | os.PathLike[str], own: str | None = None, ttl_s: float = DEFAULT_TTL_S
+    ) -> None:
+        self.root = Path(root)
+        self.own = own
+        self.ttl_s = ttl_s
+        self._lock = threading.Lock()
+        self._files: dict[Path, list[tuple[int, str]]] = {}
+        self._by_key: dict[str, list[tuple[str, int]]] = {}
+
+    def refresh(self) -> None:
+        """Seal partitions whose owner is gone, then load every ledger file."""
+        from receivers.landing import PARTITION_RE
+
+        if not self.root.is_dir():
+            return
+        files: dict[Path, list[tuple[int, str]]] = {}
+        now = time.time()
+        for entry in sorted(os.scandir(self.root), key=lambda e: e.name):
+            if not entry.is_dir() or not PARTITION_RE.match(entry.name):
+                continue
+            part_dir = Path(entry.path)
+            if entry.name != self.own:
+                fd = _try_lock(part_dir)
+                if fd is not None:  # nobody owns it: its in-doubt tail is ours to seal
+                    try:
+                        seal(self.root, entry.name)
+                    finally:
+                        os.close(fd)
+            ledger = part_dir / LEDGER_DIR
+            if not ledger.is_dir():
+                continue
+            for f in sorted(ledger.iterdir()):
+                if not LEDGER_RE.match(f.name):
+                    continue
+                if now - f.stat().st_mtime > self.ttl_s:
+                    continue
+                cached = self._files.get(f)
+                if cached is None:
+                    t = ipc.open_file(pa.memory_map(str(f))).read_all()
+                    cached = list(
+                        zip(t.column("offset").to_pylist(), t.column("msg_key").to_pylist(),
+                            strict=True)
+                    )  # fmt: skip
+                files[f] = cached
+        by_key: dict[str, list[tuple[str, int]]] = {}
+        for f, entries in files.items():
+            partition = f.parent.parent.name
+            for offset, key in entries:
+                by_key.setdefault(key, []).append((partition, offset))
+        with self._lock:
+            self._files = files
+            self._by_key = by_key
+
+    def __len__(self) -> int:
+        with self._lock:
+            return sum(len(v) for v in self._by_key.values())
+
+    def _claim(self, partition: str, offset: int) -> bool:
+        claims = self.root / partition / LEDGER_DIR / CLAIMS_DIR
+        claims.mkdir(parents=True, exist_ok=True)
+        try:
+            fd = os.open(claims / str(offset), os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
+        except FileExistsError:
+            return False
+        os.close(fd)
+        return True
+
+    def _match_one(self, key: str) -> str | None:
+        with self._lock:
+            candidates = list(self._by_key.get(key, ()))
+        for partition, offset in candidates:
+            if self._claim(partition, offset):
+                return f"{partition}:{offset}"
+        return None
+
+    def match(self, keys: Sequence[str]) -> list[str | None]:
+        """First copies (``partition:offset``) for redelivered keys, claimed; None if new.
+
+        A key without a candidate triggers one reload (another receiver may
+        have died since the last one) before it is declared new.
+        """
+        out = [self._match_one(k) for k in keys]
+        if any(o is None for o in out):
+            self.refresh()
+            out = [o if o is not None else self._match_one(k) for o, k in zip(out, keys, strict=True)]
+        return out
