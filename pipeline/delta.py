@@ -12,15 +12,17 @@ is a no-op that writes no file. See docs/delta.md.
 from __future__ import annotations
 
 import json
-import math
 import os
+import re
 import shutil
 import time
 import urllib.parse
 import uuid
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import UTC, date, datetime, timedelta
+from decimal import Decimal
 from typing import TYPE_CHECKING, Any, Literal
 
 import pyarrow as pa
@@ -31,7 +33,7 @@ from deltalake.transaction import AddAction
 
 if TYPE_CHECKING:
     from pyspark.sql import Column, DataFrame, SparkSession
-    from pyspark.sql.types import StructType
+    from pyspark.sql.types import DataType, StructType
 
 STAGING_DIR = "_staging"
 FILE_COL = "__delta_file"
@@ -39,6 +41,8 @@ HIVE_NULL = "__HIVE_DEFAULT_PARTITION__"
 # Strings longer than this get no min/max stats (delta-spark truncates at 32
 # with a tie-breaker; we simply omit long ones, which is always safe).
 MAX_STAT_STRING_BYTES = 64
+# The message of the row-level check conform() puts on non-nullable columns.
+NULL_MARK = "null in non-nullable column"
 
 _PARTITION_TYPES = (
     pa.types.is_string,
@@ -200,13 +204,59 @@ def _spark_schema(schema: pa.Schema) -> StructType:
     return spark_schema(schema)
 
 
+def _non_null_default(dt: DataType) -> Column | None:
+    """A non-null literal of Spark type ``dt``, or None for types without one here.
+
+    Only ever used as the second argument of a ``coalesce`` whose first one
+    raises on null, so it is never a value: it makes the column non-nullable
+    in Spark's plan, which makes Spark write it as a REQUIRED Parquet column
+    (the footer then proves "no null" without any statistics).
+    """
+    from pyspark.sql import functions as F
+    from pyspark.sql import types as T
+
+    if isinstance(dt, T.StringType):
+        return F.lit("")
+    if isinstance(dt, T.BinaryType):
+        return F.lit(bytearray())
+    if isinstance(dt, T.BooleanType):
+        return F.lit(False)
+    if isinstance(dt, (T.ByteType, T.ShortType, T.IntegerType, T.LongType)):
+        return F.lit(0).cast(dt)
+    if isinstance(dt, (T.FloatType, T.DoubleType)):
+        return F.lit(0.0).cast(dt)
+    if isinstance(dt, T.DecimalType):
+        return F.lit(Decimal(0)).cast(dt)
+    if isinstance(dt, T.DateType):
+        return F.lit(date(1970, 1, 1))
+    if isinstance(dt, T.TimestampNTZType):
+        return F.lit(datetime(1970, 1, 1)).cast(dt)
+    if isinstance(dt, T.TimestampType):
+        return F.lit(datetime(1970, 1, 1, tzinfo=UTC))
+    if isinstance(dt, T.MapType):
+        return F.create_map().cast(dt)
+    if isinstance(dt, T.ArrayType):
+        return F.array().cast(dt)
+    if isinstance(dt, T.StructType):
+        parts = [_non_null_default(f.dataType) for f in dt.fields]
+        if any(p is None for p in parts):
+            return None
+        return F.struct(
+            *[p.alias(f.name) for p, f in zip(parts, dt.fields, strict=True) if p is not None]
+        ).cast(dt)
+    return None
+
+
 def conform(df: DataFrame, schema: pa.Schema) -> DataFrame:
     """Select and cast ``df``'s columns to the table schema (names, order, types).
 
     Missing nullable columns become typed nulls; a missing non-nullable column
     or an extra column is an error (silently dropping data is worse).
-    Non-nullable nested columns get a row-level null check here, because the
-    Parquet footers cannot tell a null map from an empty one.
+    Every non-nullable column gets a row-level null check (a null fails the
+    Spark job with ``NULL_MARK``; the writers turn that into
+    :class:`SchemaMismatchError`) and is marked non-nullable in the plan, so
+    Spark writes it as a REQUIRED Parquet column: the footer's schema then
+    proves the column has no null, whatever statistics the writer kept.
     """
     from pyspark.sql import functions as F
 
@@ -223,10 +273,13 @@ def conform(df: DataFrame, schema: pa.Schema) -> DataFrame:
             cols.append(F.lit(None).cast(field.dataType).alias(field.name))
             continue
         col = F.col(f"`{field.name}`").cast(field.dataType)
-        if not arrow_field.nullable and pa.types.is_nested(arrow_field.type):
+        if not arrow_field.nullable:
             col = F.when(
-                col.isNull(), F.raise_error(F.lit(f"null in non-nullable column {field.name}"))
+                col.isNull(), F.raise_error(F.lit(f"{NULL_MARK} {field.name!r}"))
             ).otherwise(col)
+            default = _non_null_default(field.dataType)
+            if default is not None:
+                col = F.coalesce(col, default)
         cols.append(col.alias(field.name))
     return df.select(*cols)
 
@@ -295,52 +348,81 @@ def _commit_properties(app_id: str, batch_id: int, operation: str) -> CommitProp
 # Parquet files -> add actions
 
 
+_EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
+
+
 def _stat_value(t: pa.DataType, raw: Any, *, is_max: bool) -> Any:
-    """A footer min/max as Delta stats JSON, or None when it cannot be exact/safe."""
-    if pa.types.is_signed_integer(t):
-        return int(raw)
-    if pa.types.is_date32(t):
-        return (date(1970, 1, 1) + timedelta(days=int(raw))).isoformat()
-    if pa.types.is_timestamp(t) and t.unit == "us" and t.tz is not None:
-        # Delta stats carry milliseconds: widen the range so skipping stays safe.
-        millis = math.ceil(int(raw) / 1000) if is_max else math.floor(int(raw) / 1000)
-        moment = datetime(1970, 1, 1, tzinfo=UTC) + timedelta(milliseconds=millis)
-        return moment.strftime("%Y-%m-%dT%H:%M:%S.") + f"{moment.microsecond // 1000:03d}Z"
-    if pa.types.is_string(t) or pa.types.is_large_string(t):
-        data = raw if isinstance(raw, bytes) else str(raw).encode()
-        if len(data) > MAX_STAT_STRING_BYTES:
-            return None
-        return data.decode("utf-8")
+    """A footer min/max as Delta stats JSON, or None when it cannot be exact/safe
+    (the column then has no min/max in the add action: readers just cannot skip)."""
+    try:
+        if pa.types.is_signed_integer(t):
+            return int(raw)
+        if pa.types.is_date32(t):
+            return (date(1970, 1, 1) + timedelta(days=int(raw))).isoformat()
+        if pa.types.is_timestamp(t) and t.unit == "us" and t.tz is not None:
+            # Delta stats carry milliseconds: widen the range so skipping stays
+            # safe. Integer division: float division misrounds far from 1970.
+            micros = int(raw)
+            millis = -(-micros // 1000) if is_max else micros // 1000
+            moment = _EPOCH + timedelta(milliseconds=millis)
+            # Zero-padded year: strftime's %Y gives "999" for year 999.
+            return f"{moment.year:04d}-{moment:%m-%dT%H:%M:%S}.{moment.microsecond // 1000:03d}Z"
+        if pa.types.is_string(t) or pa.types.is_large_string(t):
+            data = raw if isinstance(raw, bytes) else str(raw).encode()
+            if len(data) > MAX_STAT_STRING_BYTES:
+                return None
+            return data.decode("utf-8")
+    except (OverflowError, ValueError):  # outside datetime's years 1-9999, or not UTF-8
+        return None
     return None
 
 
+def _top_level_leaves(metadata: pq.FileMetaData) -> dict[str, int]:
+    """Column (leaf) index of each top-level primitive column of a footer.
+
+    A leaf of a nested column has a path longer than its name; a top-level
+    column whose name contains a dot has path == name.
+    """
+    out: dict[str, int] = {}
+    for i in range(metadata.num_columns):
+        col = metadata.schema.column(i)
+        if col.path == col.name and col.max_repetition_level == 0:
+            out[col.name] = i
+    return out
+
+
 def file_stats(metadata: pq.FileMetaData, schema: pa.Schema) -> dict[str, Any]:
-    """Delta ``stats`` (numRecords, nullCount, min/max where exact) from a footer."""
+    """Delta ``stats`` from a footer: ``numRecords``, and per top-level primitive
+    column a ``nullCount`` when every row group records one and ``minValues``/
+    ``maxValues`` when every row group's are present and exact.
+
+    Footer statistics are optional: parquet-mr (Spark 4.3) keeps none, not even
+    a null count, for a column chunk whose min and max exceed 4 KB together.
+    A column missing here only means readers cannot skip files on it; nothing
+    in this layer needs it (see build_add_actions for the null check).
+    """
     stats: dict[str, Any] = {"numRecords": metadata.num_rows}
     nulls: dict[str, int] = {}
     mins: dict[str, Any] = {}
     maxs: dict[str, Any] = {}
-    pschema = metadata.schema
-    for i in range(metadata.num_columns):
-        col_path = pschema.column(i).path
-        if "." in col_path or col_path not in schema.names:
-            continue  # a leaf of a nested column
-        t = schema.field(col_path).type
+    for name, i in _top_level_leaves(metadata).items():
+        if name not in schema.names:
+            continue
+        t = schema.field(name).type
         null_total: int | None = 0
-        lo: Any = None
-        hi: Any = None
+        lo: tuple[Any, Any] | None = None
+        hi: tuple[Any, Any] | None = None
         minmax_ok = True
         for rg in range(metadata.num_row_groups):
-            chunk = metadata.row_group(rg).column(i)
-            st = chunk.statistics
-            if st is None or not st.has_null_count:
-                null_total = None
-                minmax_ok = False
-                break
-            null_total = (null_total or 0) + st.null_count
-            if chunk.num_values == st.null_count:
+            group = metadata.row_group(rg)
+            if group.num_rows == 0:
+                continue
+            st = group.column(i).statistics
+            count = st.null_count if st is not None and st.has_null_count else None
+            null_total = None if null_total is None or count is None else null_total + count
+            if count == group.num_rows:
                 continue  # all null: no min/max in this row group
-            if not st.has_min_max:
+            if st is None or not st.has_min_max:
                 minmax_ok = False
                 continue
             a = _stat_value(t, st.min_raw, is_max=False)
@@ -348,21 +430,58 @@ def file_stats(metadata: pq.FileMetaData, schema: pa.Schema) -> dict[str, Any]:
             if a is None or b is None:
                 minmax_ok = False
                 continue
-            raw_lo = st.min_raw
-            raw_hi = st.max_raw
-            if lo is None or raw_lo < lo[0]:
-                lo = (raw_lo, a)
-            if hi is None or raw_hi > hi[0]:
-                hi = (raw_hi, b)
+            if lo is None or st.min_raw < lo[0]:
+                lo = (st.min_raw, a)
+            if hi is None or st.max_raw > hi[0]:
+                hi = (st.max_raw, b)
         if null_total is not None:
-            nulls[col_path] = null_total
+            nulls[name] = null_total
         if minmax_ok and lo is not None and hi is not None:
-            mins[col_path] = lo[1]
-            maxs[col_path] = hi[1]
+            mins[name] = lo[1]
+            maxs[name] = hi[1]
     stats["minValues"] = mins
     stats["maxValues"] = maxs
     stats["nullCount"] = nulls
     return stats
+
+
+def _null_problems(pf: pq.ParquetFile, schema: pa.Schema, stats: Mapping[str, Any]) -> list[str]:
+    """Non-nullable columns of a data file that hold nulls, proven from what
+    every file has rather than from optional statistics.
+
+    A REQUIRED column (what Spark writes for a non-nullable field; conform()
+    makes sure the plan says so) cannot hold a null: the footer's schema
+    settles it. An OPTIONAL one is settled by the footer's null counts when
+    every row group has one; otherwise the column itself is read (only the
+    row groups without a count) and its nulls counted.
+    """
+    meta = pf.metadata
+    leaves = _top_level_leaves(meta)
+    arrow = pf.schema_arrow
+    problems: list[str] = []
+    for f in schema:
+        if f.nullable:
+            continue
+        if f.name in leaves:
+            i = leaves[f.name]
+            if meta.schema.column(i).max_definition_level == 0:
+                continue  # REQUIRED
+            count = stats["nullCount"].get(f.name)
+            if count is None:
+                count = 0
+                for rg in range(meta.num_row_groups):
+                    st = meta.row_group(rg).column(i).statistics
+                    if st is not None and st.has_null_count:
+                        count += st.null_count
+                    else:
+                        count += pf.read_row_group(rg, columns=[f.name]).column(0).null_count
+        elif not arrow.field(f.name).nullable:
+            continue  # a REQUIRED group (map, list, struct)
+        else:
+            count = pf.read(columns=[f.name]).column(0).null_count
+        if count:
+            problems.append(f"non-nullable column {f.name!r} has {count} nulls")
+    return problems
 
 
 def _partition_values_from_dir(rel_dir: str, partition_by: Sequence[str]) -> dict[str, str | None]:
@@ -391,8 +510,11 @@ def build_add_actions(
     Pitfall: ``create_write_transaction`` does not check files against the
     table schema, and a bad file makes every later read fail, so each footer
     is checked here: columns and types must match the table's (partition
-    columns excluded), and non-nullable columns must hold no null.
-    Returns the actions and the total row count.
+    columns excluded), and non-nullable columns must hold no null (proven by
+    the footer's schema, its null counts, or the data: see _null_problems;
+    never refused for lack of statistics). Each action carries the stats the
+    footer has (file_stats), which may be partial. Returns the actions and
+    the total row count.
     """
     root = table_root(table)
     schema = table_schema(table)
@@ -403,7 +525,8 @@ def build_add_actions(
     now_ms = int(time.time() * 1000)
     for rel_path, pvalues in files:
         full = os.path.join(root, rel_path)
-        meta = pq.ParquetFile(full).metadata
+        pf = pq.ParquetFile(full)
+        meta = pf.metadata
         arrow = meta.schema.to_arrow_schema()
         problems = _schema_problems(file_schema, arrow, check_nullability=False)
         if problems:  # before reading stats, whose raw values assume the right types
@@ -411,14 +534,7 @@ def build_add_actions(
                 f"file {rel_path} does not match table {root}: " + "; ".join(problems)
             )
         stats = file_stats(meta, file_schema)
-        for f in file_schema:
-            if f.nullable or pa.types.is_nested(f.type):
-                continue  # nested non-nullable columns are checked row-wise in conform()
-            count = stats["nullCount"].get(f.name)
-            if count is None:
-                problems.append(f"no null count for non-nullable column {f.name!r}")
-            elif count > 0:
-                problems.append(f"non-nullable column {f.name!r} has {count} nulls")
+        problems.extend(_null_problems(pf, file_schema, stats))
         for col in parts:
             if pvalues.get(col) is None and not schema.field(col).nullable:
                 problems.append(f"non-nullable partition column {col!r} is null")
@@ -582,6 +698,22 @@ def _stage_and_move(
     return sorted(files)
 
 
+@contextmanager
+def _nulls_refused() -> Iterator[None]:
+    """Report conform()'s row-level null check (a failed Spark job) as
+    :class:`SchemaMismatchError`, like every other schema violation."""
+    try:
+        yield
+    except SchemaMismatchError:
+        raise
+    except Exception as exc:
+        if NULL_MARK not in str(exc):
+            raise
+        found = re.search(re.escape(NULL_MARK) + r" ('[^']*'|\"[^\"]*\")", str(exc))
+        what = found.group(0) if found else NULL_MARK
+        raise SchemaMismatchError(f"{what}: nothing was committed") from exc
+
+
 def _remove_quietly(paths: Iterable[str]) -> None:
     for p in paths:
         try:
@@ -607,7 +739,8 @@ def _write_and_commit(
     moved: list[tuple[str, dict[str, str | None]]] = []
     committed = False
     try:
-        moved = _stage_and_move(df, root, staging, parts, writer_options)
+        with _nulls_refused():
+            moved = _stage_and_move(df, root, staging, parts, writer_options)
         # Re-check right before committing: narrows the window in which a
         # concurrent replay of the same batch could commit twice.
         dt.update_incremental()
@@ -689,8 +822,10 @@ def prune_files(
     dt: DeltaTable, files: Sequence[_LiveFile], column: str, low: Any, high: Any
 ) -> list[_LiveFile]:
     """The files that may hold rows with ``low <= column <= high``, by the log's
-    min/max stats (files without stats for the column are kept). Timestamp
-    stats are millisecond-truncated by some writers, so maxima get 1 ms slack.
+    min/max stats. Stats are optional (Spark writes none for large values):
+    a file without a min or max for the column is always kept, so missing
+    stats cost a scan, never a row. Timestamp stats are millisecond-truncated
+    by some writers, so maxima get 1 ms slack.
     """
     schema = table_schema(dt)
     if column not in schema.names:
@@ -900,7 +1035,8 @@ def merge_batch(
         )
     if mode != "upsert":
         raise ValueError(f"unknown merge mode {mode!r}")
-    source = batch.toArrow().cast(schema)
+    with _nulls_refused():
+        source = batch.toArrow().cast(schema)
     if source.num_rows:
         counts = source.group_by(list(keys)).aggregate([([], "count_all")])
         if pc.max(counts.column("count_all")).as_py() > 1:
@@ -960,8 +1096,9 @@ def overwrite_range(
     schema = table_schema(dt)
     batch = conform(df, schema)
     outside = F.expr(f"NOT coalesce(({predicate}), false)")
-    if check_batch and batch.where(outside).limit(1).count() > 0:
-        raise ValueError(f"batch {batch_id} has rows outside the predicate {predicate!r}")
+    with _nulls_refused():
+        if check_batch and batch.where(outside).limit(1).count() > 0:
+            raise ValueError(f"batch {batch_id} has rows outside the predicate {predicate!r}")
     spark = batch.sparkSession
     files = _live_files(dt)
     if within is not None:
@@ -978,7 +1115,8 @@ def overwrite_range(
     out = batch
     if touched:
         kept = _scan(spark, dt, touched, with_file=False).where(outside)
-        out = batch.unionByName(kept)
+        # conform again: the scan's columns are nullable, the table's may not be.
+        out = conform(batch.unionByName(kept), schema)
     return _write_and_commit(
         out,
         dt,

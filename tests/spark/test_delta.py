@@ -279,23 +279,33 @@ def test_merge_upserts(spark: SparkSession, tmp_path: Path) -> None:
         )
 
 
-def msg(key: str, offset: int, batch: int) -> dict[str, Any]:
-    return {
-        "partition": "p0",
-        "offset": offset,
-        "msg_key": key,
-        "received_at": ts(offset),
-        "routing_key": "mgmt.a.b",
-        "subject": None,
-        "message_id": None,
-        "correlation_id": None,
-        "reply_to": None,
-        "app_id": None,
-        "content_type": "amqp/map",
-        "application_properties": {"qmf.opcode": "_data"},
-        "body": f"body-{key}".encode(),
-        "batch_id": batch,
+def bronze_row(values: dict[str, Any]) -> dict[str, Any]:
+    """A full bronze row: columns not given are null, or False for non-null flags."""
+    row = {
+        f.name: False if pa.types.is_boolean(f.type) and not f.nullable else None for f in BRONZE
     }
+    return {**row, **values}
+
+
+def msg(key: str, offset: int, batch: int) -> dict[str, Any]:
+    return bronze_row(
+        {
+            "partition": "p0",
+            "offset": offset,
+            "msg_key": key,
+            "received_at": ts(offset),
+            "routing_key": "mgmt.a.b",
+            "subject": None,
+            "message_id": None,
+            "correlation_id": None,
+            "reply_to": None,
+            "app_id": None,
+            "content_type": "amqp/map",
+            "application_properties": {"qmf.opcode": "_data"},
+            "body": f"body-{key}".encode(),
+            "batch_id": batch,
+        }
+    )
 
 
 def bronze(spark: SparkSession, rows: list[dict[str, Any]]) -> DataFrame:
