@@ -16,10 +16,13 @@ from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import IO, Any
+from typing import IO, TYPE_CHECKING, Any
 
 from pipeline.codec.message import DecodeResult, decode_message
 from pipeline.codec.schema import SchemaRegistry
+
+if TYPE_CHECKING:
+    from pipeline.codec.methods import MethodContext
 
 KEYS = (
     "application_properties",
@@ -92,7 +95,9 @@ class CapturedMessage:
             extra={k: v for k, v in obj.items() if k not in KEYS},
         )
 
-    def decode(self, registry: SchemaRegistry) -> DecodeResult:
+    def decode(
+        self, registry: SchemaRegistry, methods: MethodContext | None = None
+    ) -> DecodeResult:
         return decode_message(
             self.body,
             registry=registry,
@@ -100,6 +105,7 @@ class CapturedMessage:
             content_type=self.content_type,
             app_id=self.app_id,
             routing_key=self.routing_key or self.subject,
+            methods=methods,
         )
 
 

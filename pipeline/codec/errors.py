@@ -76,6 +76,22 @@ class Malformed(CodecError):
         self.detail = detail
 
 
+class ReservedBitSet(CodecError):
+    """A bit the spec reserves ("must be zero") is set; the record is kept, with the raw value."""
+
+    def __init__(self, offset: int, detail: str) -> None:
+        super().__init__(f"reserved bit set at offset {offset}: {detail}", offset)
+        self.detail = detail
+
+
+class ArgumentMismatch(CodecError):
+    """Method arguments that do not fit the method the context names; they stay raw bytes."""
+
+    def __init__(self, offset: int, detail: str) -> None:
+        super().__init__(f"method arguments at offset {offset} do not fit: {detail}", offset)
+        self.detail = detail
+
+
 class EncodeError(CodecError):
     """A value that cannot be encoded with the requested type."""
 
@@ -85,19 +101,45 @@ class EncodeError(CodecError):
 
 
 class Problem:
-    """A decode failure kept beside the good records: where, what, and the error class."""
+    """A decode problem kept beside the good records: where, what, and the error class.
 
-    __slots__ = ("error", "message", "offset", "opcode")
+    Most problems stop the message (``fatal``). A few only flag one record that
+    was still decoded and kept (a reserved bit set, arguments that do not fit
+    their method): ``fatal`` is False and ``record`` is that record's index in
+    ``DecodeResult.records``.
+    """
 
-    def __init__(self, error: str, message: str, offset: int, opcode: str | None = None) -> None:
+    __slots__ = ("error", "fatal", "message", "offset", "opcode", "record")
+
+    def __init__(
+        self,
+        error: str,
+        message: str,
+        offset: int,
+        opcode: str | None = None,
+        *,
+        record: int | None = None,
+        fatal: bool = True,
+    ) -> None:
         self.error = error
         self.message = message
         self.offset = offset
         self.opcode = opcode
+        self.record = record
+        self.fatal = fatal
 
     @classmethod
-    def from_error(cls, exc: CodecError, opcode: str | None = None) -> Problem:
-        return cls(type(exc).__name__, str(exc), exc.offset, opcode)
+    def from_error(
+        cls, exc: CodecError, opcode: str | None = None, *, record: int | None = None
+    ) -> Problem:
+        return cls(
+            type(exc).__name__,
+            str(exc),
+            exc.offset,
+            opcode,
+            record=record,
+            fatal=record is None,
+        )
 
     def as_dict(self) -> dict[str, object]:
         return {
@@ -105,6 +147,8 @@ class Problem:
             "message": self.message,
             "offset": self.offset,
             "opcode": self.opcode,
+            "record": self.record,
+            "fatal": self.fatal,
         }
 
     def __repr__(self) -> str:
@@ -114,4 +158,4 @@ class Problem:
         return isinstance(other, Problem) and self.as_dict() == other.as_dict()
 
     def __hash__(self) -> int:
-        return hash((self.error, self.message, self.offset, self.opcode))
+        return hash((self.error, self.message, self.offset, self.opcode, self.record))

@@ -12,13 +12,16 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from pipeline.codec.errors import BadMagic, Problem, Truncated
 from pipeline.codec.records import Record
 from pipeline.codec.schema import SchemaRegistry
 from pipeline.codec.v1 import decode_v1, encode_records
 from pipeline.codec.v2 import V2Encoded, decode_v2, encode_v2
+
+if TYPE_CHECKING:
+    from pipeline.codec.methods import MethodContext
 
 __all__ = ["DecodeResult", "decode_message", "detect_dialect", "encode_message", "routing_agent"]
 
@@ -70,11 +73,13 @@ def decode_message(
     content_type: str | None = None,
     app_id: str | None = None,
     routing_key: str | None = None,
+    methods: MethodContext | None = None,
 ) -> DecodeResult:
     """Decode one AMQP message body of any QMF dialect into records + problems.
 
     ``application_properties`` may also be a list of (key, value) pairs, which is
-    what an Arrow map column gives back.
+    what an Arrow map column gives back. ``methods`` (a ``MethodContext``) types
+    v1 method arguments from the objects and requests seen so far.
     """
     if application_properties is not None and not isinstance(application_properties, Mapping):
         application_properties = dict(application_properties)
@@ -99,7 +104,7 @@ def decode_message(
         else:
             err = BadMagic(0, buf[:3])
         return DecodeResult(None, [], [Problem.from_error(err)])
-    records, problems = decode_v1(buf, registry, agent=routing_agent(routing_key))
+    records, problems = decode_v1(buf, registry, agent=routing_agent(routing_key), methods=methods)
     return DecodeResult(dialect, records, problems)
 
 

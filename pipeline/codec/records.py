@@ -314,10 +314,14 @@ class GetQuery(Record):
 
 @dataclass(slots=True, kw_only=True)
 class MethodRequest(Record):
-    """'M': invoke a method. AM2 carries the class key; AM1 does not.
+    """'M': invoke a method on an object. AM2 carries the class key; AM1 does not.
 
-    ``arguments`` (by name) when the schema was known, else None and
-    ``raw_arguments`` holds the undecoded argument bytes.
+    ``raw_arguments`` always holds the argument bytes as on the wire (the audit
+    copy). ``arguments`` is the typed view (by name, input and bidirectional
+    arguments in schema order) when the class is known, else None: from AM2's
+    class key, or for AM1 from a ``MethodContext`` that saw the object's class,
+    which then also fills ``package``/``class_name``/``schema_hash`` (they are not
+    on the AM1 wire and are not encoded).
     """
 
     kind: ClassVar[str] = "method_request"
@@ -334,9 +338,14 @@ class MethodRequest(Record):
 class MethodResponse(Record):
     """'m' (v1) / ``_method_response`` (v2): status, text, output arguments.
 
-    v1 output arguments can only be typed with the request's method schema,
-    which the response does not name: they stay ``raw_arguments`` bytes.
-    ``text_str8`` marks qpidd's quirk of writing the text as str8.
+    v1: the response names neither the object nor the method; its output and
+    bidirectional arguments can be typed only with the request of the same
+    sequence number (a ``MethodContext``). Then ``arguments`` is the typed view
+    and ``object_id``, ``method_name``, ``package``, ``class_name`` and
+    ``schema_hash`` say which call it answers (from the request, not the wire).
+    ``raw_arguments`` always holds the argument bytes as on the wire.
+    ``text_str8`` marks qpidd's AM2 quirk of writing the text as str8 (AM1's
+    text is always str8, per the spec, and this stays False).
     V2 ``arguments`` is the ``_arguments`` map.
     """
 
@@ -346,6 +355,11 @@ class MethodResponse(Record):
     text_str8: bool = False
     arguments: dict[str, Any] | None = None
     raw_arguments: bytes = b""
+    object_id: ObjectId | None = None
+    method_name: str | None = None
+    package: str | None = None
+    class_name: str | None = None
+    schema_hash: bytes | None = None
     source: Any = field(default=None, compare=False, repr=False)
 
 

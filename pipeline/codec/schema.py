@@ -80,26 +80,50 @@ class ClassSchema:
         return (len(self.optional_properties) + 7) // 8
 
 
-class SchemaRegistry:
-    """Known schemas by key; the codec's view of the schema registry table."""
+ORIGIN_SEED = "seed"  # known before decoding (qpid's schema XML, a file, a caller's list)
+ORIGIN_WIRE = "wire"  # from a schema response decoded on the wire
 
-    def __init__(self, schemas: Iterable[ClassSchema] = ()) -> None:
+
+class SchemaRegistry:
+    """Known schemas by key; the codec's view of the schema registry table.
+
+    Each key remembers where its schema came from (``origin``): schemas given to
+    the constructor are ``"seed"`` (prior knowledge such as qpid's management
+    XML), schemas added by decoding a schema response are ``"wire"``. A wire
+    schema replaces a seeded one with the same key; if the two differ, the key
+    is listed in ``differs_from_seed``.
+    """
+
+    def __init__(self, schemas: Iterable[ClassSchema] = (), origin: str = ORIGIN_SEED) -> None:
         self._by_key: dict[SchemaKey, ClassSchema] = {}
+        self._origin: dict[SchemaKey, str] = {}
+        self.differs_from_seed: set[SchemaKey] = set()
         # Decode plans the codec compiles per (dialect, opcode, key); dropped
         # when a key's schema changes.
         self.plans: dict[tuple[Any, ...], Any] = {}
         for s in schemas:
-            self.add(s)
+            self.add(s, origin)
 
-    def add(self, schema: ClassSchema) -> None:
+    def add(self, schema: ClassSchema, origin: str = ORIGIN_WIRE) -> None:
         old = self._by_key.get(schema.key)
         if old is not None and old != schema:
             self.plans.clear()
+            if self._origin.get(schema.key) == ORIGIN_SEED and origin == ORIGIN_WIRE:
+                self.differs_from_seed.add(schema.key)
         self._by_key[schema.key] = schema
+        self._origin[schema.key] = origin
+
+    def origin(self, key: SchemaKey) -> str | None:
+        """``"seed"``, ``"wire"`` or None (unknown key)."""
+        return self._origin.get(key)
 
     def copy(self) -> SchemaRegistry:
-        """An independent registry with the same schemas (plans are rebuilt lazily)."""
-        return SchemaRegistry(self._by_key.values())
+        """An independent registry with the same schemas and origins (plans rebuilt lazily)."""
+        out = SchemaRegistry()
+        out._by_key = dict(self._by_key)
+        out._origin = dict(self._origin)
+        out.differs_from_seed = set(self.differs_from_seed)
+        return out
 
     def get(self, key: SchemaKey) -> ClassSchema | None:
         return self._by_key.get(key)

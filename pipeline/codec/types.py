@@ -103,6 +103,9 @@ class Am1ObjectId:
         return {"boot_seq": self.boot_seq, "bank": self.bank, "object_num": self.object_num}
 
     def __str__(self) -> str:
+        # bit 63 is reserved ("must be zero"): never hide it behind the three parts
+        if self.reserved:
+            return f"{self.to_int():#018x}"
         return f"{self.boot_seq}-{self.bank}-{self.object_num}"
 
 

@@ -20,16 +20,18 @@ from __future__ import annotations
 
 import struct
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass
-from typing import Any
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
 
 from pipeline.codec.errors import (
+    ArgumentMismatch,
     BadMagic,
     CodecError,
     EncodeError,
     Malformed,
     MissingSchema,
     Problem,
+    ReservedBitSet,
     Truncated,
     UnknownOpcode,
     UnknownType,
@@ -103,13 +105,38 @@ EVENT_TS = struct.Struct(">QB")
 MAX_RECORDS = 1_000_000  # bound on records per message (each takes >= 8 bytes anyway)
 
 
+if TYPE_CHECKING:
+    from pipeline.codec.methods import MethodContext
+
+
 @dataclass(slots=True)
 class Ctx:
-    """What opcode decoders need beyond the bytes."""
+    """What opcode decoders need beyond the bytes.
+
+    ``notes`` collects problems that flag the record being decoded without
+    stopping the message (a reserved bit set, arguments that do not fit).
+    """
 
     dialect: str
     registry: SchemaRegistry
     agent: str | None
+    notes: list[CodecError] = field(default_factory=list)
+
+
+def _reserved_id(raw: int, off: int, what: str, ctx: Ctx) -> None:
+    """AM1 object id bit 63 is "reserved, must be zero": flag it, keep the record and raw id."""
+    if raw >> 63:
+        ctx.notes.append(
+            ReservedBitSet(off, f"bit 63 of AM1 {what} {raw:#018x} (must be zero); raw id kept")
+        )
+
+
+def _reserved_refs(values: Mapping[str, Any], off: int, ctx: Ctx) -> None:
+    """Type-10 references (AM1 u64 ids) among decoded values, with bit 63 set."""
+    for name, v in values.items():
+        if type(v) is Am1ObjectId and v.reserved:
+            # offset: where the values start (plans do not track each value's offset)
+            _reserved_id(v.to_int(), off, f"object reference {name!r} among the values", ctx)
 
 
 # ------------------------------------------------------------- schema maps
@@ -726,10 +753,15 @@ def _dec_content(buf: bytes, off: int, seq: int, ctx: Ctx, opcode: str) -> tuple
         agent = cached[1]
     else:
         upd, cre, dele, raw = read_struct(TIMES_AM1, buf, off, "timestamps and object id")
+        if raw >> 63:
+            _reserved_id(raw, off + 24, "object id", ctx)
         off += 32
         oid = Am1ObjectId.from_int(raw)
         agent = ctx.agent
+    values_at = off
     values, off = plan.decode(buf, off)
+    if ctx.dialect == "AM1":
+        _reserved_refs(values, values_at, ctx)
     rec = ObjectSample(
         dialect=ctx.dialect,
         opcode=opcode,
@@ -786,7 +818,10 @@ def _dec_event(buf: bytes, off: int, seq: int, ctx: Ctx) -> tuple[Record, int]:
     schema = ctx.registry.get(SchemaKey(package, name, h))
     if schema is None:
         raise MissingSchema(start, f"{package}:{name}({h.hex()})")
+    args_at = off
     args, off = _plan(ctx.dialect, "e", schema, ctx.registry).decode(buf, off)
+    if ctx.dialect == "AM1":
+        _reserved_refs(args, args_at, ctx)
     rec = Event(
         dialect=ctx.dialect,
         opcode="e",
@@ -953,6 +988,7 @@ def _dec_M(buf: bytes, off: int, seq: int, ctx: Ctx) -> tuple[Record, int]:
         schema = ctx.registry.get(SchemaKey(package, cname, h))
         plan = _args_plan(ctx.dialect, schema, method, "I", ctx.registry) if schema else None
         if plan is not None:
+            start = off
             args, off = plan.decode(buf, off)
             return MethodRequest(
                 dialect="AM2",
@@ -964,6 +1000,7 @@ def _dec_M(buf: bytes, off: int, seq: int, ctx: Ctx) -> tuple[Record, int]:
                 class_name=cname,
                 schema_hash=h,
                 arguments=args,
+                raw_arguments=buf[start:off],
             ), off
         return MethodRequest(
             dialect="AM2",
@@ -976,7 +1013,9 @@ def _dec_M(buf: bytes, off: int, seq: int, ctx: Ctx) -> tuple[Record, int]:
             schema_hash=h,
             raw_arguments=buf[off:],
         ), len(buf)
+    # AM1 (spec figure "Method Request"): objectId u64, methodName str8, arguments
     (raw,) = read_struct(U64, buf, off, "object id")
+    _reserved_id(raw, off, "object id", ctx)
     method, off = read_str8(buf, off + 8, "method name")
     return MethodRequest(
         dialect="AM1",
@@ -986,6 +1025,22 @@ def _dec_M(buf: bytes, off: int, seq: int, ctx: Ctx) -> tuple[Record, int]:
         method_name=method,
         raw_arguments=buf[off:],
     ), len(buf)
+
+
+def _encode_typed_arguments(
+    out: bytearray,
+    r: MethodRequest | MethodResponse,
+    reg: SchemaRegistry | None,
+    direction: str,
+) -> None:
+    """Arguments from their typed view (no raw bytes given): needs the class key and method."""
+    if r.package is None or r.class_name is None or r.schema_hash is None or not r.method_name:
+        raise EncodeError("typed method arguments need package, class_name, schema_hash, method")
+    schema = _need_schema(reg, r.package, r.class_name, r.schema_hash)
+    plan = _args_plan(r.dialect, schema, r.method_name, direction, reg)  # type: ignore[arg-type]
+    if plan is None:
+        raise EncodeError(f"no method {r.method_name!r} in {schema.key}")
+    plan.encode(out, r.arguments or {})
 
 
 def _enc_M(out: bytearray, r: Record, reg: SchemaRegistry | None) -> None:
@@ -1008,26 +1063,30 @@ def _enc_M(out: bytearray, r: Record, reg: SchemaRegistry | None) -> None:
             raise EncodeError("AM1 method request needs an Am1ObjectId")
         _pack(out, U64, oid.to_int(), "object id")
     write_str8(out, r.method_name, "method name")
-    if r.arguments is not None:
-        if r.dialect != "AM2" or r.package is None or r.class_name is None or r.schema_hash is None:
-            raise EncodeError("typed method arguments need an AM2 class key")
-        schema = _need_schema(reg, r.package, r.class_name, r.schema_hash)
-        plan = _args_plan(r.dialect, schema, r.method_name, "I", reg)  # type: ignore[arg-type]
-        if plan is None:
-            raise EncodeError(f"no method {r.method_name!r} in {schema.key}")
-        plan.encode(out, r.arguments)
-    else:
+    # the raw bytes are the wire's; typed arguments are encoded only when there are none
+    if r.raw_arguments or not r.arguments:
         out += r.raw_arguments
+    else:
+        _encode_typed_arguments(out, r, reg, "I")
 
 
 def _dec_m(buf: bytes, off: int, seq: int, ctx: Ctx) -> tuple[Record, int]:
     (status,) = read_struct(U32, buf, off, "method status")
     off += 4
+    if ctx.dialect == "AM1":
+        # spec figure "Method Response": status code, status text (str8), then the output
+        # and bidirectional arguments, "only included if the status code was 0"
+        text, p = read_text8(buf, off, "status text")
+        if status != 0:
+            return MethodResponse(dialect="AM1", opcode="m", seq=seq, status=status, text=text), p
+        return MethodResponse(
+            dialect="AM1", opcode="m", seq=seq, status=status, text=text, raw_arguments=buf[p:]
+        ), len(buf)
+    # AM2 (qpidd): the text is str16, except qpidd's quirk of a str8 for an unknown method
     quirk = False
     try:
         text, p = read_text16(buf, off, "status text")
     except Truncated:
-        # qpidd writes the text of an unknown-method error as str8
         if status == 0:
             raise
         text, p = read_text8(buf, off, "status text")
@@ -1046,11 +1105,22 @@ def _dec_m(buf: bytes, off: int, seq: int, ctx: Ctx) -> tuple[Record, int]:
 def _enc_m(out: bytearray, r: Record, reg: SchemaRegistry | None) -> None:
     assert isinstance(r, MethodResponse)
     _pack(out, U32, r.status, "method status")
-    if r.text_str8:
+    if r.dialect == "AM1":
+        if r.text_str8:
+            raise EncodeError("text_str8 is AM2's quirk: AM1's status text is always str8")
+        write_str8(out, r.text, "status text")
+        if r.status != 0:
+            if r.raw_arguments or r.arguments:
+                raise EncodeError("AM1 output arguments are only included with status 0")
+            return
+    elif r.text_str8:
         write_str8(out, r.text, "status text")
     else:
         write_str16(out, r.text, "status text")
-    out += r.raw_arguments
+    if r.raw_arguments or not r.arguments:
+        out += r.raw_arguments
+    else:
+        _encode_typed_arguments(out, r, reg, "O")
 
 
 def _dec_A(buf: bytes, off: int, seq: int, ctx: Ctx) -> tuple[Record, int]:
@@ -1167,9 +1237,20 @@ OPCODES = "".join(sorted(OPCODE_ENCODERS))
 
 
 def decode_v1(
-    body: bytes, registry: SchemaRegistry, *, agent: str | None = None
+    body: bytes,
+    registry: SchemaRegistry,
+    *,
+    agent: str | None = None,
+    methods: MethodContext | None = None,
 ) -> tuple[list[Record], list[Problem]]:
-    """Decode every record of a v1 message; stop at the first bad one, keeping those before it."""
+    """Decode every record of a v1 message; stop at the first bad one, keeping those before it.
+
+    With ``methods`` (a ``MethodContext``), 'M' and 'm' arguments are typed where the
+    context knows the object's class / the pending request, and every record is
+    shown to the context (objects seen, requests pending). Problems that only flag
+    one record (``fatal=False``: reserved bit set, arguments that do not fit) are
+    listed in order too; decoding goes on after them.
+    """
     buf = bytes(body)
     n = len(buf)
     records: list[Record] = []
@@ -1177,6 +1258,7 @@ def decode_v1(
     off = 0
     decoders = OPCODE_DECODERS
     ctx = Ctx("AM2", registry, agent)
+    notes = ctx.notes
     header = HEADER.unpack_from
     while off < n and len(records) < MAX_RECORDS:
         opcode: str | None = None
@@ -1195,11 +1277,23 @@ def decode_v1(
                 raise UnknownOpcode(off + 3, opcode)
             ctx.dialect = dialect
             rec, off = dec(buf, off + 8, seq, ctx)
+            if methods is not None:
+                if (
+                    type(rec) is MethodRequest or type(rec) is MethodResponse
+                ) and rec.arguments is None:
+                    rec, off = _type_in_message(rec, buf, off, ctx, methods)
+                methods.observe(rec)
             records.append(rec)
+            if notes:
+                at = len(records) - 1
+                problems.extend(Problem.from_error(e, opcode, record=at) for e in notes)
+                notes.clear()
         except CodecError as exc:
+            notes.clear()
             problems.append(Problem.from_error(exc, opcode))
             break
         except RecursionError:
+            notes.clear()
             problems.append(
                 Problem(
                     "Malformed", f"malformed data at offset {off}: nesting too deep", off, opcode
@@ -1207,6 +1301,53 @@ def decode_v1(
             )
             break
     return records, problems
+
+
+def method_arguments(
+    dialect: str,
+    schema: ClassSchema,
+    method: str,
+    direction: str,
+    registry: SchemaRegistry,
+    buf: bytes,
+    off: int,
+) -> tuple[dict[str, Any], int]:
+    """Typed arguments of ``method`` read at ``off``: direction "I" (a request's input and
+    bidirectional arguments) or "O" (a response's output and bidirectional ones)."""
+    plan = _args_plan(dialect, schema, method, direction, registry)
+    if plan is None:
+        raise ArgumentMismatch(off, f"{schema.key} has no method {method!r}")
+    return plan.decode(buf, off)
+
+
+def _type_in_message(
+    rec: MethodRequest | MethodResponse, buf: bytes, end: int, ctx: Ctx, methods: MethodContext
+) -> tuple[Record, int]:
+    """Type a raw 'M'/'m' tail with what the context knows; the record then ends where its
+    arguments do. Arguments that do not fit stay raw (a non-fatal ArgumentMismatch)."""
+    target = methods.target_of(rec)
+    if target is None:
+        return rec, end
+    key, method = target
+    schema = ctx.registry.get(key)
+    if schema is None:
+        return rec, end
+    at = end - len(rec.raw_arguments)
+    direction = "I" if type(rec) is MethodRequest else "O"
+    try:
+        args, p = method_arguments(ctx.dialect, schema, method, direction, ctx.registry, buf, at)
+    except CodecError as exc:
+        ctx.notes.append(ArgumentMismatch(at, f"{method} of {key}: {exc.reason}"))
+        return rec, end
+    if p != len(buf) and buf[p : p + 3] not in (b"AM1", b"AM2"):
+        ctx.notes.append(
+            ArgumentMismatch(at, f"{method} of {key}: {len(buf) - p} bytes left after them")
+        )
+        return rec, end
+    if ctx.dialect == "AM1":
+        _reserved_refs(args, at, ctx)
+    typed = methods.typed(rec, args, buf[at:p])
+    return typed, p
 
 
 def encode_record(record: Record, registry: SchemaRegistry | None = None) -> bytes:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any
 
 from hypothesis import strategies as st
@@ -28,7 +29,14 @@ from pipeline.codec.records import (
     SchemaRequest,
     V2Message,
 )
-from pipeline.codec.schema import KIND_EVENT, ClassSchema, Element, Method, SchemaKey
+from pipeline.codec.schema import (
+    KIND_EVENT,
+    ClassSchema,
+    Element,
+    Method,
+    SchemaKey,
+    SchemaRegistry,
+)
 from pipeline.codec.types import (
     Am1ObjectId,
     Am2ObjectId,
@@ -38,6 +46,7 @@ from pipeline.codec.types import (
     TypedMap,
     V2ObjectId,
 )
+from pipeline.codec.v1 import encode_record
 
 names = st.text(st.characters(codec="utf-8", exclude_categories=("Cs",)), min_size=1, max_size=12)
 texts = st.text(max_size=30)
@@ -104,12 +113,13 @@ def typed_maps() -> st.SearchStrategy[TypedMap]:
 
 
 def am1_ids() -> st.SearchStrategy[Am1ObjectId]:
+    """Valid AM1 ids: bit 63 is reserved, must be zero (a set bit is a decode problem,
+    tested on its own in test_am1_vectors.py)."""
     return st.builds(
         Am1ObjectId,
         st.integers(0, 0x7FFF),
         st.integers(0, 0xFFFFFF),
         st.integers(0, 0xFFFFFF),
-        st.integers(0, 1),
     )
 
 
@@ -278,7 +288,7 @@ def method_requests(draw: st.DrawFn, dialect: str) -> tuple[ClassSchema | None, 
             for a in m.arguments
             if "I" in a.extra["dir"]
         }
-        return schema, MethodRequest(
+        typed = MethodRequest(
             dialect="AM2",
             opcode="M",
             seq=draw(seqs),
@@ -289,6 +299,11 @@ def method_requests(draw: st.DrawFn, dialect: str) -> tuple[ClassSchema | None, 
             schema_hash=schema.key.hash,
             arguments=args,
         )
+        # decoding keeps the argument bytes as on the wire beside the typed view
+        reg = SchemaRegistry([schema])
+        head = len(encode_record(replace(typed, arguments=None), reg))
+        raw = encode_record(typed, reg)[head:]
+        return schema, replace(typed, raw_arguments=raw)
     # class not in the registry: the arguments stay raw bytes
     return None, MethodRequest(
         dialect="AM2",
@@ -307,15 +322,44 @@ def simple_v1_records(dialect: str) -> st.SearchStrategy[Record]:
     """v1 records that need no schema."""
     d = st.just(dialect)
     kind = st.just(None) if dialect == "AM1" else st.sampled_from([1, 2])
-    quirk = st.builds(
-        MethodResponse,
-        dialect=d,
-        opcode=st.just("m"),
-        seq=seqs,
-        status=st.integers(1, 5),
-        text=texts,
-        text_str8=st.just(True),
-    )
+    if dialect == "AM1":
+        # spec: text str8 always; output arguments only with status 0
+        quirk = st.builds(
+            MethodResponse,
+            dialect=d,
+            opcode=st.just("m"),
+            seq=seqs,
+            status=st.integers(1, 0xFFFFFFFF),
+            text=texts,
+        )
+        m_ok = st.builds(
+            MethodResponse,
+            dialect=d,
+            opcode=st.just("m"),
+            seq=seqs,
+            status=st.just(0),
+            text=texts,
+            raw_arguments=st.binary(max_size=20),
+        )
+    else:
+        quirk = st.builds(
+            MethodResponse,
+            dialect=d,
+            opcode=st.just("m"),
+            seq=seqs,
+            status=st.integers(1, 5),
+            text=texts,
+            text_str8=st.just(True),
+        )
+        m_ok = st.builds(
+            MethodResponse,
+            dialect=d,
+            opcode=st.just("m"),
+            seq=seqs,
+            status=u32s,
+            text=texts,
+            raw_arguments=st.binary(max_size=20),
+        )
     return st.one_of(
         st.builds(BrokerRequest, dialect=d, opcode=st.just("B"), seq=seqs),
         st.builds(BrokerResponse, dialect=d, opcode=st.just("b"), seq=seqs, broker_id=uuids),
@@ -342,15 +386,7 @@ def simple_v1_records(dialect: str) -> st.SearchStrategy[Record]:
         ),
         st.builds(Heartbeat, dialect=d, opcode=st.just("h"), seq=seqs, timestamp_ns=u64s),
         st.builds(GetQuery, dialect=d, opcode=st.just("G"), seq=seqs, query=typed_maps()),
-        st.builds(
-            MethodResponse,
-            dialect=d,
-            opcode=st.just("m"),
-            seq=seqs,
-            status=u32s,
-            text=texts,
-            raw_arguments=st.binary(max_size=20),
-        ),
+        m_ok,
         quirk,
         st.builds(PackageQuery, dialect=d, opcode=st.just("P"), seq=seqs),
         st.builds(PackageIndication, dialect=d, opcode=st.just("p"), seq=seqs, package=names),

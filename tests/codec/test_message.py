@@ -7,7 +7,7 @@ import pytest
 from pipeline.codec.message import decode_message, detect_dialect, routing_agent
 from pipeline.codec.records import Heartbeat, ObjectSample
 from pipeline.codec.schema import SchemaRegistry
-from tests.codec.test_v1_vectors import AM1_OID, HASH, KEY, TIMES, VECTORS, hdr, registry
+from tests.codec.test_am2_vectors import AM1_OID, AM1_OID_RAW, HASH, KEY, TIMES, hdr, registry
 from tests.codec.vectors import map_bytes, u32, u64
 
 HB = hdr("AM2", "h") + u64(5)
@@ -92,7 +92,7 @@ def test_deep_nesting_is_a_problem_not_a_crash() -> None:
 
 
 def test_am1_agent_comes_from_the_routing_key() -> None:
-    raw = next(raw for name, _, raw in VECTORS if name == "AM1-i")
+    raw = hdr("AM1", "i") + KEY + TIMES + u64(AM1_OID_RAW) + u64(3) + b"\x3f\xe0" + bytes(6)
     res = decode_message(raw, registry=registry(), routing_key="mgmt.agent7.stat.org.test.widget")
     (rec,) = res.records
     assert isinstance(rec, ObjectSample) and rec.agent == "agent7"

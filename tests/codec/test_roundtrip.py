@@ -122,7 +122,7 @@ def test_arbitrary_bytes_only_codec_problems_and_lossless(
     magic: bytes, op: str, tail: bytes
 ) -> None:
     """Random bodies behind a valid header: never an exception; a clean decode re-encodes exactly."""
-    from tests.codec.test_v1_vectors import registry
+    from tests.codec.test_am2_vectors import registry
 
     body = magic + op.encode() + b"\x00\x00\x00\x01" + tail
     res = decode_message(body, registry=registry())
