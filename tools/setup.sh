@@ -109,12 +109,36 @@ import sys, pathlib, pipeline, proton
 sys.exit(0 if pathlib.Path(pipeline.__file__).resolve().is_relative_to(sys.argv[1]) else 1)
 ' "$here") >/dev/null 2>&1
 }
-stamp=".venv/.installed-$(sha1sum pyproject.toml | cut -c1-12)"
+# Every Python dependency comes from requirements.lock: exact versions, sha256
+# hashes (bash tools/lock.sh regenerates it; docs/install.md). The stamp is a
+# hash of the lock and pyproject.toml, so a changed lock reinstalls.
+lock="requirements.lock"
+[ -f "$lock" ] || die "$lock is missing (bash tools/lock.sh makes it)"
+stamp=".venv/.installed-$(cat pyproject.toml "$lock" | sha1sum | cut -c1-12)"
 if [ ! -f "$stamp" ] || ! installed_here; then
-  log "installing the package and its test extras into .venv"
-  .venv/bin/python -m pip install -q --disable-pip-version-check --upgrade pip setuptools wheel
-  .venv/bin/python -m pip install -q --disable-pip-version-check -e ".[test]"
+  log "installing the locked dependencies ($lock) and the package into .venv"
+  pip_install=(.venv/bin/python -m pip install -q --disable-pip-version-check)
+  # 1. pip/setuptools/wheel at their locked versions first: a new venv's bundled
+  #    pip is older than --build-constraint (pip 25.3) needs.
+  awk '/^[A-Za-z0-9]/ { keep = ($0 ~ /^(pip|setuptools|wheel)==/) } keep' "$lock" \
+    >.qmf/setup-tools.lock
+  "${pip_install[@]}" --require-hashes --no-deps -r .qmf/setup-tools.lock
+  # 2. Everything else, hash-checked. Packages that come as sources only
+  #    (pyspark, python-qpid-proton) build with the locked setuptools and cffi.
+  grep -oE '^[A-Za-z0-9._-]+==[^ ]+' "$lock" >.qmf/build-constraints.txt
+  "${pip_install[@]}" --require-hashes --build-constraint .qmf/build-constraints.txt -r "$lock"
+  # 3. The project itself, editable, with no dependency resolution of its own
+  #    and built with the setuptools/wheel just installed.
+  "${pip_install[@]}" --no-deps --no-build-isolation -e .
   installed_here || die "the package does not import from .venv; see pip's output above"
+  # An older .venv may hold packages the lock no longer lists: say so, keep them.
+  extra="$(comm -23 \
+    <(.venv/bin/python -m pip freeze --exclude-editable | grep -v '^#' | sed 's/[=@ ].*//' \
+      | tr 'A-Z_.' 'a-z--' | sort -u) \
+    <(sed 's/==.*//' .qmf/build-constraints.txt | tr 'A-Z_.' 'a-z--' | sort -u))"
+  if [ -n "$extra" ]; then
+    log "note: .venv also holds packages $lock does not list: $(echo $extra)"
+  fi
   rm -f .venv/.installed-*
   touch "$stamp"
 fi
