@@ -311,7 +311,8 @@ class ContentResult:
 
     ``samples``: one wide table per class (only classes that occurred).
     ``quarantine``: messages the codec could not decode fully (msg_key, reason, body).
-    ``others``: (msg_key, record) of the non-content records, from the per-record path.
+    ``others``: (msg_key, record) of the non-content records, from the per-record path;
+    ``other_index``: each one's position in its message (parallel to ``others``).
     ``fast_messages`` / ``fallback_messages``: how each message was decoded.
     """
 
@@ -321,6 +322,7 @@ class ContentResult:
     fast_messages: int = 0
     fallback_messages: int = 0
     fallback_reasons: dict[str, int] = field(default_factory=dict)
+    other_index: list[int] = field(default_factory=list)
 
 
 # ------------------------------------------------------------------ the walk
@@ -840,6 +842,7 @@ def decode_content(
 
     quarantine: list[dict[str, Any]] = []
     others: list[tuple[str, Any]] = []
+    other_index: list[int] = []
     per_class: dict[SchemaKey, list[tuple[str, int, Any]]] = {}
     fb_rows: dict[SchemaKey, list[int]] = {}
     decode_one = per_record or per_record_decode
@@ -861,6 +864,7 @@ def decode_content(
                     fb_rows.setdefault(sk, []).append(m)
                     continue
             others.append((key, r))
+            other_index.append(i)
         for p in problems:
             quarantine.append(
                 {
@@ -884,6 +888,7 @@ def decode_content(
         fast_messages=n - len(fallback),
         fallback_messages=len(fallback),
         fallback_reasons=reasons,
+        other_index=other_index,
     )
 
 

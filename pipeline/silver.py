@@ -1,0 +1,563 @@
+"""The silver job: bronze -> decoded Delta tables, exactly once per table, schemas late or not.
+
+One micro-batch (``SilverBatchWriter.__call__``), streaming or batch:
+
+1. the registry as it was *before* this batch (``RegistryTable.load``: rows
+   first written by this app at this batch id or later are left out), so a
+   replayed batch decodes exactly as its first attempt;
+2. one Spark pass decodes every bronze row into every silver table
+   (``pipeline.transforms.silver.decode_bronze``: ``mapInArrow`` over the
+   vectorized codec); the compact Arrow results come back to the driver;
+3. schemas met in the batch decode the batch's messages that were parked for
+   want of them (content before its schema), and the messages parked by
+   earlier batches whose schema is now known (read as of before this batch);
+4. each non-empty table gets one Parquet file written by pyarrow and one
+   Delta commit carrying ``(app_id, batch_id)`` (``pipeline.delta.
+   commit_files``): a replay commits nothing twice. ``parked_resolved`` is
+   written last, so a crash before it leaves the parked messages pending and
+   the replay decodes them again into tables that skip the committed batch;
+5. the registry gets the new schemas (merge, same app transaction).
+
+Parked messages older than ``parked_max_age_s`` are reported (log warning,
+``SilverBatchWriter.stale_parked``) on every batch until their schema arrives.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+import time
+import uuid
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from datetime import UTC, datetime, timedelta
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
+
+from pipeline import delta
+from pipeline.bronze import checkpoint_query_id, trigger_kwargs
+from pipeline.codec.schema import SchemaRegistry
+from pipeline.registry import (
+    DEFAULT_KINDS_FILE,
+    RegistryTable,
+    SeenSchema,
+    StatisticKinds,
+    schema_from_row,
+)
+from schemas.silver import AGENTS, PARKED, RESOLVED, SILVER_TABLES
+from schemas.tables import BRONZE
+
+if TYPE_CHECKING:
+    from pyspark.sql import DataFrame, SparkSession
+    from pyspark.sql.streaming.query import StreamingQuery
+
+    from pipeline.codec.capture import CapturedMessage
+    from pipeline.transforms.silver import Decoded
+
+log = logging.getLogger(__name__)
+
+# Write order: parked_resolved last (see the module docstring).
+WRITE_ORDER = (
+    "object_samples",
+    "events",
+    "heartbeats",
+    "method_responses",
+    "agents",
+    "quarantine",
+    "parked",
+    "parked_resolved",
+)
+
+
+@dataclass(frozen=True)
+class SilverSettings:
+    """What a silver run needs. Tables live under ``root/<name>`` (``path``)."""
+
+    bronze: str
+    root: str
+    checkpoint: str = ""
+    registry: str | None = None
+    kinds_file: str | None = DEFAULT_KINDS_FILE
+    trigger: str = "availableNow"
+    max_files_per_trigger: int | None = None
+    parked_max_age_s: float = 3600.0
+    registry_touch_s: float = 60.0
+    query_name: str = "qmf_silver"
+
+    def __post_init__(self) -> None:
+        trigger_kwargs(self.trigger)
+
+    def path(self, name: str) -> str:
+        if name == "schema_registry" and self.registry is not None:
+            return self.registry
+        return os.path.join(self.root, name)
+
+
+def ensure_tables(settings: SilverSettings) -> RegistryTable:
+    """Create every silver table (idempotent) and seed the registry; returns the registry."""
+    for name, schema in SILVER_TABLES.items():
+        if name != "schema_registry":
+            delta.create_table(settings.path(name), schema, name=name)
+    reg = RegistryTable(settings.path("schema_registry"), StatisticKinds.load(settings.kinds_file))
+    reg.ensure()
+    return reg
+
+
+# ------------------------------------------------------------------ Delta helpers
+
+
+def append_arrow(path: str, table: pa.Table, schema: pa.Schema, *, app_id: str, batch_id: int) -> bool:
+    """Append one Arrow table as one Parquet file, exactly once; False if already committed.
+
+    pyarrow writes the file straight into the table folder (silver batches
+    are compact after decoding) and ``pipeline.delta.commit_files`` checks it
+    and commits it with the app transaction.
+    """
+    done = delta.committed_batch(path, app_id)
+    if done is not None and batch_id <= done:
+        return False
+    name = f"part-{batch_id:08d}-{uuid.uuid4().hex}.parquet"
+    full = os.path.join(path, name)
+    pq.write_table(table.select(schema.names).cast(schema), full, compression="snappy")
+    try:
+        result = delta.commit_files(path, [(name, {})], app_id=app_id, batch_id=batch_id)
+    except BaseException:
+        os.remove(full)
+        raise
+    if result.skipped:
+        os.remove(full)
+        return False
+    return True
+
+
+def table_before(path: str, app_id: str, batch_id: int) -> pa.Table:
+    """The table as it was before ``app_id`` committed ``batch_id`` (or now, if it has not).
+
+    Commits of one app come in batch order, so the version before the first
+    commit of (app_id, >= batch_id) is the state that batch first saw.
+    """
+    from deltalake import DeltaTable
+
+    done = delta.committed_batch(path, app_id)
+    if done is None or done < batch_id:
+        return delta.read_arrow(path)
+    first: int | None = None
+    for h in DeltaTable(path).history():
+        if h.get("qmf.app_id") == app_id and int(h.get("qmf.batch_id", -1)) >= batch_id:
+            v = int(h["version"])
+            first = v if first is None else min(first, v)
+    if first is None or first == 0:
+        return delta.read_arrow(path) if first is None else delta.read_arrow(path, 0).slice(0, 0)
+    return delta.read_arrow(path, first - 1)
+
+
+# ------------------------------------------------------------------ agents
+
+
+def agent_rows(decoded: Decoded, batch_id: int) -> pa.Table:
+    """Per (agent, dialect): first/last record time, record count, latest banks and epoch."""
+    parts = []
+    for name, tcol in (
+        ("object_samples", "update_time"),
+        ("heartbeats", "heartbeat_time"),
+        ("events", "event_time"),
+    ):
+        t = decoded.tables.get(name)
+        if t is None or t.num_rows == 0:
+            continue
+        n = t.num_rows
+        parts.append(
+            pa.table(
+                {
+                    "agent": t.column("agent"),
+                    "dialect": t.column("dialect"),
+                    "t": t.column(tcol),
+                    "broker_bank": t.column("broker_bank")
+                    if "broker_bank" in t.column_names
+                    else pa.nulls(n, pa.int32()),
+                    "agent_bank": t.column("agent_bank")
+                    if "agent_bank" in t.column_names
+                    else pa.nulls(n, pa.int32()),
+                    "epoch": t.column("epoch")
+                    if "epoch" in t.column_names
+                    else pa.nulls(n, pa.int64()),
+                }
+            )
+        )
+    if not parts:
+        return AGENTS.empty_table()
+    all_ = pa.concat_tables(parts)
+    all_ = all_.filter(pc.and_(pc.is_valid(all_.column("agent")), pc.is_valid(all_.column("t"))))
+    g = all_.group_by(["agent", "dialect"]).aggregate(
+        [
+            ("t", "min"),
+            ("t", "max"),
+            ("t", "count"),
+            ("broker_bank", "max"),
+            ("agent_bank", "max"),
+            ("epoch", "max"),
+        ]
+    )
+    out = pa.table(
+        {
+            "agent": g.column("agent"),
+            "dialect": g.column("dialect"),
+            "batch_id": pa.array(np.full(g.num_rows, batch_id, np.int64)),
+            "broker_bank": g.column("broker_bank_max"),
+            "agent_bank": g.column("agent_bank_max"),
+            "epoch": g.column("epoch_max"),
+            "first_seen": g.column("t_min"),
+            "last_seen": g.column("t_max"),
+            "records": g.column("t_count").cast(pa.int64()),
+        }
+    )
+    return out.sort_by([("agent", "ascending"), ("dialect", "ascending")]).cast(AGENTS)
+
+
+# ------------------------------------------------------------------ the writer
+
+
+@dataclass
+class BatchReport:
+    """What one micro-batch did (for logs, tests and the benchmark)."""
+
+    batch_id: int
+    rows: dict[str, int] = field(default_factory=dict)
+    committed: list[str] = field(default_factory=list)
+    new_schemas: int = 0
+    resolved: int = 0
+    stale_parked: int = 0
+    seconds: dict[str, float] = field(default_factory=dict)
+
+
+class SilverBatchWriter:
+    """The ``foreachBatch`` function: one bronze micro-batch -> every silver table, exactly once."""
+
+    def __init__(self, settings: SilverSettings, app_id: str | None = None) -> None:
+        self.settings = settings
+        self._app_id = app_id
+        self.registry = ensure_tables(settings)
+        self.kinds = self.registry.kinds
+        self._reg_cache: tuple[tuple[int, int], SchemaRegistry] | None = None
+        self.reports: list[BatchReport] = []
+        self.stale_parked: pa.Table = PARKED.empty_table()
+
+    @property
+    def app_id(self) -> str:
+        if self._app_id is None:
+            self._app_id = f"qmf-silver-{checkpoint_query_id(self.settings.checkpoint)}"
+        return self._app_id
+
+    def registry_before(self, batch_id: int) -> SchemaRegistry:
+        from deltalake import DeltaTable
+
+        from pipeline.registry import to_registry, visible_rows
+
+        version = DeltaTable(self.registry.path).version()
+        rows = visible_rows(self.registry.table(), self.app_id, batch_id)
+        key = (version, rows.num_rows)
+        if self._reg_cache is None or self._reg_cache[0] != key:
+            self._reg_cache = (key, to_registry(rows))
+        return self._reg_cache[1].copy()
+
+    def pending_parked(self, batch_id: int) -> pa.Table:
+        """Parked messages not resolved, as of before this batch."""
+        parked = table_before(self.settings.path("parked"), self.app_id, batch_id)
+        if parked.num_rows == 0:
+            return parked
+        resolved = table_before(self.settings.path("parked_resolved"), self.app_id, batch_id)
+        if resolved.num_rows == 0:
+            return parked
+        return parked.join(
+            resolved.select(["partition", "offset"]), ["partition", "offset"], join_type="left anti"
+        ).select(PARKED.names)
+
+    def __call__(self, df: DataFrame, batch_id: int) -> None:
+        from pipeline.transforms.silver import decode_bronze, unpack
+
+        t0 = time.perf_counter()
+        registry = self.registry_before(batch_id)
+        envelope = decode_bronze(df, registry, batch_id, self.kinds).toArrow()
+        decoded = unpack(envelope)
+        t1 = time.perf_counter()
+        report = self.finish(decoded, registry, batch_id)
+        report.seconds["decode"] = t1 - t0
+        log.info("silver batch %d: %s", batch_id, report)
+
+    def decode_local(self, bronze: pa.Table, batch_id: int) -> BatchReport:
+        """The same batch, decoded on the driver (no Spark): tests, tools, tiny batches."""
+        from pipeline.transforms.silver import decode_arrow
+
+        registry = self.registry_before(batch_id)
+        decoded = decode_arrow(bronze, registry.copy(), batch_id, self.kinds)
+        return self.finish(decoded, registry, batch_id)
+
+    def finish(self, decoded: Decoded, registry: SchemaRegistry, batch_id: int) -> BatchReport:
+        """Steps 3-5 of the module docstring on a decoded batch."""
+        from pipeline.transforms.silver import (
+            PARKED_T,
+            SEEN_T,
+            Decoded,
+            decode_arrow,
+            parse_key_text,
+        )
+
+        t0 = time.perf_counter()
+        report = BatchReport(batch_id)
+        seen_rows = [decoded.get(SEEN_T)]
+        ext = registry.copy()
+        for r in decoded.get(SEEN_T).to_pylist():
+            s = schema_from_row(r)
+            if s.key not in ext:
+                report.new_schemas += 1
+                ext.add(s)
+        parts = [decoded]
+        parked_now = decoded.get(PARKED_T)
+        if parked_now.num_rows and report.new_schemas:
+            known = np.array(
+                [parse_key_text(m) in ext for m in parked_now.column("missing").to_pylist()]
+            )
+            if known.any():
+                again = decode_arrow(parked_now.filter(pa.array(known)), ext.copy(), batch_id, self.kinds)
+                decoded.tables[PARKED_T] = parked_now.filter(pa.array(~known))
+                parts.append(again)
+                seen_rows.append(again.get(SEEN_T))
+        resolved = RESOLVED.empty_table()
+        pending = self.pending_parked(batch_id)
+        if pending.num_rows:
+            known = np.array(
+                [parse_key_text(m) in ext for m in pending.column("missing").to_pylist()], bool
+            )
+            if known.any():
+                todo = pending.filter(pa.array(known))
+                again = decode_arrow(todo, ext.copy(), batch_id, self.kinds)
+                still = again.get(PARKED_T)
+                again.tables.pop(PARKED_T, None)  # still parked: stays pending, not parked twice
+                done = todo.join(
+                    still.select(["partition", "offset"]), ["partition", "offset"],
+                    join_type="left anti",
+                )  # fmt: skip
+                resolved = pa.table(
+                    {
+                        "partition": done.column("partition"),
+                        "offset": done.column("offset"),
+                        "batch_id": pa.array(np.full(done.num_rows, batch_id, np.int64)),
+                        "parked_batch": done.column("batch_id"),
+                    }
+                ).cast(RESOLVED)
+                parts.append(again)
+                seen_rows.append(again.get(SEEN_T))
+                report.resolved = resolved.num_rows
+        merged = Decoded.concat(parts)
+        merged.tables["agents"] = agent_rows(merged, batch_id)
+        merged.tables["parked_resolved"] = resolved
+        self._report_stale(pending, merged.get(PARKED_T), report)
+        t1 = time.perf_counter()
+        for name in WRITE_ORDER:
+            t = merged.tables.get(name)
+            if t is None or t.num_rows == 0:
+                continue
+            report.rows[name] = t.num_rows
+            if append_arrow(
+                self.settings.path(name),
+                t,
+                SILVER_TABLES[name],
+                app_id=self.app_id,
+                batch_id=batch_id,
+            ):
+                report.committed.append(name)
+        seen = [
+            SeenSchema(schema_from_row(r), r["source_agent"], r["first_seen"])
+            for t in seen_rows
+            for r in t.to_pylist()
+        ]
+        if self.registry.update(
+            seen, app_id=self.app_id, batch_id=batch_id, touch_after_s=self.settings.registry_touch_s
+        ):
+            report.committed.append("schema_registry")
+        t2 = time.perf_counter()
+        report.seconds.update({"resolve": t1 - t0, "write": t2 - t1})
+        self.reports.append(report)
+        return report
+
+    def _report_stale(self, pending: pa.Table, new: pa.Table, report: BatchReport) -> None:
+        both = pa.concat_tables([pending.select(PARKED.names), new.select(PARKED.names).cast(PARKED)])
+        if both.num_rows == 0:
+            self.stale_parked = PARKED.empty_table()
+            return
+        limit = datetime.now(UTC) - timedelta(seconds=self.settings.parked_max_age_s)
+        old = both.filter(pc.less(both.column("received_at"), pa.scalar(limit, both.schema.field("received_at").type)))
+        self.stale_parked = old
+        report.stale_parked = old.num_rows
+        if old.num_rows:
+            missing = sorted(set(old.column("missing").to_pylist()))
+            log.warning(
+                "%d parked message(s) older than %.0f s still wait for schemas: %s",
+                old.num_rows,
+                self.settings.parked_max_age_s,
+                ", ".join(missing[:10]),
+            )
+
+
+# ------------------------------------------------------------------ runs
+
+
+def bronze_range(
+    spark: SparkSession,
+    bronze: str,
+    *,
+    batch_ids: tuple[int, int] | None = None,
+    received: tuple[datetime, datetime] | None = None,
+) -> DataFrame:
+    """Bronze rows of a batch-id range or a received_at range (both inclusive)."""
+    from pyspark.sql import functions as F
+
+    df = delta.read_table(spark, bronze)
+    if batch_ids is not None:
+        df = df.where(F.col("batch_id").between(batch_ids[0], batch_ids[1]))
+    if received is not None:
+        df = df.where(F.col("received_at").between(F.lit(received[0]), F.lit(received[1])))
+    return df
+
+
+def run_silver_batch(
+    spark: SparkSession,
+    settings: SilverSettings,
+    batch_id: int,
+    *,
+    app_id: str = "qmf-silver-batch",
+    batch_ids: tuple[int, int] | None = None,
+    received: tuple[datetime, datetime] | None = None,
+    writer: SilverBatchWriter | None = None,
+) -> BatchReport:
+    """Batch mode: decode a bronze range as silver batch ``batch_id`` of ``app_id``.
+
+    The same writer as the stream, so results are identical; rerunning the
+    same (app_id, batch_id) writes nothing twice.
+    """
+    w = writer or SilverBatchWriter(settings, app_id=app_id)
+    w(bronze_range(spark, settings.bronze, batch_ids=batch_ids, received=received), batch_id)
+    return w.reports[-1]
+
+
+def start_silver(spark: SparkSession, settings: SilverSettings) -> StreamingQuery:
+    """Start the streaming query over bronze (source ``qmf-delta``, the table's appends)."""
+    from pipeline.delta_source import register
+
+    register(spark)
+    writer = SilverBatchWriter(settings)
+    reader = spark.readStream.format("qmf-delta").option("path", settings.bronze)
+    if settings.max_files_per_trigger is not None:
+        reader = reader.option("maxFilesPerTrigger", str(settings.max_files_per_trigger))
+    return (
+        reader.load()
+        .writeStream.queryName(settings.query_name)
+        .foreachBatch(writer)
+        .option("checkpointLocation", settings.checkpoint)
+        .trigger(**trigger_kwargs(settings.trigger))  # type: ignore[arg-type]
+        .start()
+    )
+
+
+def run_silver(
+    spark: SparkSession,
+    settings: SilverSettings,
+    timeout_s: float | None,
+    stop: threading.Event | None = None,
+) -> int:
+    """Run the stream until AvailableNow drained bronze, ``timeout_s`` passed, or ``stop``.
+
+    0: ended as intended; 2: AvailableNow did not finish in time; 1: failed.
+    """
+    from pyspark.errors import StreamingQueryException
+
+    query = start_silver(spark, settings)
+    deadline = None if timeout_s is None else time.monotonic() + timeout_s
+    finished = False
+    try:
+        while not finished and not (stop is not None and stop.is_set()):
+            step = 1.0 if deadline is None else min(1.0, deadline - time.monotonic())
+            if step <= 0:
+                break
+            finished = bool(query.awaitTermination(step))  # type: ignore[arg-type]
+    except StreamingQueryException as exc:
+        log.error("silver query failed: %s", exc)
+        return 1
+    finally:
+        if query.isActive:
+            query.stop()
+    if query.exception() is not None:
+        log.error("silver query failed: %s", query.exception())
+        return 1
+    if settings.trigger == "availableNow" and not finished:
+        return 2
+    return 0
+
+
+# ------------------------------------------------------------------ test data
+
+
+def _s(v: Any) -> str | None:
+    return None if v is None else str(v)
+
+
+def bronze_rows(
+    messages: Iterable[CapturedMessage],
+    *,
+    partition: str = "p0",
+    first_offset: int = 0,
+    batch_id: int = 0,
+) -> pa.Table:
+    """Bronze-shaped rows from captured messages (tests and benchmarks, no broker).
+
+    Built with the receiver's landing code (``receivers.landing.to_table``)
+    and cast by column *name* to ``schemas.tables.BRONZE``.
+    """
+    from receivers.landing import LandedMessage, to_table
+
+    landed = []
+    for m in messages:
+        p = m.properties
+        at = m.received_at_dt
+        landed.append(
+            LandedMessage(
+                body=m.body,
+                routing_key=m.routing_key,
+                subject=m.subject,
+                message_id=_s(p.get("message_id")),
+                correlation_id=_s(p.get("correlation_id")),
+                reply_to=_s(p.get("reply_to")),
+                app_id=m.app_id,
+                content_type=m.content_type,
+                application_properties={k: str(v) for k, v in m.application_properties.items()},
+                received_at_us=0 if at is None else int(at.timestamp() * 1_000_000),
+            )
+        )
+    t = to_table(partition, first_offset, landed)
+    cols: dict[str, Any] = {}
+    for f in BRONZE:
+        if f.name == "batch_id":
+            cols[f.name] = pa.array(np.full(t.num_rows, batch_id, np.int64))
+        elif f.name in t.column_names:
+            cols[f.name] = t.column(f.name)
+        else:
+            cols[f.name] = pa.nulls(t.num_rows, f.type)
+    return pa.table(cols).cast(BRONZE)
+
+
+def write_bronze(path: str, tables: Sequence[pa.Table]) -> None:
+    """Append bronze-shaped tables, one Delta commit each (test/benchmark data)."""
+    from deltalake import write_deltalake
+
+    delta.create_table(path, BRONZE, name="bronze")
+    for t in tables:
+        write_deltalake(path, t.cast(BRONZE), mode="append")
+
+
+def counts(tables: Mapping[str, pa.Table]) -> dict[str, int]:
+    return {k: v.num_rows for k, v in tables.items()}

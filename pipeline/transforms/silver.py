@@ -1,0 +1,600 @@
+"""Bronze rows -> silver tables: the vectorized decode, its Spark wrapper, and wide views.
+
+``decode_arrow`` is the whole decode of a batch of bronze rows, pure Arrow:
+``pipeline.codec.vectorized.decode_content`` (numba over the raw bodies; the
+per-record codec only for what the kernel does not take), then each output
+is shaped into its silver table (``schemas.silver``). No Python runs per
+object sample: the per-class wide tables of ``decode_content`` are packed into
+the positional ``ints``/``floats``/``texts`` lists with a few Arrow calls per
+class. Events, heartbeats and method responses (a few per message at most)
+are built from the codec's records.
+
+What is not decoded goes somewhere, never nowhere:
+
+* a message that needs a schema the registry lacks is *parked* whole (v1
+  records carry no lengths, so nothing after the unknown record can be split;
+  its records decode together once the schema arrives);
+* any other codec problem puts the message into *quarantine* (reason, error
+  offset, raw body), while the records decoded before the problem are kept.
+
+``decode_bronze`` runs ``decode_arrow`` inside Spark with ``mapInArrow``: each
+Arrow batch of bronze rows yields one envelope row per silver table (name +
+the table as Arrow IPC bytes), so one Spark job decodes into every table and
+the driver gets compact columnar results (``unpack``).
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+from pyspark.sql import DataFrame
+from pyspark.sql import functions as F
+
+from pipeline.codec.records import Event, Heartbeat, MethodResponse, QmfException, SchemaResponse
+from pipeline.codec.schema import ClassSchema, SchemaKey, SchemaRegistry
+from pipeline.codec.vectorized import arrow_type, column_name, decode_content, to_json
+from pipeline.registry import (
+    SLOT_FLOATS,
+    SLOT_INTS,
+    SLOT_TEXTS,
+    StatisticKinds,
+    registry_row,
+    rows_table,
+    slot_kind,
+)
+from schemas.silver import (
+    EVENTS,
+    HEARTBEATS,
+    METHOD_RESPONSES,
+    OBJECT_SAMPLES,
+    PARKED,
+    QUARANTINE,
+    SCHEMA_REGISTRY,
+)
+from schemas.tables import TS, spark_schema
+
+# Output names of ``decode_arrow`` (silver tables, plus the schemas met).
+SAMPLES = "object_samples"
+EVENTS_T = "events"
+HEARTBEATS_T = "heartbeats"
+METHODS_T = "method_responses"
+QUARANTINE_T = "quarantine"
+PARKED_T = "parked"
+SEEN_T = "seen_schemas"  # registry rows (SCHEMA_REGISTRY) of schema records met
+OUTPUT_SCHEMAS: dict[str, pa.Schema] = {
+    SAMPLES: OBJECT_SAMPLES,
+    EVENTS_T: EVENTS,
+    HEARTBEATS_T: HEARTBEATS,
+    METHODS_T: METHOD_RESPONSES,
+    QUARANTINE_T: QUARANTINE,
+    PARKED_T: PARKED,
+    SEEN_T: SCHEMA_REGISTRY,
+}
+ENVELOPE = pa.schema(
+    [
+        pa.field("table", pa.string(), nullable=False),
+        pa.field("rows", pa.int64(), nullable=False),
+        pa.field("payload", pa.binary(), nullable=False),
+    ]
+)
+_META = ("routing_key", "app_id", "content_type", "application_properties")
+_MISSING = re.compile(r"no schema for (?P<pkg>[^:]*):(?P<cls>.*)\((?P<h>[0-9a-f]*)\) at offset")
+_EMPTY_I64 = np.zeros(0, np.int64)
+
+
+def missing_key(text: str) -> SchemaKey | None:
+    """The schema key a ``MissingSchema`` problem names (``pkg:class(hex)``)."""
+    m = _MISSING.search(text)
+    if m is None:
+        return None
+    return SchemaKey(m["pkg"], m["cls"], bytes.fromhex(m["h"]))
+
+
+def key_text(key: SchemaKey) -> str:
+    return f"{key.package}:{key.name}({key.hash.hex()})"
+
+
+def parse_key_text(text: str) -> SchemaKey:
+    pkg, _, rest = text.partition(":")
+    name, _, h = rest.rpartition("(")
+    return SchemaKey(pkg, name, bytes.fromhex(h.rstrip(")")))
+
+
+# ---------------------------------------------------------------- time columns
+
+
+def ns_to_timestamp(ns: pa.Array | pa.ChunkedArray) -> pa.Array:
+    """QMF ns times -> UTC microsecond timestamps (floor); 0 ("not set") and null -> null."""
+    arr = ns.combine_chunks() if isinstance(ns, pa.ChunkedArray) else ns
+    vals = np.asarray(pc.fill_null(arr, 0).to_numpy(zero_copy_only=False), np.int64)
+    mask = vals == 0
+    return pa.array(vals // 1000, type=TS, mask=mask if mask.any() else None)
+
+
+# ---------------------------------------------------------------- sample packing
+
+
+@dataclass(frozen=True)
+class _Layout:
+    """Which wide-table columns go to which typed list, in slot order."""
+
+    ints: tuple[str, ...]
+    floats: tuple[str, ...]
+    texts: tuple[str, ...]
+    index: tuple[str, ...]  # index property columns
+
+
+_LAYOUTS: dict[SchemaKey, tuple[ClassSchema, _Layout]] = {}
+
+
+def layout(schema: ClassSchema) -> _Layout:
+    hit = _LAYOUTS.get(schema.key)
+    if hit is not None and hit[0] == schema:
+        return hit[1]
+    groups: dict[str, list[str]] = {SLOT_INTS: [], SLOT_FLOATS: [], SLOT_TEXTS: []}
+    for e in (*schema.properties, *schema.statistics):
+        groups[slot_kind(e.type_code)].append(column_name(e.name))
+    out = _Layout(
+        tuple(groups[SLOT_INTS]),
+        tuple(groups[SLOT_FLOATS]),
+        tuple(groups[SLOT_TEXTS]),
+        tuple(column_name(p.name) for p in schema.properties if p.index),
+    )
+    if len(_LAYOUTS) > 4096:
+        _LAYOUTS.clear()
+    _LAYOUTS[schema.key] = (schema, out)
+    return out
+
+
+def _pack(table: pa.Table, names: Sequence[str], t: pa.DataType) -> pa.Array:
+    """Columns -> one list column, row-major (row i holds the row's values in ``names`` order)."""
+    n = table.num_rows
+    k = len(names)
+    offsets = pa.array(np.arange(n + 1, dtype=np.int32) * k, pa.int32())
+    if k == 0:
+        return pa.ListArray.from_arrays(offsets, pa.array([], t))
+    cols = [table.column(c).combine_chunks() for c in names]
+    cols = [c if c.type == t else c.cast(t) for c in cols]
+    flat = pa.concat_arrays(cols)
+    if k > 1:
+        perm = (np.arange(n, dtype=np.int64)[:, None] + np.arange(k, dtype=np.int64)[None, :] * n)
+        flat = flat.take(pa.array(perm.ravel()))
+    return pa.ListArray.from_arrays(offsets, flat)
+
+
+def _escape(a: pa.Array) -> pa.Array:
+    a = pc.replace_substring(a, "\\", "\\\\")
+    return pc.replace_substring(a, '"', '\\"')
+
+
+def _index_key(table: pa.Table, names: Sequence[str]) -> pa.Array:
+    """JSON array (of strings) of the index properties; null where they are absent ('i' records)."""
+    n = table.num_rows
+    if not names:
+        return pa.nulls(n, pa.string())
+    parts = [_escape(table.column(c).combine_chunks().cast(pa.string())) for c in names]
+    if any(pc.any(pc.match_substring_regex(p, "[\\x00-\\x1f]")).as_py() for p in parts):
+        import json
+
+        rows = zip(*(p.to_pylist() for p in parts), strict=True)
+        return pa.array(
+            [None if any(v is None for v in r) else json.dumps(list(r)) for r in rows], pa.string()
+        )  # rare: control characters need JSON escapes
+    inner = pc.binary_join_element_wise(*parts, '","', null_handling="emit_null")
+    return pc.binary_join_element_wise('["', inner, '"]', "", null_handling="emit_null")
+
+
+def pack_samples(
+    wide: pa.Table, schema: ClassSchema, partition: pa.Array, offset: pa.Array, batch_id: int
+) -> pa.Table:
+    """One class's wide sample table (rows' ``msg_key`` = bronze row number) -> OBJECT_SAMPLES rows."""
+    lay = layout(schema)
+    rows = pc.cast(wide.column("msg_key"), pa.int64())
+    cols: dict[str, Any] = {
+        "partition": partition.take(rows),
+        "offset": offset.take(rows),
+        "record_index": wide.column("record_index"),
+        "batch_id": pa.array(np.full(wide.num_rows, batch_id, np.int64)),
+    }
+    for f in OBJECT_SAMPLES:
+        name = f.name
+        if name in cols:
+            continue
+        if name.endswith("_time"):
+            cols[name] = ns_to_timestamp(wide.column(name[:-5] + "_ns"))
+        elif name == "index_key":
+            cols[name] = _index_key(wide, lay.index)
+        elif name == SLOT_INTS:
+            cols[name] = _pack(wide, lay.ints, pa.int64())
+        elif name == SLOT_FLOATS:
+            cols[name] = _pack(wide, lay.floats, pa.float64())
+        elif name == SLOT_TEXTS:
+            cols[name] = _pack(wide, lay.texts, pa.string())
+        elif name != "msg_key":
+            cols[name] = wide.column(name)
+    cols["msg_key"] = pa.nulls(wide.num_rows, pa.string())  # set by the caller (real keys)
+    return pa.table(cols).select(OBJECT_SAMPLES.names)
+
+
+# ---------------------------------------------------------------- the decode
+
+
+@dataclass
+class Decoded:
+    """Silver rows of one batch by output name (``OUTPUT_SCHEMAS``), plus decode statistics."""
+
+    tables: dict[str, pa.Table] = field(default_factory=dict)
+    fast_messages: int = 0
+    fallback_messages: int = 0
+
+    def get(self, name: str) -> pa.Table:
+        t = self.tables.get(name)
+        return OUTPUT_SCHEMAS[name].empty_table() if t is None else t
+
+    @staticmethod
+    def concat(parts: Iterable[Decoded]) -> Decoded:
+        out = Decoded()
+        by: dict[str, list[pa.Table]] = {}
+        for d in parts:
+            out.fast_messages += d.fast_messages
+            out.fallback_messages += d.fallback_messages
+            for k, t in d.tables.items():
+                by.setdefault(k, []).append(t)
+        out.tables = {k: pa.concat_tables(v) for k, v in by.items()}
+        return out
+
+
+def _column(table: pa.Table, name: str, n: int, t: pa.DataType) -> pa.Array:
+    if name in table.column_names:
+        return table.column(name).combine_chunks()
+    return pa.nulls(n, t)
+
+
+def _text(v: Any) -> str | None:
+    if v is None:
+        return None
+    if isinstance(v, bytes | bytearray):
+        return bytes(v).decode("utf-8", "replace")
+    return str(v)
+
+
+def _ns(v: Any) -> int | None:
+    if v is None:
+        return None
+    u = int(v) & 0xFFFFFFFFFFFFFFFF
+    return u - (1 << 64) if u >> 63 else u
+
+
+def _ts_py(ns: int | None) -> int | None:
+    return None if not ns else ns // 1000
+
+
+class _Meta:
+    """Per-row bronze values the record builders need (read lazily, per touched row)."""
+
+    def __init__(self, bronze: pa.Table) -> None:
+        n = bronze.num_rows
+        self.partition = _column(bronze, "partition", n, pa.string())
+        self.offset = _column(bronze, "offset", n, pa.int64())
+        self.msg_key = _column(bronze, "msg_key", n, pa.string())
+        self.received_at = _column(bronze, "received_at", n, TS)
+        self.routing_key = _column(bronze, "routing_key", n, pa.string())
+        self.correlation_id = _column(bronze, "correlation_id", n, pa.string())
+        self.app_props = _column(
+            bronze, "application_properties", n, pa.map_(pa.string(), pa.string())
+        )
+        self._cache: dict[str, list[Any]] = {}
+
+    def py(self, name: str) -> list[Any]:
+        hit = self._cache.get(name)
+        if hit is None:
+            hit = getattr(self, name).to_pylist()
+            self._cache[name] = hit
+        return hit
+
+    def agent(self, row: int) -> str | None:
+        """The agent a message came from, when the record does not say (schema records)."""
+        props = self.py("app_props")[row]
+        if props:
+            for k, v in props:
+                if k == "qmf.agent":
+                    return str(v)
+        from pipeline.codec.message import routing_agent
+
+        rk = self.py("routing_key")[row]
+        return routing_agent(rk if isinstance(rk, str) else None)
+
+    def ident(self, row: int, index: int) -> dict[str, Any]:
+        return {
+            "partition": self.py("partition")[row],
+            "offset": self.py("offset")[row],
+            "record_index": index,
+        }
+
+
+def decode_arrow(
+    bronze: pa.Table | pa.RecordBatch,
+    registry: SchemaRegistry,
+    batch_id: int,
+    kinds: StatisticKinds | None = None,
+) -> Decoded:
+    """Decode bronze rows (columns by name; needs partition, offset, msg_key, received_at, body).
+
+    ``registry`` gains the schemas met in the batch (as in the codec), so
+    content after its schema in the same batch decodes.
+    """
+    table = bronze if isinstance(bronze, pa.Table) else pa.Table.from_batches([bronze])
+    table = table.combine_chunks()
+    n = table.num_rows
+    out = Decoded()
+    if n == 0:
+        return out
+    meta = _Meta(table)
+    inp = {
+        "body": table.column("body"),
+        "msg_key": pa.array(np.arange(n).astype(str).astype(object), pa.string()),
+    }
+    for c in _META:
+        if c in table.column_names:
+            inp[c] = table.column(c)
+    res = decode_content(pa.table(inp), registry)
+    out.fast_messages, out.fallback_messages = res.fast_messages, res.fallback_messages
+
+    # Messages to park (a schema is missing), and the quarantine (other problems).
+    parked: dict[int, SchemaKey] = {}
+    problems: list[tuple[int, str, int | None]] = []
+    q = res.quarantine
+    for key, reason, off in zip(
+        q.column("msg_key").to_pylist(),
+        q.column("reason").to_pylist(),
+        q.column("offset").to_pylist(),
+        strict=True,
+    ):
+        row = int(key)
+        mk = missing_key(reason) if reason.startswith("MissingSchema") else None
+        if mk is not None:
+            parked.setdefault(row, mk)
+        else:
+            problems.append((row, reason, off))
+    for (key, r) in res.others:
+        if getattr(r, "kind", None) == "object":  # QMF v2 data of an unknown class
+            parked.setdefault(int(key), SchemaKey(r.package, r.class_name, r.schema_hash))
+    park_rows = np.array(sorted(parked), np.int64) if parked else _EMPTY_I64
+
+    # Object samples: pack each class's wide table, minus parked messages.
+    samples: list[pa.Table] = []
+    good_per_row: dict[int, int] = {}
+    for sk, wide in res.samples.items():
+        schema = registry.get(sk)
+        assert schema is not None
+        rows = np.asarray(pc.cast(wide.column("msg_key"), pa.int64()).to_numpy(), np.int64)
+        if len(park_rows):
+            keep = ~np.isin(rows, park_rows)
+            if not keep.all():
+                wide = wide.filter(pa.array(keep))
+                rows = rows[keep]
+        if wide.num_rows == 0:
+            continue
+        if problems:
+            for r_ in rows.tolist():
+                good_per_row[r_] = good_per_row.get(r_, 0) + 1
+        t = pack_samples(wide, schema, meta.partition, meta.offset, batch_id)
+        samples.append(t.set_column(t.schema.get_field_index("msg_key"), "msg_key",
+                                    meta.msg_key.take(pa.array(rows))))  # fmt: skip
+    if samples:
+        out.tables[SAMPLES] = pa.concat_tables(samples)
+
+    events: list[dict[str, Any]] = []
+    beats: list[dict[str, Any]] = []
+    methods: list[dict[str, Any]] = []
+    seen: list[dict[str, Any]] = []
+    for (key, r), idx in zip(res.others, res.other_index, strict=True):
+        row = int(key)
+        if row in parked:
+            continue
+        if problems:
+            good_per_row[row] = good_per_row.get(row, 0) + 1
+        if isinstance(r, Event):
+            ns = _ns(r.timestamp_ns)
+            events.append({
+                **meta.ident(row, idx), "batch_id": batch_id, "dialect": r.dialect,
+                "seq": r.seq, "agent": r.agent, "package": r.package,
+                "event_name": r.event_name, "schema_hash": r.schema_hash,
+                "severity": r.severity, "timestamp_ns": ns, "event_time": _ts_py(ns),
+                "arguments": to_json(r.arguments or {}),
+            })  # fmt: skip
+        elif isinstance(r, Heartbeat):
+            ns = _ns(r.timestamp_ns)
+            beats.append({
+                **meta.ident(row, idx), "batch_id": batch_id, "dialect": r.dialect,
+                "seq": r.seq, "agent": r.agent or meta.agent(row), "timestamp_ns": ns,
+                "heartbeat_time": _ts_py(ns),
+                "attributes": None if r.attributes is None else to_json(r.attributes),
+            })  # fmt: skip
+        elif isinstance(r, MethodResponse | QmfException):
+            args: Any
+            raw: bytes | None = None
+            if isinstance(r, QmfException):
+                kind, status, args = "exception", r.code, r.values
+            else:
+                kind, status, args = "method_response", r.status, r.arguments
+                raw = bytes(r.raw_arguments) or None
+            methods.append({
+                **meta.ident(row, idx), "batch_id": batch_id, "kind": kind,
+                "dialect": r.dialect, "seq": r.seq,
+                "correlation_id": meta.py("correlation_id")[row],
+                "routing_key": meta.py("routing_key")[row],
+                "agent": getattr(r, "agent", None) or meta.agent(row),
+                "status": status, "text": _text(r.text),
+                "arguments": None if args is None else to_json(args),
+                "raw_arguments": raw, "received_at": meta.py("received_at")[row],
+            })  # fmt: skip
+        elif isinstance(r, SchemaResponse):
+            at = meta.py("received_at")[row]
+            seen.append(
+                registry_row(
+                    r.schema, kinds or _kinds(), first_seen=at, source_agent=meta.agent(row)
+                )
+            )
+    if events:
+        out.tables[EVENTS_T] = pa.Table.from_pylist(events, schema=EVENTS)
+    if beats:
+        out.tables[HEARTBEATS_T] = pa.Table.from_pylist(beats, schema=HEARTBEATS)
+    if methods:
+        out.tables[METHODS_T] = pa.Table.from_pylist(methods, schema=METHOD_RESPONSES)
+    if seen:
+        out.tables[SEEN_T] = rows_table(seen)
+    if problems:
+        quarantine = []
+        for row, reason, off in problems:
+            error, _, _msg = reason.partition(":")
+            quarantine.append({
+                "partition": meta.py("partition")[row], "offset": meta.py("offset")[row],
+                "batch_id": batch_id, "msg_key": meta.py("msg_key")[row],
+                "record_index": good_per_row.get(row, 0), "error": error, "reason": reason,
+                "error_offset": off, "first_seen": meta.py("received_at")[row],
+                "body": table.column("body")[row].as_py() or b"",
+            })  # fmt: skip
+        out.tables[QUARANTINE_T] = pa.Table.from_pylist(quarantine, schema=QUARANTINE)
+    if parked:
+        take = pa.array(park_rows)
+        sub = table.take(take)
+        cols: dict[str, Any] = {
+            "partition": meta.partition.take(take),
+            "offset": meta.offset.take(take),
+            "batch_id": pa.array(np.full(len(park_rows), batch_id, np.int64)),
+            "msg_key": meta.msg_key.take(take),
+            "received_at": meta.received_at.take(take),
+            "missing": pa.array([key_text(parked[int(r_)]) for r_ in park_rows], pa.string()),
+        }
+        for f in PARKED:
+            if f.name not in cols:
+                cols[f.name] = _column(sub, f.name, len(park_rows), f.type)
+        out.tables[PARKED_T] = pa.table(cols).select(PARKED.names).cast(PARKED)
+    return out
+
+
+_KINDS: StatisticKinds | None = None
+
+
+def _kinds() -> StatisticKinds:
+    global _KINDS
+    if _KINDS is None:
+        _KINDS = StatisticKinds.load()
+    return _KINDS
+
+
+# ---------------------------------------------------------------- Spark wrappers
+
+
+def _ipc(table: pa.Table) -> bytes:
+    sink = pa.BufferOutputStream()
+    with pa.ipc.new_stream(sink, table.schema) as w:
+        w.write_table(table)
+    return bytes(sink.getvalue().to_pybytes())
+
+
+def unpack(envelope: pa.Table) -> Decoded:
+    """Envelope rows (from ``decode_bronze``) -> the decoded tables, concatenated by name."""
+    by: dict[str, list[pa.Table]] = {}
+    for name, payload in zip(
+        envelope.column("table").to_pylist(), envelope.column("payload").to_pylist(), strict=True
+    ):
+        by.setdefault(name, []).append(pa.ipc.open_stream(payload).read_all())
+    return Decoded(tables={k: pa.concat_tables(v) for k, v in by.items()})
+
+
+def envelope_mapper(
+    schemas: Sequence[ClassSchema], batch_id: int, kinds: StatisticKinds
+) -> Callable[[Iterator[pa.RecordBatch]], Iterator[pa.RecordBatch]]:
+    """The ``mapInArrow`` function: bronze Arrow batches -> envelope rows (name, rows, IPC)."""
+
+    def mapper(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+        reg = SchemaRegistry(schemas)  # plans do not pickle: rebuilt on the worker
+        for b in batches:
+            d = decode_arrow(b, reg, batch_id, kinds)
+            names = [k for k, t in d.tables.items() if t.num_rows]
+            if names:
+                yield pa.RecordBatch.from_pydict(
+                    {
+                        "table": names,
+                        "rows": [d.tables[k].num_rows for k in names],
+                        "payload": [_ipc(d.tables[k]) for k in names],
+                    },
+                    schema=ENVELOPE,
+                )
+
+    return mapper
+
+
+def decode_bronze(
+    df: DataFrame, registry: SchemaRegistry, batch_id: int, kinds: StatisticKinds | None = None
+) -> DataFrame:
+    """Bronze rows -> envelope rows (``table``, ``rows``, ``payload``): one Spark pass for all tables."""
+    need = ["partition", "offset", "msg_key", "received_at", "body", "correlation_id", *_META]
+    cols = [c for c in need if c in df.columns]
+    return df.select(*cols).mapInArrow(
+        envelope_mapper(tuple(registry), batch_id, kinds or _kinds()), spark_schema(ENVELOPE)
+    )
+
+
+def silver_table(envelope: DataFrame, name: str) -> DataFrame:
+    """One silver table of an envelope DataFrame, as a typed DataFrame (Spark side)."""
+    schema = OUTPUT_SCHEMAS[name]
+
+    def mapper(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+        for b in batches:
+            for payload in b.column(b.schema.get_field_index("payload")).to_pylist():
+                t = pa.ipc.open_stream(payload).read_all()
+                yield from t.cast(schema).to_batches()
+
+    return envelope.where(F.col("table") == name).mapInArrow(mapper, spark_schema(schema))
+
+
+# ---------------------------------------------------------------- wide views
+
+
+def wide_columns(row: Mapping[str, Any]) -> list[tuple[str, str, int, pa.DataType]]:
+    """(column, list, slot, Arrow type) of every property and statistic of a registry row."""
+    out = []
+    for e in [*(row["properties"] or ()), *(row["statistics"] or ())]:
+        out.append((column_name(e["name"]), e["slot_kind"], int(e["slot"]), arrow_type(e["type_code"])))
+    return out
+
+
+def wide_view(samples: DataFrame, row: Mapping[str, Any]) -> DataFrame:
+    """One class version's samples with a column per property/statistic (for notebooks).
+
+    ``row`` is the class's registry row. Values keep their decoded types
+    (bool, ints, float, string...).
+    """
+    from pyspark.sql.pandas.types import from_arrow_type
+
+    ident = [c for c in OBJECT_SAMPLES.names if c not in (SLOT_INTS, SLOT_FLOATS, SLOT_TEXTS)]
+    cols = [F.col(c) for c in ident]
+    for name, lst, slot, t in wide_columns(row):
+        cols.append(F.col(lst).getItem(slot).cast(from_arrow_type(t)).alias(name))
+    flt = (
+        (F.col("package") == row["package"])
+        & (F.col("class_name") == row["class_name"])
+        & (F.col("schema_hash") == F.unhex(F.lit(bytes(row["schema_hash"]).hex())))
+    )
+    return samples.where(flt).select(*cols)
+
+
+def agents_view(agents: DataFrame) -> DataFrame:
+    """Agents with first/last seen over every batch (the table holds per-batch observations)."""
+    return agents.groupBy("agent", "dialect").agg(
+        F.min("first_seen").alias("first_seen"),
+        F.max("last_seen").alias("last_seen"),
+        F.sum("records").alias("records"),
+        F.max_by("broker_bank", "last_seen").alias("broker_bank"),
+        F.max_by("agent_bank", "last_seen").alias("agent_bank"),
+        F.max_by("epoch", "last_seen").alias("epoch"),
+    )
