@@ -2,7 +2,11 @@
 
 Built incrementally (``Summary.add`` per message) so ``qmf decode --summary``
 streams any capture size; the keys and their meaning follow the independent
-decoder's summary file, so the two can be compared number for number.
+decoder's summary file, so the two can be compared number for number. One key
+is ours: ``v1_schema_origin_by_class`` counts, per class, the v1 content and
+event records decoded with a schema from the wire (a schema response earlier in
+the capture) or from the registry's seed (qpid's XML); it assumes the registry
+held only seeded schemas at the start.
 """
 
 from __future__ import annotations
@@ -44,6 +48,10 @@ class Summary:
         self.problem_examples: list[str] = []
         # v1 broker queue samples: object id -> name, and -> {sample time: (enq, deq)}
         self.queue_names: dict[Any, str] = {}
+        # where the schema of each decoded v1 content/event record came from: a schema
+        # response seen earlier on the wire, else the registry's seed
+        self.wire_keys: set[tuple[str, str, bytes]] = set()
+        self.schema_origin: dict[str, Counter[str]] = {}
         self.queue_samples: dict[Any, dict[int, tuple[int, int]]] = {}
 
     def add(self, msg: CapturedMessage, result: DecodeResult) -> None:
@@ -64,6 +72,8 @@ class Summary:
             for r in result.records:
                 ops.add(r.opcode)
                 self.v1_records_by_opcode[r.opcode] += 1
+                if isinstance(r, ObjectSample | Event):
+                    self._origin(r.package, r.class_name, r.schema_hash)
                 if isinstance(r, ObjectSample):
                     self.v1_classes_in_content[f"{r.package}:{r.class_name}"] += 1
                     if r.delete_ns:
@@ -74,6 +84,7 @@ class Summary:
                     self.v1_events[r.event_name] += 1
                 elif isinstance(r, SchemaResponse):
                     self.v1_schemas.add((r.package, r.class_name, r.schema_hash))
+                    self.wire_keys.add((r.package, r.class_name, r.schema_hash))
                 elif isinstance(r, MethodResponse):
                     self.v1_misc[f"m_status_{r.status}"] += 1
                     if r.text_str8:
@@ -87,6 +98,10 @@ class Summary:
             self.problems += 1
             if len(self.problem_examples) < MAX_PROBLEM_EXAMPLES:
                 self.problem_examples.append(f"message {self.messages - 1}: {p.error}: {p.message}")
+
+    def _origin(self, package: str, name: str, h: bytes) -> None:
+        origin = "wire" if (package, name, h) in self.wire_keys else "seed"
+        self.schema_origin.setdefault(f"{package}:{name}", Counter())[origin] += 1
 
     def _queue(self, r: ObjectSample) -> None:
         name = r.values.get("name")
@@ -131,5 +146,8 @@ class Summary:
             "v1_records_by_opcode": _sorted(self.v1_records_by_opcode),
             "v1_records_with_delete_time": self.v1_with_delete,
             "v1_schemas_captured": len(self.v1_schemas),
+            "v1_schema_origin_by_class": {
+                k: _sorted(self.schema_origin[k]) for k in sorted(self.schema_origin)
+            },
             "v2_by_opcode_content_ctype": _sorted(self.v2_by_opcode_content_ctype),
         }

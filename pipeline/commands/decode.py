@@ -2,9 +2,19 @@
 
     qmf decode --input CAPTURE.jsonl --summary
     qmf decode --input CAPTURE.jsonl --output records.jsonl   (or .parquet)
+    qmf decode --input sim.jsonl --summary --schemas none --check-manifest truth.jsonl
 
 The summary is one JSON object keyed like ``qpidd-capture-20s.summary.json``
-so a decode can be checked against the independent decoder's counts.
+so a decode can be checked against the independent decoder's counts; two keys
+are ours: ``v1_schema_origin_by_class`` (per class, records decoded with a
+schema from the wire or from the seed) and ``schemas`` (the seed used).
+
+Decoding starts from a registry seeded with qpid's management schema XML
+(``--schemas xml``, the default), so captures without schema responses (real
+qpidd sends them only on request) decode offline; ``--schemas none`` starts
+empty, ``--schemas A.xml,B.xml`` seeds from those files. A ``MethodContext``
+follows the capture, so v1 method arguments are typed where the object's class
+and the request are in the capture.
 """
 
 from __future__ import annotations
@@ -16,8 +26,10 @@ from collections.abc import Iterator
 from typing import IO, Any
 
 from pipeline.codec.capture import CaptureError, read_capture
+from pipeline.codec.methods import MethodContext
 from pipeline.codec.records import Record, id_columns, jsonable
-from pipeline.codec.schema import SchemaRegistry
+from pipeline.codec.schema import ORIGIN_SEED, SchemaRegistry
+from pipeline.codec.seed import SEED_XML, seeded_registry
 from pipeline.codec.summary import Summary
 
 # Typed columns of the Parquet output; everything else of a record goes to ``fields_json``.
@@ -56,6 +68,17 @@ def register(subparsers: Any) -> None:
     p.add_argument(
         "--output", help="write decoded records: JSON lines, or Parquet if it ends .parquet"
     )
+    p.add_argument(
+        "--schemas",
+        default=SEED_XML,
+        metavar="xml|none|FILE[,FILE]",
+        help="seed the schema registry: qpid's management XML (default), nothing, or XML files",
+    )
+    p.add_argument(
+        "--check-manifest",
+        metavar="FILE",
+        help="compare the decoded records with a `qmf sim` manifest (result in the summary)",
+    )
     p.set_defaults(func=run)
 
 
@@ -64,7 +87,7 @@ def record_row(message: int, rec: Record) -> dict[str, Any]:
     row = rec.row()
     if "object_id" in row:
         oid = row.pop("object_id")
-        if rec.kind == "method_request":
+        if rec.kind in ("method_request", "method_response"):
             row["object_id"] = jsonable(oid)
         else:
             row.update(id_columns(oid))
@@ -73,14 +96,65 @@ def record_row(message: int, rec: Record) -> dict[str, Any]:
     return out
 
 
-def _decoded(path: str, summary: Summary | None) -> Iterator[tuple[int, Record]]:
-    registry = SchemaRegistry()
+def _decoded(
+    path: str, summary: Summary | None, registry: SchemaRegistry
+) -> Iterator[tuple[int, Record]]:
+    methods = MethodContext()
     for i, msg in enumerate(read_capture(path)):
-        result = msg.decode(registry)
+        result = msg.decode(registry, methods)
         if summary is not None:
             summary.add(msg, result)
         for rec in result.records:
             yield i, rec
+
+
+class ManifestCheck:
+    """Decoded records against a ``qmf sim`` manifest, in order (streamed, any size).
+
+    The manifest's record lines (``source`` publish or reply) must equal the
+    decoded records one for one, compared through ``pipeline.sim.manifest.record_row``.
+    """
+
+    def __init__(self, path: str) -> None:
+        from pipeline.sim.manifest import read_manifest
+
+        self._rows = (r for r in read_manifest(path) if r.get("source") in ("publish", "reply"))
+        self.decoded = 0
+        self.manifest = 0
+        self.mismatches = 0
+        self.first_mismatch: dict[str, Any] | None = None
+
+    def add(self, message: int, rec: Record) -> None:
+        from pipeline.sim.manifest import record_row
+
+        self.decoded += 1
+        row = next(self._rows, None)
+        got = record_row(rec)
+        if row is not None:
+            self.manifest += 1
+        if row is None or got != {k: row.get(k) for k in got}:
+            self.mismatches += 1
+            if self.first_mismatch is None:
+                self.first_mismatch = {"message": message, "decoded": got, "manifest": row}
+
+    def result(self) -> dict[str, Any]:
+        self.manifest += sum(1 for _ in self._rows)
+        return {
+            "decoded_records": self.decoded,
+            "manifest_records": self.manifest,
+            "mismatches": self.mismatches,
+            "equal": self.mismatches == 0 and self.decoded == self.manifest,
+            "first_mismatch": self.first_mismatch,
+        }
+
+
+def _checked(
+    rows: Iterator[tuple[int, Record]], check: ManifestCheck | None
+) -> Iterator[tuple[int, Record]]:
+    for i, rec in rows:
+        if check is not None:
+            check.add(i, rec)
+        yield i, rec
 
 
 def _write_jsonl(f: IO[str], rows: Iterator[tuple[int, Record]]) -> int:
@@ -126,10 +200,29 @@ def _write_parquet(path: str, rows: Iterator[tuple[int, Record]], batch_rows: in
     return n
 
 
+def _schemas_info(spec: str, registry: SchemaRegistry) -> dict[str, Any]:
+    """What the registry was seeded with and what the wire added or changed."""
+    origins = [registry.origin(s.key) for s in registry]
+    return {
+        "seed": spec,
+        "seeded_classes_used_as_is": sum(1 for o in origins if o == ORIGIN_SEED),
+        "classes_from_wire": sum(1 for o in origins if o != ORIGIN_SEED),
+        "wire_differs_from_seed": sorted(str(k) for k in registry.differs_from_seed),
+    }
+
+
 def run(args: argparse.Namespace) -> int:
     summary = Summary() if args.summary else None
     try:
-        rows = _decoded(args.input, summary)
+        registry = seeded_registry(args.schemas)
+    except (OSError, ValueError) as exc:
+        print(f"qmf decode: --schemas {args.schemas}: {exc}", file=sys.stderr)
+        return 2
+    check = None
+    try:
+        if args.check_manifest:
+            check = ManifestCheck(args.check_manifest)
+        rows = _checked(_decoded(args.input, summary, registry), check)
         if args.output:
             if args.output.endswith(".parquet"):
                 n = _write_parquet(args.output, rows)
@@ -143,6 +236,13 @@ def run(args: argparse.Namespace) -> int:
     except (OSError, CaptureError) as exc:
         print(f"qmf decode: {exc}", file=sys.stderr)
         return 2
+    out: dict[str, Any] = summary.as_dict() if summary is not None else {}
     if summary is not None:
-        print(json.dumps(summary.as_dict(), indent=1, sort_keys=True))
+        out["schemas"] = _schemas_info(args.schemas, registry)
+    if check is not None:
+        out["manifest_check"] = check.result()
+    if out:
+        print(json.dumps(out, indent=1, sort_keys=True))
+    if check is not None and not out["manifest_check"]["equal"]:
+        return 1
     return 0

@@ -450,6 +450,9 @@ class SimAgent:
         return STATUS_NOT_IMPLEMENTED
 
     def _mresp(self, seq: int, status: int, text: str) -> MethodResponse:
+        if self.dialect == "am1":
+            # AM1's status text is a str8 (spec figure "Method Response"): at most 255 bytes
+            text = text.encode("utf-8")[:255].decode("utf-8", "ignore")
         return MethodResponse(
             dialect=self.codec_dialect, opcode="m", seq=seq, status=status, text=text
         )

@@ -21,6 +21,15 @@ def test_decode_summary_matches_the_reference(
     with open(os.path.join(shared_dir, "samples", "qpidd-capture-20s.summary.json")) as f:
         expected = json.load(f)
     expected.pop("by_routing_key_pattern")
+    # seeded with qpid's XML (the default): the wire's 45 schemas equal the seed's
+    assert got.pop("schemas") == {
+        "seed": "xml",
+        "seeded_classes_used_as_is": 4,
+        "classes_from_wire": 45,
+        "wire_differs_from_seed": [],
+    }
+    origins = got.pop("v1_schema_origin_by_class")
+    assert {o for c in origins.values() for o in c} == {"wire"}
     assert got == expected
 
 
