@@ -128,8 +128,9 @@ if [ ! -f "$stamp" ] || ! installed_here; then
   grep -oE '^[A-Za-z0-9._-]+==[^ ]+' "$lock" >.qmf/build-constraints.txt
   "${pip_install[@]}" --require-hashes --build-constraint .qmf/build-constraints.txt -r "$lock"
   # 3. The project itself, editable, with no dependency resolution of its own
-  #    and built with the setuptools/wheel just installed.
-  "${pip_install[@]}" --no-deps --no-build-isolation -e .
+  #    and built with the setuptools/wheel just installed (without setuptools'
+  #    generic "Editable installation" warning).
+  PYTHONWARNINGS="ignore::UserWarning" "${pip_install[@]}" --no-deps --no-build-isolation -e .
   installed_here || die "the package does not import from .venv; see pip's output above"
   # An older .venv may hold packages the lock no longer lists: say so, keep them.
   extra="$(comm -23 \
