@@ -24,6 +24,7 @@ import json
 import sys
 from collections.abc import Iterator
 from typing import IO, Any
+from xml.parsers.expat import ExpatError
 
 from pipeline.codec.capture import CaptureError, read_capture
 from pipeline.codec.methods import MethodContext
@@ -215,7 +216,7 @@ def run(args: argparse.Namespace) -> int:
     summary = Summary() if args.summary else None
     try:
         registry = seeded_registry(args.schemas)
-    except (OSError, ValueError) as exc:
+    except (OSError, ValueError, ExpatError) as exc:
         print(f"qmf decode: --schemas {args.schemas}: {exc}", file=sys.stderr)
         return 2
     check = None

@@ -460,8 +460,8 @@ SOURCES = {
     "method name str8, input arguments (not in the sample)",
     "AM2-m-str8-quirk": DIALECTS_MD + " (Method response quirk: str8 text, status 2); " + SAMPLE,
     "AM2-p": DIALECTS_MD + " (Package indication 'p': name str8); " + SAMPLE,
-    "AM2-A": "qpid agent attach: requested broker bank then agent bank, u32 each "
-    "(not in the sample)",
+    "AM2-A": "qpidd ManagementAgent::handleAttachRequest: label, system id, requested "
+    "broker bank, requested agent bank, u32 each (not in the sample)",
     "AM2-x": DIALECTS_MD + " (header)",
     "AM2-e": DIALECTS_MD + " (Event 'e'); " + SAMPLE,
     "AM1-e": "docs/codec.md: AM1 defines no event opcode; AM2's layout, 8-byte references",

@@ -64,3 +64,19 @@ def test_decode_output_jsonl_and_parquet(shared_dir: str, tmp_path: Path) -> Non
 def test_decode_missing_input_is_exit_2(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["decode", "--input", str(tmp_path / "nope.jsonl"), "--summary"]) == 2
     assert "qmf decode:" in capsys.readouterr().err
+
+
+def test_decode_schemas_from_a_file_and_bad_seeds(
+    shared_dir: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    path = os.path.join(shared_dir, "samples", "qpidd-capture-20s.jsonl")
+    xml = os.path.join(shared_dir, "spec", "schema", "qpid-management-schema.xml")
+    assert main(["decode", "--input", path, "--summary", "--schemas", xml]) == 0
+    got = json.loads(capsys.readouterr().out)
+    assert got["decode_problems"] == 0
+    assert got["schemas"]["seed"] == xml and got["schemas"]["classes_from_wire"] == 45
+    assert got["schemas"]["wire_differs_from_seed"] == []
+    assert main(["decode", "--input", path, "--summary", "--schemas", "none"]) == 0
+    assert json.loads(capsys.readouterr().out)["schemas"]["seeded_classes_used_as_is"] == 0
+    assert main(["decode", "--input", path, "--schemas", str(tmp_path / "no.xml")]) == 2
+    assert "--schemas" in capsys.readouterr().err

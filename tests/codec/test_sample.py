@@ -42,7 +42,7 @@ def test_summary_matches_every_decoding_count(
     assert set(expected) - set(got) == {"by_routing_key_pattern"}
     # ours: every content/event record of the sample decoded with a schema from the wire
     origins = got.pop("v1_schema_origin_by_class")
-    assert {c: set(o) for c, o in origins.items()} == dict.fromkeys(origins, {"wire"})
+    assert origins and all(set(o) == {"wire"} for o in origins.values())
     assert sum(o["wire"] for o in origins.values()) == 320 + 575 + 37 + 144
     for key in got:
         assert got[key] == expected[key], key
