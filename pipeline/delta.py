@@ -22,7 +22,6 @@ from collections.abc import Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import UTC, date, datetime, timedelta
-from decimal import Decimal
 from typing import TYPE_CHECKING, Any, Literal
 
 import pyarrow as pa
@@ -33,7 +32,7 @@ from deltalake.transaction import AddAction
 
 if TYPE_CHECKING:
     from pyspark.sql import Column, DataFrame, SparkSession
-    from pyspark.sql.types import DataType, StructType
+    from pyspark.sql.types import StructType
 
 STAGING_DIR = "_staging"
 FILE_COL = "__delta_file"
@@ -204,59 +203,18 @@ def _spark_schema(schema: pa.Schema) -> StructType:
     return spark_schema(schema)
 
 
-def _non_null_default(dt: DataType) -> Column | None:
-    """A non-null literal of Spark type ``dt``, or None for types without one here.
-
-    Only ever used as the second argument of a ``coalesce`` whose first one
-    raises on null, so it is never a value: it makes the column non-nullable
-    in Spark's plan, which makes Spark write it as a REQUIRED Parquet column
-    (the footer then proves "no null" without any statistics).
-    """
-    from pyspark.sql import functions as F
-    from pyspark.sql import types as T
-
-    if isinstance(dt, T.StringType):
-        return F.lit("")
-    if isinstance(dt, T.BinaryType):
-        return F.lit(bytearray())
-    if isinstance(dt, T.BooleanType):
-        return F.lit(False)
-    if isinstance(dt, (T.ByteType, T.ShortType, T.IntegerType, T.LongType)):
-        return F.lit(0).cast(dt)
-    if isinstance(dt, (T.FloatType, T.DoubleType)):
-        return F.lit(0.0).cast(dt)
-    if isinstance(dt, T.DecimalType):
-        return F.lit(Decimal(0)).cast(dt)
-    if isinstance(dt, T.DateType):
-        return F.lit(date(1970, 1, 1))
-    if isinstance(dt, T.TimestampNTZType):
-        return F.lit(datetime(1970, 1, 1)).cast(dt)
-    if isinstance(dt, T.TimestampType):
-        return F.lit(datetime(1970, 1, 1, tzinfo=UTC))
-    if isinstance(dt, T.MapType):
-        return F.create_map().cast(dt)
-    if isinstance(dt, T.ArrayType):
-        return F.array().cast(dt)
-    if isinstance(dt, T.StructType):
-        parts = [_non_null_default(f.dataType) for f in dt.fields]
-        if any(p is None for p in parts):
-            return None
-        return F.struct(
-            *[p.alias(f.name) for p, f in zip(parts, dt.fields, strict=True) if p is not None]
-        ).cast(dt)
-    return None
-
-
 def conform(df: DataFrame, schema: pa.Schema) -> DataFrame:
     """Select and cast ``df``'s columns to the table schema (names, order, types).
 
     Missing nullable columns become typed nulls; a missing non-nullable column
     or an extra column is an error (silently dropping data is worse).
     Every non-nullable column gets a row-level null check (a null fails the
-    Spark job with ``NULL_MARK``; the writers turn that into
-    :class:`SchemaMismatchError`) and is marked non-nullable in the plan, so
-    Spark writes it as a REQUIRED Parquet column: the footer's schema then
-    proves the column has no null, whatever statistics the writer kept.
+    Spark job with ``NULL_MARK``; the writers report it as
+    :class:`SchemaMismatchError`). Spark drops the check where its plan
+    already knows the column is non-null, and then writes the column as
+    REQUIRED: the footer's schema alone proves it has no null. (No default
+    value is ever substituted to force that: a wrong value is worse than the
+    driver-side check build_add_actions falls back to for OPTIONAL columns.)
     """
     from pyspark.sql import functions as F
 
@@ -277,9 +235,6 @@ def conform(df: DataFrame, schema: pa.Schema) -> DataFrame:
             col = F.when(
                 col.isNull(), F.raise_error(F.lit(f"{NULL_MARK} {field.name!r}"))
             ).otherwise(col)
-            default = _non_null_default(field.dataType)
-            if default is not None:
-                col = F.coalesce(col, default)
         cols.append(col.alias(field.name))
     return df.select(*cols)
 
@@ -1115,8 +1070,7 @@ def overwrite_range(
     out = batch
     if touched:
         kept = _scan(spark, dt, touched, with_file=False).where(outside)
-        # conform again: the scan's columns are nullable, the table's may not be.
-        out = conform(batch.unionByName(kept), schema)
+        out = batch.unionByName(kept)
     return _write_and_commit(
         out,
         dt,

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
+from collections.abc import Iterable
 from datetime import UTC, date, datetime
 from pathlib import Path
 from typing import Any
@@ -525,3 +527,304 @@ def test_overwrite_range_unpartitioned_with_stats_pruning(
         (i, f"n{i}") for i in range(20, 25)
     ]
     assert sorted((r["id"], r["name"]) for r in spark_rows(read_table(spark, path))) == got
+
+
+# ---------------------------------------------------------------------------
+# Large values and absent footer statistics (issue 8). parquet-mr 1.17 (Spark
+# 4.3) writes no statistics at all, not even a null count, for a column chunk
+# whose min and max exceed 4 KB together; QMF bodies reach ~94 KB.
+
+SIZES = (100, 5_000, 100_000, 1_000_000)
+BLOBS = pa.schema(
+    [
+        pa.field("id", pa.int64(), nullable=False),
+        pa.field("body", pa.binary(), nullable=False),
+        pa.field("note", pa.string()),
+    ]
+)
+
+
+def blob(i: int, size: int) -> bytes:
+    """``size`` bytes, different for every ``i``."""
+    seed = hashlib.sha256(f"{i}".encode()).digest()
+    return (seed * (size // len(seed) + 1))[:size]
+
+
+def blob_row(i: int, size: int, note: str | None = None) -> dict[str, Any]:
+    return {"id": i, "body": blob(i, size), "note": note if note is not None else f"s{size}"}
+
+
+def blob_frame(
+    spark: SparkSession, rows: list[dict[str, Any]], schema: pa.Schema = BLOBS
+) -> DataFrame:
+    return spark.createDataFrame(pa.Table.from_pylist(rows, schema=schema))
+
+
+def by_id(rows: Iterable[dict[str, Any]]) -> dict[int, tuple[bytes, str | None]]:
+    out: dict[int, tuple[bytes, str | None]] = {}
+    for r in rows:
+        assert r["id"] not in out, f"id {r['id']} twice"
+        out[r["id"]] = (bytes(r["body"]), r["note"])
+    return out
+
+
+def assert_blobs(spark: SparkSession, path: Path, expected: list[dict[str, Any]]) -> None:
+    """Both readers give exactly ``expected`` (compared by id, then byte for byte)."""
+    want = by_id(expected)
+    for reader, got in (
+        ("read_arrow", by_id(read_arrow(path).to_pylist())),
+        ("read_table", by_id(read_table(spark, path).toArrow().to_pylist())),
+    ):
+        assert sorted(got) == sorted(want), reader
+        for i, (body, note) in want.items():
+            assert got[i][1] == note, (reader, i)
+            assert len(got[i][0]) == len(body), (reader, i)
+            assert got[i][0] == body, (reader, i)
+
+
+def commit_adds(path: Path, version: int) -> list[dict[str, Any]]:
+    """The add actions of one commit, with their stats parsed."""
+    log = path / "_delta_log" / f"{version:020d}.json"
+    adds = [json.loads(line)["add"] for line in log.read_text().splitlines() if '"add"' in line]
+    for a in adds:
+        a["stats"] = json.loads(a["stats"])
+    return adds
+
+
+def required(path: Path, rel: str, column: str) -> bool:
+    """True when the data file stores ``column`` as a REQUIRED Parquet column."""
+    meta = pq.ParquetFile(path / rel).metadata
+    leaves = {meta.schema.column(i).path: i for i in range(meta.num_columns)}
+    return meta.schema.column(leaves[column]).max_definition_level == 0
+
+
+def body_stats(path: Path, rel: str) -> list[Any]:
+    """The footer statistics of the body column, per row group."""
+    meta = pq.ParquetFile(path / rel).metadata
+    return [meta.row_group(rg).column(1).statistics for rg in range(meta.num_row_groups)]
+
+
+def no_body_stats(path: Path, rel: str) -> bool:
+    return all(st is None or not st.has_null_count for st in body_stats(path, rel))
+
+
+def spark_parquet(df: DataFrame, out: Path, **options: str) -> Path:
+    """Spark writes ``df`` as one Parquet file (no Delta layer involved)."""
+    writer = df.coalesce(1).write
+    for k, v in options.items():
+        writer = writer.option(k, v)
+    writer.parquet(str(out))
+    (single,) = out.glob("*.parquet")
+    return single
+
+
+def test_large_binary_append_round_trip(spark: SparkSession, tmp_path: Path) -> None:
+    path = tmp_path / "blobs"
+    create_table(path, BLOBS)
+    batches = [[blob_row(10 * k + j, size) for j in range(3)] for k, size in enumerate(SIZES)]
+    batches.append([blob_row(100 + j, size, note="mix") for j, size in enumerate(SIZES)])
+    expected: list[dict[str, Any]] = []
+    for b, rows in enumerate(batches):
+        result = append_batch(blob_frame(spark, rows).coalesce(1), path, app_id="load", batch_id=b)
+        assert (result.skipped, result.version, result.rows, result.files_added) == (
+            False,
+            b + 1,
+            len(rows),
+            1,
+        )
+        expected += rows
+        (add,) = commit_adds(path, b + 1)
+        ids = [r["id"] for r in rows]
+        notes = sorted(r["note"] for r in rows)
+        assert required(path, add["path"], "body")
+        assert not required(path, add["path"], "note")
+        if b == 0:  # 100 B bodies: the footer has stats, the add action a null count
+            assert not no_body_stats(path, add["path"])
+            nulls = {"id": 0, "body": 0, "note": 0}
+        else:  # any 5 KB+ body in the chunk: no body stats at all
+            assert no_body_stats(path, add["path"])
+            nulls = {"id": 0, "note": 0}
+        assert add["stats"] == {
+            "numRecords": len(rows),
+            "minValues": {"id": min(ids), "note": notes[0]},
+            "maxValues": {"id": max(ids), "note": notes[-1]},
+            "nullCount": nulls,
+        }
+    assert_blobs(spark, path, expected)
+    assert committed_batch(path, "load") == len(batches) - 1
+
+
+def test_large_binary_insert_if_absent(spark: SparkSession, tmp_path: Path) -> None:
+    path = tmp_path / "blobs"
+    create_table(path, BLOBS)
+    first = [blob_row(i, SIZES[i % 4]) for i in range(8)]
+    r0 = merge_batch(
+        blob_frame(spark, first),
+        path,
+        keys=["id"],
+        app_id="in",
+        batch_id=0,
+        mode="insert_if_absent",
+    )
+    assert (r0.skipped, r0.rows) == (False, 8)
+    # ids 4..7 again with other sizes and notes (dropped), 8..11 new, 12 twice in the batch.
+    second = [blob_row(i, SIZES[(i + 1) % 4], note="again") for i in range(4, 12)]
+    second += [blob_row(12, 1_000_000, note="twice"), blob_row(12, 1_000_000, note="twice")]
+    r1 = merge_batch(
+        blob_frame(spark, second),
+        path,
+        keys=["id"],
+        app_id="in",
+        batch_id=1,
+        mode="insert_if_absent",
+        target_range=("id", 0, 100),
+    )
+    assert (r1.skipped, r1.rows) == (False, 5)
+    assert_blobs(spark, path, first + second[4:9])
+    # Every file holds a 5 KB+ body: no body stats, so no body nullCount in the log.
+    for version in (1, 2):
+        for add in commit_adds(path, version):
+            assert no_body_stats(path, add["path"])
+            assert sorted(add["stats"]["nullCount"]) == ["id", "note"]
+
+
+def test_large_binary_upsert(spark: SparkSession, tmp_path: Path) -> None:
+    path = tmp_path / "blobs"
+    create_table(path, BLOBS)
+    base = [blob_row(i, SIZES[i % 4]) for i in range(8)]
+    append_batch(blob_frame(spark, base), path, app_id="load", batch_id=0)
+    assert all(no_body_stats(path, a["path"]) for a in commit_adds(path, 1))
+    # ids 0..3 change size (100 B <-> 1 MB, 5 KB <-> 100 KB), 20..23 are new.
+    changes = [blob_row(i, SIZES[3 - i % 4], note="upd") for i in range(4)]
+    changes += [blob_row(20 + j, size, note="new") for j, size in enumerate(SIZES)]
+    result = merge_batch(blob_frame(spark, changes), path, keys=["id"], app_id="up", batch_id=0)
+    assert (result.skipped, result.rows, result.updated) == (False, 4, 4)
+    assert_blobs(spark, path, changes + base[4:])
+    # The same batch id again is a no-op.
+    again = merge_batch(blob_frame(spark, base[:1]), path, keys=["id"], app_id="up", batch_id=0)
+    assert again.skipped
+    assert_blobs(spark, path, changes + base[4:])
+
+
+def test_large_binary_overwrite_range(spark: SparkSession, tmp_path: Path) -> None:
+    path = tmp_path / "blobs"
+    create_table(path, BLOBS)
+    base = [blob_row(i, SIZES[i % 4]) for i in range(8)]
+    append_batch(blob_frame(spark, base).coalesce(1), path, app_id="load", batch_id=0)
+    extra = [blob_row(30 + j, size) for j, size in enumerate(SIZES)]
+    append_batch(blob_frame(spark, extra).coalesce(1), path, app_id="load", batch_id=1)
+    replacement = [blob_row(i, SIZES[3 - i % 4], note="new") for i in (2, 3, 5)]
+    result = overwrite_range(
+        blob_frame(spark, replacement),
+        path,
+        predicate="id BETWEEN 2 AND 5",
+        within=("id", 2, 5),
+        app_id="fix",
+        batch_id=0,
+    )
+    # Only the first file held ids 2..5 (the second is skipped by its id stats).
+    assert (result.skipped, result.files_removed) == (False, 1)
+    kept = [r for r in base if r["id"] not in (2, 3, 4, 5)]
+    assert_blobs(spark, path, kept + replacement + extra)
+    # The rewritten rows come from a Spark scan, whose columns are all nullable:
+    # files store body as OPTIONAL, some without any stats, and still commit.
+    adds = commit_adds(path, 3)
+    assert sum(a["stats"]["numRecords"] for a in adds) == 7
+    without = [a for a in adds if no_body_stats(path, a["path"])]
+    assert without
+    for add in adds:
+        nulls = {"id": 0, "note": 0} if add in without else {"id": 0, "body": 0, "note": 0}
+        assert add["stats"]["nullCount"] == nulls
+
+
+def test_spark_file_without_statistics_commits(spark: SparkSession, tmp_path: Path) -> None:
+    """The defect of issue 8: such a file used to be refused for lack of a null count."""
+    path = tmp_path / "blobs"
+    create_table(path, BLOBS)
+    nullable = pa.schema([f.with_nullable(True) for f in BLOBS])
+    expected: list[dict[str, Any]] = []
+    for b, schema in enumerate((BLOBS, nullable)):  # a REQUIRED, then an OPTIONAL body
+        rows = [blob_row(10 * b + i, 5_000, note=f"n{10 * b + i}") for i in range(4)]
+        file = spark_parquet(blob_frame(spark, rows, schema), tmp_path / f"spark{b}")
+        name = f"file{b}.parquet"
+        os.rename(file, path / name)
+        assert no_body_stats(path, name)  # the premise: not even a null count
+        assert required(path, name, "body") == (b == 0)
+        result = commit_files(path, [(name, {})], app_id="ext", batch_id=b)
+        assert (result.skipped, result.version, result.rows) == (False, b + 1, 4)
+        (add,) = commit_adds(path, b + 1)
+        assert add["stats"] == {
+            "numRecords": 4,
+            "minValues": {"id": 10 * b, "note": f"n{10 * b}"},
+            "maxValues": {"id": 10 * b + 3, "note": f"n{10 * b + 3}"},
+            "nullCount": {"id": 0, "note": 0},
+        }
+        expected += rows
+    assert_blobs(spark, path, expected)
+    flat = pa.table(DeltaTable(str(path)).get_add_actions(flatten=True))
+    assert flat.column("null_count.body").to_pylist() == [None, None]
+    assert flat.column("null_count.id").to_pylist() == [0, 0]
+
+
+def test_real_null_refused_without_statistics(spark: SparkSession, tmp_path: Path) -> None:
+    path = tmp_path / "blobs"
+    create_table(path, BLOBS)
+    nullable = pa.schema([f.with_nullable(True) for f in BLOBS])
+    rows = [blob_row(0, 5_000), {"id": 1, "body": None, "note": "null"}, blob_row(2, 5_000)]
+    # A Spark-written OPTIONAL column without stats, holding a null.
+    file = spark_parquet(blob_frame(spark, rows, nullable), tmp_path / "spark")
+    os.rename(file, path / "nulls.parquet")
+    assert no_body_stats(path, "nulls.parquet") and not required(path, "nulls.parquet", "body")
+    with pytest.raises(SchemaMismatchError, match="non-nullable column 'body' has 1 nulls"):
+        commit_files(path, [("nulls.parquet", {})], app_id="ext", batch_id=0)
+    # The same from pyarrow with statistics switched off.
+    pq.write_table(
+        pa.Table.from_pylist(rows, schema=nullable),
+        path / "nostats.parquet",
+        write_statistics=False,
+    )
+    assert body_stats(path, "nostats.parquet") == [None]
+    with pytest.raises(SchemaMismatchError, match="non-nullable column 'body' has 1 nulls"):
+        commit_files(path, [("nostats.parquet", {})], app_id="ext", batch_id=0)
+    # Several row groups, the null in one without stats, the others with.
+    small = [blob_row(10 + i, 100) for i in range(5)]
+    file = spark_parquet(
+        blob_frame(spark, small + rows, nullable),
+        tmp_path / "groups",
+        **{"parquet.block.row.count.limit": "5"},
+    )
+    os.rename(file, path / "groups.parquet")
+    stats = body_stats(path, "groups.parquet")
+    assert [st is not None and st.has_null_count for st in stats] == [True, False]
+    with pytest.raises(SchemaMismatchError, match="non-nullable column 'body' has 1 nulls"):
+        commit_files(path, [("groups.parquet", {})], app_id="ext", batch_id=0)
+    assert DeltaTable(str(path)).version() == 0
+    assert committed_batch(path, "ext") is None
+    # Through the write paths: conform()'s row check refuses before any commit.
+    before = data_files(path)
+    for write in (
+        lambda: append_batch(blob_frame(spark, rows, nullable), path, app_id="a", batch_id=0),
+        lambda: merge_batch(
+            blob_frame(spark, rows, nullable), path, keys=["id"], app_id="m", batch_id=0
+        ),
+        lambda: merge_batch(
+            blob_frame(spark, rows, nullable),
+            path,
+            keys=["id"],
+            app_id="i",
+            batch_id=0,
+            mode="insert_if_absent",
+        ),
+        lambda: overwrite_range(
+            blob_frame(spark, rows, nullable),
+            path,
+            predicate="id < 10",
+            app_id="o",
+            batch_id=0,
+            check_batch=False,
+        ),
+    ):
+        with pytest.raises(SchemaMismatchError, match="null in non-nullable column 'body'"):
+            write()
+    assert data_files(path) == before
+    assert DeltaTable(str(path)).version() == 0
