@@ -156,6 +156,16 @@ def table_before(path: str, app_id: str, batch_id: int) -> pa.Table:
     return delta.read_arrow(path, first - 1)
 
 
+def without(table: pa.Table, other: pa.Table) -> pa.Table:
+    """Rows of ``table`` whose (partition, offset) is not in ``other`` (small tables: parking)."""
+    drop = set(zip(other.column("partition").to_pylist(), other.column("offset").to_pylist(), strict=True))
+    keep = [
+        k not in drop
+        for k in zip(table.column("partition").to_pylist(), table.column("offset").to_pylist(), strict=True)
+    ]
+    return table.filter(pa.array(keep, pa.bool_()))
+
+
 # ------------------------------------------------------------------ agents
 
 
@@ -273,9 +283,7 @@ class SilverBatchWriter:
         resolved = table_before(self.settings.path("parked_resolved"), self.app_id, batch_id)
         if resolved.num_rows == 0:
             return parked
-        return parked.join(
-            resolved.select(["partition", "offset"]), ["partition", "offset"], join_type="left anti"
-        ).select(PARKED.names)
+        return without(parked, resolved)
 
     def __call__(self, df: DataFrame, batch_id: int) -> None:
         from pipeline.transforms.silver import decode_bronze, unpack
@@ -338,10 +346,7 @@ class SilverBatchWriter:
                 again = decode_arrow(todo, ext.copy(), batch_id, self.kinds)
                 still = again.get(PARKED_T)
                 again.tables.pop(PARKED_T, None)  # still parked: stays pending, not parked twice
-                done = todo.join(
-                    still.select(["partition", "offset"]), ["partition", "offset"],
-                    join_type="left anti",
-                )  # fmt: skip
+                done = without(todo, still)
                 resolved = pa.table(
                     {
                         "partition": done.column("partition"),
@@ -356,7 +361,7 @@ class SilverBatchWriter:
         merged = Decoded.concat(parts)
         merged.tables["agents"] = agent_rows(merged, batch_id)
         merged.tables["parked_resolved"] = resolved
-        self._report_stale(pending, merged.get(PARKED_T), report)
+        self._report_stale(without(pending, resolved), merged.get(PARKED_T), report)
         t1 = time.perf_counter()
         for name in WRITE_ORDER:
             t = merged.tables.get(name)
