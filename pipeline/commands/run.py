@@ -114,10 +114,10 @@ def _bronze_summary(table: Path) -> dict[str, Any]:
     """Row count and a decode summary of bronze: proof the bodies are QMF."""
     from pipeline import delta
     from pipeline.codec.message import decode_message
-    from pipeline.codec.schema import SchemaRegistry
+    from pipeline.codec.seed import seeded_registry
 
     t = delta.read_arrow(str(table)).sort_by([("partition", "ascending"), ("offset", "ascending")])
-    registry = SchemaRegistry()
+    registry = seeded_registry("xml")
     by_opcode: dict[str, int] = {}
     problems = 0
     cols = t.select(["body", "routing_key", "content_type", "app_id", "application_properties"])
