@@ -28,7 +28,9 @@ from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
 
+import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 from pyspark.sql.datasource import (
     DataSource,
     DataSourceReader,
@@ -56,6 +58,7 @@ Offsets = dict[str, int]
 NAME = "qmf"
 DEFAULT_MAX_RECORDS_PER_PARTITION = 50_000
 ARROW_BATCH_ROWS = 10_000
+ARROW_BATCH_BYTES = 64 << 20
 TRUE_VALUES = {"true", "1", "yes", "on"}
 FALSE_VALUES = {"false", "0", "no", "off"}
 
@@ -270,7 +273,29 @@ def read_range(rng: LandingRange, schema: pa.Schema) -> Iterator[pa.RecordBatch]
         raise RuntimeError(f"{rng}: read {table.num_rows} rows, expected {rng.end - rng.start}")
     if not table.schema.equals(schema):
         table = table.select(schema.names).cast(schema)
-    yield from table.combine_chunks().to_batches(max_chunksize=ARROW_BATCH_ROWS)
+    yield from bounded_batches(table, ARROW_BATCH_ROWS, ARROW_BATCH_BYTES)
+
+
+def bounded_batches(table: pa.Table, max_rows: int, max_bytes: int) -> Iterator[pa.RecordBatch]:
+    """``table`` in batches of at most ``max_rows`` rows and about ``max_bytes`` of bodies.
+
+    Bodies of real traffic reach ~100 KB: 10,000 of them in one batch would be
+    a gigabyte handed to the JVM at once, and combining a partition's segments
+    into one array overflows Arrow's 2 GiB binary offsets. A body larger than
+    ``max_bytes`` travels alone.
+    """
+    n = table.num_rows
+    if n == 0:
+        return
+    sizes = pc.binary_length(table.column("body")).to_numpy(zero_copy_only=False)
+    cum = np.cumsum(sizes.astype(np.int64))
+    start = 0
+    while start < n:
+        before = int(cum[start - 1]) if start else 0
+        by_bytes = int(np.searchsorted(cum, before + max_bytes, side="right"))
+        end = min(n, start + max_rows, max(by_bytes, start + 1))
+        yield from table.slice(start, end - start).combine_chunks().to_batches()
+        start = end
 
 
 def _arrow_schema(schema: StructType) -> pa.Schema:
