@@ -99,23 +99,8 @@ EVENT = "event"
 SEED = "seed"
 WIRE = "wire"
 
-# Where an element's value goes in object_samples: ints (integers, booleans,
-# times), floats (float, double), texts (strings, uuids, references, maps and
-# lists as JSON).
-SLOT_INTS = "ints"
-SLOT_FLOATS = "floats"
-SLOT_TEXTS = "texts"
-_FLOAT_CODES = frozenset({12, 13})
-_TEXT_CODES = frozenset({6, 7, 10, 14, 15, 20, 21, 22})
-
-
-def slot_kind(type_code: int) -> str:
-    """The typed list of object_samples that holds values of this QMF type."""
-    if type_code in _FLOAT_CODES:
-        return SLOT_FLOATS
-    if type_code in _TEXT_CODES:
-        return SLOT_TEXTS
-    return SLOT_INTS
+# Where an element's value goes in object_samples (the codec's compact layout).
+from pipeline.codec.vectorized import SLOT_FLOATS, SLOT_INTS, SLOT_TEXTS, slot_kind  # noqa: E402
 
 
 def slots(schema: ClassSchema) -> list[tuple[str, int]]:

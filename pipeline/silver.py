@@ -87,6 +87,7 @@ class SilverSettings:
     max_files_per_trigger: int | None = None
     parked_max_age_s: float = 3600.0
     registry_touch_s: float = 60.0
+    agents_touch_s: float = 60.0
     query_name: str = "qmf_silver"
 
     def __post_init__(self) -> None:
@@ -111,16 +112,15 @@ def ensure_tables(settings: SilverSettings) -> RegistryTable:
 # ------------------------------------------------------------------ Delta helpers
 
 
-def append_arrow(path: str, table: pa.Table, schema: pa.Schema, *, app_id: str, batch_id: int) -> bool:
+def append_arrow(
+    path: str, table: pa.Table, schema: pa.Schema, *, app_id: str, batch_id: int
+) -> bool:
     """Append one Arrow table as one Parquet file, exactly once; False if already committed.
 
     pyarrow writes the file straight into the table folder (silver batches
     are compact after decoding) and ``pipeline.delta.commit_files`` checks it
     and commits it with the app transaction.
     """
-    done = delta.committed_batch(path, app_id)
-    if done is not None and batch_id <= done:
-        return False
     name = f"part-{batch_id:08d}-{uuid.uuid4().hex}.parquet"
     full = os.path.join(path, name)
     pq.write_table(table.select(schema.names).cast(schema), full, compression="snappy")
@@ -158,10 +158,14 @@ def table_before(path: str, app_id: str, batch_id: int) -> pa.Table:
 
 def without(table: pa.Table, other: pa.Table) -> pa.Table:
     """Rows of ``table`` whose (partition, offset) is not in ``other`` (small tables: parking)."""
-    drop = set(zip(other.column("partition").to_pylist(), other.column("offset").to_pylist(), strict=True))
+    drop = set(
+        zip(other.column("partition").to_pylist(), other.column("offset").to_pylist(), strict=True)
+    )
     keep = [
         k not in drop
-        for k in zip(table.column("partition").to_pylist(), table.column("offset").to_pylist(), strict=True)
+        for k in zip(
+            table.column("partition").to_pylist(), table.column("offset").to_pylist(), strict=True
+        )
     ]
     return table.filter(pa.array(keep, pa.bool_()))
 
@@ -254,6 +258,11 @@ class SilverBatchWriter:
         self.registry = ensure_tables(settings)
         self.kinds = self.registry.kinds
         self._reg_cache: tuple[tuple[int, int], SchemaRegistry] | None = None
+        # State after the last batch this writer finished: (batch id, registry, pending
+        # parked). The next batch id starts from it instead of re-reading the tables
+        # (this writer is the only one writing them); any other batch id reloads.
+        self._after: tuple[int, SchemaRegistry, pa.Table] | None = None
+        self._agents_seen: dict[tuple[str, str], datetime] | None = None
         self.reports: list[BatchReport] = []
         self.stale_parked: pa.Table = PARKED.empty_table()
 
@@ -263,7 +272,36 @@ class SilverBatchWriter:
             self._app_id = f"qmf-silver-{checkpoint_query_id(self.settings.checkpoint)}"
         return self._app_id
 
+    def _agents_to_write(self, rows: pa.Table) -> pa.Table:
+        """Observations of new agents, or of agents last written ``agents_touch_s`` ago or more.
+
+        A commit per batch only to move ``last_seen`` by a second is pure
+        fixed cost; ``agents_view`` gives first/last seen to that precision.
+        """
+        if self._agents_seen is None:
+            t = delta.read_arrow(self.settings.path("agents"))
+            self._agents_seen = {}
+            for a, d, ls in zip(
+                *(t.column(c).to_pylist() for c in ("agent", "dialect", "last_seen")), strict=True
+            ):
+                prev = self._agents_seen.get((a, d))
+                self._agents_seen[(a, d)] = ls if prev is None else max(prev, ls)
+        keep = []
+        for i, (a, d, ls) in enumerate(
+            zip(
+                *(rows.column(c).to_pylist() for c in ("agent", "dialect", "last_seen")),
+                strict=True,
+            )
+        ):
+            prev = self._agents_seen.get((a, d))
+            if prev is None or (ls - prev).total_seconds() >= self.settings.agents_touch_s:
+                keep.append(i)
+                self._agents_seen[(a, d)] = ls
+        return rows.take(pa.array(keep, pa.int64()))
+
     def registry_before(self, batch_id: int) -> SchemaRegistry:
+        if self._after is not None and self._after[0] == batch_id - 1:
+            return self._after[1].copy()
         from deltalake import DeltaTable
 
         from pipeline.registry import to_registry, visible_rows
@@ -277,6 +315,8 @@ class SilverBatchWriter:
 
     def pending_parked(self, batch_id: int) -> pa.Table:
         """Parked messages not resolved, as of before this batch."""
+        if self._after is not None and self._after[0] == batch_id - 1:
+            return self._after[2]
         parked = table_before(self.settings.path("parked"), self.app_id, batch_id)
         if parked.num_rows == 0:
             return parked
@@ -331,7 +371,9 @@ class SilverBatchWriter:
                 [parse_key_text(m) in ext for m in parked_now.column("missing").to_pylist()]
             )
             if known.any():
-                again = decode_arrow(parked_now.filter(pa.array(known)), ext.copy(), batch_id, self.kinds)
+                again = decode_arrow(
+                    parked_now.filter(pa.array(known)), ext.copy(), batch_id, self.kinds
+                )
                 decoded.tables[PARKED_T] = parked_now.filter(pa.array(~known))
                 parts.append(again)
                 seen_rows.append(again.get(SEEN_T))
@@ -359,9 +401,11 @@ class SilverBatchWriter:
                 seen_rows.append(again.get(SEEN_T))
                 report.resolved = resolved.num_rows
         merged = Decoded.concat(parts)
-        merged.tables["agents"] = agent_rows(merged, batch_id)
+        merged.tables["agents"] = self._agents_to_write(agent_rows(merged, batch_id))
         merged.tables["parked_resolved"] = resolved
-        self._report_stale(without(pending, resolved), merged.get(PARKED_T), report)
+        still = without(pending, resolved)
+        self._report_stale(still, merged.get(PARKED_T), report)
+        self._after = None
         t1 = time.perf_counter()
         for name in WRITE_ORDER:
             t = merged.tables.get(name)
@@ -382,21 +426,40 @@ class SilverBatchWriter:
             for r in t.to_pylist()
         ]
         if self.registry.update(
-            seen, app_id=self.app_id, batch_id=batch_id, touch_after_s=self.settings.registry_touch_s
+            seen,
+            app_id=self.app_id,
+            batch_id=batch_id,
+            touch_after_s=self.settings.registry_touch_s,
         ):
             report.committed.append("schema_registry")
         t2 = time.perf_counter()
         report.seconds.update({"resolve": t1 - t0, "write": t2 - t1})
+        for sc in seen:
+            if sc.schema.key not in ext:
+                ext.add(sc.schema)
+        self._after = (
+            batch_id,
+            ext,
+            pa.concat_tables(
+                [still.select(PARKED.names), merged.get(PARKED_T).select(PARKED.names).cast(PARKED)]
+            ),
+        )
         self.reports.append(report)
         return report
 
     def _report_stale(self, pending: pa.Table, new: pa.Table, report: BatchReport) -> None:
-        both = pa.concat_tables([pending.select(PARKED.names), new.select(PARKED.names).cast(PARKED)])
+        both = pa.concat_tables(
+            [pending.select(PARKED.names), new.select(PARKED.names).cast(PARKED)]
+        )
         if both.num_rows == 0:
             self.stale_parked = PARKED.empty_table()
             return
         limit = datetime.now(UTC) - timedelta(seconds=self.settings.parked_max_age_s)
-        old = both.filter(pc.less(both.column("received_at"), pa.scalar(limit, both.schema.field("received_at").type)))
+        old = both.filter(
+            pc.less(
+                both.column("received_at"), pa.scalar(limit, both.schema.field("received_at").type)
+            )
+        )
         self.stale_parked = old
         report.stale_parked = old.num_rows
         if old.num_rows:

@@ -701,6 +701,226 @@ def _element_column(
     return _numeric(slots, vb, nulls, t)
 
 
+# ------------------------------------------------------------ compact layout
+#
+# One table for every class: the identity columns, the index key, then the
+# element values in three typed lists (``ints``: integers, booleans as 0/1,
+# times; ``floats``: float and double; ``texts``: every text column above),
+# each in schema order (properties, then statistics). An element's position
+# in its list is its *slot* (``slots``). Built straight from the kernel's slot
+# matrix: one numpy transpose per list, no Arrow call per element.
+
+SLOT_INTS = "ints"
+SLOT_FLOATS = "floats"
+SLOT_TEXTS = "texts"
+_FLOAT_CODES = frozenset({12, 13})
+
+
+def slot_kind(type_code: int) -> str:
+    """The typed list that holds values of this QMF type in the compact layout."""
+    if type_code in _FLOAT_CODES:
+        return SLOT_FLOATS
+    if type_code in _TEXT_TYPES:
+        return SLOT_TEXTS
+    return SLOT_INTS
+
+
+COMPACT_SCHEMA = pa.schema(
+    [
+        *IDENTITY_FIELDS,
+        pa.field("index_key", pa.string()),
+        pa.field(SLOT_INTS, pa.list_(pa.int64())),
+        pa.field(SLOT_FLOATS, pa.list_(pa.float64())),
+        pa.field(SLOT_TEXTS, pa.list_(pa.string())),
+    ]
+)
+
+
+@dataclass(frozen=True)
+class _Layout:
+    ints: tuple[int, ...]  # element positions (properties then statistics) per list
+    floats: tuple[int, ...]
+    texts: tuple[int, ...]
+    index: tuple[int, ...]  # index properties
+
+
+_LAYOUTS: dict[SchemaKey, tuple[ClassSchema, _Layout]] = {}
+
+
+def _layout(schema: ClassSchema) -> _Layout:
+    hit = _LAYOUTS.get(schema.key)
+    if hit is not None and hit[0] == schema:
+        return hit[1]
+    groups: dict[str, list[int]] = {SLOT_INTS: [], SLOT_FLOATS: [], SLOT_TEXTS: []}
+    for i, e in enumerate((*schema.properties, *schema.statistics)):
+        groups[slot_kind(e.type_code)].append(i)
+    out = _Layout(
+        tuple(groups[SLOT_INTS]),
+        tuple(groups[SLOT_FLOATS]),
+        tuple(groups[SLOT_TEXTS]),
+        tuple(i for i, p in enumerate(schema.properties) if p.index),
+    )
+    if len(_LAYOUTS) > 4096:
+        _LAYOUTS.clear()
+    _LAYOUTS[schema.key] = (schema, out)
+    return out
+
+
+def _list_of(values: npt.NDArray[Any], valid: npt.NDArray[np.bool_], t: pa.DataType) -> pa.Array:
+    """A list column from a (k, n) value matrix and its validity: row i = column i."""
+    k, n = values.shape
+    offsets = pa.py_buffer(np.arange(n + 1, dtype=np.int32) * k)
+    flat = np.ascontiguousarray(values.T).reshape(-1)
+    ok = valid.T.reshape(-1)
+    nulls = int(flat.size - np.count_nonzero(ok))
+    vb = _bitmap(ok) if nulls else None
+    child = pa.Array.from_buffers(t, flat.size, [vb, pa.py_buffer(flat)], nulls)
+    return pa.ListArray.from_buffers(pa.list_(t), n, [None, offsets], children=[child])
+
+
+def _texts_of(cols: list[pa.Array], n: int) -> pa.Array:
+    """Text columns -> one list<string> column, row-major."""
+    k = len(cols)
+    offsets = pa.array(np.arange(n + 1, dtype=np.int32) * k, pa.int32())
+    if k == 0:
+        return pa.ListArray.from_arrays(offsets, pa.array([], pa.string()))
+    flat = pa.concat_arrays(cols) if k > 1 else cols[0]
+    if k > 1:
+        perm = np.arange(n, dtype=np.int64)[:, None] + np.arange(k, dtype=np.int64)[None, :] * n
+        flat = flat.take(pa.array(perm.reshape(-1)))
+    return pa.ListArray.from_arrays(offsets, flat)
+
+
+def _escape(a: pa.Array) -> pa.Array:
+    import pyarrow.compute as pc
+
+    a = pc.replace_substring(a, "\\", "\\\\")
+    return pc.replace_substring(a, '"', '\\"')
+
+
+def index_key(cols: list[pa.Array], n: int) -> pa.Array:
+    """JSON array (of strings) of the index properties' values; null where one is absent."""
+    import pyarrow.compute as pc
+
+    if not cols:
+        return pa.nulls(n, pa.string())
+    parts = [_escape(c.cast(pa.string())) for c in cols]
+    if any(pc.any(pc.match_substring_regex(p, "[\\x00-\\x1f]")).as_py() for p in parts):
+        rows = zip(*(p.to_pylist() for p in parts), strict=True)
+        return pa.array(  # rare: control characters need JSON escapes
+            [None if any(v is None for v in r) else json.dumps(list(r)) for r in rows], pa.string()
+        )
+    inner = pc.binary_join_element_wise(*parts, '","', null_handling="emit_null")
+    return pc.binary_join_element_wise('["', inner, '"]', "", null_handling="emit_null")
+
+
+def _class_compact(
+    ctx: _Ctx, sub: I64, schema: ClassSchema
+) -> tuple[pa.Table | None, npt.NDArray[np.bool_]]:
+    """One class's kernel-decoded records in ``COMPACT_SCHEMA``, or (None, failed records)."""
+    w = ctx.w
+    n = sub.shape[1]
+    cols: dict[str, Any] = _identity(ctx, sub, schema)
+    presence = sub[K.R_PRESENCE]
+    ver = sub[K.R_VER]
+    failed = np.zeros(n, np.bool_)
+    comp = ctx.comp
+    k = int(sub[K.R_SCHEMA, 0])
+    elements = (*schema.properties, *schema.statistics)
+    lay = _layout(schema)
+    mats: list[I64] = []
+    valids: list[npt.NDArray[np.bool_]] = []
+    texts: dict[int, pa.Array] = {}
+    bit = 0
+    at = 0
+    for group, base, is_props in (
+        (schema.properties, sub[K.R_POFF], True),
+        (schema.statistics, sub[K.R_SOFF], False),
+    ):
+        if not group:
+            continue
+        has = base >= 0
+        if not has.any():
+            mats.append(np.zeros((len(group), n), np.int64))
+            valids.append(np.zeros((len(group), n), np.bool_))
+            for j, e in enumerate(group):
+                if slot_kind(e.type_code) == SLOT_TEXTS:
+                    texts[at + j] = pa.nulls(n, pa.string())
+            if is_props:
+                bit += sum(1 for e in group if e.optional)
+            at += len(group)
+            continue
+        e0 = int(comp.p_start[k] if is_props else comp.s_start[k])
+        sl = slice(e0, e0 + len(group))
+        mat = K.fill(w.data, base, presence, ver, comp.el_kind[sl], comp.el_bit[sl], comp.u64run[sl])
+        val = np.empty((len(group), n), np.bool_)
+        n_absent = int(n - np.count_nonzero(has))
+        has_bitmap = _bitmap(has) if n_absent else None
+        for j, e in enumerate(group):
+            if is_props and e.optional:
+                nulls = K.validity(base, presence, bit, val[j])
+                vb = _bitmap(val[j]) if nulls else None
+                bit += 1
+            else:
+                val[j] = has
+                nulls, vb = n_absent, has_bitmap
+            t = e.type_code
+            if slot_kind(t) == SLOT_TEXTS:
+                arr = _element_column(w, e, mat[j], val[j], vb, nulls, ver, failed)
+                texts[at + j] = arr if arr.type == pa.string() else arr.cast(pa.string())
+            elif t == 12:
+                mat[j] = mat[j].astype(np.uint32).view(np.float32).astype(np.float64).view(np.int64)
+        mats.append(mat)
+        valids.append(val)
+        at += len(group)
+    if failed.any():
+        return None, failed
+    allm = np.concatenate(mats) if len(mats) > 1 else mats[0] if mats else np.zeros((0, n), np.int64)
+    allv = np.concatenate(valids) if len(valids) > 1 else valids[0] if valids else np.zeros((0, n), np.bool_)
+    ints = list(lay.ints)
+    flts = list(lay.floats)
+    cols["index_key"] = index_key(
+        [
+            texts[i] if i in texts else _numeric_text(allm[i], allv[i], elements[i].type_code)
+            for i in lay.index
+        ],
+        n,
+    )
+    cols[SLOT_INTS] = _list_of(allm[ints], allv[ints], pa.int64())
+    cols[SLOT_FLOATS] = _list_of(allm[flts].view(np.float64), allv[flts], pa.float64())
+    cols[SLOT_TEXTS] = _texts_of([texts[i] for i in lay.texts], n)
+    return pa.table(cols, schema=COMPACT_SCHEMA), failed
+
+
+def _numeric_text(slots: I64, valid: npt.NDArray[np.bool_], t: int) -> pa.Array:
+    """A numeric index property as text (rare: qpid's index properties are names and refs)."""
+    vals = slots.view(np.float64) if t in _FLOAT_CODES else slots
+    return pa.array(vals, mask=~valid).cast(pa.string())
+
+
+def wide_to_compact(wide: pa.Table, schema: ClassSchema) -> pa.Table:
+    """A per-class wide table (``sample_schema``) -> ``COMPACT_SCHEMA`` (the per-record path's way)."""
+    n = wide.num_rows
+    lay = _layout(schema)
+    names = [column_name(e.name) for e in (*schema.properties, *schema.statistics)]
+
+    def col(i: int) -> pa.Array:
+        return wide.column(names[i]).combine_chunks()
+
+    def packed(idx: tuple[int, ...], t: pa.DataType) -> pa.Array:
+        offsets = pa.array(np.arange(n + 1, dtype=np.int32) * len(idx), pa.int32())
+        if not idx:
+            return pa.ListArray.from_arrays(offsets, pa.array([], t))
+        return _texts_of([col(i).cast(t) for i in idx], n).cast(pa.list_(t))
+
+    cols: dict[str, Any] = {f.name: wide.column(f.name) for f in IDENTITY_FIELDS}
+    cols["index_key"] = index_key([col(i) for i in lay.index], n)
+    cols[SLOT_INTS] = packed(lay.ints, pa.int64())
+    cols[SLOT_FLOATS] = packed(lay.floats, pa.float64())
+    cols[SLOT_TEXTS] = packed(lay.texts, pa.string())
+    return pa.table(cols, schema=COMPACT_SCHEMA)
+
+
 # ------------------------------------------------------------ per-record path
 
 PerRecord = Callable[[bytes, SchemaRegistry, Mapping[str, Any]], tuple[list[Any], list[Any]]]
@@ -771,6 +991,7 @@ def decode_content(
     registry: SchemaRegistry,
     *,
     per_record: PerRecord | None = None,
+    compact: bool = False,
 ) -> ContentResult:
     """Decode the object samples of a batch of raw messages (see the module docstring).
 
@@ -780,6 +1001,8 @@ def decode_content(
     input order (message row, then record index). As in the per-record codec,
     schema responses met in fallback messages are added to ``registry``.
     ``per_record`` replaces the per-message decoder (tests, instrumentation).
+    ``compact=True``: every class's table has ``COMPACT_SCHEMA`` (identity,
+    index key, typed value lists in slot order) instead of one column per element.
     """
     table = batch if isinstance(batch, pa.Table) else pa.Table.from_batches([batch])
     table = table.combine_chunks()
@@ -827,7 +1050,7 @@ def decode_content(
                 ]
             for sub in subs:
                 schema = comp.schemas[int(sub[K.R_SCHEMA, 0])]
-                tbl, failed = _class_table(ctx, sub, schema)
+                tbl, failed = (_class_compact if compact else _class_table)(ctx, sub, schema)
                 if failed.any():
                     late |= set(sub[K.R_MSG][failed].tolist())
                 elif tbl is not None:
@@ -878,7 +1101,12 @@ def decode_content(
         sch = registry.get(sk)
         assert sch is not None
         tables.setdefault(sk, []).append(
-            (records_to_table(items, sch), np.array(fb_rows[sk], np.int64))
+            (
+                wide_to_compact(records_to_table(items, sch), sch)
+                if compact
+                else records_to_table(items, sch),
+                np.array(fb_rows[sk], np.int64),
+            )
         )
     samples = {k: _in_input_order(v) for k, v in tables.items()}
     return ContentResult(

@@ -38,16 +38,16 @@ from pyspark.sql import functions as F
 
 from pipeline.codec.records import Event, Heartbeat, MethodResponse, QmfException, SchemaResponse
 from pipeline.codec.schema import ClassSchema, SchemaKey, SchemaRegistry
-from pipeline.codec.vectorized import arrow_type, column_name, decode_content, to_json
-from pipeline.registry import (
+from pipeline.codec.vectorized import (
     SLOT_FLOATS,
     SLOT_INTS,
     SLOT_TEXTS,
-    StatisticKinds,
-    registry_row,
-    rows_table,
-    slot_kind,
+    arrow_type,
+    column_name,
+    decode_content,
+    to_json,
 )
+from pipeline.registry import StatisticKinds, registry_row, rows_table
 from schemas.silver import (
     EVENTS,
     HEARTBEATS,
@@ -119,107 +119,31 @@ def ns_to_timestamp(ns: pa.Array | pa.ChunkedArray) -> pa.Array:
 
 # ---------------------------------------------------------------- sample packing
 
-
-@dataclass(frozen=True)
-class _Layout:
-    """Which wide-table columns go to which typed list, in slot order."""
-
-    ints: tuple[str, ...]
-    floats: tuple[str, ...]
-    texts: tuple[str, ...]
-    index: tuple[str, ...]  # index property columns
-
-
-_LAYOUTS: dict[SchemaKey, tuple[ClassSchema, _Layout]] = {}
-
-
-def layout(schema: ClassSchema) -> _Layout:
-    hit = _LAYOUTS.get(schema.key)
-    if hit is not None and hit[0] == schema:
-        return hit[1]
-    groups: dict[str, list[str]] = {SLOT_INTS: [], SLOT_FLOATS: [], SLOT_TEXTS: []}
-    for e in (*schema.properties, *schema.statistics):
-        groups[slot_kind(e.type_code)].append(column_name(e.name))
-    out = _Layout(
-        tuple(groups[SLOT_INTS]),
-        tuple(groups[SLOT_FLOATS]),
-        tuple(groups[SLOT_TEXTS]),
-        tuple(column_name(p.name) for p in schema.properties if p.index),
-    )
-    if len(_LAYOUTS) > 4096:
-        _LAYOUTS.clear()
-    _LAYOUTS[schema.key] = (schema, out)
-    return out
-
-
-def _pack(table: pa.Table, names: Sequence[str], t: pa.DataType) -> pa.Array:
-    """Columns -> one list column, row-major (row i holds the row's values in ``names`` order)."""
-    n = table.num_rows
-    k = len(names)
-    offsets = pa.array(np.arange(n + 1, dtype=np.int32) * k, pa.int32())
-    if k == 0:
-        return pa.ListArray.from_arrays(offsets, pa.array([], t))
-    cols = [table.column(c).combine_chunks() for c in names]
-    cols = [c if c.type == t else c.cast(t) for c in cols]
-    flat = pa.concat_arrays(cols)
-    if k > 1:
-        perm = (np.arange(n, dtype=np.int64)[:, None] + np.arange(k, dtype=np.int64)[None, :] * n)
-        flat = flat.take(pa.array(perm.ravel()))
-    return pa.ListArray.from_arrays(offsets, flat)
-
-
-def _escape(a: pa.Array) -> pa.Array:
-    a = pc.replace_substring(a, "\\", "\\\\")
-    return pc.replace_substring(a, '"', '\\"')
-
-
-def _index_key(table: pa.Table, names: Sequence[str]) -> pa.Array:
-    """JSON array (of strings) of the index properties; null where they are absent ('i' records)."""
-    n = table.num_rows
-    if not names:
-        return pa.nulls(n, pa.string())
-    parts = [_escape(table.column(c).combine_chunks().cast(pa.string())) for c in names]
-    if any(pc.any(pc.match_substring_regex(p, "[\\x00-\\x1f]")).as_py() for p in parts):
-        import json
-
-        rows = zip(*(p.to_pylist() for p in parts), strict=True)
-        return pa.array(
-            [None if any(v is None for v in r) else json.dumps(list(r)) for r in rows], pa.string()
-        )  # rare: control characters need JSON escapes
-    inner = pc.binary_join_element_wise(*parts, '","', null_handling="emit_null")
-    return pc.binary_join_element_wise('["', inner, '"]', "", null_handling="emit_null")
+_DERIVED = ("partition", "offset", "batch_id", "msg_key", "update_time", "create_time", "delete_time")
 
 
 def pack_samples(
-    wide: pa.Table, schema: ClassSchema, partition: pa.Array, offset: pa.Array, batch_id: int
+    compact: Sequence[pa.Table], meta_cols: Mapping[str, pa.Array], batch_id: int
 ) -> pa.Table:
-    """One class's wide sample table (rows' ``msg_key`` = bronze row number) -> OBJECT_SAMPLES rows."""
-    lay = layout(schema)
-    rows = pc.cast(wide.column("msg_key"), pa.int64())
+    """Per-class compact tables (``COMPACT_SCHEMA``; ``msg_key`` = bronze row) -> OBJECT_SAMPLES.
+
+    All classes share one schema, so this is one concatenation, then the
+    bronze identity and the timestamps, built once per batch.
+    """
+    t = pa.concat_tables(compact) if len(compact) > 1 else compact[0]
+    rows = pc.cast(t.column("msg_key"), pa.int64())
     cols: dict[str, Any] = {
-        "partition": partition.take(rows),
-        "offset": offset.take(rows),
-        "record_index": wide.column("record_index"),
-        "batch_id": pa.array(np.full(wide.num_rows, batch_id, np.int64)),
+        "partition": meta_cols["partition"].take(rows),
+        "offset": meta_cols["offset"].take(rows),
+        "batch_id": pa.array(np.full(t.num_rows, batch_id, np.int64)),
+        "msg_key": meta_cols["msg_key"].take(rows),
     }
-    for f in OBJECT_SAMPLES:
-        name = f.name
-        if name in cols:
-            continue
-        if name.endswith("_time"):
-            cols[name] = ns_to_timestamp(wide.column(name[:-5] + "_ns"))
-        elif name == "index_key":
-            cols[name] = _index_key(wide, lay.index)
-        elif name == SLOT_INTS:
-            cols[name] = _pack(wide, lay.ints, pa.int64())
-        elif name == SLOT_FLOATS:
-            cols[name] = _pack(wide, lay.floats, pa.float64())
-        elif name == SLOT_TEXTS:
-            cols[name] = _pack(wide, lay.texts, pa.string())
-        elif name != "msg_key":
-            cols[name] = wide.column(name)
-    cols["msg_key"] = pa.nulls(wide.num_rows, pa.string())  # set by the caller (real keys)
-    return pa.table(cols).select(OBJECT_SAMPLES.names)
+    for name in ("update", "create", "delete"):
+        cols[f"{name}_time"] = ns_to_timestamp(t.column(f"{name}_ns"))
+    return pa.table(
+        [cols[c] if c in _DERIVED else t.column(c) for c in OBJECT_SAMPLES.names],
+        schema=OBJECT_SAMPLES,
+    )
 
 
 # ---------------------------------------------------------------- the decode
@@ -343,7 +267,7 @@ def decode_arrow(
     for c in _META:
         if c in table.column_names:
             inp[c] = table.column(c)
-    res = decode_content(pa.table(inp), registry)
+    res = decode_content(pa.table(inp), registry, compact=True)
     out.fast_messages, out.fallback_messages = res.fast_messages, res.fallback_messages
 
     # Messages to park (a schema is missing), and the quarantine (other problems).
@@ -362,33 +286,32 @@ def decode_arrow(
             parked.setdefault(row, mk)
         else:
             problems.append((row, reason, off))
-    for (key, r) in res.others:
+    for key, r in res.others:
         if getattr(r, "kind", None) == "object":  # QMF v2 data of an unknown class
             parked.setdefault(int(key), SchemaKey(r.package, r.class_name, r.schema_hash))
     park_rows = np.array(sorted(parked), np.int64) if parked else _EMPTY_I64
 
     # Object samples: pack each class's wide table, minus parked messages.
-    samples: list[pa.Table] = []
+    wides: list[pa.Table] = []
     good_per_row: dict[int, int] = {}
     for sk, wide in res.samples.items():
         schema = registry.get(sk)
         assert schema is not None
-        rows = np.asarray(pc.cast(wide.column("msg_key"), pa.int64()).to_numpy(), np.int64)
-        if len(park_rows):
-            keep = ~np.isin(rows, park_rows)
-            if not keep.all():
-                wide = wide.filter(pa.array(keep))
-                rows = rows[keep]
-        if wide.num_rows == 0:
-            continue
-        if problems:
-            for r_ in rows.tolist():
-                good_per_row[r_] = good_per_row.get(r_, 0) + 1
-        t = pack_samples(wide, schema, meta.partition, meta.offset, batch_id)
-        samples.append(t.set_column(t.schema.get_field_index("msg_key"), "msg_key",
-                                    meta.msg_key.take(pa.array(rows))))  # fmt: skip
-    if samples:
-        out.tables[SAMPLES] = pa.concat_tables(samples)
+        if len(park_rows) or problems:
+            rows = np.asarray(pc.cast(wide.column("msg_key"), pa.int64()).to_numpy(), np.int64)
+            if len(park_rows):
+                keep = ~np.isin(rows, park_rows)
+                if not keep.all():
+                    wide = wide.filter(pa.array(keep))
+                    rows = rows[keep]
+            if problems:
+                for r_ in rows.tolist():
+                    good_per_row[r_] = good_per_row.get(r_, 0) + 1
+        if wide.num_rows:
+            wides.append(wide)
+    if wides:
+        meta_cols = {"partition": meta.partition, "offset": meta.offset, "msg_key": meta.msg_key}
+        out.tables[SAMPLES] = pack_samples(wides, meta_cols, batch_id)
 
     events: list[dict[str, Any]] = []
     beats: list[dict[str, Any]] = []
@@ -564,7 +487,9 @@ def wide_columns(row: Mapping[str, Any]) -> list[tuple[str, str, int, pa.DataTyp
     """(column, list, slot, Arrow type) of every property and statistic of a registry row."""
     out = []
     for e in [*(row["properties"] or ()), *(row["statistics"] or ())]:
-        out.append((column_name(e["name"]), e["slot_kind"], int(e["slot"]), arrow_type(e["type_code"])))
+        out.append(
+            (column_name(e["name"]), e["slot_kind"], int(e["slot"]), arrow_type(e["type_code"]))
+        )
     return out
 
 

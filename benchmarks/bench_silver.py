@@ -1,0 +1,219 @@
+"""Silver throughput: object-sample records/s into Delta, next to ``decode_content`` alone, same run.
+
+Two streams of bronze-shaped rows (schemas.tables.BRONZE):
+
+(a) ``mixed``: the real capture's AM2 content messages (11 classes, c/i/g,
+    ~4.7 records per message), repeated;
+(b) ``queue-i``: broker queue 'i' statistics, 100 records per AM2 message.
+
+Each is cut into micro-batches of ``--small`` messages (200: real traffic's
+batch size) and ``--large`` messages. Per configuration it prints records/s
+(wall time, best of ``--repeat``) of:
+
+* ``per-record``      the per-record codec (``decode_message`` per message): the baseline;
+* ``decode_content``  the vectorized decode alone (per-class wide Arrow tables);
+* ``decode_arrow``    the silver decode (compact object_samples + the other tables), no Spark;
+* ``local->Delta``    decode_arrow + the silver writer's Delta commits, on the driver (no Spark);
+* ``job->Delta``      the silver job's micro-batch through Spark: bronze Delta read,
+                      ``mapInArrow`` decode on local[2], results to the driver, Delta commits;
+* ``wide->Delta``     the alternative layout: ``decode_content``'s per-class wide tables,
+                      one Delta table (and commit) per class.
+
+Usage (about 2-3 minutes on 2 busy cores):
+
+    .venv/bin/python benchmarks/bench_silver.py [--records 100000] [--small 200] [--large 5000]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import sys
+import tempfile
+import time
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
+sys.path.insert(0, os.path.dirname(__file__))
+
+from bench_decode import mixed_stream, queue_stream
+
+from pipeline import delta
+from pipeline.codec.message import decode_message
+from pipeline.codec.schema import SchemaRegistry
+from pipeline.codec.vectorized import decode_content, sample_schema, tune_malloc
+from pipeline.registry import StatisticKinds, seed_table, to_registry
+from pipeline.silver import SilverBatchWriter, SilverSettings, append_arrow
+from pipeline.transforms.silver import decode_arrow
+from schemas.tables import BRONZE
+
+
+def bronze_batches(bodies: Sequence[bytes], size: int, first_batch: int = 0) -> list[pa.Table]:
+    """Bronze-shaped tables of ``size`` messages (fresh offsets, distinct keys)."""
+    out = []
+    for b, i in enumerate(range(0, len(bodies), size)):
+        chunk = list(bodies[i : i + size])
+        n = len(chunk)
+        cols: dict[str, Any] = {
+            "partition": pa.array(["p0"] * n),
+            "offset": pa.array(np.arange(i, i + n, dtype=np.int64)),
+            "msg_key": pa.array([f"{i + j:032x}" for j in range(n)]),
+            "received_at": pa.array(np.full(n, 1_795_338_000_000_000, np.int64)).cast(
+                BRONZE.field("received_at").type
+            ),
+            "routing_key": pa.array(["console.obj.1.0.org.apache.qpid.broker.queue"] * n),
+            "body": pa.array(chunk, pa.binary()),
+            "batch_id": pa.array(np.full(n, first_batch + b, np.int64)),
+        }
+        for f in BRONZE:
+            if f.name not in cols:
+                cols[f.name] = (
+                    pa.array([False] * n) if f.name == "redelivered" else pa.nulls(n, f.type)
+                )
+        out.append(pa.table(cols).select(BRONZE.names).cast(BRONZE))
+    return out
+
+
+def best(fn: Callable[[], int], repeat: int) -> tuple[float, int]:
+    """Best wall seconds over ``repeat`` runs, and the records counted."""
+    t_best, n = float("inf"), 0
+    for _ in range(repeat):
+        t0 = time.perf_counter()
+        n = fn()
+        t_best = min(t_best, time.perf_counter() - t0)
+    return t_best, n
+
+
+def line(label: str, n: int, secs: float, base: float | None) -> float:
+    rate = n / secs if secs > 0 else float("inf")
+    ratio = f"{rate / base:7.1f}x per-record" if base else ""
+    print(f"  {label:<16} {rate:>12,.0f} rec/s   ({n:,} records, {secs:.3f} s)  {ratio}")
+    return rate
+
+
+def run(
+    name: str,
+    bodies: list[bytes],
+    reg: SchemaRegistry,
+    size: int,
+    repeat: int,
+    spark: Any,
+    work: str,
+) -> dict[str, float]:
+    tables = bronze_batches(bodies, size)
+    kinds = StatisticKinds.load()
+    print(f"\n[{name}] {len(bodies):,} messages in {len(tables)} micro-batches of {size}")
+
+    sub = bodies[: min(len(bodies), 2000)]
+
+    def per_record() -> int:
+        r = reg.copy()
+        return sum(len(decode_message(b, registry=r).records) for b in sub)
+
+    def content() -> int:
+        return sum(sum(t.num_rows for t in decode_content(b, reg).samples.values()) for b in tables)
+
+    def silver() -> int:
+        return sum(decode_arrow(b, reg.copy(), 0, kinds).get("object_samples").num_rows for b in tables)
+
+    out: dict[str, float] = {}
+    s, n = best(per_record, 1)
+    base = out["per_record"] = line("per-record", n, s, None)
+    s, n = best(content, repeat)
+    out["decode_content"] = line("decode_content", n, s, base)
+    s, n = best(silver, repeat)
+    out["decode_arrow"] = line("decode_arrow", n, s, base)
+
+    def fresh(tag: str) -> SilverSettings:
+        root = os.path.join(work, f"{name}-{size}-{tag}")
+        shutil.rmtree(root, ignore_errors=True)
+        return SilverSettings(bronze=os.path.join(root, "bronze"), root=os.path.join(root, "silver"))
+
+    # Driver only: decode + Delta commits, one per non-empty table.
+    st = fresh("local")
+    w = SilverBatchWriter(st, app_id="bench")
+    t0 = time.perf_counter()
+    n = sum(w.decode_local(b, k).rows.get("object_samples", 0) for k, b in enumerate(tables))
+    out["local_delta"] = line("local->Delta", n, time.perf_counter() - t0, base)
+
+    # Alternative layout: per-class wide tables, one table + commit per class.
+    wide_root = os.path.join(work, f"{name}-{size}-wide")
+    shutil.rmtree(wide_root, ignore_errors=True)
+    t0 = time.perf_counter()
+    n = 0
+    for k, b in enumerate(tables):
+        for key, t in decode_content(b, reg).samples.items():
+            path = os.path.join(wide_root, f"{key.package}.{key.name}.{key.hash.hex()[:8]}")
+            sch = sample_schema(reg.get(key))  # type: ignore[arg-type]
+            if not delta.table_exists(path):
+                delta.create_table(path, sch)
+            append_arrow(path, t, sch, app_id="bench", batch_id=k)
+            n += t.num_rows
+    out["wide_delta"] = line("wide->Delta", n, time.perf_counter() - t0, base)
+
+    if spark is not None:
+        from pipeline.silver import run_silver_batch, write_bronze
+
+        st = fresh("job")
+        write_bronze(st.bronze, tables)
+        w = SilverBatchWriter(st, app_id="bench-job")
+        # Warm-up (Python workers, numba cache load) on the first batch, not timed.
+        run_silver_batch(spark, st, 0, batch_ids=(0, 0), writer=w)
+        t0 = time.perf_counter()
+        n = 0
+        decode_s = 0.0
+        for k in range(1, len(tables)):
+            r = run_silver_batch(spark, st, k, batch_ids=(k, k), writer=w)
+            n += r.rows.get("object_samples", 0)
+            decode_s += r.seconds.get("decode", 0.0)
+        wall = time.perf_counter() - t0
+        out["job_delta"] = line("job->Delta", n, wall, base)
+        print(f"  {'':16} of which Spark read + mapInArrow + collect: {decode_s / wall:.0%}")
+    return out
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--records", type=int, default=60_000, help="records per stream")
+    ap.add_argument("--small", type=int, default=200, help="messages per small micro-batch")
+    ap.add_argument("--large", type=int, default=5_000, help="messages per large micro-batch")
+    ap.add_argument("--repeat", type=int, default=3)
+    ap.add_argument("--no-spark", action="store_true", help="skip the Spark job figures")
+    args = ap.parse_args(argv)
+    tune_malloc()
+    kinds = StatisticKinds.load()
+    seed = to_registry(seed_table(kinds))
+    mixed, mreg, _ = mixed_stream(args.records)
+    queue, _qreg = queue_stream(args.records)
+    for s in mreg:
+        seed.add(s)
+    # Warm the kernels (numba compile or cache load) outside the timings.
+    decode_arrow(bronze_batches(mixed[:50], 50)[0], seed.copy(), 0, kinds)
+    spark = None
+    if not args.no_spark:
+        from pipeline.spark import get_spark
+
+        spark = get_spark("qmf-bench-silver")
+        spark.sparkContext.setLogLevel("ERROR")
+    work = tempfile.mkdtemp(prefix="bench-silver-")
+    try:
+        for name, bodies in (("mixed", mixed), ("queue-i", queue)):
+            for size in (args.small, args.large):
+                n_msgs = len(bodies)
+                if size == args.small:  # small batches: a bounded number of them
+                    n_msgs = min(n_msgs, size * 12)
+                run(name, bodies[:n_msgs], seed, size, args.repeat, spark, work)
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+        if spark is not None:
+            spark.stop()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
