@@ -29,6 +29,7 @@ One small class per role, as in pipeline/source.py:
 * ``Position``              an offset, its JSON form and order;
 * ``DataFile`` / ``FileGroup``  picklable units of work shipped to executors;
 * ``DeltaLogReader``        commits and snapshots of the log, cached per process;
+* ``StreamPlanner``         which files a range holds, under limits (pure over the log);
 * ``DeltaStreamReader``     offsets, admission control, AvailableNow.
 """
 
@@ -442,7 +443,13 @@ class DeltaLogReader:
             pv = tuple(sorted((c, _partition_text(cols[c][i])) for c in parts))
             n = rows[i]
             keyed.append(
-                (int(mtime), p, DataFile(local_file(self.root, p), int(size), n and int(n), pv))
+                (
+                    int(mtime),
+                    p,
+                    DataFile(
+                        local_file(self.root, p), int(size), None if n is None else int(n), pv
+                    ),
+                )
             )
         files = [f for _, _, f in sorted(keyed, key=lambda k: (k[0], k[1]))]
         self._snapshot = (version, files)
@@ -491,8 +498,21 @@ class StreamPlanner:
         self.log = log
         self.opts = opts
         self.schema_text = schema.simpleString()
+        self._verdicts: dict[int, list[DataFile]] = {}
+
+    def forget_before(self, version: int) -> None:
+        self.log.forget_before(version)
+        for v in [v for v in self._verdicts if v < version]:
+            del self._verdicts[v]
 
     def commit_files(self, commit: Commit) -> list[DataFile]:
+        """The files of a commit that the stream reads (checked once per commit)."""
+        known = self._verdicts.get(commit.version)
+        if known is None:
+            known = self._verdicts[commit.version] = self._check_commit(commit)
+        return known
+
+    def _check_commit(self, commit: Commit) -> list[DataFile]:
         """The files of a commit that the stream reads, or an error saying why not."""
         where = f"version {commit.version} of {self.log.root}"
         if commit.schema_json is not None and _schema_text(commit.schema_json) != self.schema_text:
@@ -613,9 +633,7 @@ def read_file(f: DataFile, schema: pa.Schema) -> Iterator[pa.RecordBatch]:
         for fld in schema:
             if fld.name in pvalues:
                 raw = pvalues[fld.name]
-                value = (
-                    None if raw is None or (raw == "" and not pa.types.is_string(fld.type)) else raw
-                )
+                value = raw or None  # Delta: an empty partition value is null, any type
                 arrays.append(pa.array([value] * batch.num_rows, pa.string()).cast(fld.type))
             elif fld.name in in_file:
                 arrays.append(batch.column(fld.name).cast(fld.type))
@@ -654,6 +672,7 @@ class DeltaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         self.schema = schema
         self.arrow_schema = _arrow_schema(schema)
         self._log: DeltaLogReader | None = None
+        self._planner: StreamPlanner | None = None
         self._target: int | None = None
         self._target_set = False
         self._checked_schema = False
@@ -662,6 +681,7 @@ class DeltaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         # Executors only need options and schemas, not the driver's caches.
         state = dict(self.__dict__)
         state["_log"] = None
+        state["_planner"] = None
         return state
 
     @property
@@ -671,7 +691,9 @@ class DeltaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         return self._log
 
     def planner(self) -> StreamPlanner:
-        return StreamPlanner(self.log, self.opts, self.schema)
+        if self._planner is None:
+            self._planner = StreamPlanner(self.log, self.opts, self.schema)
+        return self._planner
 
     def _check_schema(self) -> None:
         """Once the table exists, its schema must be the query's (a user-given
@@ -739,7 +761,7 @@ class DeltaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         last = latest
         if self._target_set:
             last = -1 if self._target is None else min(latest, self._target)
-        self.log.forget_before(begin.version)
+        self.planner().forget_before(begin.version)
         end, _files = self.planner().walk(begin, last, self._limits(limit))
         return end.to_json()
 
