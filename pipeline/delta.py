@@ -797,7 +797,9 @@ def prune_files(
     if pa.types.is_timestamp(t):
         maxima = pc.add(maxima, pa.scalar(timedelta(milliseconds=1), pa.duration(t.unit)))
     minima = adds.column(f"min.{column}")
-    outside = pc.or_(pc.less(maxima, lo), pc.greater(minima, hi))
+    # Kleene "or": one bound outside the range is proof enough; a missing one
+    # (null) proves nothing, so a file without either is kept.
+    outside = pc.or_kleene(pc.less(maxima, lo), pc.greater(minima, hi))
     skip = {
         p
         for p, out in zip(adds.column("path").to_pylist(), outside.to_pylist(), strict=True)

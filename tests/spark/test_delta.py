@@ -5,7 +5,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from datetime import UTC, date, datetime
 from pathlib import Path
 from typing import Any
@@ -18,6 +18,7 @@ from deltalake import DeltaTable
 from pyspark.sql import DataFrame, SparkSession
 
 from pipeline.delta import (
+    MAX_STAT_STRING_BYTES,
     DeltaLayerError,
     SchemaMismatchError,
     _live_files,
@@ -595,7 +596,7 @@ def required(path: Path, rel: str, column: str) -> bool:
     """True when the data file stores ``column`` as a REQUIRED Parquet column."""
     meta = pq.ParquetFile(path / rel).metadata
     leaves = {meta.schema.column(i).path: i for i in range(meta.num_columns)}
-    return meta.schema.column(leaves[column]).max_definition_level == 0
+    return bool(meta.schema.column(leaves[column]).max_definition_level == 0)
 
 
 def body_stats(path: Path, rel: str) -> list[Any]:
@@ -802,7 +803,7 @@ def test_real_null_refused_without_statistics(spark: SparkSession, tmp_path: Pat
     assert committed_batch(path, "ext") is None
     # Through the write paths: conform()'s row check refuses before any commit.
     before = data_files(path)
-    for write in (
+    writes: list[Callable[[], object]] = [
         lambda: append_batch(blob_frame(spark, rows, nullable), path, app_id="a", batch_id=0),
         lambda: merge_batch(
             blob_frame(spark, rows, nullable), path, keys=["id"], app_id="m", batch_id=0
@@ -823,8 +824,252 @@ def test_real_null_refused_without_statistics(spark: SparkSession, tmp_path: Pat
             batch_id=0,
             check_batch=False,
         ),
-    ):
+    ]
+    for write in writes:
         with pytest.raises(SchemaMismatchError, match="null in non-nullable column 'body'"):
             write()
     assert data_files(path) == before
     assert DeltaTable(str(path)).version() == 0
+
+
+def test_row_groups_with_and_without_stats(spark: SparkSession, tmp_path: Path) -> None:
+    """One file, several row groups, only some with body stats: the file has
+    no body nullCount (it cannot be summed); the other columns keep theirs."""
+    path = tmp_path / "blobs"
+    create_table(path, BLOBS)
+    rows = [blob_row(i, 100 if i < 5 or i >= 10 else 5_000, note=f"n{i:02d}") for i in range(12)]
+    result = append_batch(
+        blob_frame(spark, rows).coalesce(1),
+        path,
+        app_id="load",
+        batch_id=0,
+        writer_options={"parquet.block.row.count.limit": "5"},
+    )
+    assert (result.rows, result.files_added) == (12, 1)
+    (add,) = commit_adds(path, 1)
+    stats = body_stats(path, add["path"])
+    assert [st is not None and st.has_null_count for st in stats] == [True, False, True]
+    assert add["stats"] == {
+        "numRecords": 12,
+        "minValues": {"id": 0, "note": "n00"},
+        "maxValues": {"id": 11, "note": "n11"},
+        "nullCount": {"id": 0, "note": 0},
+    }
+    assert_blobs(spark, path, rows)
+
+
+NAMES = pa.schema(
+    [pa.field("id", pa.int64(), nullable=False), pa.field("name", pa.string(), nullable=False)]
+)
+
+
+def test_long_strings_have_no_stats_and_are_never_skipped(
+    spark: SparkSession, tmp_path: Path
+) -> None:
+    """MAX_STAT_STRING_BYTES counts bytes: 64 get stats, 65 none; files
+    without stats are kept by prune_files, overwrite_range(within=) and
+    insert_if_absent(target_range=)."""
+    assert MAX_STAT_STRING_BYTES == 64
+    path = tmp_path / "names"
+    create_table(path, NAMES)
+    batches = [
+        ["a" * 64, "b" * 64],  # 64 bytes: stats
+        ["c" * 65],  # 65 bytes: none
+        ["é" * 32],  # 32 characters, 64 bytes: stats
+        ["é" * 33],  # 33 characters, 66 bytes: none
+    ]
+    files: list[str] = []
+    rows: list[dict[str, Any]] = []
+    for b, names in enumerate(batches):
+        batch: list[dict[str, Any]] = [
+            {"id": len(rows) + j, "name": n} for j, n in enumerate(names)
+        ]
+        append_batch(
+            spark.createDataFrame(pa.Table.from_pylist(batch, schema=NAMES)).coalesce(1),
+            path,
+            app_id="load",
+            batch_id=b,
+        )
+        rows += batch
+        (add,) = commit_adds(path, b + 1)
+        files.append(add["path"])
+        ids = [r["id"] for r in batch]
+        with_stats = len(names[-1].encode()) <= 64
+        assert add["stats"] == {
+            "numRecords": len(names),
+            "minValues": {"id": min(ids), **({"name": names[0]} if with_stats else {})},
+            "maxValues": {"id": max(ids), **({"name": names[-1]} if with_stats else {})},
+            "nullCount": {"id": 0, "name": 0},
+        }
+    dt = DeltaTable(str(path))
+    kept = prune_files(dt, _live_files(dt), "name", "c", "d")
+    assert sorted(f.delta_path for f in kept) == sorted([files[1], files[3]])
+    # Replace the "c..." row (in a file without name stats) through within=.
+    result = overwrite_range(
+        spark.createDataFrame(pa.Table.from_pylist([{"id": 20, "name": "c" * 70}], schema=NAMES)),
+        path,
+        predicate="name >= 'c' AND name < 'd'",
+        within=("name", "c", "d"),
+        app_id="fix",
+        batch_id=0,
+    )
+    assert (result.files_removed, result.rows) == (1, 1)
+    rows = [r for r in rows if r["id"] != 2] + [{"id": 20, "name": "c" * 70}]
+    # The longer "é" name lives in a file without stats: still found as a duplicate.
+    dup = merge_batch(
+        spark.createDataFrame(
+            pa.Table.from_pylist(
+                [
+                    {"id": 30, "name": "é" * 33},
+                    {"id": 31, "name": "é" * 32},
+                    {"id": 32, "name": "ê"},
+                ],
+                schema=NAMES,
+            )
+        ),
+        path,
+        keys=["name"],
+        app_id="dedup",
+        batch_id=0,
+        mode="insert_if_absent",
+        target_range=("name", "é", "ê"),
+    )
+    assert dup.rows == 1
+    rows.append({"id": 32, "name": "ê"})
+    # delta-rs's merge finds a key whose file has no name stats, too.
+    up = merge_batch(
+        spark.createDataFrame(pa.Table.from_pylist([{"id": 40, "name": "é" * 33}], schema=NAMES)),
+        path,
+        keys=["name"],
+        app_id="up",
+        batch_id=0,
+    )
+    assert (up.rows, up.updated) == (0, 1)
+    rows = [r for r in rows if r["name"] != "é" * 33] + [{"id": 40, "name": "é" * 33}]
+    want = sorted((r["id"], r["name"]) for r in rows)
+    assert sorted((r["id"], r["name"]) for r in read_arrow(path).to_pylist()) == want
+    assert sorted((r["id"], r["name"]) for r in read_table(spark, path).collect()) == want
+
+
+TIMES = pa.schema([pa.field("id", pa.int64(), nullable=False), pa.field("ts", TS, nullable=False)])
+
+
+def test_timestamp_stats_far_from_1970(spark: SparkSession, tmp_path: Path) -> None:
+    """Delta stats are milliseconds: minima floored, maxima ceiled, with exact
+    integer arithmetic and four-digit years; no bounds when the ceiled maximum
+    would pass year 9999 (the file is then never skipped on ts)."""
+    path = tmp_path / "times"
+    create_table(path, TIMES)
+
+    def at(y: int, mo: int, d: int, h: int = 0, mi: int = 0, s: int = 0, us: int = 0) -> datetime:
+        return datetime(y, mo, d, h, mi, s, us, tzinfo=UTC)
+
+    def pyarrow_file(name: str, rows: list[dict[str, Any]], batch: int) -> None:
+        pq.write_table(pa.Table.from_pylist(rows, schema=TIMES), path / name)
+        commit_files(path, [(name, {})], app_id="files", batch_id=batch)
+
+    old = [
+        {"id": 0, "ts": at(999, 1, 1, 0, 0, 0, 1)},
+        {"id": 1, "ts": at(1969, 12, 31, 23, 59, 59, 999999)},
+    ]
+    late = [{"id": 2, "ts": at(9999, 12, 31, 23, 59, 59, 999999)}]
+    pyarrow_file("old.parquet", old, 0)
+    pyarrow_file("late.parquet", late, 1)
+    recent = [
+        {"id": 3, "ts": at(2024, 5, 1, 12, 0, 0, 1)},
+        {"id": 4, "ts": at(2024, 5, 1, 12, 0, 0, 999001)},
+    ]
+    early = [{"id": 5, "ts": at(1900, 1, 1, 0, 0, 0, 500000)}]
+    for b, rows in enumerate((recent, early)):
+        append_batch(
+            spark.createDataFrame(pa.Table.from_pylist(rows, schema=TIMES)).coalesce(1),
+            path,
+            app_id="spark",
+            batch_id=b,
+        )
+    stats = [commit_adds(path, v)[0]["stats"] for v in (1, 2, 3, 4)]
+    assert [(s["minValues"], s["maxValues"]) for s in stats] == [
+        (
+            {"id": 0, "ts": "0999-01-01T00:00:00.000Z"},
+            {"id": 1, "ts": "1970-01-01T00:00:00.000Z"},
+        ),
+        ({"id": 2}, {"id": 2}),  # its maximum would be in year 10000: no ts bounds
+        (
+            {"id": 3, "ts": "2024-05-01T12:00:00.000Z"},
+            {"id": 4, "ts": "2024-05-01T12:00:01.000Z"},
+        ),
+        (
+            {"id": 5, "ts": "1900-01-01T00:00:00.500Z"},
+            {"id": 5, "ts": "1900-01-01T00:00:00.500Z"},
+        ),
+    ]
+    dt = DeltaTable(str(path))
+    live = _live_files(dt)
+
+    def kept(low: datetime, high: datetime) -> set[int]:
+        return {
+            r["id"]
+            for f in prune_files(dt, live, "ts", low, high)
+            for r in pq.read_table(f.local_path).to_pylist()
+        }
+
+    assert len(live) == 4
+    assert kept(at(9999, 12, 31), at(9999, 12, 31, 23, 59, 59, 999999)) == {2}
+    # "late" has no ts stats: never skipped.
+    moment = at(1969, 12, 31, 23, 59, 59, 999999)
+    assert kept(moment, moment) == {0, 1, 2}
+    moment = at(2024, 5, 1, 12, 0, 0, 999001)
+    assert kept(moment, moment) == {2, 3, 4}
+    assert kept(at(1900, 1, 1), at(1900, 1, 1, 0, 0, 1)) == {0, 1, 2, 5}
+    want = sorted((r["id"], r["ts"]) for r in old + late + recent + early)
+    assert sorted((r["id"], r["ts"]) for r in read_arrow(path).to_pylist()) == want
+    spark_got = read_table(spark, path).toArrow().to_pylist()
+    assert sorted((r["id"], r["ts"]) for r in spark_got) == want
+
+
+MAPS = pa.schema(
+    [
+        pa.field("id", pa.int64(), nullable=False),
+        pa.field("props", pa.map_(pa.string(), pa.string())),
+        pa.field("tags", pa.map_(pa.string(), pa.string()), nullable=False),
+    ]
+)
+
+
+def test_maps_large_empty_and_null(spark: SparkSession, tmp_path: Path) -> None:
+    path = tmp_path / "maps"
+    create_table(path, MAPS)
+    rows = [
+        {"id": 0, "props": None, "tags": []},
+        {"id": 1, "props": [], "tags": [("k", "v" * 5_000)]},
+        {"id": 2, "props": [(f"k{j:03d}", str(j)) for j in range(300)], "tags": [("a", None)]},
+        {"id": 3, "props": [("big", "x" * 100_000), ("small", "y")], "tags": [("t", "1")]},
+    ]
+    append_batch(
+        spark.createDataFrame(pa.Table.from_pylist(rows, schema=MAPS)),
+        path,
+        app_id="load",
+        batch_id=0,
+    )
+    assert sorted(read_arrow(path).to_pylist(), key=lambda r: r["id"]) == rows
+    assert sorted(read_table(spark, path).toArrow().to_pylist(), key=lambda r: r["id"]) == rows
+    for add in commit_adds(path, 1):
+        assert add["stats"]["nullCount"] == {"id": 0}  # no null counts for maps
+    nullable = pa.schema([f.with_nullable(True) for f in MAPS])
+    bad = [{"id": 9, "props": None, "tags": None}]
+    with pytest.raises(SchemaMismatchError, match="null in non-nullable column 'tags'"):
+        append_batch(
+            spark.createDataFrame(pa.Table.from_pylist(bad, schema=nullable)),
+            path,
+            app_id="load",
+            batch_id=1,
+        )
+    # Files from elsewhere: an OPTIONAL map column is checked on its data.
+    pq.write_table(pa.Table.from_pylist(bad, schema=nullable), path / "bad.parquet")
+    with pytest.raises(SchemaMismatchError, match="non-nullable column 'tags' has 1 nulls"):
+        commit_files(path, [("bad.parquet", {})], app_id="files", batch_id=0)
+    good = [{"id": 10, "props": None, "tags": [("x", "y")]}]
+    pq.write_table(pa.Table.from_pylist(good, schema=nullable), path / "good.parquet")
+    assert commit_files(path, [("good.parquet", {})], app_id="files", batch_id=0).rows == 1
+    assert DeltaTable(str(path)).version() == 2
+    assert sorted(read_arrow(path).to_pylist(), key=lambda r: r["id"]) == rows + good
