@@ -110,6 +110,10 @@ class Preset:
     topic_filter: bool
     default_bindings: tuple[tuple[str, str], ...]
     reply_exchange_target: str
+    # Whether a first delivery carries first-acquirer true, so false means
+    # "redelivered". AMQP 1.0's default is false ("may have been acquired
+    # before"), so a broker that leaves it unset is judged by delivery-count alone.
+    sets_first_acquirer: bool = False
 
 
 PRESETS: dict[str, Preset] = {
@@ -121,6 +125,7 @@ PRESETS: dict[str, Preset] = {
         topic_filter=False,
         default_bindings=(("qpid.management", "mgmt.#"),),
         reply_exchange_target="/exchange/{exchange}",
+        sets_first_acquirer=True,  # 3.10: true on a first delivery, false on a redelivery
     ),
     # qpidd: the exchange is the address; the binding key goes in a legacy
     # topic-binding filter. AM2 publishes on console.# / schema.#, QMF v2
@@ -216,7 +221,9 @@ def _text(value: Any) -> str | None:
     return value if value is None or type(value) is str else _as_text(value)
 
 
-def to_landed(msg: Message, received_at_us: int | None = None) -> LandedMessage:
+def to_landed(
+    msg: Message, received_at_us: int | None = None, *, first_acquirer_flag: bool = True
+) -> LandedMessage:
     """Map a proton Message onto the landing contract (all text fields as str).
 
     Hot path (once per message on the reactor thread): string properties are
@@ -250,8 +257,8 @@ def to_landed(msg: Message, received_at_us: int | None = None) -> LandedMessage:
         if encoding is not None:
             props[BODY_ENCODING_PROPERTY] = encoding
     # RabbitMQ flags a redelivery with first-acquirer false (delivery-count stays
-    # 0); other brokers count deliveries.
-    redelivered = not msg.first_acquirer or bool(msg.delivery_count)
+    # 0); other brokers count deliveries (``first_acquirer_flag``: see Preset).
+    redelivered = bool(msg.delivery_count) or (first_acquirer_flag and not msg.first_acquirer)
     return LandedMessage(
         body=raw,
         routing_key=routing_key,
@@ -642,6 +649,7 @@ class QmfReceiver:
         self._links_open = 0
         self.error: BaseException | None = None
         self._subs = config.subscriptions()
+        self._first_acquirer_flag = PRESETS[config.preset].sets_first_acquirer
         self.console: ConsoleRole | None = None
         if config.console is not None:
             self.console = ConsoleRole(config.console, config.preset)
@@ -999,7 +1007,7 @@ class QmfReceiver:
             return  # left unsettled: the broker redelivers
         if not self._in_hand:
             self._first_in_hand = time.monotonic()
-        landed = to_landed(msg)
+        landed = to_landed(msg, first_acquirer_flag=self._first_acquirer_flag)
         self._in_hand.append((landed, d))
         if self.console is not None:
             self._send_requests(self.console.observe(landed))

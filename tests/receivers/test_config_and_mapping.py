@@ -118,6 +118,7 @@ def test_publisher_message_round_trips_through_the_mapping() -> None:
     # what a receiver gets back after the wire
     wire = Message()
     wire.decode(msg.encode())
+    wire.first_acquirer = True  # as RabbitMQ delivers a message the first time
     got = to_landed(wire, received_at_us=1_700_000_000_000_000)
     assert got == LandedMessage(
         body=bytes(range(256)),
@@ -207,3 +208,16 @@ def test_replay_of_the_qpidd_sample_records(shared_dir: str) -> None:
     with_ttl = [o for o in outs if o.ttl_s is not None]
     assert sorted(o.ttl_s or 0.0 for o in with_ttl) == [1.998] + [1.999] * 17
     assert parse_routes(["x.=ex1", "=ex2"]) == (("x.", "ex1"), ("", "ex2"))
+
+
+def test_redelivery_flag_per_broker() -> None:
+    """RabbitMQ sets first-acquirer on a first delivery, so false means redelivered;
+    a broker that leaves it at AMQP's default (false) is judged by delivery-count."""
+    first = Message(body=b"x", subject="s")
+    first.first_acquirer = True
+    again = Message(body=b"x", subject="s")  # first-acquirer false (RabbitMQ's redelivery)
+    counted = Message(body=b"x", subject="s")
+    counted.delivery_count = 1
+    assert [to_landed(m, 1).redelivered for m in (first, again, counted)] == [False, True, True]
+    assert [to_landed(m, 1, first_acquirer_flag=False).redelivered
+            for m in (first, again, counted)] == [False, False, True]  # fmt: skip
