@@ -91,8 +91,9 @@ mkdir -p .qmf
 exec 9>.qmf/setup.lock
 flock -w 900 9 || die "timed out waiting for another tools/setup.sh run"
 
-# A venv whose interpreter vanished (Python upgraded) is rebuilt.
-if [ -e .venv ] && ! .venv/bin/python -c 'import sys' >/dev/null 2>&1; then
+# A venv whose interpreter vanished (Python upgraded) or that lacks pip (its
+# creation was interrupted) is rebuilt.
+if [ -e .venv ] && ! .venv/bin/python -m pip --version >/dev/null 2>&1; then
   log "existing .venv is broken; recreating it"
   rm -rf .venv
 fi
