@@ -41,7 +41,8 @@ from pipeline.codec.records import (
     SchemaRequest,
     SchemaResponse,
 )
-from pipeline.codec.schema import SchemaKey, SchemaRegistry
+from pipeline.codec.schema import SchemaKey
+from pipeline.codec.seed import seeded_registry
 from receivers.landing import LandedMessage
 
 log = logging.getLogger("qmf.receiver.console")
@@ -110,7 +111,9 @@ class ConsoleRole:
             raise ValueError(f"no console addressing for preset {preset!r}")
         self.config = config
         self.preset = preset
-        self.registry = SchemaRegistry()
+        # Decodes replies only (which schemas to ask for is `known`); seeded like every
+        # decode path, so a reply that carries content still decodes.
+        self.registry = seeded_registry()
         self.known: set[SchemaKey] = set()
         self.asked: dict[SchemaKey, _Asked] = {}
         self.packages_asked: set[str] = set()
