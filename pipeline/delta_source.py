@@ -556,25 +556,38 @@ class StreamPlanner:
             v += 1
 
     def walk(self, start: Position, last: int, limits: Limits) -> tuple[Position, list[DataFile]]:
-        """The end position and files admitted from ``start``, up to commit ``last``."""
+        """The end position and files admitted from ``start``, up to commit ``last``.
+
+        A commit the stream must not read (removes data, schema change...)
+        ends the batch before it: what comes earlier is still delivered, and
+        the error is raised once that commit is the next thing to read.
+        """
         end = start
         taken: list[DataFile] = []
         rows = size = 0
-        for unit, files in self.units(start, last):
+        units = self.units(start, last)
+        while limits.files is None or len(taken) < limits.files:
+            try:
+                unit, files = next(units)
+            except StopIteration:
+                break
+            except DeltaStreamError:
+                if taken:
+                    break
+                raise
             first = start.index if unit == Position(start.version, 0, start.snapshot) else 0
             for i in range(first, len(files)):
                 f = files[i]
-                if taken:
-                    if limits.files is not None and len(taken) + 1 > limits.files:
-                        return end, taken
-                    if limits.bytes is not None and size + f.size > limits.bytes:
-                        return end, taken
-                    if limits.rows is not None and rows + file_rows(f) > limits.rows:
-                        return end, taken
+                n = file_rows(f) if limits.rows is not None else 0
+                if taken and (
+                    (limits.files is not None and len(taken) + 1 > limits.files)
+                    or (limits.bytes is not None and size + f.size > limits.bytes)
+                    or (limits.rows is not None and rows + n > limits.rows)
+                ):
+                    return end, taken
                 taken.append(f)
                 size += f.size
-                if limits.rows is not None:
-                    rows += file_rows(f)
+                rows += n
                 if i + 1 < len(files):
                     end = Position(unit.version, i + 1, unit.snapshot)
                 else:
@@ -772,7 +785,9 @@ class DeltaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
     def partitions(self, start: dict[str, Any], end: dict[str, Any]) -> Sequence[FileGroup]:
         begin, stop = Position.from_json(start), Position.from_json(end)
         files: list[DataFile] = []
-        for unit, unit_files in self.planner().units(begin, stop.version):
+        # An end at (v, 0) takes nothing of commit v: do not even look at it.
+        last = stop.version if stop.index or stop.snapshot else stop.version - 1
+        for unit, unit_files in self.planner().units(begin, last):
             key = (unit.version, unit.snapshot)
             lo = begin.index if key == (begin.version, begin.snapshot) else 0
             if key == (stop.version, stop.snapshot):

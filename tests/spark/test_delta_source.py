@@ -316,8 +316,31 @@ def test_reader_missing_commit_is_an_error(tmp_path: Path) -> None:
     r = reader(path, startingVersion="1")
     start = r.initialOffset()
     os.remove(os.path.join(path, "_delta_log", f"{2:020d}.json"))  # as log retention would
+    end = r.latestOffset(start, ReadAllAvailable())
+    assert end == {"version": 2, "index": 0}  # commit 1 is still delivered
     with pytest.raises(DeltaStreamError, match=r"commit 2 .* is no longer in the log"):
-        r.latestOffset(start, ReadAllAvailable())
+        r.latestOffset(end, ReadAllAvailable())
+
+
+def test_reader_stops_before_a_commit_it_must_not_read(qmf: SparkSession, tmp_path: Path) -> None:
+    path = new_table(tmp_path / "t")
+    rs_append(path, range(0, 3))
+    rs_append(path, range(3, 6))
+    DeltaTable(path).delete("id >= 3")  # version 3: removes the second file
+    rs_append(path, [6])
+    r = reader(path, startingVersion="1")
+    start = r.initialOffset()
+    end = r.latestOffset(start, ReadAllAvailable())
+    assert end == {"version": 3, "index": 0}  # versions 1 and 2, not past the delete
+    assert ids_of(read_range(r, start, end)) == list(range(6))
+    with pytest.raises(
+        DeltaStreamError, match=r"version 3 of .* removes data: 1 file\(s\) removed, 0"
+    ):
+        r.latestOffset(end, ReadAllAvailable())
+    skip = reader(path, startingVersion="1", ignoreDeletes="true")
+    last = skip.latestOffset(end, ReadAllAvailable())
+    assert last == {"version": 5, "index": 0}
+    assert ids_of(read_range(skip, end, last)) == [6]
 
 
 def test_reader_schema_change_is_an_error(tmp_path: Path) -> None:
@@ -505,7 +528,8 @@ def test_removes_fail_clearly_unless_told(qmf: SparkSession, tmp_path: Path) -> 
     assert error is not None
     assert "version 2 of" in str(error) and "removes data" in str(error)
     assert "skipChangeCommits" in str(error)
-    assert data_batches(seen) == []  # the first batch would already span the change
+    # What comes before the change is delivered; the query stops at the change.
+    assert data_batches(seen) == [(0, list(range(10)))]
     # skipChangeCommits: the changing commit is skipped entirely, later appends arrive.
     seen, error = run_available_now(qmf, {**base, "skipChangeCommits": "true"}, tmp_path / "ck1")
     assert error is None
