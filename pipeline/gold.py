@@ -1,0 +1,353 @@
+"""The gold job: silver samples and heartbeats -> rates, lifecycles, liveness, exactly once.
+
+One query reads two silver tables (``object_samples`` and ``heartbeats``,
+source ``qmf-delta``) as one stream (``gold_input``: both projected onto one
+schema with a ``source`` column), so one checkpoint and one batch id cover
+both. A micro-batch (``GoldBatchWriter.__call__``), streaming or batch:
+
+1. agent liveness: heartbeats continue each agent's open up interval
+   (``agent_liveness``), judged at the latest heartbeat time seen;
+2. object lifecycles: the batch's samples merged into the existing rows,
+   states recomputed (deleted, lost with a restarted or down agent);
+3. rates: the batch's statistic values and the state baselines in one
+   sequential scan per series (``pair_values``);
+4. writes, each carrying the Delta app transaction ``(app_id, batch_id)``:
+   rates (append), lifecycles (MERGE of changed rows), liveness (MERGE),
+   then the rate state (replaced whole) *last*: a batch whose state commit
+   exists is complete and is skipped; any other replay reads the state and
+   tables as they were before it (a table already holding the batch skips
+   its write), so it recomputes the same rows.
+
+Batch mode (``run_gold_batch``) runs the same writer over a time range of the
+silver tables as one batch: the same rows as the stream over the same data.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+import time
+import uuid
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import TYPE_CHECKING
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from pipeline import delta
+from pipeline.bronze import checkpoint_query_id, trigger_kwargs
+from pipeline.transforms.gold import (
+    LivenessRules,
+    RateRules,
+    agent_liveness,
+    changed_rows,
+    heartbeat_rows,
+    identify,
+    latest_liveness,
+    merge_lifecycles,
+    object_updates,
+    pair_values,
+    property_defs,
+    rates_from_pairs,
+    state_from_pairs,
+    state_values,
+    statistic_defs,
+    statistic_values,
+)
+from schemas.gold import GOLD_TABLES, RATE_STATE
+from schemas.silver import HEARTBEATS, OBJECT_SAMPLES
+
+if TYPE_CHECKING:
+    from pyspark.sql import DataFrame, SparkSession
+    from pyspark.sql.streaming.query import StreamingQuery
+
+log = logging.getLogger(__name__)
+
+# Columns of the gold input stream: what gold needs of samples and heartbeats.
+SAMPLE_COLS = (
+    "dialect", "agent", "package", "class_name", "schema_hash", "update_ns", "create_ns",
+    "delete_ns", "boot_seq", "bank", "flags", "epoch", "broker_bank", "agent_bank", "object_num",
+    "object_name", "index_key", "ints", "floats", "texts",
+)  # fmt: skip
+BEAT_COLS = ("timestamp_ns", "attributes")
+LIFECYCLE_KEYS = ("agent", "object_id", "create_ns")
+LIVENESS_KEYS = ("agent", "up_start_ns")
+
+
+@dataclass(frozen=True)
+class GoldSettings:
+    """What a gold run needs. Silver tables under ``silver``, gold tables under ``root``."""
+
+    silver: str
+    root: str
+    checkpoint: str = ""
+    registry: str | None = None
+    trigger: str = "availableNow"
+    max_files_per_trigger: int | None = None
+    rates: RateRules = field(default_factory=RateRules)
+    liveness: LivenessRules = field(default_factory=LivenessRules)
+    query_name: str = "qmf_gold"
+
+    def __post_init__(self) -> None:
+        trigger_kwargs(self.trigger)
+
+    def path(self, name: str) -> str:
+        return os.path.join(self.root, name)
+
+    def silver_path(self, name: str) -> str:
+        if name == "schema_registry" and self.registry is not None:
+            return self.registry
+        return os.path.join(self.silver, name)
+
+
+def ensure_tables(settings: GoldSettings) -> None:
+    for name, schema in GOLD_TABLES.items():
+        delta.create_table(settings.path(name), schema, name=name)
+
+
+def gold_input(samples: DataFrame, heartbeats: DataFrame) -> DataFrame:
+    """Samples and heartbeats (silver rows, streaming or not) as one DataFrame with ``source``."""
+    from pyspark.sql import functions as F
+
+    from schemas.tables import spark_schema
+
+    types = {f.name: f.dataType for f in spark_schema(OBJECT_SAMPLES).fields}
+    types.update({f.name: f.dataType for f in spark_schema(HEARTBEATS).fields})
+    cols = (*SAMPLE_COLS, *BEAT_COLS)
+
+    def project(df: DataFrame, source: str) -> DataFrame:
+        return df.select(
+            F.lit(source).alias("source"),
+            *[
+                F.col(c) if c in df.columns else F.lit(None).cast(types[c]).alias(c)
+                for c in cols
+            ],
+        )
+
+    return project(samples, "sample").unionByName(project(heartbeats, "heartbeat"))
+
+
+@dataclass
+class GoldReport:
+    batch_id: int
+    rows: dict[str, int] = field(default_factory=dict)
+    committed: list[str] = field(default_factory=list)
+    seconds: float = 0.0
+
+
+def _live_paths(path: str) -> list[str]:
+    from deltalake import DeltaTable
+
+    adds = pa.table(DeltaTable(path).get_add_actions(flatten=True))
+    return [str(p) for p in adds.column("path").to_pylist()]
+
+
+def replace_table(path: str, table: pa.Table, *, app_id: str, batch_id: int) -> bool:
+    """Replace a small table's content with one Parquet file, exactly once (the rate state)."""
+    name = f"part-{batch_id:08d}-{uuid.uuid4().hex}.parquet"
+    full = os.path.join(path, name)
+    pq.write_table(table.select(RATE_STATE.names).cast(RATE_STATE), full, compression="snappy")
+    try:
+        result = delta.commit_files(
+            path, [(name, {})], app_id=app_id, batch_id=batch_id, remove=_live_paths(path),
+            operation="overwrite",
+        )  # fmt: skip
+    except BaseException:
+        os.remove(full)
+        raise
+    if result.skipped:
+        os.remove(full)
+        return False
+    return True
+
+
+class GoldBatchWriter:
+    """The ``foreachBatch`` function: one batch of gold input -> every gold table, exactly once."""
+
+    def __init__(self, settings: GoldSettings, app_id: str | None = None) -> None:
+        self.settings = settings
+        self._app_id = app_id
+        ensure_tables(settings)
+        self.reports: list[GoldReport] = []
+
+    @property
+    def app_id(self) -> str:
+        if self._app_id is None:
+            self._app_id = f"qmf-gold-{checkpoint_query_id(self.settings.checkpoint)}"
+        return self._app_id
+
+    def __call__(self, df: DataFrame, batch_id: int) -> None:
+        from pyspark.sql import functions as F
+
+        t0 = time.perf_counter()
+        s = self.settings
+        report = GoldReport(batch_id)
+        done = delta.committed_batch(s.path("rate_state"), self.app_id)
+        if done is not None and batch_id <= done:
+            log.info("gold batch %d already committed: skipped", batch_id)
+            self.reports.append(report)
+            return
+        spark = df.sparkSession
+        df = df.persist()
+        try:
+            registry = delta.read_arrow(s.silver_path("schema_registry"))
+            samples = df.where(F.col("source") == "sample")
+            beats = df.where(F.col("source") == "heartbeat")
+
+            # 1. liveness
+            liv_existing = delta.read_table(spark, s.path("agent_liveness"))
+            current = latest_liveness(liv_existing)
+            hb = heartbeat_rows(beats, s.liveness).persist()
+            top = [
+                hb.agg(F.max("ts_ns")).first()[0],  # type: ignore[index]
+                liv_existing.agg(F.max("last_heartbeat_ns")).first()[0],  # type: ignore[index]
+            ]
+            now_ns = max([int(v) for v in top if v is not None], default=0)
+            live_rows = spark.createDataFrame(
+                agent_liveness(hb, current, now_ns, s.liveness, batch_id).toArrow()
+            )
+
+            # 2. lifecycles
+            lc_existing = delta.read_table(spark, s.path("object_lifecycles"))
+            known = lc_existing.where(F.col("index_key").isNotNull()).select(
+                "agent", "object_id", "index_key"
+            )
+            ident = identify(samples, known).persist()
+            updates = object_updates(ident, property_defs(spark, registry))
+            merged = merge_lifecycles(lc_existing, updates, live_rows, batch_id)
+            lc_rows = spark.createDataFrame(changed_rows(merged, lc_existing).toArrow())
+
+            # 3. rates
+            values = statistic_values(ident, statistic_defs(spark, registry)).unionByName(
+                state_values(delta.read_table(spark, s.path("rate_state")))
+            )
+            pairs = spark.createDataFrame(pair_values(values, s.rates).toArrow())
+            rates = rates_from_pairs(pairs, batch_id)
+            state = state_from_pairs(pairs).toArrow()
+
+            # 4. writes (state last)
+            for name, write in (
+                ("statistic_rates", lambda: delta.append_batch(
+                    rates, s.path("statistic_rates"), app_id=self.app_id, batch_id=batch_id)),
+                ("object_lifecycles", lambda: delta.merge_batch(
+                    lc_rows, s.path("object_lifecycles"), keys=LIFECYCLE_KEYS,
+                    app_id=self.app_id, batch_id=batch_id)),
+                ("agent_liveness", lambda: delta.merge_batch(
+                    live_rows, s.path("agent_liveness"), keys=LIVENESS_KEYS,
+                    app_id=self.app_id, batch_id=batch_id)),
+            ):  # fmt: skip
+                result = write()
+                if not result.skipped:
+                    report.committed.append(name)
+            if replace_table(s.path("rate_state"), state, app_id=self.app_id, batch_id=batch_id):
+                report.committed.append("rate_state")
+            report.rows = {"state": state.num_rows}
+            ident.unpersist()
+            hb.unpersist()
+        finally:
+            df.unpersist()
+        report.seconds = time.perf_counter() - t0
+        self.reports.append(report)
+        log.info("gold batch %d: %s", batch_id, report)
+
+
+# ------------------------------------------------------------------ runs
+
+
+def silver_range(
+    spark: SparkSession,
+    settings: GoldSettings,
+    *,
+    sample_time: tuple[datetime, datetime] | None = None,
+) -> DataFrame:
+    """Gold input from the silver tables, optionally for a sample-time range (inclusive)."""
+    from pyspark.sql import functions as F
+
+    samples = delta.read_table(spark, settings.silver_path("object_samples"))
+    beats = delta.read_table(spark, settings.silver_path("heartbeats"))
+    if sample_time is not None:
+        lo, hi = (F.lit(t) for t in sample_time)
+        samples = samples.where(F.col("update_time").between(lo, hi))
+        beats = beats.where(F.col("heartbeat_time").between(lo, hi))
+    return gold_input(samples, beats)
+
+
+def run_gold_batch(
+    spark: SparkSession,
+    settings: GoldSettings,
+    batch_id: int,
+    *,
+    app_id: str = "qmf-gold-batch",
+    sample_time: tuple[datetime, datetime] | None = None,
+    writer: GoldBatchWriter | None = None,
+) -> GoldReport:
+    """Batch mode (backfill): the silver tables (or a sample-time range) as gold batch
+    ``batch_id`` of ``app_id``; the stream's writer, so the same rows."""
+    w = writer or GoldBatchWriter(settings, app_id=app_id)
+    w(silver_range(spark, settings, sample_time=sample_time), batch_id)
+    return w.reports[-1]
+
+
+def start_gold(spark: SparkSession, settings: GoldSettings) -> StreamingQuery:
+    """Start the streaming query over silver's samples and heartbeats (``qmf-delta``)."""
+    from pipeline.delta_source import register
+    from schemas.tables import spark_schema
+
+    register(spark)
+    writer = GoldBatchWriter(settings)
+
+    def read(name: str, schema: pa.Schema) -> DataFrame:
+        r = (
+            spark.readStream.format("qmf-delta")
+            .schema(spark_schema(schema))
+            .option("path", settings.silver_path(name))
+        )
+        if settings.max_files_per_trigger is not None:
+            r = r.option("maxFilesPerTrigger", str(settings.max_files_per_trigger))
+        return r.load()
+
+    stream = gold_input(read("object_samples", OBJECT_SAMPLES), read("heartbeats", HEARTBEATS))
+    return (
+        stream.writeStream.queryName(settings.query_name)
+        .foreachBatch(writer)
+        .option("checkpointLocation", settings.checkpoint)
+        .trigger(**trigger_kwargs(settings.trigger))  # type: ignore[arg-type]
+        .start()
+    )
+
+
+def run_gold(
+    spark: SparkSession,
+    settings: GoldSettings,
+    timeout_s: float | None,
+    stop: threading.Event | None = None,
+) -> int:
+    """Run the stream until AvailableNow drained silver, ``timeout_s`` passed, or ``stop``.
+
+    0: ended as intended; 2: AvailableNow did not finish in time; 1: failed.
+    """
+    from pyspark.errors import StreamingQueryException
+
+    query = start_gold(spark, settings)
+    deadline = None if timeout_s is None else time.monotonic() + timeout_s
+    finished = False
+    try:
+        while not finished and not (stop is not None and stop.is_set()):
+            step = 1.0 if deadline is None else min(1.0, deadline - time.monotonic())
+            if step <= 0:
+                break
+            finished = bool(query.awaitTermination(step))  # type: ignore[arg-type]
+    except StreamingQueryException as exc:
+        log.error("gold query failed: %s", exc)
+        return 1
+    finally:
+        if query.isActive:
+            query.stop()
+    if query.exception() is not None:
+        log.error("gold query failed: %s", query.exception())
+        return 1
+    if settings.trigger == "availableNow" and not finished:
+        return 2
+    return 0
