@@ -55,6 +55,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="seconds: run time for processingTime, upper bound for availableNow")
     p.add_argument("--parked-max-age", type=float, default=3600.0, metavar="SECONDS",
                    help="report parked messages older than this")
+    p.add_argument("--decode-on", choices=("spark", "driver"), default="spark",
+                   help="decode with mapInArrow on the executors, or on the driver (small batches)")
     p.add_argument("--batch-id", type=int, default=None,
                    help="batch mode: decode a bronze range as this silver batch id")
     p.add_argument("--app-id", default="qmf-silver-batch", help="batch mode: the writer's app id")
@@ -80,6 +82,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         trigger=args.trigger,
         max_files_per_trigger=args.max_files_per_trigger,
         parked_max_age_s=args.parked_max_age,
+        decode_on=args.decode_on,
         **extra,
     )
     stop = threading.Event()

@@ -88,10 +88,15 @@ class SilverSettings:
     parked_max_age_s: float = 3600.0
     registry_touch_s: float = 60.0
     agents_touch_s: float = 60.0
+    # Where a micro-batch is decoded: "spark" (mapInArrow on the executors) or "driver"
+    # (collect the bronze rows, decode there: less fixed cost per small batch).
+    decode_on: str = "spark"
     query_name: str = "qmf_silver"
 
     def __post_init__(self) -> None:
         trigger_kwargs(self.trigger)
+        if self.decode_on not in ("spark", "driver"):
+            raise ValueError(f"decode_on {self.decode_on!r}: expected spark or driver")
 
     def path(self, name: str) -> str:
         if name == "schema_registry" and self.registry is not None:
@@ -326,12 +331,14 @@ class SilverBatchWriter:
         return without(parked, resolved)
 
     def __call__(self, df: DataFrame, batch_id: int) -> None:
-        from pipeline.transforms.silver import decode_bronze, unpack
+        from pipeline.transforms.silver import decode_arrow, decode_bronze, unpack
 
         t0 = time.perf_counter()
         registry = self.registry_before(batch_id)
-        envelope = decode_bronze(df, registry, batch_id, self.kinds).toArrow()
-        decoded = unpack(envelope)
+        if self.settings.decode_on == "driver":
+            decoded = decode_arrow(df.toArrow(), registry.copy(), batch_id, self.kinds)
+        else:
+            decoded = unpack(decode_bronze(df, registry, batch_id, self.kinds).toArrow())
         t1 = time.perf_counter()
         report = self.finish(decoded, registry, batch_id)
         report.seconds["decode"] = t1 - t0

@@ -91,7 +91,9 @@ _ARROW_OF: dict[int, pa.DataType] = {}
 for _t in range(1, 23):
     if _t != 5:
         _ARROW_OF[_t] = arrow_type(_t)
-_NUMPY_OF: dict[int, Any] = {t: a.to_pandas_dtype() for t, a in _ARROW_OF.items() if t in _INT_TYPES}
+_NUMPY_OF: dict[int, Any] = {
+    t: a.to_pandas_dtype() for t, a in _ARROW_OF.items() if t in _INT_TYPES
+}
 
 
 def column_name(name: str) -> str:
@@ -567,8 +569,8 @@ def _masked(vals: npt.NDArray[Any], valid: npt.NDArray[np.bool_], t: pa.DataType
     return pa.array(vals, type=t, mask=~valid)
 
 
-def _identity(ctx: _Ctx, sub: I64, schema: ClassSchema) -> dict[str, pa.Array]:
-    """The identity columns of one class's kernel-decoded records."""
+def _identity(ctx: _Ctx, sub: I64, schema: ClassSchema | None) -> dict[str, pa.Array]:
+    """The identity columns of kernel-decoded records: one class's, or any (``schema=None``)."""
     n = sub.shape[1]
     ver = sub[K.R_VER]
     am1 = ver == 1
@@ -598,9 +600,15 @@ def _identity(ctx: _Ctx, sub: I64, schema: ClassSchema) -> dict[str, pa.Array]:
         "opcode": _str_array(np.arange(n + 1, dtype=np.int32), op),
         "seq": pa.array(sub[K.R_SEQ]),
         "agent": agent,
-        "package": _const_str(schema.key.package, n),
-        "class_name": _const_str(schema.key.name, n),
-        "schema_hash": _const_str(schema.key.hash, n, pa.binary()),
+        **(
+            _class_columns(ctx.comp, sub[K.R_SCHEMA])
+            if schema is None
+            else {
+                "package": _const_str(schema.key.package, n),
+                "class_name": _const_str(schema.key.name, n),
+                "schema_hash": _const_str(schema.key.hash, n, pa.binary()),
+            }
+        ),
         "update_ns": pa.array(sub[K.R_UPDATE]),
         "create_ns": pa.array(sub[K.R_CREATE]),
         "delete_ns": pa.array(sub[K.R_DELETE]),
@@ -664,9 +672,7 @@ def _class_table(
                 bit += 1
             else:
                 valid, nulls, vb = has, n_absent, has_bitmap
-            cols[column_name(e.name)] = _element_column(
-                w, e, mat[j], valid, vb, nulls, ver, failed
-            )
+            cols[column_name(e.name)] = _element_column(w, e, mat[j], valid, vb, nulls, ver, failed)
     if failed.any():
         return None, failed
     return pa.table(cols, schema=comp.out_schemas[k]), failed
@@ -814,13 +820,44 @@ def index_key(cols: list[pa.Array], n: int) -> pa.Array:
     return pc.binary_join_element_wise('["', inner, '"]', "", null_handling="emit_null")
 
 
+def _class_columns(comp: CompiledRegistry, idx: I64) -> dict[str, pa.Array]:
+    """package, class_name, schema_hash of records of any classes (by compiled schema index)."""
+    take = pa.array(idx)
+    return {
+        "package": pa.array([s.key.package for s in comp.schemas], pa.string()).take(take),
+        "class_name": pa.array([s.key.name for s in comp.schemas], pa.string()).take(take),
+        "schema_hash": pa.array([s.key.hash for s in comp.schemas], pa.binary()).take(take),
+    }
+
+
+def _compact_tables(
+    ctx: _Ctx, parts: list[tuple[I64, ClassSchema, dict[str, pa.Array]]]
+) -> dict[SchemaKey, list[tuple[pa.Table, I64]]]:
+    """Per-class value columns + identity built once for all classes -> per-class table slices."""
+    subs = [sub for sub, _, _ in parts]
+    allsub = np.concatenate(subs, axis=1) if len(subs) > 1 else subs[0]
+    cols: dict[str, Any] = _identity(ctx, allsub, None)
+    for name in ("index_key", SLOT_INTS, SLOT_FLOATS, SLOT_TEXTS):
+        arrs = [v[name] for _, _, v in parts]
+        cols[name] = pa.concat_arrays(arrs) if len(arrs) > 1 else arrs[0]
+    full = pa.table(cols, schema=COMPACT_SCHEMA)
+    out: dict[SchemaKey, list[tuple[pa.Table, I64]]] = {}
+    at = 0
+    for sub, schema, _ in parts:
+        n = sub.shape[1]
+        out[schema.key] = [(full.slice(at, n), sub[K.R_MSG])]
+        at += n
+    return out
+
+
 def _class_compact(
     ctx: _Ctx, sub: I64, schema: ClassSchema
-) -> tuple[pa.Table | None, npt.NDArray[np.bool_]]:
-    """One class's kernel-decoded records in ``COMPACT_SCHEMA``, or (None, failed records)."""
+) -> tuple[dict[str, pa.Array] | None, npt.NDArray[np.bool_]]:
+    """One class's kernel-decoded values in the compact columns (index key and the
+    three lists), or (None, failed records)."""
     w = ctx.w
     n = sub.shape[1]
-    cols: dict[str, Any] = _identity(ctx, sub, schema)
+    cols: dict[str, Any] = {}
     presence = sub[K.R_PRESENCE]
     ver = sub[K.R_VER]
     failed = np.zeros(n, np.bool_)
@@ -852,7 +889,9 @@ def _class_compact(
             continue
         e0 = int(comp.p_start[k] if is_props else comp.s_start[k])
         sl = slice(e0, e0 + len(group))
-        mat = K.fill(w.data, base, presence, ver, comp.el_kind[sl], comp.el_bit[sl], comp.u64run[sl])
+        mat = K.fill(
+            w.data, base, presence, ver, comp.el_kind[sl], comp.el_bit[sl], comp.u64run[sl]
+        )
         val = np.empty((len(group), n), np.bool_)
         n_absent = int(n - np.count_nonzero(has))
         has_bitmap = _bitmap(has) if n_absent else None
@@ -875,8 +914,16 @@ def _class_compact(
         at += len(group)
     if failed.any():
         return None, failed
-    allm = np.concatenate(mats) if len(mats) > 1 else mats[0] if mats else np.zeros((0, n), np.int64)
-    allv = np.concatenate(valids) if len(valids) > 1 else valids[0] if valids else np.zeros((0, n), np.bool_)
+    allm = (
+        np.concatenate(mats) if len(mats) > 1 else mats[0] if mats else np.zeros((0, n), np.int64)
+    )
+    allv = (
+        np.concatenate(valids)
+        if len(valids) > 1
+        else valids[0]
+        if valids
+        else np.zeros((0, n), np.bool_)
+    )
     ints = list(lay.ints)
     flts = list(lay.floats)
     cols["index_key"] = index_key(
@@ -889,7 +936,7 @@ def _class_compact(
     cols[SLOT_INTS] = _list_of(allm[ints], allv[ints], pa.int64())
     cols[SLOT_FLOATS] = _list_of(allm[flts].view(np.float64), allv[flts], pa.float64())
     cols[SLOT_TEXTS] = _texts_of([texts[i] for i in lay.texts], n)
-    return pa.table(cols, schema=COMPACT_SCHEMA), failed
+    return cols, failed
 
 
 def _numeric_text(slots: I64, valid: npt.NDArray[np.bool_], t: int) -> pa.Array:
@@ -1048,13 +1095,21 @@ def decode_content(
                     for a, b in zip(starts[:-1].tolist(), starts[1:].tolist(), strict=True)
                     if b > a
                 ]
+            parts: list[tuple[I64, ClassSchema, dict[str, pa.Array]]] = []
             for sub in subs:
                 schema = comp.schemas[int(sub[K.R_SCHEMA, 0])]
-                tbl, failed = (_class_compact if compact else _class_table)(ctx, sub, schema)
+                if compact:
+                    vals, failed = _class_compact(ctx, sub, schema)
+                    if vals is not None and not failed.any():
+                        parts.append((sub, schema, vals))
+                else:
+                    tbl, failed = _class_table(ctx, sub, schema)
+                    if tbl is not None and not failed.any():
+                        tables[schema.key] = [(tbl, sub[K.R_MSG])]
                 if failed.any():
                     late |= set(sub[K.R_MSG][failed].tolist())
-                elif tbl is not None:
-                    tables[schema.key] = [(tbl, sub[K.R_MSG])]
+            if parts and not late:
+                tables = _compact_tables(ctx, parts)
         if not late:
             break
         reasons["container value rejected"] = len(late)

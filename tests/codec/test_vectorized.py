@@ -26,12 +26,14 @@ from pipeline.codec.schema import ClassSchema, Element, SchemaKey, SchemaRegistr
 from pipeline.codec.types import Am1ObjectId, Am2ObjectId, TypedList, TypedMap
 from pipeline.codec.v1 import encode_records
 from pipeline.codec.vectorized import (
+    COMPACT_SCHEMA,
     QUARANTINE_SCHEMA,
     arrow_mapper,
     decode_content,
     per_record_decode,
     records_to_table,
     sample_schema,
+    wide_to_compact,
 )
 from tests.codec.strategies import object_samples
 
@@ -109,6 +111,23 @@ def assert_same(table: pa.Table, registry: SchemaRegistry) -> Any:
     assert [
         (q["msg_key"], q["reason"].split(":")[0]) for q in got.quarantine.to_pylist()
     ] == want_problems
+    # The compact layout (one schema for all classes, typed value lists) holds the
+    # same values: the kernel's direct build equals packing the oracle's wide tables.
+    creg = registry.copy()
+    compact = decode_content(table, creg, compact=True)
+    assert set(compact.samples) == set(want)
+    for k, t in want.items():
+        schema = creg.get(k)
+        assert schema is not None
+        c = compact.samples[k]
+        assert c.schema == COMPACT_SCHEMA
+        expected = wide_to_compact(t, schema)
+        if not c.equals(expected):
+            for i, (a, b) in enumerate(zip(c.to_pylist(), expected.to_pylist(), strict=True)):
+                assert a == b, (k, i)
+        assert c.equals(expected), k
+    assert compact.quarantine.equals(got.quarantine)
+    assert compact.other_index == got.other_index
     return got
 
 
