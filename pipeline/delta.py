@@ -404,9 +404,8 @@ def _null_problems(pf: pq.ParquetFile, schema: pa.Schema, stats: Mapping[str, An
     """Non-nullable columns of a data file that hold nulls, proven from what
     every file has rather than from optional statistics.
 
-    A REQUIRED column (what Spark writes for a non-nullable field; conform()
-    makes sure the plan says so) cannot hold a null: the footer's schema
-    settles it. An OPTIONAL one is settled by the footer's null counts when
+    A REQUIRED column (what Spark writes for a field its plan knows to be
+    non-null) cannot hold a null: the footer's schema settles it. An OPTIONAL one is settled by the footer's null counts when
     every row group has one; otherwise the column itself is read (only the
     row groups without a count) and its nulls counted.
     """
