@@ -30,6 +30,7 @@ import time
 from pathlib import Path
 
 import pyarrow as pa
+import pyarrow.compute as pc
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
@@ -80,6 +81,7 @@ def baseline(root: Path, table: Path, batch: int) -> tuple[float, int]:
     def flush() -> None:
         nonlocal pending, pending_rows, batch_id, rows
         t = pa.Table.from_batches(pending)
+        t = t.filter(pc.is_null(t.column("duplicate_of"))).drop_columns(["duplicate_of"])
         t = t.append_column(
             BRONZE.field("batch_id"), pa.array([batch_id] * t.num_rows, pa.int64())
         )
