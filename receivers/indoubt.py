@@ -87,8 +87,11 @@ def _fsync_path(path: Path, flags: int = os.O_RDONLY) -> None:
         os.close(fd)
 
 
-def seal(root: Path, partition: str) -> tuple[int, int] | None:
+def seal(root: Path, partition: str, start: int | None = None) -> tuple[int, int] | None:
     """Record ``[marker, end)`` of ``partition`` as in doubt; the caller holds its lock.
+
+    ``start`` widens the range below the marker (a lost connection: the broker
+    may have dropped dispositions the marker already counts).
 
     Returns the sealed range, or None when nothing was in doubt. A partition
     without a marker is new, or was written before markers existed: nothing
@@ -99,6 +102,8 @@ def seal(root: Path, partition: str) -> tuple[int, int] | None:
     part_dir = root / partition
     end = LandingLog(root).end_offsets().get(partition, 0)
     marker = read_marker(part_dir)
+    if marker is not None and start is not None and start < marker:
+        marker = max(start, LandingLog(root).start_offsets().get(partition, start))
     if marker is None or marker >= end:
         if marker != end:  # a new partition, or one from before markers: nothing in doubt
             write_marker(part_dir, end)

@@ -92,6 +92,10 @@ QUIET_RESTATE_S = 5.0
 # marker is rewritten at most every MARKER_EVERY_S.
 SETTLE_GRACE_S = 0.5
 MARKER_EVERY_S = 0.25
+# When a connection is lost (not closed by us), a broker that was going away
+# may have dropped dispositions it had not processed yet: groups settled this
+# long before the loss are sealed as in doubt too, whatever the marker says.
+LOST_DOUBT_S = 10.0
 
 
 class ReceiverError(RuntimeError):
@@ -349,9 +353,10 @@ class LandingSink:
         """Every message below ``offset`` is settled and the broker has seen it."""
         write_marker(self.writer.dir, offset)
 
-    def seal(self) -> None:
-        """After a lost connection: what is landed but unconfirmed is in doubt."""
-        seal(self.root, self.partition)
+    def seal(self, start: int | None = None) -> None:
+        """After a lost connection: what is landed but unconfirmed is in doubt
+        (from ``start`` on if that is before the settle marker)."""
+        seal(self.root, self.partition, start=start)
         self.ledger.refresh()
 
     def warm_up(self) -> None:
@@ -661,6 +666,9 @@ class QmfReceiver:
         self._pending: deque[_Group] = deque()  # submitted to the writer, not yet durable
         # Landed groups not yet under the settle marker: (end offset, settled at or None).
         self._landed: deque[tuple[int, float | None]] = deque()
+        # Groups settled in the last LOST_DOUBT_S: (first offset, settled at).
+        self._recent: deque[tuple[int, float]] = deque()
+        self._lost_at: float | None = None
         self._marker_due: int | None = None
         self._marker_at = 0.0
         self._pending_count = 0
@@ -876,6 +884,10 @@ class QmfReceiver:
             settled_at = time.monotonic()
         if job.end is not None:
             self._landed.append((job.end, settled_at))
+            if settled_at is not None:
+                self._recent.append((job.end - len(msgs), settled_at))
+                while self._recent and settled_at - self._recent[0][1] > LOST_DOUBT_S:
+                    self._recent.popleft()
         if self.on_group is not None:
             self.on_group(msgs)
 
@@ -941,9 +953,13 @@ class QmfReceiver:
         if seal_fn is None:
             return
         self._wait_writer(self.config.stop_timeout_s)
-        seal_fn()
+        lost = self._lost_at if self._lost_at is not None else time.monotonic()
+        doubtful = [first for first, at in self._recent if at >= lost - LOST_DOUBT_S]
+        seal_fn(start=doubtful[0] if doubtful else None)
         self._landed.clear()
+        self._recent.clear()
         self._marker_due = None
+        self._lost_at = None
 
     def _held(self) -> int:
         return len(self._in_hand) + self._pending_count
@@ -1073,6 +1089,7 @@ class QmfReceiver:
         if self._conn is None:
             return
         self.stats.disconnects += 1
+        self._lost_at = time.monotonic()
         self.ready.clear()
         # The deliveries are gone, but a temporary subscription's queue is too:
         # land what we hold (a durable queue redelivers it; msg_key de-duplicates).

@@ -143,3 +143,16 @@ def test_retention_keeps_what_may_still_be_sealed(tmp_path: Path) -> None:
     assert log.delete_before("r0", 3) == 1
     assert log.start_offsets() == {"r0": 1}
     sink.close()
+
+
+def test_a_lost_connection_widens_the_seal_below_the_marker(tmp_path: Path) -> None:
+    """A broker going away may drop dispositions the marker already counts."""
+    sink = LandingSink(tmp_path, "r0")
+    sink.append([msg(1), msg(2)])
+    sink.append([msg(3)])
+    sink.mark_settled(3)  # all settled, as far as the receiver could tell
+    sink.seal(start=1)  # the connection was lost soon after offsets 1.. were settled
+    sink.append([again(msg(2)), again(msg(1))])
+    sink.close()
+    assert [r[4] for r in rows(tmp_path)[3:]] == ["r0:1", None]
+    assert read_marker(tmp_path / "r0") == 3  # sealed up to the end at the time
