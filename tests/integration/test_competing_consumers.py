@@ -4,9 +4,11 @@ Three ``qmf receive`` children consume one durable queue (rabbitmq preset),
 each into its own landing partition, while ``qmf sim`` publishes; one of them
 is SIGKILLed mid-run, so the broker hands its unsettled deliveries to the
 others (copies of messages it had already landed, in other partitions), and
-is restarted on its partition. The union of the partitions, de-duplicated by
-``msg_key``, is exactly the published set, and the bronze job (AvailableNow)
-holds each message once, equal to the manifest.
+is restarted on its partition. Every copy a redelivery made is marked
+``duplicate_of`` its first copy (possibly in another partition), and the bronze
+job (AvailableNow) holds each published message once, equal to the manifest.
+Then 200 landed messages are published again field for field: to the broker
+those are new messages (twins), so bronze gets each a second time.
 """
 
 from __future__ import annotations
@@ -18,10 +20,12 @@ from pathlib import Path
 from typing import Any
 
 import pyarrow as pa
+import pyarrow.compute as pc
 import pytest
 from pyspark.sql import SparkSession
 
 from pipeline import broker as qmf_broker
+from pipeline import delta
 from receivers.landing import LandingLog
 from receivers.publisher import OutMessage, Publisher
 from tests.integration.e2e import (
@@ -108,13 +112,18 @@ def test_competing_receivers_union_lands_in_bronze_once(
             n = summary["messages"]
             wait_for(lambda: len(set(landed_keys(landing))) >= n, 120, "every message landed",
                      step_s=1.0)  # fmt: skip
-            # A publisher retry / broker redelivery, made certain: 200 messages that already
-            # landed are published again, field for field; they land a second time.
-            landed_before = landed_rows(landing)
-            resent = republish(broker.url, landed_table(landing).slice(0, 200))
-            wait_for(lambda: landed_rows(landing) >= landed_before + len(resent), 120,
-                     "the copies landed", step_s=1.0)  # fmt: skip
             wait_for(lambda: qmf_broker.queue_depths().get(queue) == 0, 60, "an empty queue")
+            landed = landed_table(landing)
+            first_run = LandingLog(landing).end_offsets()
+            drain_to_bronze(spark, landing, table, ck)
+            out = assert_bronze_is_the_manifest(table, manifest, summary)
+            assert set(out.column("partition").to_pylist()) <= set(PARTITIONS)
+            # A publisher sending 200 landed messages again, field for field: new
+            # deliveries to the broker (twins), never flagged as redelivered.
+            resent = republish(broker.url, landed.filter(pc.is_null(landed["duplicate_of"]))
+                               .slice(0, 200))  # fmt: skip
+            wait_for(lambda: landed_rows(landing) >= sum(first_run.values()) + len(resent), 120,
+                     "the copies landed", step_s=1.0)  # fmt: skip
             for c in rs.values():
                 assert c.terminate(60) == 0, c.stderr()[-3000:]
     finally:
@@ -122,16 +131,21 @@ def test_competing_receivers_union_lands_in_bronze_once(
 
     log = LandingLog(landing)
     assert sorted(log.partitions()) == list(PARTITIONS)
-    per_partition = log.end_offsets()
-    assert all(per_partition[p] > 0 for p in PARTITIONS), per_partition
-    keys = landed_keys(landing)
+    assert all(first_run[p] > 0 for p in PARTITIONS), first_run
+    keys = landed.column("msg_key").to_pylist()
     expected, _ = manifest_messages(manifest)
     assert len(set(keys)) == len(expected) == n
-    copies = Counter(keys)
-    assert all(copies[k] >= 2 for k in resent)
+    # Every extra landed copy of the run is a redelivery matched to its first copy.
+    dups = landed.filter(pc.is_valid(landed["duplicate_of"]))
+    assert dups.num_rows == len(keys) - n
+    assert all(dups["redelivered"].to_pylist())
+    first = {f"{r['partition']}:{r['offset']}": r["msg_key"]
+             for r in landed.select(["partition", "offset", "msg_key"]).to_pylist()}  # fmt: skip
+    assert [first[d] for d in dups["duplicate_of"].to_pylist()] == dups["msg_key"].to_pylist()
 
-    drain_to_bronze(spark, landing, table, ck)
-    out = assert_bronze_is_the_manifest(table, manifest, summary)
-    assert set(out.column("partition").to_pylist()) <= set(PARTITIONS)
-    print(f"\n{n} messages; landed per partition {per_partition}, "
-          f"{len(keys) - n} copies ({len(keys) - n - len(resent)} redelivered after the kill)")  # fmt: skip
+    drain_to_bronze(spark, landing, table, ck)  # the twins, from the same checkpoint
+    after = delta.read_arrow(str(table))
+    assert after.num_rows == n + len(resent)
+    assert Counter(after["msg_key"].to_pylist()) == Counter(set(keys)) + Counter(resent)
+    print(f"\n{n} messages; landed per partition {first_run}, "
+          f"{dups.num_rows} redelivered copies matched after the kill; {len(resent)} twins")  # fmt: skip
