@@ -523,3 +523,30 @@ def agents_view(agents: DataFrame) -> DataFrame:
         F.max_by("agent_bank", "last_seen").alias("agent_bank"),
         F.max_by("epoch", "last_seen").alias("epoch"),
     )
+
+
+def view_name(row: Mapping[str, Any], latest: bool) -> str:
+    """``<class>`` for a class's newest version, ``<class>_<hash 8 hex>`` for each version."""
+    base = re.sub(r"[^0-9A-Za-z_]", "_", str(row["class_name"]))
+    return base if latest else f"{base}_{bytes(row['schema_hash']).hex()[:8]}"
+
+
+def register_wide_views(spark: Any, samples: DataFrame, registry: Sequence[Mapping[str, Any]]) -> list[str]:
+    """Temp views of every table class version, plus ``<class>`` for its newest (last seen).
+
+    For notebooks: ``spark.sql("SELECT name, msgDepth FROM queue")``.
+    """
+    names: list[str] = []
+    newest: dict[tuple[str, str], Mapping[str, Any]] = {}
+    for row in registry:
+        if row["kind"] != "table":
+            continue
+        wide_view(samples, row).createOrReplaceTempView(view_name(row, latest=False))
+        names.append(view_name(row, latest=False))
+        key = (row["package"], row["class_name"])
+        if key not in newest or row["last_seen"] > newest[key]["last_seen"]:
+            newest[key] = row
+    for row in newest.values():
+        wide_view(samples, row).createOrReplaceTempView(view_name(row, latest=True))
+        names.append(view_name(row, latest=True))
+    return names
