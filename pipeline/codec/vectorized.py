@@ -166,6 +166,8 @@ def cell(type_code: int, value: Any) -> Any:
         return str(value if isinstance(value, uuid.UUID) else uuid.UUID(bytes=bytes(value)))
     if type_code in (15, 21, 22):
         return to_json(value)
+    if type_code == 10 and isinstance(value, Mapping):  # QMF v2 object id map
+        return to_json(value)
     return str(value)
 
 
