@@ -10,8 +10,9 @@ table with the bronze schema:
   everything through one process);
 * pipeline: the ``qmf`` streaming source with ``Trigger.AvailableNow`` and
   ``maxRecordsPerTrigger = --batch`` into ``pipeline.bronze`` (exactly-once
-  insert-if-absent on ``msg_key``: Spark anti-joins each batch with the table's
-  keys, writes Parquet in parallel, the driver commits with delta-rs).
+  appends, matched redeliveries filtered), once per ``--writers``: ``arrow``
+  (the driver writes the batch's landing ranges with pyarrow, the default)
+  and ``spark`` (rows through Spark's Parquet writer).
 
 A third run, the source alone into Spark's ``noop`` sink, shows what reading
 costs. SparkSession start-up and a warm-up read (JVM, Python workers) are
@@ -100,7 +101,9 @@ def baseline(root: Path, table: Path, batch: int) -> tuple[float, int]:
     return time.perf_counter() - start, rows
 
 
-def pipeline_run(root: Path, table: Path, ck: Path, batch: int) -> tuple[float, float, int, float]:
+def pipeline_run(
+    root: Path, table: Path, ck: Path, batch: int, writer: str = "arrow"
+) -> tuple[float, float, int, float]:
     """The bronze stream; returns (seconds, seconds to first commit, rows, session start s)."""
     from deltalake import DeltaTable
 
@@ -114,8 +117,15 @@ def pipeline_run(root: Path, table: Path, ck: Path, batch: int) -> tuple[float, 
     session_s = time.perf_counter() - t0
     settings = BronzeSettings(
         landing=str(root), table=str(table), checkpoint=str(ck),
-        trigger="availableNow", max_records_per_trigger=batch,
+        trigger="availableNow", max_records_per_trigger=batch, writer=writer,
     )  # fmt: skip
+    # Warm-up (JVM, Python workers, imports), as for the source-only run.
+    from pipeline.source import register
+
+    register(spark)
+    spark.read.format("qmf").option("path", str(root)).option(
+        "endingOffsets", json.dumps(dict.fromkeys(LandingLog(root).partitions(), 1))
+    ).load().write.format("noop").mode("overwrite").save()
     start = time.perf_counter()
     query = start_bronze(spark, settings)
     first: float | None = None
@@ -135,6 +145,9 @@ def pipeline_run(root: Path, table: Path, ck: Path, batch: int) -> tuple[float, 
     # source: the key pass and the row pass).
     adds = DeltaTable(str(table)).get_add_actions(flatten=True)
     rows = sum(int(n) for n in pa.table(adds).column("num_records").to_pylist())
+    steady = [p["durationMs"]["triggerExecution"] / 1000 for p in query.recentProgress][1:]
+    if steady:
+        print(f"  {writer} writer: steady batches " + ", ".join(f"{x:.2f}" for x in steady) + " s")
     spark.stop()
     return elapsed, first, rows, session_s
 
@@ -171,6 +184,7 @@ def main() -> int:
     ap.add_argument("--segment", type=int, default=1_000, help="messages per landing segment")
     ap.add_argument("--batch", type=int, default=200_000, help="records per micro-batch")
     ap.add_argument("--workdir", default=None, help="keep files here (default: a temp dir)")
+    ap.add_argument("--writers", default="arrow,spark", help="bronze writers to measure")
     args = ap.parse_args()
 
     work = Path(args.workdir or tempfile.mkdtemp(prefix="bench-bronze-"))
@@ -188,26 +202,36 @@ def main() -> int:
 
         load_before = os.getloadavg()[0]
         base_s, base_rows = baseline(root, work / "baseline", args.batch)
+        base_rate = base_rows / base_s
+        print(f"baseline (pyarrow + write_deltalake): {base_rows} rows in {base_s:.1f} s = {base_rate:,.0f} records/s", flush=True)
         source_s = source_only(root, work / "ck-noop", args.batch)
-        pipe_s, first_s, pipe_rows, session_s = pipeline_run(
-            root, work / "bronze", work / "ck", args.batch
-        )
-        base_rate, pipe_rate = base_rows / base_s, pipe_rows / pipe_s
-        print(f"baseline (pyarrow + write_deltalake): {base_rows} rows in {base_s:.1f} s = {base_rate:,.0f} records/s")
-        print(f"pipeline (qmf source -> bronze, exactly-once): {pipe_rows} rows in {pipe_s:.1f} s = {pipe_rate:,.0f} records/s"
-              f" (first commit after {first_s:.1f} s; session start {session_s:.1f} s, not counted)")
-        load_after = os.getloadavg()[0]
-        print(f"source alone (qmf -> noop sink): {landed} rows in {source_s:.1f} s = {landed / source_s:,.0f} records/s")
-        print(f"ratio pipeline/baseline: {pipe_rate / base_rate:.2f}")
-        print(f"load average (1 min) before/after: {load_before:.1f}/{load_after:.1f} on {os.cpu_count()} CPUs")
-        print("RESULT " + json.dumps({
+        print(f"source alone (qmf -> noop sink): {landed} rows in {source_s:.1f} s = {landed / source_s:,.0f} records/s"
+              f" (ratio to baseline {landed / source_s / base_rate:.2f})", flush=True)
+        result: dict[str, object] = {
             "messages": landed, "size": args.size, "batch": args.batch, "cpus": os.cpu_count(),
-            "baseline_rps": round(base_rate), "pipeline_rps": round(pipe_rate),
-            "ratio": round(pipe_rate / base_rate, 3), "first_commit_s": round(first_s, 1),
-            "source_only_rps": round(landed / source_s),
-            "load_before": round(load_before, 1), "load_after": round(load_after, 1),
-        }))  # fmt: skip
-        return 0 if pipe_rows == landed == base_rows else 1
+            "baseline_rps": round(base_rate), "source_only_rps": round(landed / source_s),
+            "source_ratio": round(landed / source_s / base_rate, 3),
+        }
+        ok = base_rows == landed
+        for writer in args.writers.split(","):
+            shutil.rmtree(work / "bronze", ignore_errors=True)
+            shutil.rmtree(work / "ck", ignore_errors=True)
+            pipe_s, first_s, pipe_rows, session_s = pipeline_run(
+                root, work / "bronze", work / "ck", args.batch, writer
+            )
+            pipe_rate = pipe_rows / pipe_s
+            print(f"pipeline (qmf source -> bronze, {writer} writer, exactly-once): {pipe_rows} rows in {pipe_s:.1f} s"
+                  f" = {pipe_rate:,.0f} records/s, ratio to baseline {pipe_rate / base_rate:.2f}"
+                  f" (first commit after {first_s:.1f} s; session start {session_s:.1f} s, not counted)", flush=True)
+            result[f"pipeline_{writer}_rps"] = round(pipe_rate)
+            result[f"ratio_{writer}"] = round(pipe_rate / base_rate, 3)
+            result[f"first_commit_{writer}_s"] = round(first_s, 1)
+            ok = ok and pipe_rows == landed
+        load_after = os.getloadavg()[0]
+        print(f"load average (1 min) before/after: {load_before:.1f}/{load_after:.1f} on {os.cpu_count()} CPUs")
+        result.update(load_before=round(load_before, 1), load_after=round(load_after, 1))
+        print("RESULT " + json.dumps(result))
+        return 0 if ok else 1
     finally:
         if args.workdir is None:
             shutil.rmtree(work, ignore_errors=True)

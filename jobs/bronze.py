@@ -15,7 +15,14 @@ import threading
 from collections.abc import Sequence
 from types import FrameType
 
-from pipeline.bronze import BronzeSettings, run_bronze, trigger_kwargs, tune_shuffles
+from pipeline.bronze import (
+    RETENTION_SLACK,
+    WRITERS,
+    BronzeSettings,
+    run_bronze,
+    trigger_kwargs,
+    tune_shuffles,
+)
 
 
 def _trigger(text: str) -> str:
@@ -43,10 +50,14 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--max-records-per-trigger", type=int, default=None)
     p.add_argument("--timeout", type=float, default=None,
                    help="seconds: run time for processingTime, upper bound for availableNow")
-    p.add_argument("--retention", choices=("none", "committed"), default="none",
-                   help="delete landing segments once committed to bronze")
-    p.add_argument("--retention-slack", type=int, default=0,
-                   help="records to keep behind the committed offset")
+    p.add_argument("--retention", choices=("none", "committed"), default="committed",
+                   help="delete landing segments once committed to bronze (default; "
+                        "none if other queries read the same landing log)")
+    p.add_argument("--retention-slack", type=int, default=RETENTION_SLACK,
+                   help=f"records kept behind the committed offset ({RETENTION_SLACK})")
+    p.add_argument("--writer", choices=WRITERS, default="arrow",
+                   help="arrow: pyarrow writes the landing ranges (default); spark: the rows "
+                        "go through Spark's Parquet writer")
     p.add_argument("--embedded-receiver", action="store_true",
                    help="run a receiver inside the source (single-machine default)")
     p.add_argument("--receiver-option", type=_key_value, action="append", default=[],
@@ -68,6 +79,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         retention_slack=args.retention_slack,
         embedded_receiver=args.embedded_receiver,
         receiver_options=dict(args.receiver_option),
+        writer=args.writer,
     )
     stop = threading.Event()
 

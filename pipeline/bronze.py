@@ -57,6 +57,12 @@ log = logging.getLogger(__name__)
 # Parquet with pyarrow (no row conversion in the JVM); ``spark``: the rows go
 # through the DataFrame and Spark's Parquet writer (``delta.append_batch``).
 WRITERS = ("arrow", "spark")
+# Default safety margin of the jobs' landing-log retention: records kept
+# behind the committed offset. Correctness needs none (a segment goes only
+# once the query has committed past it, and never at or past the partition's
+# settle marker); the margin keeps the last few segments for inspection.
+# Records, not bytes: 1,000 'i' messages of a 5,000-queue agent are ~18 MB.
+RETENTION_SLACK = 1_000
 # Columns whose Parquet statistics would be large and useless (bodies).
 NO_STATS_COLUMNS = ("body",)
 # All-distinct columns: a Parquet dictionary would be built and then dropped.

@@ -16,6 +16,7 @@ COMMAND_MODULES: dict[str, str] = {
     "capture": "pipeline.commands.capture",
     "replay": "pipeline.commands.replay",
     "run": "pipeline.commands.run",
+    "soak": "pipeline.commands.soak",
 }
 
 

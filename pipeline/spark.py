@@ -27,6 +27,16 @@ BASE_CONF: dict[str, str] = {
     "spark.sql.parquet.outputTimestampType": "TIMESTAMP_MICROS",
     "spark.sql.execution.arrow.pyspark.enabled": "true",
     "spark.ui.showConsoleProgress": "false",
+    # Long-running streams: keep the checkpoint's offset/commit logs and the
+    # driver's UI history bounded (Spark keeps 100 batches and 1000 jobs,
+    # stages and SQL executions by default; each micro-batch adds some).
+    "spark.sql.streaming.minBatchesToRetain": "20",
+    "spark.ui.retainedJobs": "100",
+    "spark.ui.retainedStages": "100",
+    "spark.ui.retainedTasks": "10000",
+    "spark.sql.ui.retainedExecutions": "50",
+    "spark.sql.streaming.ui.retainedProgressUpdates": "100",
+    "spark.sql.streaming.ui.retainedQueries": "20",
 }
 
 # Small and quiet for the test suite: 2 cores shared by several processes.

@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 QUEUE = "qmf.pipeline"
+RETENTION_SLACK = 1_000  # records of landing log kept behind bronze's committed offset
 BINDINGS = (
     ("qpid.management", "mgmt.#"),
     ("qpid.management", "console.#"),
@@ -52,6 +53,10 @@ def register(subparsers: Any) -> None:
     p.add_argument("--interval", type=int, default=1, help="agents' publish interval (s)")
     p.add_argument("--trigger", default="processingTime=2 seconds")
     p.add_argument("--progress", type=float, default=5.0, help="seconds between progress lines")
+    p.add_argument("--retention", choices=("none", "committed"), default="committed",
+                   help="delete landing segments bronze has committed past (default)")
+    p.add_argument("--retention-slack", type=int, default=RETENTION_SLACK,
+                   help="records kept behind the committed offset before a segment may go")
     p.set_defaults(func=run)  # fmt: skip
 
 
@@ -166,6 +171,8 @@ def run(args: argparse.Namespace) -> int:
         trigger=args.trigger,
         embedded_receiver=True,
         receiver_options=_receiver_options(args, url),
+        retention=args.retention,
+        retention_slack=args.retention_slack,
     )
     spark = get_spark("qmf-run")
     stop = threading.Event()

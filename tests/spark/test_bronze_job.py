@@ -20,7 +20,7 @@ from pipeline import delta
 from pipeline.bronze import BronzeSettings, checkpoint_query_id, start_bronze, trigger_kwargs
 from pipeline.source import register
 from pipeline.transforms.bronze import bronze_batch
-from receivers.landing import LandedMessage, LandingWriter, message_key
+from receivers.landing import LandedMessage, LandingLog, LandingWriter, message_key
 from schemas.tables import BRONZE, LANDING, spark_schema
 from tests.spark.test_source import REPO, land, spark_submit_env
 
@@ -97,7 +97,11 @@ def _wait_for(pred: Any, timeout_s: float, what: str) -> None:
         time.sleep(0.5)
 
 
-def test_restart_from_checkpoint_no_duplicates_no_gaps(spark: SparkSession, tmp_path: Path) -> None:
+@pytest.mark.parametrize(("writer", "retention"), [("arrow", "committed"), ("spark", "none")])
+def test_restart_from_checkpoint_no_duplicates_no_gaps(
+    spark: SparkSession, tmp_path: Path, writer: str, retention: str
+) -> None:
+    """Both writers; the arrow one with retention (slack 0) deleting behind the query."""
     root, table, ck = tmp_path / "landing", str(tmp_path / "bronze"), str(tmp_path / "ck")
     a = land(root, "a", [100, 100, 100])
     b = land(root, "b", [120])
@@ -105,7 +109,7 @@ def test_restart_from_checkpoint_no_duplicates_no_gaps(spark: SparkSession, tmp_
     def settings(trigger: str) -> BronzeSettings:
         return BronzeSettings(
             landing=str(root), table=table, checkpoint=ck, trigger=trigger,
-            max_records_per_trigger=150,
+            max_records_per_trigger=150, writer=writer, retention=retention,
         )  # fmt: skip
 
     # Run 1 drains what is there.
@@ -157,6 +161,8 @@ def test_restart_from_checkpoint_no_duplicates_no_gaps(spark: SparkSession, tmp_
     positions = {(p, o) for p, o in zip(out["partition"].to_pylist(), out["offset"].to_pylist(), strict=True)}
     assert {p for p, _ in positions} <= {"a", "b", "c"}
     assert len(positions) == len(keys)
+    if retention == "committed":  # retention ran: the oldest segment of "a" is gone
+        assert LandingLog(root).start_offsets()["a"] > 0
 
 
 @pytest.mark.slow
