@@ -178,6 +178,12 @@ class GoldBatchWriter:
             self._app_id = f"qmf-gold-{checkpoint_query_id(self.settings.checkpoint)}"
         return self._app_id
 
+    def write_state(self, state: pa.Table, batch_id: int) -> bool:
+        """The batch's last write: once it is committed, the batch is complete."""
+        return replace_table(
+            self.settings.path("rate_state"), state, app_id=self.app_id, batch_id=batch_id
+        )
+
     def __call__(self, df: DataFrame, batch_id: int) -> None:
         from pyspark.sql import functions as F
 
@@ -228,20 +234,22 @@ class GoldBatchWriter:
             state = state_from_pairs(pairs).toArrow()
 
             # 4. writes (state last)
-            for name, write in (
-                ("statistic_rates", lambda: delta.append_batch(
-                    rates, s.path("statistic_rates"), app_id=self.app_id, batch_id=batch_id)),
-                ("object_lifecycles", lambda: delta.merge_batch(
-                    lc_rows, s.path("object_lifecycles"), keys=LIFECYCLE_KEYS,
-                    app_id=self.app_id, batch_id=batch_id)),
-                ("agent_liveness", lambda: delta.merge_batch(
-                    live_rows, s.path("agent_liveness"), keys=LIVENESS_KEYS,
-                    app_id=self.app_id, batch_id=batch_id)),
-            ):  # fmt: skip
-                result = write()
-                if not result.skipped:
-                    report.committed.append(name)
-            if replace_table(s.path("rate_state"), state, app_id=self.app_id, batch_id=batch_id):
+            aid = self.app_id
+            results = {
+                "statistic_rates": delta.append_batch(
+                    rates, s.path("statistic_rates"), app_id=aid, batch_id=batch_id
+                ),
+                "object_lifecycles": delta.merge_batch(
+                    lc_rows, s.path("object_lifecycles"), keys=LIFECYCLE_KEYS, app_id=aid,
+                    batch_id=batch_id,
+                ),
+                "agent_liveness": delta.merge_batch(
+                    live_rows, s.path("agent_liveness"), keys=LIVENESS_KEYS, app_id=aid,
+                    batch_id=batch_id,
+                ),
+            }  # fmt: skip
+            report.committed.extend(k for k, r in results.items() if not r.skipped)
+            if self.write_state(state, batch_id):
                 report.committed.append("rate_state")
             report.rows = {"state": state.num_rows}
             ident.unpersist()

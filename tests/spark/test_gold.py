@@ -1,0 +1,212 @@
+"""The gold job on the real qpidd capture: rates, lifecycles, liveness; stream == batch.
+
+Silver comes from the capture without a broker: bronze rows built with the
+receiver's landing code (``pipeline.silver.bronze_rows``), decoded by the
+silver writer in several commits. Expected values are computed here
+independently, with the codec directly (``decode_message``), not from silver.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import os
+from collections import defaultdict
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import pyarrow.compute as pc
+import pytest
+from chispa import assert_df_equality
+
+from pipeline import delta
+from pipeline.codec.capture import read_capture
+from pipeline.codec.message import decode_message
+from pipeline.codec.records import ObjectSample, id_columns
+from pipeline.gold import GoldSettings, run_gold, run_gold_batch
+from pipeline.registry import StatisticKinds, seed_table, to_registry
+from pipeline.silver import SilverBatchWriter, SilverSettings, bronze_rows
+from pipeline.transforms.gold import RateRules
+from schemas.gold import GOLD_TABLES
+
+if TYPE_CHECKING:
+    from pyspark.sql import DataFrame, SparkSession
+
+pytestmark = pytest.mark.spark
+
+CAPTURE = "samples/qpidd-capture-20s.jsonl"
+SUMMARY = "samples/qpidd-capture-20s.summary.json"
+PARTS = 4  # silver commits (so the stream has several micro-batches)
+
+
+@pytest.fixture(scope="module")
+def silver_root(shared_dir: str, tmp_path_factory: pytest.TempPathFactory) -> str:
+    """Silver tables from the capture, written as PARTS commits per table."""
+    msgs = list(read_capture(os.path.join(shared_dir, CAPTURE)))
+    root = tmp_path_factory.mktemp("gold-silver")
+    s = SilverSettings(bronze=str(root / "bronze"), root=str(root / "silver"))
+    w = SilverBatchWriter(s, app_id="silver-for-gold")
+    size = len(msgs) // PARTS + 1
+    for i in range(PARTS):
+        part = msgs[i * size : (i + 1) * size]
+        w.decode_local(bronze_rows(part, first_offset=i * size), i)
+    return s.root
+
+
+def expected_series(shared_dir: str) -> dict[tuple[str, str], list[tuple[int, int, float]]]:
+    """(agent, queue name) -> [(update_ns, create_ns, msgTotalEnqueues)] by sample time, unique
+    times: from the codec alone. Stats-only records get their name from the object's property
+    records (object id -> name)."""
+    reg = to_registry(seed_table(StatisticKinds.load()))
+    names: dict[tuple[Any, ...], str] = {}
+    raw: list[tuple[str, tuple[Any, ...], int, int, float]] = []
+    for m in read_capture(os.path.join(shared_dir, CAPTURE)):
+        res = decode_message(
+            m.body, registry=reg, application_properties=m.application_properties,
+            content_type=m.content_type, app_id=m.app_id, routing_key=m.routing_key,
+        )  # fmt: skip
+        for r in res.records:
+            if not isinstance(r, ObjectSample) or r.class_name != "queue" or r.agent is None:
+                continue
+            oid = (r.agent, tuple(sorted(id_columns(r.object_id).items())))
+            if "name" in r.values:
+                names[oid] = str(r.values["name"])
+            if "msgTotalEnqueues" in r.values:
+                raw.append((r.agent, oid, r.update_ns, r.create_ns, float(r.values["msgTotalEnqueues"])))
+    series: dict[tuple[str, str], dict[int, tuple[int, float]]] = defaultdict(dict)
+    for agent, oid, t, c, v in raw:
+        series[(agent, names[oid])].setdefault(t, (c, v))
+    return {k: [(t, c, v) for t, (c, v) in sorted(d.items())] for k, d in series.items()}
+
+
+def queue_name(index_key: str) -> str:
+    return str(json.loads(index_key)[-1])
+
+
+def rates_of(root: str, statistic: str) -> dict[tuple[str, str], list[tuple[int, int, float | None]]]:
+    t = delta.read_arrow(os.path.join(root, "statistic_rates"))
+    t = t.filter(pc.and_(pc.equal(t.column("statistic"), statistic), pc.equal(t.column("class_name"), "queue")))
+    out: dict[tuple[str, str], list[tuple[int, int, float | None]]] = defaultdict(list)
+    for r in t.to_pylist():
+        out[(r["agent"], queue_name(r["index_key"]))].append((r["start_ns"], r["end_ns"], r["rate"]))
+    return {k: sorted(v) for k, v in out.items()}
+
+
+def test_enqueue_rates_equal_independent_computation(
+    spark: SparkSession, shared_dir: str, silver_root: str, tmp_path: Path
+) -> None:
+    s = GoldSettings(silver=silver_root, root=str(tmp_path / "gold"), rates=RateRules(min_interval_s=0))
+    run_gold_batch(spark, s, 0)
+    got = rates_of(s.root, "msgTotalEnqueues")
+    want: dict[tuple[str, str], list[tuple[int, int, float | None]]] = {}
+    for key, samples in expected_series(shared_dir).items():
+        rows = []
+        for (t0, c0, v0), (t1, c1, v1) in itertools.pairwise(samples):
+            rate = None if c0 != c1 or v1 < v0 else (v1 - v0) / ((t1 - t0) / 1e9)
+            rows.append((t0, t1, rate))
+        if rows:
+            want[key] = rows
+    assert len(want) > 20
+    assert got.keys() == want.keys()
+    for key in want:
+        assert [(a, b) for a, b, _ in got[key]] == [(a, b) for a, b, _ in want[key]], key
+        for (_, _, g), (_, _, w) in zip(got[key], want[key], strict=True):
+            assert (g is None) == (w is None)
+            if w is not None:
+                assert g == pytest.approx(w, rel=1e-12, abs=1e-12), key
+
+
+def test_default_rules_skip_short_intervals_and_keep_totals(
+    spark: SparkSession, shared_dir: str, silver_root: str, tmp_path: Path
+) -> None:
+    """With the 1 s minimum the baseline stays: intervals merge, no enqueue is lost; the v1
+    queues' average rates equal the capture summary's first-to-last rates."""
+    s = GoldSettings(silver=silver_root, root=str(tmp_path / "gold"))
+    run_gold_batch(spark, s, 0)
+    t = delta.read_arrow(s.path("statistic_rates"))
+    plain = t.filter(pc.is_null(t.column("reset")))
+    assert pc.min(plain.column("length_s")).as_py() >= 1.0  # resets are kept however short
+    got = rates_of(s.root, "msgTotalEnqueues")
+    with open(os.path.join(shared_dir, SUMMARY)) as fh:
+        summary = json.load(fh)["queue_rates_first_to_last_v1_sample"]
+    series = expected_series(shared_dir)
+    checked = 0
+    for (agent, name), rows in got.items():
+        first, last = rows[0][0], rows[-1][1]
+        samples = {ts: v for ts, _c, v in series[(agent, name)]}
+        # Contiguous intervals from the first to the last kept sample.
+        assert all(a[1] == b[0] for a, b in itertools.pairwise(rows))
+        if agent == "1.0" and name in summary and all(r[2] is not None for r in rows):
+            avg = (samples[last] - samples[first]) / ((last - first) / 1e9)
+            assert round(avg, 3) == pytest.approx(summary[name]["enq_rate"], abs=0.0015), name
+            checked += 1
+    assert checked >= 8
+
+
+def test_short_lived_queues_have_both_timestamps(
+    spark: SparkSession, shared_dir: str, silver_root: str, tmp_path: Path
+) -> None:
+    s = GoldSettings(silver=silver_root, root=str(tmp_path / "gold"))
+    run_gold_batch(spark, s, 0)
+    # Deleted queues per the codec: (agent, name) -> (create_ns, delete_ns).
+    reg = to_registry(seed_table(StatisticKinds.load()))
+    deleted: dict[tuple[str, str], tuple[int, int]] = {}
+    for m in read_capture(os.path.join(shared_dir, CAPTURE)):
+        for r in decode_message(
+            m.body, registry=reg, application_properties=m.application_properties,
+            content_type=m.content_type, app_id=m.app_id, routing_key=m.routing_key,
+        ).records:  # fmt: skip
+            if isinstance(r, ObjectSample) and r.class_name == "queue" and r.delete_ns and "name" in r.values:
+                deleted[(str(r.agent), str(r.values["name"]))] = (r.create_ns, r.delete_ns)
+    assert len(deleted) >= 5
+    lc = delta.read_arrow(s.path("object_lifecycles")).to_pylist()
+    rows = {(r["agent"], queue_name(r["index_key"])): r for r in lc if r["class_name"] == "queue"}
+    for key, (c, d) in deleted.items():
+        r = rows[key]
+        assert r["state"] == "deleted" and r["end_reason"] == "deleted", key
+        assert r["create_ns"] == c
+        assert int(r["created_at"].timestamp() * 1e6) == c // 1000
+        assert int(r["deleted_at"].timestamp() * 1e6) == d // 1000
+        assert r["created_at"] <= r["deleted_at"]
+        assert r["properties"] and dict(r["properties"])["name"] == key[1]
+    # Transient ones: a single publish carried both create and delete time.
+    assert any(r["samples"] <= 2 and r["first_seen"] >= r["created_at"] for k, r in rows.items() if k in deleted)
+    live = [r for r in lc if r["class_name"] == "queue" and r["state"] == "live"]
+    assert live and all(r["deleted_at"] is None and r["end_reason"] is None for r in live)
+    # Both agents heart-beat all through the 20 s: one open up interval each.
+    liv = delta.read_arrow(s.path("agent_liveness")).to_pylist()
+    assert sorted((r["dialect"], r["state"], r["heartbeats"]) for r in liv) == [
+        ("AM2", "up", 18), ("V2", "up", 18)
+    ]
+
+
+def _sorted(df: DataFrame) -> DataFrame:
+    cols = [c for c in df.columns if c != "batch_id"]
+    return df.select(*cols).orderBy(*[c for c in cols if c != "properties"])
+
+
+def test_stream_equals_batch(
+    spark: SparkSession, silver_root: str, tmp_path: Path
+) -> None:
+    batch = GoldSettings(silver=silver_root, root=str(tmp_path / "batch"))
+    run_gold_batch(spark, batch, 0)
+    stream = GoldSettings(
+        silver=silver_root, root=str(tmp_path / "stream"), checkpoint=str(tmp_path / "ckpt"),
+        max_files_per_trigger=1,
+    )  # fmt: skip
+    assert run_gold(spark, stream, timeout_s=600) == 0
+    # Several micro-batches ran (one silver file per source each).
+    from deltalake import DeltaTable
+
+    hist = DeltaTable(stream.path("rate_state")).history()
+    assert len([h for h in hist if h.get("qmf.batch_id") is not None]) >= PARTS
+    for name in GOLD_TABLES:
+        a = delta.read_table(spark, batch.path(name))
+        b = delta.read_table(spark, stream.path(name))
+        assert a.count() > 0, name
+        assert_df_equality(_sorted(a), _sorted(b), ignore_nullable=True)
+    # A rerun of the finished stream, and a replay of the batch, write nothing.
+    before = {n: delta.read_arrow(stream.path(n)).num_rows for n in GOLD_TABLES}
+    assert run_gold(spark, stream, timeout_s=600) == 0
+    assert {n: delta.read_arrow(stream.path(n)).num_rows for n in GOLD_TABLES} == before
+    assert run_gold_batch(spark, batch, 0).committed == []
