@@ -128,7 +128,17 @@ def append_arrow(
     """
     name = f"part-{batch_id:08d}-{uuid.uuid4().hex}.parquet"
     full = os.path.join(path, name)
-    pq.write_table(table.select(schema.names).cast(schema), full, compression="snappy")
+    flat = [f.name for f in schema if not pa.types.is_nested(f.type)]
+    unique = {"msg_key", "body"}  # no repeats: a dictionary only costs
+    pq.write_table(
+        table.select(schema.names).cast(schema),
+        full,
+        compression="snappy",
+        # Statistics and dictionaries for the flat columns only: the value lists get
+        # neither (Delta keeps no stats for nested columns; ~35% of the write time).
+        write_statistics=flat,
+        use_dictionary=[c for c in flat if c not in unique],
+    )
     try:
         result = delta.commit_files(path, [(name, {})], app_id=app_id, batch_id=batch_id)
     except BaseException:

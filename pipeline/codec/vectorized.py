@@ -799,27 +799,39 @@ def _texts_of(cols: list[pa.Array], n: int) -> pa.Array:
     return pa.ListArray.from_arrays(offsets, flat)
 
 
-def _escape(a: pa.Array) -> pa.Array:
-    import pyarrow.compute as pc
-
-    a = pc.replace_substring(a, "\\", "\\\\")
-    return pc.replace_substring(a, '"', '\\"')
+def _plain_text(a: pa.Array) -> bool:
+    """True when no value needs a JSON escape (no quote, backslash or control character)."""
+    bufs = a.buffers()
+    if bufs[2] is None or not len(a):
+        return True
+    offs = np.frombuffer(bufs[1], np.int32)[a.offset : a.offset + len(a) + 1]
+    b = np.frombuffer(bufs[2], np.uint8)[int(offs[0]) : int(offs[-1])]
+    return not bool(((b < 0x20) | (b == 0x22) | (b == 0x5C)).any())
 
 
 def index_key(cols: list[pa.Array], n: int) -> pa.Array:
-    """JSON array (of strings) of the index properties' values; null where one is absent."""
+    """JSON array (of strings) of the index properties' values; null where one is absent.
+
+    One Arrow call in the usual case (names and references need no escape).
+    """
     import pyarrow.compute as pc
 
     if not cols:
         return pa.nulls(n, pa.string())
-    parts = [_escape(c.cast(pa.string())) for c in cols]
-    if any(pc.any(pc.match_substring_regex(p, "[\\x00-\\x1f]")).as_py() for p in parts):
+    parts = [c if c.type == pa.string() else c.cast(pa.string()) for c in cols]
+    if not all(_plain_text(p) for p in parts):
         rows = zip(*(p.to_pylist() for p in parts), strict=True)
-        return pa.array(  # rare: control characters need JSON escapes
-            [None if any(v is None for v in r) else json.dumps(list(r)) for r in rows], pa.string()
+        return pa.array(  # rare: quotes, backslashes, control characters
+            [
+                None if any(v is None for v in r) else json.dumps(list(r), separators=(",", ":"), ensure_ascii=False)
+                for r in rows
+            ],
+            pa.string(),
         )
-    inner = pc.binary_join_element_wise(*parts, '","', null_handling="emit_null")
-    return pc.binary_join_element_wise('["', inner, '"]', "", null_handling="emit_null")
+    pieces: list[Any] = ['["']
+    for i, p in enumerate(parts):
+        pieces += [p, '"]' if i == len(parts) - 1 else '","']
+    return pc.binary_join_element_wise(*pieces, "", null_handling="emit_null")
 
 
 def _class_columns(comp: CompiledRegistry, idx: I64) -> dict[str, pa.Array]:
