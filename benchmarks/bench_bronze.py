@@ -147,7 +147,9 @@ def pipeline_run(
     rows = sum(int(n) for n in pa.table(adds).column("num_records").to_pylist())
     steady = [p["durationMs"]["triggerExecution"] / 1000 for p in query.recentProgress][1:]
     if steady:
-        print(f"  {writer} writer: steady batches " + ", ".join(f"{x:.2f}" for x in steady) + " s")
+        med = sorted(steady)[len(steady) // 2]
+        print(f"  {writer} writer: batches after the first " + ", ".join(f"{x:.2f}" for x in steady)
+              + f" s; median {med:.2f} s = {batch / med:,.0f} records/s steady", flush=True)  # fmt: skip
     spark.stop()
     return elapsed, first, rows, session_s
 
