@@ -38,6 +38,9 @@ ST_TRUNCATED = 4
 ST_UNSUPPORTED = 5  # type code the kernel does not handle (e.g. 20), > 64 optional properties
 ST_BAD_TYPE = 6  # type code unknown in the schema
 ST_MALFORMED = 7  # a value the codec rejects (boolean octet > 1)
+# AM1 object id or reference with the reserved bit 63 set: the per-record codec
+# keeps the record and reports a non-fatal ReservedBitSet problem, so it decodes them.
+ST_RESERVED = 8
 
 STATUS_NAMES = (
     "ok",
@@ -48,6 +51,7 @@ STATUS_NAMES = (
     "unsupported type",
     "unknown type code",
     "malformed value",
+    "reserved bit set",
 )
 
 # Rows of the (field, record) matrix returned by ``walk``.
@@ -186,6 +190,8 @@ def _read_value(data: Any, p: Any, end: Any, kind: Any, ver: Any) -> tuple[Any, 
         size = 16 if (kind == K_UUID or ver == 2) else 8
         if p + size > end:
             return np.int64(0), p, ST_TRUNCATED
+        if kind == K_REF and ver == 1 and data[p] >= 0x80:
+            return np.int64(0), p, ST_RESERVED  # AM1 reference, bit 63 set
         return np.int64(p), p + size, ST_OK
     if kind == K_SIZED32:
         if p + 4 > end or p + 4 + _be4(data, p) > end:
@@ -438,6 +444,9 @@ def walk(
             dele = _be8(data, p + 16)
             p += 24
             oid_hi = _be8(data, p)
+            if ver == 1 and oid_hi < 0:
+                st = ST_RESERVED  # AM1 id, bit 63 set: the per-record path reports it
+                break
             oid_lo = np.int64(0)
             if ver == 2:
                 oid_lo = _be8(data, p + 8)

@@ -480,3 +480,64 @@ def test_large_binary_and_chunked_input_give_the_same_tables() -> None:
     assert decode_content(sliced, reg).samples[WIDE.key].equals(
         want.filter(pa.compute.is_in(want.column("msg_key"), value_set=pa.array([f"m{i}" for i in range(4, 10)])))
     )
+
+
+def test_am1_reserved_bit_63_goes_the_per_record_way() -> None:
+    """An AM1 object id (or reference value) with bit 63 set is not masked by the kernel:
+    the message takes the per-record path, which keeps the record and reports a non-fatal
+    ReservedBitSet problem (the quarantine row keeps the raw body, so the raw id)."""
+    key = SchemaKey("org.example", "widget", b"\x33" * 16)
+    widget = ClassSchema(
+        key=key,
+        properties=(Element("name", 6, access=1), Element("peer", 10, access=1)),
+        statistics=(Element("count", 4),),
+    )
+    reg = SchemaRegistry([widget])
+
+    def am1(i: int, oid: int, peer: int) -> ObjectSample:
+        return ObjectSample(
+            dialect="AM1", opcode="g", seq=i, package=key.package, class_name=key.name,
+            schema_hash=key.hash, update_ns=1000 + i, create_ns=10, delete_ns=0,
+            object_id=Am1ObjectId.from_int(oid),
+            values={"name": f"w{i}", "peer": Am1ObjectId.from_int(peer), "count": i},
+        )  # fmt: skip
+
+    bit = 1 << 63
+    good = encode_records([am1(1, 1, 2)], reg)
+    bad_id = encode_records([am1(2, bit | 5, 2), am1(3, 6, 2)], reg)
+    bad_ref = encode_records([am1(4, 7, bit | 2)], reg)
+    got = assert_same(bodies_batch([good, bad_id, bad_ref]), reg)
+    assert got.fast_messages == 1
+    assert got.fallback_reasons == {"reserved bit set": 2}
+    t = got.samples[key]
+    # every record is kept, in input order (offset 75 for the reference: where the values start)
+    assert list(
+        zip(
+            t.column("msg_key").to_pylist(),
+            t.column("object_num").to_pylist(),
+            t.column("count").to_pylist(),
+            t.column("peer").to_pylist(),
+            strict=True,
+        )
+    ) == [
+        ("m0", 1, 1, "0-0-2"),
+        ("m1", 5, 2, "0-0-2"),
+        ("m1", 6, 3, "0-0-2"),
+        ("m2", 7, 4, "0x8000000000000002"),
+    ]
+    q_rows = got.quarantine.to_pylist()
+    assert [(r["msg_key"], r["reason"]) for r in q_rows] == [
+        (
+            "m1",
+            "ReservedBitSet: reserved bit set at offset 67: bit 63 of AM1 object id "
+            "0x8000000000000005 (must be zero); raw id kept",
+        ),
+        (
+            "m2",
+            "ReservedBitSet: reserved bit set at offset 75: bit 63 of AM1 object reference "
+            "'peer' among the values 0x8000000000000002 (must be zero); raw id kept",
+        ),
+    ]
+    assert [r["body"] for r in q_rows] == [bad_id, bad_ref]
+    # the kernel alone (no reserved bit anywhere) still takes the message
+    assert decode_content(bodies_batch([good]), reg.copy()).fallback_messages == 0
