@@ -49,7 +49,7 @@ from pipeline.registry import (
     StatisticKinds,
     schema_from_row,
 )
-from schemas.silver import AGENTS, PARKED, RESOLVED, SILVER_TABLES
+from schemas.silver import AGENTS, METHOD_CALLS, PARKED, RESOLVED, SILVER_TABLES
 from schemas.tables import BRONZE
 
 if TYPE_CHECKING:
@@ -67,6 +67,7 @@ WRITE_ORDER = (
     "events",
     "heartbeats",
     "method_responses",
+    "method_calls",
     "agents",
     "quarantine",
     "parked",
@@ -185,6 +186,197 @@ def without(table: pa.Table, other: pa.Table) -> pa.Table:
     return table.filter(pa.array(keep, pa.bool_()))
 
 
+def merge_arrow(path: str, table: pa.Table, key: str, *, app_id: str, batch_id: int) -> bool:
+    """Upsert Arrow rows on ``key`` (small tables), exactly once; False if already committed.
+
+    The Arrow twin of ``pipeline.delta.merge_batch`` (upsert): silver's
+    results are Arrow on the driver, so no DataFrame is built for a few rows.
+    """
+    from deltalake import DeltaTable
+
+    dt = DeltaTable(path)
+    delta.check_protocol(dt, write=True)
+    if delta._already_committed(dt, app_id, batch_id):
+        return False
+    col = '"' + key.replace('"', '""') + '"'
+    (
+        dt.merge(
+            table,
+            predicate=f"t.{col} = s.{col}",
+            source_alias="s",
+            target_alias="t",
+            commit_properties=delta._commit_properties(app_id, batch_id, "upsert"),
+        )
+        .when_matched_update_all()
+        .when_not_matched_insert_all()
+        .execute()
+    )
+    return True
+
+
+# ------------------------------------------------------------------ method calls
+
+
+def _call_order(row: Mapping[str, Any]) -> tuple[Any, ...]:
+    """Arrival order of a call half: received_at, then bronze identity and record index."""
+    if row.get("request_partition") is not None and row.get("response_partition") is None:
+        side = "request"
+    else:
+        side = "response"
+    return tuple(row[f"{side}_{c}"] for c in ("at", "partition", "offset", "index"))
+
+
+def _object_id(dialect: str, raw: bytes | None) -> Any:
+    from pipeline.codec.types import Am1ObjectId, Am2ObjectId
+
+    if raw is None:
+        return None
+    if dialect == "AM1":
+        return Am1ObjectId.from_int(int.from_bytes(raw, "big"))
+    return Am2ObjectId.from_ints(int.from_bytes(raw[:8], "big"), int.from_bytes(raw[8:], "big"))
+
+
+def _am1_classes(samples: pa.Table, wanted: set[Any]) -> dict[Any, tuple[str, str, bytes]]:
+    """(package, class, hash) of the wanted AM1 object ids among object samples (latest wins)."""
+    from pipeline.codec.types import Am1ObjectId
+
+    if samples.num_rows == 0 or not wanted:
+        return {}
+    nums = pa.array(sorted({o.object_num for o in wanted}), pa.int64())
+    am1 = pc.equal(samples.column("dialect"), "AM1")
+    t = samples.filter(pc.and_(am1, pc.is_in(samples.column("object_num"), nums)))
+    t = t.sort_by([("batch_id", "ascending"), ("partition", "ascending"),
+                   ("offset", "ascending"), ("record_index", "ascending")])  # fmt: skip
+    out: dict[Any, tuple[str, str, bytes]] = {}
+    cols = ("boot_seq", "bank", "object_num", "package", "class_name", "schema_hash")
+    for b, k, n, pkg, cls, h in zip(*(t.column(c).to_pylist() for c in cols), strict=True):
+        oid = Am1ObjectId(b, k, n)
+        if oid in wanted:
+            out[oid] = (pkg, cls, h)
+    return out
+
+
+class MethodCallTable:
+    """Pairs v1 'M' requests with 'm' responses across micro-batches into ``method_calls``.
+
+    Pending state: the latest unanswered request of each (dialect, seq), i.e. the
+    table's request-only rows (an older request with the same number can no
+    longer be answered). A response completes it (one upsert per batch on
+    ``call_id``, with the app transaction); a response without a pending request
+    gets a response-only row. Arguments are typed with the codec's
+    ``MethodContext``: AM1 requests name only an object, whose class comes from
+    its object samples (this batch's, else the latest in ``object_samples`` as of
+    before the batch); a response is typed with its request's class and method.
+    Every input is read as of before the batch, so a replay builds the same rows.
+    """
+
+    def __init__(self, path: str, samples_path: str) -> None:
+        self.path = path
+        self.samples_path = samples_path
+        self._after: tuple[int, dict[tuple[str, int], dict[str, Any]]] | None = None
+
+    def pending_before(self, app_id: str, batch_id: int) -> dict[tuple[str, int], dict[str, Any]]:
+        if self._after is not None and self._after[0] == batch_id - 1:
+            return dict(self._after[1])
+        t = table_before(self.path, app_id, batch_id)
+        waiting = [
+            r
+            for r in t.to_pylist()
+            if r["request_partition"] is not None and r["response_partition"] is None
+        ]
+        out: dict[tuple[str, int], dict[str, Any]] = {}
+        for r in sorted(waiting, key=_call_order):
+            out[(r["dialect"], r["seq"])] = r
+        return out
+
+    def _classes(
+        self, wanted: set[Any], samples: pa.Table, app_id: str, batch_id: int
+    ) -> dict[Any, tuple[str, str, bytes]]:
+        """Class key of each wanted AM1 object id: this batch's samples, else the table's
+        as of before the batch (read only when this batch's samples do not say)."""
+        found = _am1_classes(samples, wanted)
+        missing = wanted - set(found)
+        if missing:
+            found |= _am1_classes(table_before(self.samples_path, app_id, batch_id), missing)
+        return found
+
+    def build(
+        self,
+        parts: pa.Table,
+        samples: pa.Table,
+        registry: SchemaRegistry,
+        app_id: str,
+        batch_id: int,
+    ) -> pa.Table:
+        """This batch's rows to upsert: new requests, completed calls, lone responses."""
+        from pipeline.codec.methods import MethodContext, PendingCall
+        from pipeline.codec.records import MethodRequest, MethodResponse
+        from pipeline.codec.schema import SchemaKey
+        from pipeline.codec.vectorized import to_json
+
+        pending = self.pending_before(app_id, batch_id)
+        rows = sorted(parts.to_pylist(), key=_call_order)
+        if not rows:
+            self._after = (batch_id, pending)
+            return METHOD_CALLS.empty_table()
+        ctx = MethodContext()
+        wanted = {
+            _object_id("AM1", r["object_id_raw"])
+            for r in rows
+            if r["dialect"] == "AM1" and r["request_partition"] is not None
+        }
+        if wanted:
+            ctx.objects.update(self._classes(wanted, samples, app_id, batch_id))
+        out: dict[str, dict[str, Any]] = {}
+        for part in rows:
+            d, seq = part["dialect"], part["seq"]
+            if part["request_partition"] is not None:
+                req = MethodRequest(
+                    dialect=d, opcode="M", seq=seq,
+                    object_id=_object_id(d, part["object_id_raw"]),
+                    method_name=part["method_name"], package=part["package"],
+                    class_name=part["class_name"], schema_hash=part["schema_hash"],
+                    raw_arguments=part["raw_in"] or b"",
+                )  # fmt: skip
+                typed, _err = ctx.type_record(req, registry)
+                assert isinstance(typed, MethodRequest)
+                if typed.arguments is not None:
+                    part |= {
+                        "package": typed.package, "class_name": typed.class_name,
+                        "schema_hash": typed.schema_hash,
+                        "arguments_in": to_json(typed.arguments),
+                    }  # fmt: skip
+                pending[(d, seq)] = part
+                out[part["call_id"]] = part
+                continue
+            call = pending.pop((d, seq), None)
+            if call is None:
+                out[part["call_id"]] = part  # no request seen: a response-only row
+                continue
+            call = dict(call)
+            for c in ("response_partition", "response_offset", "response_index", "response_at",
+                      "agent", "status", "text", "raw_out"):  # fmt: skip
+                call[c] = part[c]
+            call["batch_id"] = batch_id
+            if call["package"] is not None and call["schema_hash"] is not None:
+                key = SchemaKey(call["package"], call["class_name"], call["schema_hash"])
+                ctx.pending[(d, seq)] = PendingCall(
+                    d, seq, _object_id(d, call["object_id_raw"]), key, call["method_name"]
+                )
+                resp = MethodResponse(
+                    dialect=d, opcode="m", seq=seq, status=part["status"],
+                    text=part["text"] or "", raw_arguments=part["raw_out"] or b"",
+                )  # fmt: skip
+                typed_r, _err = ctx.type_record(resp, registry)
+                assert isinstance(typed_r, MethodResponse)
+                if typed_r.arguments is not None:
+                    call["arguments_out"] = to_json(typed_r.arguments)
+                del ctx.pending[(d, seq)]
+            out[call["call_id"]] = call
+        self._after = (batch_id, pending)
+        return pa.Table.from_pylist(list(out.values()), schema=METHOD_CALLS)
+
+
 # ------------------------------------------------------------------ agents
 
 
@@ -278,6 +470,7 @@ class SilverBatchWriter:
         # (this writer is the only one writing them); any other batch id reloads.
         self._after: tuple[int, SchemaRegistry, pa.Table] | None = None
         self._agents_seen: dict[tuple[str, str], datetime] | None = None
+        self.calls = MethodCallTable(settings.path("method_calls"), settings.path("object_samples"))
         self.reports: list[BatchReport] = []
         self.stale_parked: pa.Table = PARKED.empty_table()
 
@@ -365,6 +558,7 @@ class SilverBatchWriter:
     def finish(self, decoded: Decoded, registry: SchemaRegistry, batch_id: int) -> BatchReport:
         """Steps 3-5 of the module docstring on a decoded batch."""
         from pipeline.transforms.silver import (
+            CALL_PARTS_T,
             PARKED_T,
             SEEN_T,
             Decoded,
@@ -420,6 +614,12 @@ class SilverBatchWriter:
         merged = Decoded.concat(parts)
         merged.tables["agents"] = self._agents_to_write(agent_rows(merged, batch_id))
         merged.tables["parked_resolved"] = resolved
+        parts = merged.tables.pop(CALL_PARTS_T, None)
+        if parts is None:
+            parts = METHOD_CALLS.empty_table()
+        merged.tables["method_calls"] = self.calls.build(
+            parts, merged.get("object_samples"), ext, self.app_id, batch_id
+        )
         still = without(pending, resolved)
         self._report_stale(still, merged.get(PARKED_T), report)
         self._after = None
@@ -429,6 +629,12 @@ class SilverBatchWriter:
             if t is None or t.num_rows == 0:
                 continue
             report.rows[name] = t.num_rows
+            if name == "method_calls":  # completes earlier rows: an upsert, not an append
+                if merge_arrow(
+                    self.settings.path(name), t, "call_id", app_id=self.app_id, batch_id=batch_id
+                ):
+                    report.committed.append(name)
+                continue
             if append_arrow(
                 self.settings.path(name),
                 t,

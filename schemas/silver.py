@@ -181,6 +181,45 @@ METHOD_RESPONSES = pa.schema(
     ]
 )
 
+# One row per v1 method call ('M' request and 'm' response paired by (dialect, seq)).
+# ``call_id`` = "<partition>:<offset>:<record_index>" of the request (of the response
+# when its request was never seen): the merge key. A request waits as a request-only
+# row (response columns null) until a later batch's response completes it; ``batch_id``
+# is the batch that last wrote the row, ``request_batch`` the one that wrote the request.
+# Arguments are JSON objects typed by the method's schema (``arguments_in``: input and
+# bidirectional, from the request; ``arguments_out``: output and bidirectional, from the
+# response), null when they could not be typed; the raw bytes stay for audit.
+METHOD_CALLS = pa.schema(
+    [
+        pa.field("call_id", pa.string(), nullable=False),
+        pa.field("dialect", pa.string(), nullable=False),
+        pa.field("seq", pa.int64(), nullable=False),
+        _BATCH,
+        pa.field("request_batch", pa.int64()),
+        pa.field("request_partition", pa.string()),
+        pa.field("request_offset", pa.int64()),
+        pa.field("request_index", pa.int32()),
+        pa.field("response_partition", pa.string()),
+        pa.field("response_offset", pa.int64()),
+        pa.field("response_index", pa.int32()),
+        pa.field("request_at", TS),  # received_at of the messages
+        pa.field("response_at", TS),
+        pa.field("agent", pa.string()),  # the responding agent (AM1: from the routing key)
+        pa.field("object_id", pa.string()),  # as the codec prints it
+        pa.field("object_id_raw", pa.binary()),  # as on the wire (8 or 16 bytes)
+        pa.field("package", pa.string()),
+        pa.field("class_name", pa.string()),
+        pa.field("schema_hash", pa.binary()),
+        pa.field("method_name", pa.string()),
+        pa.field("status", pa.int64()),
+        pa.field("text", pa.string()),
+        pa.field("arguments_in", pa.string()),
+        pa.field("arguments_out", pa.string()),
+        pa.field("raw_in", pa.binary()),
+        pa.field("raw_out", pa.binary()),
+    ]
+)
+
 # A message (or the rest of it) the codec could not decode; the good records
 # before the failure are in their tables. ``record_index``: where decoding stopped.
 QUARANTINE = pa.schema(
@@ -224,6 +263,7 @@ SILVER_TABLES: dict[str, pa.Schema] = {
     "heartbeats": HEARTBEATS,
     "agents": AGENTS,
     "method_responses": METHOD_RESPONSES,
+    "method_calls": METHOD_CALLS,
     "quarantine": QUARANTINE,
     "parked": PARKED,
     "parked_resolved": RESOLVED,

@@ -36,8 +36,16 @@ import pyarrow.compute as pc
 from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
 
-from pipeline.codec.records import Event, Heartbeat, MethodResponse, QmfException, SchemaResponse
+from pipeline.codec.records import (
+    Event,
+    Heartbeat,
+    MethodRequest,
+    MethodResponse,
+    QmfException,
+    SchemaResponse,
+)
 from pipeline.codec.schema import ClassSchema, SchemaKey, SchemaRegistry
+from pipeline.codec.types import Am1ObjectId, Am2ObjectId
 from pipeline.codec.vectorized import (
     SLOT_FLOATS,
     SLOT_INTS,
@@ -51,6 +59,7 @@ from pipeline.registry import StatisticKinds, registry_row, rows_table
 from schemas.silver import (
     EVENTS,
     HEARTBEATS,
+    METHOD_CALLS,
     METHOD_RESPONSES,
     OBJECT_SAMPLES,
     PARKED,
@@ -67,6 +76,9 @@ METHODS_T = "method_responses"
 QUARANTINE_T = "quarantine"
 PARKED_T = "parked"
 SEEN_T = "seen_schemas"  # registry rows (SCHEMA_REGISTRY) of schema records met
+# v1 'M'/'m' halves of method calls (METHOD_CALLS rows, untyped): the driver pairs and
+# types them (``pipeline.silver.MethodCallTable``), across batches.
+CALL_PARTS_T = "method_call_parts"
 OUTPUT_SCHEMAS: dict[str, pa.Schema] = {
     SAMPLES: OBJECT_SAMPLES,
     EVENTS_T: EVENTS,
@@ -75,6 +87,7 @@ OUTPUT_SCHEMAS: dict[str, pa.Schema] = {
     QUARANTINE_T: QUARANTINE,
     PARKED_T: PARKED,
     SEEN_T: SCHEMA_REGISTRY,
+    CALL_PARTS_T: METHOD_CALLS,
 }
 ENVELOPE = pa.schema(
     [
@@ -199,6 +212,49 @@ def _ts_py(ns: int | None) -> int | None:
     return None if not ns else ns // 1000
 
 
+def call_id(partition: str, offset: int, index: int) -> str:
+    """The ``method_calls`` key of a call: its request's record identity (or its response's)."""
+    return f"{partition}:{offset}:{index}"
+
+
+def object_id_bytes(oid: Any) -> bytes | None:
+    """A v1 object id as on the wire (AM1 8 bytes, AM2 16), so it can be rebuilt exactly."""
+    if isinstance(oid, Am1ObjectId):
+        return int(oid.to_int()).to_bytes(8, "big")
+    if isinstance(oid, Am2ObjectId):
+        return int(oid.first()).to_bytes(8, "big") + int(oid.object_num).to_bytes(8, "big")
+    return None
+
+
+def call_part(
+    r: MethodRequest | MethodResponse,
+    ident: Mapping[str, Any],
+    batch_id: int,
+    at: Any,
+    agent: str | None,
+) -> dict[str, Any]:
+    """One half of a v1 method call as a METHOD_CALLS row (untyped; raw arguments kept)."""
+    p, o, i = ident["partition"], ident["offset"], ident["record_index"]
+    row: dict[str, Any] = {
+        "call_id": call_id(p, o, i), "dialect": r.dialect, "seq": r.seq, "batch_id": batch_id,
+    }  # fmt: skip
+    if isinstance(r, MethodRequest):
+        row |= {
+            "request_batch": batch_id, "request_partition": p, "request_offset": o,
+            "request_index": i, "request_at": at, "object_id": str(r.object_id),
+            "object_id_raw": object_id_bytes(r.object_id), "package": r.package,
+            "class_name": r.class_name, "schema_hash": r.schema_hash,
+            "method_name": r.method_name, "raw_in": bytes(r.raw_arguments),
+        }  # fmt: skip
+    else:
+        row |= {
+            "response_partition": p, "response_offset": o, "response_index": i,
+            "response_at": at, "agent": agent, "status": r.status, "text": _text(r.text),
+            "raw_out": bytes(r.raw_arguments),
+        }  # fmt: skip
+    return row
+
+
 class _Meta:
     """Per-row bronze values the record builders need (read lazily, per touched row)."""
 
@@ -316,6 +372,7 @@ def decode_arrow(
     events: list[dict[str, Any]] = []
     beats: list[dict[str, Any]] = []
     methods: list[dict[str, Any]] = []
+    call_parts: list[dict[str, Any]] = []
     seen: list[dict[str, Any]] = []
     for (key, r), idx in zip(res.others, res.other_index, strict=True):
         row = int(key)
@@ -340,7 +397,14 @@ def decode_arrow(
                 "heartbeat_time": _ts_py(ns),
                 "attributes": None if r.attributes is None else to_json(r.attributes),
             })  # fmt: skip
-        elif isinstance(r, MethodResponse | QmfException):
+        if isinstance(r, MethodRequest | MethodResponse) and r.dialect != "V2":
+            call_parts.append(
+                call_part(
+                    r, meta.ident(row, idx), batch_id, meta.py("received_at")[row],
+                    None if isinstance(r, MethodRequest) else meta.agent(row),
+                )
+            )  # fmt: skip
+        if isinstance(r, MethodResponse | QmfException):
             args: Any
             raw: bytes | None = None
             if isinstance(r, QmfException):
@@ -371,6 +435,8 @@ def decode_arrow(
         out.tables[HEARTBEATS_T] = pa.Table.from_pylist(beats, schema=HEARTBEATS)
     if methods:
         out.tables[METHODS_T] = pa.Table.from_pylist(methods, schema=METHOD_RESPONSES)
+    if call_parts:
+        out.tables[CALL_PARTS_T] = pa.Table.from_pylist(call_parts, schema=METHOD_CALLS)
     if seen:
         out.tables[SEEN_T] = rows_table(seen)
     if problems:

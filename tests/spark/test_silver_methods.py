@@ -1,0 +1,252 @@
+"""The ``method_calls`` silver table: v1 'M' and 'm' paired by (dialect, seq), arguments typed.
+
+Classes and methods are qpid's own (the XML seed of the silver registry):
+broker ``echo`` (bidirectional uint32 + str16), ``query`` (input str8s, output
+map), ``create`` (input str8s, map, bool), ``getLogLevel`` (output str8) and
+queue ``purge`` (input uint32 + map). Messages are encoded with the codec;
+bronze batches are written one by one and the silver job runs in batch mode
+through Spark once per bronze batch, as the stream would. Requests wait in the
+table (request-only rows) until a later batch's response completes them.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping, Sequence
+from datetime import UTC, datetime
+from typing import TYPE_CHECKING, Any
+
+import pyarrow as pa
+import pytest
+
+from pipeline import delta
+from pipeline.codec.capture import CapturedMessage
+from pipeline.codec.records import MethodRequest, MethodResponse, ObjectSample, Record
+from pipeline.codec.schema import ClassSchema, SchemaRegistry
+from pipeline.codec.types import Am1ObjectId, Am2ObjectId
+from pipeline.codec.v1 import encode_record
+from pipeline.qmfxml import default_schema
+from pipeline.silver import (
+    BatchReport,
+    SilverBatchWriter,
+    SilverSettings,
+    bronze_rows,
+    run_silver_batch,
+    write_bronze,
+)
+from pipeline.sim.wire import encode_arguments
+
+if TYPE_CHECKING:
+    from pyspark.sql import SparkSession
+
+pytestmark = pytest.mark.spark
+
+XML = default_schema()
+BROKER = XML.get("org.apache.qpid.broker", "broker").schema
+QUEUE = XML.get("org.apache.qpid.broker", "queue").schema
+REG = SchemaRegistry([BROKER, QUEUE])
+BROKER_ID = Am1ObjectId(1, 2, 3)  # the AM1 broker object (its class: from its sample)
+UNSEEN_ID = Am1ObjectId(1, 2, 99)  # never sampled: its calls stay untyped
+QUEUE_ID = Am2ObjectId(0, 4, 1, 0, 17)  # AM2 'M' carries the class key itself
+T0 = 1_795_338_000_000_000_000
+AM1_KEY = "mgmt.amq1.method.reply"  # AM1 routing key: agent "amq1"
+
+
+def args(schema: ClassSchema, method: str, direction: str, values: Mapping[str, Any], dialect: str = "AM1") -> bytes:
+    """The wire bytes of a method's arguments of one direction (I: I+IO, O: O+IO)."""
+    (m,) = [m for m in schema.methods if m.name == method]
+    elems = [a for a in m.arguments if direction in str(a.extra["dir"])]
+    return encode_arguments(dialect, elems, values)
+
+
+def request(dialect: str, seq: int, oid: Any, method: str, raw: bytes, schema: ClassSchema | None = None) -> MethodRequest:
+    key = {} if schema is None else {
+        "package": schema.key.package, "class_name": schema.key.name, "schema_hash": schema.key.hash,
+    }  # fmt: skip
+    return MethodRequest(
+        dialect=dialect, opcode="M", seq=seq, object_id=oid, method_name=method,
+        raw_arguments=raw, **key,
+    )  # fmt: skip
+
+
+def response(dialect: str, seq: int, status: int, text: str, raw: bytes = b"") -> MethodResponse:
+    return MethodResponse(
+        dialect=dialect, opcode="m", seq=seq, status=status, text=text, raw_arguments=raw
+    )
+
+
+def broker_sample() -> ObjectSample:
+    values = {e.name: 0 for e in BROKER.statistics}
+    return ObjectSample(
+        dialect="AM1", opcode="i", seq=0, package=BROKER.key.package, class_name="broker",
+        schema_hash=BROKER.key.hash, update_ns=T0, create_ns=T0, delete_ns=0,
+        object_id=BROKER_ID, values=values,
+    )  # fmt: skip
+
+
+def msg(rec: Record, second: int, routing_key: str | None = AM1_KEY) -> CapturedMessage:
+    return CapturedMessage(
+        body=encode_record(rec, REG),
+        routing_key=routing_key,
+        received_at=f"2026-11-22T09:00:{second:02d}Z",
+    )
+
+
+def at(second: int) -> datetime:
+    return datetime(2026, 11, 22, 9, 0, second, tzinfo=UTC)
+
+
+class Run:
+    """Bronze batches appended one at a time, each decoded as the same-numbered silver batch."""
+
+    def __init__(self, spark: SparkSession, tmp: Any) -> None:
+        self.spark = spark
+        self.s = SilverSettings(bronze=str(tmp / "bronze"), root=str(tmp / "silver"))
+        self.offset = 0
+        self.writer = SilverBatchWriter(self.s, app_id="test-methods")
+
+    def batch(self, k: int, msgs: Sequence[CapturedMessage]) -> BatchReport:
+        write_bronze(self.s.bronze, [bronze_rows(msgs, first_offset=self.offset, batch_id=k)])
+        self.offset += len(msgs)
+        return self.decode(k)
+
+    def decode(self, k: int, writer: SilverBatchWriter | None = None) -> BatchReport:
+        return run_silver_batch(
+            self.spark, self.s, k, batch_ids=(k, k), writer=writer or self.writer
+        )
+
+    def calls(self) -> dict[tuple[str, int], dict[str, Any]]:
+        rows = delta.read_arrow(self.s.path("method_calls")).to_pylist()
+        out = {(r["dialect"], r["seq"]): r for r in rows}
+        assert len(out) == len(rows)
+        return out
+
+
+# Arguments of the calls, typed and raw.
+ECHO_IN = args(BROKER, "echo", "I", {"sequence": 42, "body": "ping"})
+ECHO_OUT = args(BROKER, "echo", "O", {"sequence": 42, "body": "pong"})
+QUERY_IN = args(BROKER, "query", "I", {"type": "queue", "name": "q1"})
+QUERY_OUT = args(BROKER, "query", "O", {"results": {"msgDepth": 7, "durable": True}})
+CREATE_IN = args(
+    BROKER, "create", "I",
+    {"type": "queue", "name": "q2", "properties": {"auto-delete": False}, "strict": True},
+)  # fmt: skip
+LEVEL_OUT = args(BROKER, "getLogLevel", "O", {"level": "info+"})
+PURGE_IN = args(QUEUE, "purge", "I", {"request": 5, "filter": {"k": "v"}}, "AM2")
+
+
+def test_calls_pair_across_batches_typed_both_ways(spark: SparkSession, tmp_path: Any) -> None:
+    run = Run(spark, tmp_path)
+    # Batch 0: the broker's AM1 sample, then requests; no response yet.
+    r0 = run.batch(0, [
+        msg(broker_sample(), 0, "mgmt.amq1.stats.org.apache.qpid.broker.broker"),
+        msg(request("AM1", 7, BROKER_ID, "echo", ECHO_IN), 1),
+        msg(request("AM2", 7, QUEUE_ID, "purge", PURGE_IN, QUEUE), 2, None),
+        msg(request("AM1", 11, UNSEEN_ID, "echo", ECHO_IN), 3),
+    ])  # fmt: skip
+    assert r0.rows["method_calls"] == 3 and "method_calls" in r0.committed
+    c = run.calls()
+    assert set(c) == {("AM1", 7), ("AM2", 7), ("AM1", 11)}
+    echo = c[("AM1", 7)]
+    assert {k: echo[k] for k in (
+        "call_id", "batch_id", "request_batch", "request_partition", "request_offset",
+        "request_index", "request_at", "response_partition", "object_id", "object_id_raw",
+        "package", "class_name", "schema_hash", "method_name", "status", "text",
+        "arguments_in", "arguments_out", "raw_in", "raw_out",
+    )} == {
+        "call_id": "p0:1:0", "batch_id": 0, "request_batch": 0, "request_partition": "p0",
+        "request_offset": 1, "request_index": 0, "request_at": at(1),
+        "response_partition": None, "object_id": "1-2-3",
+        "object_id_raw": BROKER_ID.to_int().to_bytes(8, "big"),
+        "package": "org.apache.qpid.broker", "class_name": "broker",
+        "schema_hash": BROKER.key.hash, "method_name": "echo", "status": None, "text": None,
+        "arguments_in": '{"body":"ping","sequence":42}', "arguments_out": None,
+        "raw_in": ECHO_IN, "raw_out": None,
+    }  # fmt: skip
+    assert json.loads(c[("AM2", 7)]["arguments_in"]) == {"request": 5, "filter": {"k": "v"}}
+    unseen = c[("AM1", 11)]
+    assert (unseen["package"], unseen["arguments_in"], unseen["raw_in"]) == (None, None, ECHO_IN)
+
+    # Batch 1: responses to batch 0's requests; a request on the broker seen in batch 0
+    # (its class read from object_samples) answered in the same batch; one left pending;
+    # a response nobody asked for.
+    r1 = run.batch(1, [
+        msg(response("AM1", 7, 0, "OK", ECHO_OUT), 10),
+        msg(response("AM2", 7, 0, "OK"), 11, None),
+        msg(request("AM1", 8, BROKER_ID, "query", QUERY_IN), 12),
+        msg(request("AM1", 9, BROKER_ID, "create", CREATE_IN), 13),
+        msg(response("AM1", 8, 0, "OK", QUERY_OUT), 14),
+        msg(response("AM1", 99, 0, "OK", LEVEL_OUT), 15),
+    ])  # fmt: skip
+    assert r1.rows["method_calls"] == 5
+    c = run.calls()
+    echo = c[("AM1", 7)]
+    assert {k: echo[k] for k in (
+        "call_id", "batch_id", "request_batch", "response_partition", "response_offset",
+        "response_index", "response_at", "agent", "status", "text", "arguments_in",
+        "arguments_out", "raw_in", "raw_out",
+    )} == {
+        "call_id": "p0:1:0", "batch_id": 1, "request_batch": 0, "response_partition": "p0",
+        "response_offset": 4, "response_index": 0, "response_at": at(10), "agent": "amq1",
+        "status": 0, "text": "OK", "arguments_in": '{"body":"ping","sequence":42}',
+        "arguments_out": '{"body":"pong","sequence":42}', "raw_in": ECHO_IN,
+        "raw_out": ECHO_OUT,
+    }  # fmt: skip
+    purge = c[("AM2", 7)]
+    assert (purge["status"], purge["text"], purge["arguments_out"], purge["raw_out"]) == (
+        0, "OK", "{}", b""
+    )
+    query = c[("AM1", 8)]
+    assert (query["request_batch"], query["batch_id"], query["class_name"]) == (1, 1, "broker")
+    assert query["arguments_in"] == '{"name":"q1","type":"queue"}'
+    assert json.loads(query["arguments_out"]) == {"results": {"msgDepth": 7, "durable": True}}
+    create = c[("AM1", 9)]
+    assert json.loads(create["arguments_in"]) == {
+        "type": "queue", "name": "q2", "properties": {"auto-delete": False}, "strict": True,
+    }  # fmt: skip
+    assert create["response_partition"] is None
+    lone = c[("AM1", 99)]
+    assert {k: lone[k] for k in (
+        "call_id", "request_partition", "response_offset", "method_name", "status",
+        "arguments_out", "raw_out",
+    )} == {
+        "call_id": "p0:9:0", "request_partition": None, "response_offset": 9,
+        "method_name": None, "status": 0, "arguments_out": None, "raw_out": LEVEL_OUT,
+    }  # fmt: skip
+
+    # Batch 2, by a new writer (pending state read back from the table): the pending
+    # create fails (no output arguments), the unseen object's echo is answered (untyped),
+    # and a getLogLevel is asked and answered (output only).
+    fresh = SilverBatchWriter(run.s, app_id="test-methods")
+    write_bronze(run.s.bronze, [bronze_rows([
+        msg(response("AM1", 9, 7, "exists"), 20),
+        msg(response("AM1", 11, 0, "OK", ECHO_OUT), 21),
+        msg(request("AM1", 12, BROKER_ID, "getLogLevel", b""), 22),
+        msg(response("AM1", 12, 0, "OK", LEVEL_OUT), 23),
+    ], first_offset=run.offset, batch_id=2)])  # fmt: skip
+    run.offset += 4
+    r2 = run.decode(2, fresh)
+    assert r2.rows["method_calls"] == 3
+    c = run.calls()
+    assert len(c) == 7
+    create = c[("AM1", 9)]
+    assert (create["status"], create["text"], create["arguments_out"], create["raw_out"]) == (
+        7, "exists", None, b""
+    )
+    assert json.loads(create["arguments_in"])["strict"] is True  # kept from batch 1
+    unseen = c[("AM1", 11)]
+    assert (unseen["arguments_in"], unseen["arguments_out"]) == (None, None)
+    assert (unseen["raw_in"], unseen["raw_out"], unseen["batch_id"]) == (ECHO_IN, ECHO_OUT, 2)
+    level = c[("AM1", 12)]
+    assert (level["arguments_in"], level["arguments_out"]) == ("{}", '{"level":"info+"}')
+
+    # Replays of any batch by another writer commit nothing; the table is unchanged.
+    before = delta.read_arrow(run.s.path("method_calls")).sort_by("call_id")
+    replay = SilverBatchWriter(run.s, app_id="test-methods")
+    for k in (1, 2):
+        assert "method_calls" not in run.decode(k, replay).committed
+    assert delta.read_arrow(run.s.path("method_calls")).sort_by("call_id").equals(before)
+    # the audit copies are still beside the typed view: method_responses keeps every 'm'
+    responses = delta.read_arrow(run.s.path("method_responses"))
+    assert responses.num_rows == 7
+    assert isinstance(responses, pa.Table)
