@@ -67,7 +67,7 @@ log = logging.getLogger(__name__)
 
 # Columns of the gold input stream: what gold needs of samples and heartbeats.
 SAMPLE_COLS = (
-    "dialect", "agent", "package", "class_name", "schema_hash", "update_ns", "create_ns",
+    "partition", "offset", "record_index", "dialect", "agent", "package", "class_name", "schema_hash", "update_ns", "create_ns",
     "delete_ns", "boot_seq", "bank", "flags", "epoch", "broker_bank", "agent_bank", "object_num",
     "object_name", "index_key", "ints", "floats", "texts",
 )  # fmt: skip
@@ -231,7 +231,7 @@ class GoldBatchWriter:
             )
             pairs = spark.createDataFrame(pair_values(values, s.rates).toArrow())
             rates = rates_from_pairs(pairs, batch_id)
-            state = state_from_pairs(pairs).toArrow()
+            state = state_from_pairs(pairs, ident).toArrow()
 
             # 4. writes (state last)
             aid = self.app_id

@@ -83,7 +83,11 @@ def identify(samples: DataFrame, known_keys: DataFrame | None = None) -> DataFra
     ``series`` is the index key when known, else the object id.
     """
     s = samples.where(F.col("agent").isNotNull()).withColumns(
-        {"object_id": object_id(), "generation": generation()}
+        {
+            "object_id": object_id(),
+            "generation": generation(),
+            "has_props": F.col("index_key").isNotNull(),  # before the key is filled in
+        }
     )
     here = (
         s.where(F.col("index_key").isNotNull())
@@ -100,7 +104,28 @@ def identify(samples: DataFrame, known_keys: DataFrame | None = None) -> DataFra
     else:
         resolved = F.coalesce("index_key", "_key_here")
     s = s.withColumn("index_key", resolved).drop("_key_here", "_key_known")
-    return s.withColumn("series", F.coalesce("index_key", "object_id"))
+    return s.withColumn("series", F.coalesce(series_key(), "object_id"))
+
+
+def series_key() -> Column:
+    """The index key with AM2 object references made restart-proof.
+
+    AM2 index keys hold references (e.g. a queue's ``vhostRef``) as object ids,
+    which carry the agent's epoch: after a restart the same queue's key would
+    differ. The epoch part of id-shaped values is blanked, so the series
+    continues and its first interval after the restart says ``agent_restart``.
+    """
+    am2 = F.regexp_replace(
+        F.col("index_key"), r'"([0-9]+)-[0-9]+-([0-9]+)-([0-9]+)-([0-9]+)"', '"$1-*-$2-$3-$4"'
+    )
+    return F.when(F.col("dialect") == "AM2", am2).otherwise(F.col("index_key"))
+
+
+def _ts(ns: Column) -> Column:
+    """QMF ns -> timestamp, floored to microseconds in integer arithmetic (a double
+    division would round ns values of 2026 to the wrong microsecond)."""
+    us = (ns - F.pmod(ns, F.lit(1000))).cast("decimal(20,0)") / F.lit(1000)
+    return F.timestamp_micros(us.cast("long"))
 
 
 # ------------------------------------------------------------------ statistic values
@@ -151,6 +176,10 @@ _VALUE_COLS = (
     "agent", "dialect", "package", "class_name", "object_id", "index_key", "series",
     "statistic", "kind", "update_ns", "create_ns", "generation", "value",
 )  # fmt: skip
+# Arrival order (silver identity): of two samples with the same sample time, the first
+# delivered is kept (a 'g' answer and an 'i' publish of one instant may differ in their
+# watermarks), as a stream that met it in an earlier micro-batch would.
+_ARRIVAL = ("partition", "offset", "record_index")
 
 
 def statistic_values(identified: DataFrame, defs: DataFrame) -> DataFrame:
@@ -170,21 +199,27 @@ def statistic_values(identified: DataFrame, defs: DataFrame) -> DataFrame:
         .where(F.col("value").isNotNull())
         .withColumn("deleted", F.coalesce(F.col("delete_ns"), F.lit(0)) != 0)
         .withColumn("is_state", F.lit(False))
-        .select(*_VALUE_COLS, "deleted", "is_state")
+        .select(*_VALUE_COLS, *_ARRIVAL, "deleted", "is_state")
     )
 
 
 def state_values(state: DataFrame) -> DataFrame:
     """The ``rate_state`` rows in the shape of ``statistic_values`` (baselines)."""
-    return state.withColumns({"deleted": F.lit(False), "is_state": F.lit(True)}).select(
-        *_VALUE_COLS, "deleted", "is_state"
-    )
+    return state.withColumns(
+        {
+            "partition": F.lit(None).cast("string"),
+            "offset": F.lit(None).cast("long"),
+            "record_index": F.lit(None).cast("int"),
+            "deleted": F.lit(False),
+            "is_state": F.lit(True),
+        }
+    ).select(*_VALUE_COLS, *_ARRIVAL, "deleted", "is_state")
 
 
 # ------------------------------------------------------------------ pairing
 
 
-@njit(cache=True)  # type: ignore[misc]
+@njit(cache=True)
 def _pair_kernel(
     newgrp: np.ndarray,
     t: np.ndarray,
@@ -255,7 +290,9 @@ def _pair_table(t: pa.Table, rules: RateRules) -> pa.Table:
     if t.num_rows == 0:
         return PAIRS.empty_table()
     t = t.sort_by(
-        [(k, "ascending") for k in SERIES_KEYS] + [("is_state", "descending"), ("update_ns", "ascending")]
+        [(k, "ascending") for k in SERIES_KEYS]
+        + [("is_state", "descending"), ("update_ns", "ascending")]
+        + [(k, "ascending") for k in _ARRIVAL]
     )
     key = pc.binary_join_element_wise(*(t.column(k) for k in SERIES_KEYS), "\x1f")
     keys = np.asarray(key.to_numpy(zero_copy_only=False), dtype=object)
@@ -332,8 +369,8 @@ def rates_from_pairs(pairs: DataFrame, batch_id: int) -> DataFrame:
     return r.select(
         "agent", "dialect", "package", "class_name", "object_id", "index_key", "statistic", "kind",
         F.col("start_ns"), F.col("update_ns").alias("end_ns"),
-        F.timestamp_micros(F.floor(F.col("start_ns") / 1000).cast("long")).alias("start_time"),
-        F.timestamp_micros(F.floor(F.col("update_ns") / 1000).cast("long")).alias("end_time"),
+        _ts(F.col("start_ns")).alias("start_time"),
+        _ts(F.col("update_ns")).alias("end_time"),
         length.alias("length_s"),
         "prev_value", "value",
         F.when(F.col("reset").isNull(), delta).alias("delta"),
@@ -345,9 +382,17 @@ def rates_from_pairs(pairs: DataFrame, batch_id: int) -> DataFrame:
     )  # fmt: skip
 
 
-def state_from_pairs(pairs: DataFrame) -> DataFrame:
-    """The ``state`` rows of ``pair_values`` as RATE_STATE rows."""
-    return pairs.where(F.col("out") == "state").select(*RATE_STATE.names)
+def state_from_pairs(pairs: DataFrame, identified: DataFrame | None = None) -> DataFrame:
+    """The ``state`` rows of ``pair_values`` as RATE_STATE rows, minus every series of the
+    objects ``identified`` (the batch's samples) reports deleted: also a series keyed by
+    the object id (samples seen before the object's index key was known)."""
+    st = pairs.where(F.col("out") == "state").select(*RATE_STATE.names)
+    if identified is None:
+        return st
+    gone = identified.where(F.coalesce(F.col("delete_ns"), F.lit(0)) != 0).select(
+        "agent", "object_id"
+    )
+    return st.join(gone.distinct(), ["agent", "object_id"], "left_anti")
 
 
 # ------------------------------------------------------------------ lifecycles
@@ -380,7 +425,7 @@ def object_updates(identified: DataFrame, props: DataFrame) -> DataFrame:
         F.count(F.lit(1)).alias("samples"),
         F.max(F.when(F.col("delete_ns") != 0, F.col("delete_ns"))).alias("delete_ns"),
     )
-    with_props = s.where(F.col("index_key").isNotNull())
+    with_props = s.where(F.col("has_props"))
     last = with_props.groupBy(*key).agg(
         F.max_by(F.struct("schema_hash", "ints", "floats", "texts", "update_ns"), "update_ns").alias("p")
     )
@@ -398,8 +443,6 @@ def object_updates(identified: DataFrame, props: DataFrame) -> DataFrame:
     return agg.join(pmap, key, "left")
 
 
-def _ts(ns: Column) -> Column:
-    return F.timestamp_micros(F.floor(ns / 1000).cast("long"))
 
 
 def merge_lifecycles(

@@ -9,6 +9,7 @@ goes through the real ``GoldBatchWriter`` into real Delta tables.
 from __future__ import annotations
 
 import json
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -25,6 +26,11 @@ if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
 
 pytestmark = pytest.mark.spark
+
+
+def micros(t: datetime) -> int:
+    """A timestamp as exact integer microseconds since the epoch (no float rounding)."""
+    return (t - datetime(1970, 1, 1, tzinfo=UTC)) // timedelta(microseconds=1)
 
 T0 = 1_800_000_000 * 10**9
 S = 10**9
@@ -243,7 +249,7 @@ def test_lifecycles_and_liveness(spark: SparkSession, setup: tuple[Silver, GoldS
         return {(r["agent"], r["object_id"]): r for r in t.to_pylist()}
 
     ts = lambda sec: int(T0 / 1000 + sec * 1e6)  # noqa: E731
-    us = lambda v: None if v is None else int(v.timestamp() * 1e6)  # noqa: E731
+    us = lambda v: None if v is None else micros(v)  # noqa: E731
     def summary() -> dict[tuple[str, str], tuple[Any, ...]]:
         return {
             key: (json.loads(r["index_key"])[1], r["state"], r["end_reason"], us(r["created_at"]),
