@@ -1,11 +1,15 @@
-"""``qmf run``: the main job on local defaults, end to end, in one command.
+"""``qmf run``: the whole pipeline on local defaults, in one command.
 
 It starts (or reuses) the project-local broker, declares the pipeline's
 durable queue (so nothing the agents publish before the receiver attaches is
-lost), starts the bronze streaming query with an embedded receiver, runs
-simulated agents for ``--duration`` seconds, waits until bronze has caught up
-with everything landed, and prints what the tables hold. With ``--url`` it
-reads a broker you run instead, and ``--no-sim`` leaves the agents to you.
+lost), starts three streaming queries in one Spark session (bronze with an
+embedded receiver, silver over bronze, gold over silver), runs simulated
+agents for ``--duration`` seconds (or until Ctrl-C) while printing a progress
+line, then stops cleanly: the agents first, bronze once it holds everything
+landed, then silver and gold each drained to the end of their input
+(AvailableNow from their checkpoints), and prints a summary of the tables.
+With ``--url`` it reads a broker you run instead, and ``--no-sim`` leaves the
+agents to you.
 """
 
 from __future__ import annotations
@@ -146,14 +150,68 @@ def _bronze_summary(table: Path) -> dict[str, Any]:
     }
 
 
+def _table_counts(data: Path) -> dict[str, int]:
+    from pipeline.progress import table_rows
+
+    out = {name: table_rows(data / "silver" / name)
+           for name in ("object_samples", "events", "heartbeats", "quarantine")}  # fmt: skip
+    for name in ("statistic_rates", "object_lifecycles", "agent_liveness"):
+        out[name] = table_rows(data / "gold" / name)
+    return out
+
+
+def _initialized(query: Any, timeout_s: float = 120.0) -> None:
+    """Wait until a query's sources are up before the next one starts.
+
+    Each Python streaming source starts a Python runner that must connect back
+    to the JVM within Spark's fixed 10 s; three starting at once on a busy
+    2-core machine can miss that.
+    """
+    deadline = time.monotonic() + timeout_s
+    while query.isActive and time.monotonic() < deadline:
+        if query.status.get("message") != "Initializing sources":
+            return
+        time.sleep(0.2)
+
+
+def _drain(spark: Any, name: str, start: Any, settings: Any, timeout_s: float) -> int:
+    """Run a downstream query once more with AvailableNow: to the end of its input."""
+    import dataclasses
+
+    query = start(spark, dataclasses.replace(settings, trigger="availableNow"))
+    try:
+        if not query.awaitTermination(timeout_s):
+            print(f"qmf run: {name} did not drain within {timeout_s:.0f} s", file=sys.stderr)
+            return 2
+    finally:
+        if query.isActive:
+            query.stop()
+    if query.exception() is not None:
+        print(f"qmf run: the {name} query failed: {query.exception()}", file=sys.stderr)
+        return 1
+    return 0
+
+
 def run(args: argparse.Namespace) -> int:
     from pipeline.bronze import BronzeSettings, start_bronze
+    from pipeline.gold import GoldSettings, start_gold
+    from pipeline.progress import Rates, progress_line
+    from pipeline.progress import summary as tables_summary
+    from pipeline.silver import SilverSettings, start_silver
     from pipeline.spark import get_spark
 
     data = Path(args.data).resolve()
     landing, table, checkpoint = data / "landing", data / "bronze", data / "checkpoints" / "bronze"
     for d in (landing, checkpoint.parent):
         d.mkdir(parents=True, exist_ok=True)
+    silver_settings = SilverSettings(
+        bronze=str(table), root=str(data / "silver"),
+        checkpoint=str(data / "checkpoints" / "silver"), trigger=args.trigger,
+    )  # fmt: skip
+    gold_settings = GoldSettings(
+        silver=str(data / "silver"), root=str(data / "gold"),
+        checkpoint=str(data / "checkpoints" / "gold"), trigger=args.trigger,
+    )  # fmt: skip
 
     if args.url:
         url = args.url
@@ -179,6 +237,11 @@ def run(args: argparse.Namespace) -> int:
     previous = {s: signal.signal(s, lambda *_: stop.set()) for s in (signal.SIGINT, signal.SIGTERM)}
     sim: subprocess.Popen[bytes] | None = None
     query = start_bronze(spark, settings)
+    _initialized(query)
+    downstream = [start_silver(spark, silver_settings)]
+    _initialized(downstream[0])
+    downstream.append(start_gold(spark, gold_settings))
+    rates = Rates()
     t0 = time.monotonic()
     try:
         if not args.no_sim:
@@ -187,14 +250,14 @@ def run(args: argparse.Namespace) -> int:
             print(f"qmf run: {args.agents} simulated {args.dialect} agents publishing", flush=True)
         deadline = None if args.duration <= 0 else t0 + args.duration
         next_line = t0
-        while not stop.is_set() and query.isActive:
+        while not stop.is_set() and query.isActive and all(q.isActive for q in downstream):
             now = time.monotonic()
             if deadline is not None and now >= deadline and (sim is None or sim.poll() is not None):
                 break
             if now >= next_line:
                 landed, done = _landed(landing), _processed(query.lastProgress)
-                print(f"qmf run: {now - t0:6.1f}s landed {landed} messages, "
-                      f"in bronze {done}, lag {landed - done}", flush=True)  # fmt: skip
+                counts = _table_counts(data)
+                print(progress_line(now - t0, landed, done, counts, rates), flush=True)
                 next_line = now + args.progress
             time.sleep(0.5)
         if sim is not None and sim.poll() is None:
@@ -212,16 +275,30 @@ def run(args: argparse.Namespace) -> int:
             sim.kill()
         if query.isActive:
             query.stop()
+        for q in downstream:
+            if q.isActive:
+                q.stop()
         for s, h in previous.items():
             signal.signal(s, h)
-    failed = query.exception()
+    failed = query.exception() or next((q.exception() for q in downstream if q.exception()), None)
+    rc = 0
+    if failed is None:
+        # Silver, then gold, to the end of what bronze holds: nothing landed is left behind.
+        print("qmf run: draining silver and gold", flush=True)
+        rc = _drain(spark, "silver", start_silver, silver_settings, 600) or _drain(
+            spark, "gold", start_gold, gold_settings, 600
+        )
     spark.stop()
     if failed is not None:
-        print(f"qmf run: the bronze query failed: {failed}", file=sys.stderr)
+        print(f"qmf run: a query failed: {failed}", file=sys.stderr)
         return 1
+    if rc:
+        return rc
     summary = _bronze_summary(table)
     summary["landed_messages"] = _landed(landing)
     summary["redeliveries_skipped"] = _redeliveries(landing)
+    summary.update(tables_summary(data))
     print(json.dumps(summary, indent=1))
-    print(f"qmf run: done. Read bronze with e.g. polars.read_delta({str(table)!r})")
+    print(f"qmf run: done. Tables under {data}: bronze, silver/*, gold/* "
+          f"(e.g. polars.read_delta({str(data / 'gold' / 'statistic_rates')!r}))")  # fmt: skip
     return 0
