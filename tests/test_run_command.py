@@ -54,6 +54,24 @@ def test_readme_main_command_lands_every_published_message_once(broker: Any, tmp
     assert max(len(b) for b in table.column("body").to_pylist()) > 4096
     summary = json.loads(proc.stdout[proc.stdout.index("\n{") : proc.stdout.rindex("}") + 1])
     assert summary["landed_messages"] - summary["redeliveries_skipped"] == summary["bronze_rows"]
+    assert "qmf run: " in proc.stdout and " | bronze " in proc.stdout  # the progress line
+
+    # Silver and gold, through the summary, against the manifest.
+    rows = [json.loads(line) for line in open(data / "sim-manifest.jsonl", encoding="utf-8")]
+    published = Counter(r["kind"] for r in rows if r.get("source") == "publish")
+    creates = {(r["agent"], json.dumps(r["object_id"])): r["interval"] for r in rows
+               if r.get("kind") == "create"}  # fmt: skip
+    deletes = {(r["agent"], json.dumps(r["object_id"])): r["interval"] for r in rows
+               if r.get("kind") == "delete"}  # fmt: skip
+    assert summary["silver_object_samples"] == published["object"]
+    assert summary["silver_events"] == sum(summary["events_by_severity"].values())
+    assert summary["silver_events"] == published["event"]
+    assert summary["silver_heartbeats"] == published["heartbeat"]
+    assert summary["silver_quarantine"] == summary["silver_parked"] == 0
+    objects = summary["objects"]
+    assert (objects["created"], objects["deleted"]) == (len(creates), len(deletes))
+    assert objects["transient"] == sum(1 for k, i in deletes.items() if creates.get(k) == i)
+    assert [len(summary["top_queues_by_enqueue_rate"]), summary["agents"]["seen"]] == [5, 2]
 
 
 def test_qmf_run_console_asks_the_agents(broker: Any, tmp_path: Path) -> None:
