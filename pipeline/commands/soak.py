@@ -27,7 +27,8 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-PROGRESS = re.compile(r"landed (\d+) messages, in bronze (\d+), lag (-?\d+)")
+# qmf run's progress line (pipeline.progress.progress_line): "(N landed) | bronze N (lag N)".
+PROGRESS = re.compile(r"\(([\d,]+) landed\) \| bronze ([\d,]+) \(lag ([\d,]+)\)")
 
 
 def register(subparsers: Any) -> None:
@@ -209,7 +210,8 @@ def soak(args: argparse.Namespace) -> int:
             del tail[:-50]
             m = PROGRESS.search(line)
             if m:
-                last.update(landed=int(m[1]), in_bronze=int(m[2]), lag=int(m[3]))
+                landed, in_bronze, lag = (int(g.replace(",", "")) for g in m.groups())
+                last.update(landed=landed, in_bronze=in_bronze, lag=lag)
 
     reader = threading.Thread(target=read_lines, daemon=True)
     reader.start()
