@@ -51,6 +51,7 @@ from pipeline.transforms.gold import (
     pair_values,
     property_defs,
     rates_from_pairs,
+    rekey_state,
     state_from_pairs,
     state_values,
     statistic_defs,
@@ -227,7 +228,7 @@ class GoldBatchWriter:
 
             # 3. rates
             values = statistic_values(ident, statistic_defs(spark, registry)).unionByName(
-                state_values(delta.read_table(spark, s.path("rate_state")))
+                state_values(rekey_state(delta.read_table(spark, s.path("rate_state")), ident))
             )
             pairs = spark.createDataFrame(pair_values(values, s.rates).toArrow())
             rates = rates_from_pairs(pairs, batch_id)

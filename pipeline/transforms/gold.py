@@ -69,8 +69,13 @@ def object_id() -> Column:
 
 
 def generation() -> Column:
-    """The agent boot an object id belongs to: epoch (AM2, V2) or boot sequence (AM1)."""
-    return F.coalesce(F.col("epoch"), F.col("boot_seq").cast("long"))
+    """The agent boot an object id belongs to: epoch (AM2, V2) or boot sequence (AM1).
+
+    0 is no generation: qpidd gives the objects it makes at start-up (broker,
+    vhost, system...) ids with epoch 0 beside epoch-1 queues, and they are not
+    renumbered by a restart."""
+    g = F.coalesce(F.col("epoch"), F.col("boot_seq").cast("long"))
+    return F.when(g != 0, g)
 
 
 def identify(samples: DataFrame, known_keys: DataFrame | None = None) -> DataFrame:
@@ -201,6 +206,24 @@ def statistic_values(identified: DataFrame, defs: DataFrame) -> DataFrame:
         .withColumn("is_state", F.lit(False))
         .select(*_VALUE_COLS, *_ARRIVAL, "deleted", "is_state")
     )
+
+
+def rekey_state(state: DataFrame, identified: DataFrame) -> DataFrame:
+    """State rows of series keyed by an object id whose index key is now known (its
+    statistics came before its properties, in an earlier micro-batch) move to the
+    index-key series, where one batch over the same samples would have put them."""
+    keys = (
+        identified.where(F.col("index_key").isNotNull())
+        .groupBy("agent", "object_id")
+        .agg(F.max("index_key").alias("_k"))
+    )
+    s = state.join(keys, ["agent", "object_id"], "left").withColumn(
+        "_o", F.col("index_key").isNull() & F.col("_k").isNotNull()
+    )
+    s = s.withColumn("index_key", F.when(F.col("_o"), F.col("_k")).otherwise(F.col("index_key")))
+    return s.withColumn(
+        "series", F.when(F.col("_o"), series_key()).otherwise(F.col("series"))
+    ).select(*RATE_STATE.names)
 
 
 def state_values(state: DataFrame) -> DataFrame:

@@ -281,3 +281,19 @@ def test_lifecycles_and_liveness(spark: SparkSession, setup: tuple[Silver, GoldS
     }  # fmt: skip
     # Back with the same epoch: its objects were not renumbered, "lost" is withdrawn.
     assert summary()[("A", "0-1-1-0-7")][1:3] == ("live", None)
+
+
+def test_statistics_before_properties_in_an_earlier_batch(
+    spark: SparkSession, setup: tuple[Silver, GoldSettings]
+) -> None:
+    """An object's statistics arrive a micro-batch before its properties (index key): its
+    baseline moves to the index-key series, so the interval is the one a single batch gives."""
+    sv, s = setup
+    w = GoldBatchWriter(s, app_id="t")
+    w(batch(spark, [sv.sample(0, 0)]), 0)
+    w(batch(spark, [sv.sample(10, 20, props=True)]), 1)
+    assert_df_equality(
+        enqueue_rates(spark, s), expected(spark, [(0, 10, 20.0, 2.0, None)]), ignore_nullable=True
+    )
+    state = delta.read_arrow(s.path("rate_state"))
+    assert set(state.column("series").to_pylist()) == {json.dumps(["vh", "q1"])}
