@@ -22,7 +22,6 @@ import json
 import logging
 import os
 import threading
-import time
 import uuid
 from collections.abc import Iterator, Mapping
 from concurrent.futures import ThreadPoolExecutor
@@ -43,6 +42,7 @@ from pipeline.source import (
     register,
     split_ranges,
 )
+from pipeline.streaming import await_query
 from pipeline.transforms.bronze import bronze_batch
 from receivers.landing import LandingLog
 from schemas.tables import BRONZE, LANDING
@@ -315,27 +315,8 @@ def run_bronze(
     Returns 0 when the run ended as intended, 2 when AvailableNow did not
     finish in time, 1 when the query failed.
     """
-    from pyspark.errors import StreamingQueryException
-
     query = start_bronze(spark, settings)
-    deadline = None if timeout_s is None else time.monotonic() + timeout_s
-    finished = False
-    try:
-        while not finished and not (stop is not None and stop.is_set()):
-            step = 1.0 if deadline is None else min(1.0, deadline - time.monotonic())
-            if step <= 0:
-                break
-            finished = bool(query.awaitTermination(step))  # type: ignore[arg-type]
-    except StreamingQueryException as exc:
-        log.error("bronze query failed: %s", exc)
-        return 1
-    finally:
-        if query.isActive:
-            query.stop()
-    if query.exception() is not None:
-        log.error("bronze query failed: %s", query.exception())
-        return 1
-    if settings.trigger == "availableNow" and not finished:
-        log.error("AvailableNow run stopped before the log was drained (timeout or stop)")
-        return 2
-    return 0
+    return await_query(
+        query, "bronze", available_now=settings.trigger == "availableNow", timeout_s=timeout_s,
+        stop=stop,
+    )  # fmt: skip

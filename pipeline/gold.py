@@ -38,6 +38,7 @@ import pyarrow.parquet as pq
 
 from pipeline import delta
 from pipeline.bronze import checkpoint_query_id, trigger_kwargs
+from pipeline.streaming import await_query
 from pipeline.transforms.gold import (
     LivenessRules,
     RateRules,
@@ -339,26 +340,8 @@ def run_gold(
 
     0: ended as intended; 2: AvailableNow did not finish in time; 1: failed.
     """
-    from pyspark.errors import StreamingQueryException
-
     query = start_gold(spark, settings)
-    deadline = None if timeout_s is None else time.monotonic() + timeout_s
-    finished = False
-    try:
-        while not finished and not (stop is not None and stop.is_set()):
-            step = 1.0 if deadline is None else min(1.0, deadline - time.monotonic())
-            if step <= 0:
-                break
-            finished = bool(query.awaitTermination(step))  # type: ignore[arg-type]
-    except StreamingQueryException as exc:
-        log.error("gold query failed: %s", exc)
-        return 1
-    finally:
-        if query.isActive:
-            query.stop()
-    if query.exception() is not None:
-        log.error("gold query failed: %s", query.exception())
-        return 1
-    if settings.trigger == "availableNow" and not finished:
-        return 2
-    return 0
+    return await_query(
+        query, "gold", available_now=settings.trigger == "availableNow", timeout_s=timeout_s,
+        stop=stop,
+    )  # fmt: skip

@@ -49,6 +49,7 @@ from pipeline.registry import (
     StatisticKinds,
     schema_from_row,
 )
+from pipeline.streaming import await_query
 from schemas.silver import AGENTS, METHOD_CALLS, PARKED, RESOLVED, SILVER_TABLES
 from schemas.tables import BRONZE
 
@@ -765,29 +766,11 @@ def run_silver(
 
     0: ended as intended; 2: AvailableNow did not finish in time; 1: failed.
     """
-    from pyspark.errors import StreamingQueryException
-
     query = start_silver(spark, settings)
-    deadline = None if timeout_s is None else time.monotonic() + timeout_s
-    finished = False
-    try:
-        while not finished and not (stop is not None and stop.is_set()):
-            step = 1.0 if deadline is None else min(1.0, deadline - time.monotonic())
-            if step <= 0:
-                break
-            finished = bool(query.awaitTermination(step))  # type: ignore[arg-type]
-    except StreamingQueryException as exc:
-        log.error("silver query failed: %s", exc)
-        return 1
-    finally:
-        if query.isActive:
-            query.stop()
-    if query.exception() is not None:
-        log.error("silver query failed: %s", query.exception())
-        return 1
-    if settings.trigger == "availableNow" and not finished:
-        return 2
-    return 0
+    return await_query(
+        query, "silver", available_now=settings.trigger == "availableNow", timeout_s=timeout_s,
+        stop=stop,
+    )  # fmt: skip
 
 
 # ------------------------------------------------------------------ test data

@@ -201,18 +201,13 @@ def _drain(spark: Any, name: str, start: Any, settings: Any, timeout_s: float) -
     """Run a downstream query once more with AvailableNow: to the end of its input."""
     import dataclasses
 
+    from pipeline.streaming import await_query
+
     query = start(spark, dataclasses.replace(settings, trigger="availableNow"))
-    try:
-        if not query.awaitTermination(timeout_s):
-            print(f"qmf run: {name} did not drain within {timeout_s:.0f} s", file=sys.stderr)
-            return 2
-    finally:
-        if query.isActive:
-            query.stop()
-    if query.exception() is not None:
-        print(f"qmf run: the {name} query failed: {query.exception()}", file=sys.stderr)
-        return 1
-    return 0
+    rc = await_query(query, name, available_now=True, timeout_s=timeout_s)
+    if rc:
+        print(f"qmf run: draining {name} failed (see the log above)", file=sys.stderr)
+    return rc
 
 
 def run(args: argparse.Namespace) -> int:

@@ -1,0 +1,53 @@
+"""Running a streaming query to its end: the loop every job (bronze, silver, gold) shares."""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from pyspark.sql.streaming.query import StreamingQuery
+
+log = logging.getLogger(__name__)
+
+
+def await_query(
+    query: StreamingQuery,
+    name: str,
+    *,
+    available_now: bool,
+    timeout_s: float | None,
+    stop: threading.Event | None = None,
+) -> int:
+    """Wait until AvailableNow drained the input, ``timeout_s`` passed, or ``stop`` is set.
+
+    The query is stopped on the way out. Returns 0 when the run ended as
+    intended, 2 when an AvailableNow run did not finish (timeout or stop),
+    1 when the query failed.
+    """
+    from pyspark.errors import StreamingQueryException
+
+    deadline = None if timeout_s is None else time.monotonic() + timeout_s
+    finished = False
+    try:
+        while not finished and not (stop is not None and stop.is_set()):
+            step = 1.0 if deadline is None else min(1.0, deadline - time.monotonic())
+            if step <= 0:
+                break
+            finished = bool(query.awaitTermination(step))  # type: ignore[arg-type]
+    except StreamingQueryException as exc:
+        log.error("%s query failed: %s", name, exc)
+        return 1
+    finally:
+        if query.isActive:
+            query.stop()
+    if query.exception() is not None:
+        log.error("%s query failed: %s", name, query.exception())
+        return 1
+    if available_now and not finished:
+        log.error("%s: AvailableNow run stopped before its input was drained (timeout or stop)",
+                  name)  # fmt: skip
+        return 2
+    return 0
