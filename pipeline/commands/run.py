@@ -257,18 +257,21 @@ def run(args: argparse.Namespace) -> int:
     previous = {s: signal.signal(s, lambda *_: stop.set()) for s in (signal.SIGINT, signal.SIGTERM)}
     sim: subprocess.Popen[bytes] | None = None
     query = start_bronze(spark, settings)
-    _initialized(query)
-    warm.join(300)
-    downstream = [start_silver(spark, silver_settings)]
-    _initialized(downstream[0])
-    downstream.append(start_gold(spark, gold_settings))
+    downstream: list[Any] = []
     rates = Rates()
     t0 = time.monotonic()
     try:
         if not args.no_sim:
+            # At once, as before: the embedded receiver's console (--console) sends its
+            # first requests when it has subscribed, and the agents must be up by then.
             cmd = _sim_command(args, url, data / "sim-manifest.jsonl")
             sim = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, env=os.environ.copy())
             print(f"qmf run: {args.agents} simulated {args.dialect} agents publishing", flush=True)
+        _initialized(query)
+        warm.join(300)
+        downstream.append(start_silver(spark, silver_settings))
+        _initialized(downstream[0])
+        downstream.append(start_gold(spark, gold_settings))
         deadline = None if args.duration <= 0 else t0 + args.duration
         next_line = t0
         while not stop.is_set() and query.isActive and all(q.isActive for q in downstream):

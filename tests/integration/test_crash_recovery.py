@@ -83,9 +83,10 @@ def test_sigkill_receiver_5_times_and_bronze_twice_exactly_once(
         broker.url, queue, landing, "r0", "--credit", "500", "--flush-count", "200",
         "--flush-ms", "300",
     )  # fmt: skip
+    # Retention off: the test reads the whole landing log afterwards (copies included).
     job_args = bronze_cmd(
         landing, table, ck, "--trigger", "processingTime=2 seconds",
-        "--max-records-per-trigger", "1500",
+        "--max-records-per-trigger", "1500", "--retention", "none",
     )  # fmt: skip
     sim_args = qmf_cmd(
         "sim", "--url", broker.url, "--dialect", "am1", "--seed", str(seed),
