@@ -60,3 +60,11 @@ def isolated_broker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
         yield cfg
     finally:
         qmf_broker.stop_broker(cfg=cfg)
+
+
+@pytest.fixture(scope="session")
+def sim_lake(spark: SparkSession, tmp_path_factory: pytest.TempPathFactory) -> Any:
+    """bronze, silver and gold of a small simulated run (tests/lake.py); read-only."""
+    from tests.lake import build_lake
+
+    return build_lake(spark, tmp_path_factory.mktemp("sim-lake"))
