@@ -131,6 +131,10 @@ EVENTS = pa.schema(
         pa.field("timestamp_ns", pa.int64()),
         pa.field("event_time", TS),
         pa.field("arguments", pa.string()),  # JSON object, values typed as decoded
+        # The same arguments by type (pipeline.transforms.silver.typed_arguments):
+        pa.field("arg_ints", pa.map_(pa.string(), pa.int64())),
+        pa.field("arg_floats", pa.map_(pa.string(), pa.float64())),
+        pa.field("arg_texts", pa.map_(pa.string(), pa.string())),
     ]
 )
 

@@ -25,6 +25,7 @@ the driver gets compact columnar results (``unpack``).
 
 from __future__ import annotations
 
+import base64
 import re
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -298,6 +299,40 @@ class _Meta:
         }
 
 
+_I64 = (-(1 << 63), (1 << 63) - 1)
+
+
+def typed_arguments(args: Mapping[str, Any] | None) -> dict[str, dict[str, Any]]:
+    """An event's arguments split by type into three typed maps (queryable without JSON).
+
+    Integers within int64 and booleans (1/0) go to ``arg_ints``, floats to
+    ``arg_floats``, everything else (text, ids, uuids, larger integers, maps,
+    lists) to ``arg_texts`` as text: maps and lists as JSON, bytes as
+    ``base64:...`` (as in the JSON), other values (ids, uuids) as ``str()``.
+    ``arguments`` keeps the whole map as JSON besides.
+    """
+    ints: dict[str, int] = {}
+    floats: dict[str, float] = {}
+    texts: dict[str, str] = {}
+    for k, v in (args or {}).items():
+        name = str(k)
+        if isinstance(v, bool):
+            ints[name] = int(v)
+        elif isinstance(v, int) and _I64[0] <= v <= _I64[1]:
+            ints[name] = v
+        elif isinstance(v, float):
+            floats[name] = v
+        elif isinstance(v, str):
+            texts[name] = v
+        elif isinstance(v, bytes | bytearray | memoryview):
+            texts[name] = "base64:" + base64.b64encode(bytes(v)).decode("ascii")
+        elif isinstance(v, Mapping | list | tuple):
+            texts[name] = to_json(v)
+        elif v is not None:
+            texts[name] = str(v)
+    return {"arg_ints": ints, "arg_floats": floats, "arg_texts": texts}
+
+
 def decode_arrow(
     bronze: pa.Table | pa.RecordBatch,
     registry: SchemaRegistry,
@@ -387,7 +422,7 @@ def decode_arrow(
                 "seq": r.seq, "agent": r.agent, "package": r.package,
                 "event_name": r.event_name, "schema_hash": r.schema_hash,
                 "severity": r.severity, "timestamp_ns": ns, "event_time": _ts_py(ns),
-                "arguments": to_json(r.arguments or {}),
+                "arguments": to_json(r.arguments or {}), **typed_arguments(r.arguments),
             })  # fmt: skip
         elif isinstance(r, Heartbeat):
             ns = _ns(r.timestamp_ns)

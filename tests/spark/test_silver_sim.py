@@ -19,6 +19,7 @@ import pytest
 from pipeline import delta
 from pipeline.cli import main as qmf
 from pipeline.codec.capture import read_capture
+from pipeline.codec.vectorized import to_json
 from pipeline.silver import SilverSettings, bronze_rows, run_silver_batch, write_bronze
 
 if TYPE_CHECKING:
@@ -112,6 +113,11 @@ def test_simulator_run_equals_its_manifest(
         assert (g["event_name"], g["timestamp_ns"], g["severity"]) == (
             w["class_name"], w["timestamp_ns"], w["severity"])  # fmt: skip
         assert set(json.loads(g["arguments"])) == set(w["values"])
+        typed = {**dict(g["arg_ints"]), **dict(g["arg_floats"]), **dict(g["arg_texts"])}
+        assert typed == {
+            k: int(v) if isinstance(v, bool) else to_json(v) if isinstance(v, dict | list) else v
+            for k, v in w["values"].items()
+        }
     beats = {(r["offset"], r["record_index"]): r for r in delta.read_arrow(s.path("heartbeats")).to_pylist()}
     assert {k: b["timestamp_ns"] for k, b in beats.items()} == {
         k: w["timestamp_ns"] for k, w in want["heartbeat"].items()
