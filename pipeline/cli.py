@@ -17,6 +17,8 @@ COMMAND_MODULES: dict[str, str] = {
     "replay": "pipeline.commands.replay",
     "run": "pipeline.commands.run",
     "soak": "pipeline.commands.soak",
+    "top": "pipeline.commands.top",
+    "serve-metrics": "pipeline.commands.metrics",
 }
 
 
