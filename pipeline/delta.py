@@ -11,6 +11,7 @@ is a no-op that writes no file. See docs/delta.md.
 
 from __future__ import annotations
 
+import fcntl
 import json
 import os
 import re
@@ -269,6 +270,31 @@ def check_protocol(dt: DeltaTable, *, write: bool) -> None:
 
 
 # ---------------------------------------------------------------------------
+# Coordination with compaction (pipeline/maintain.py)
+
+LOCK_FILE = "_qmf_table.lock"  # leading underscore: Delta readers and VACUUM ignore it
+
+
+@contextmanager
+def table_lock(path: str | os.PathLike[str], *, exclusive: bool = False) -> Iterator[None]:
+    """Advisory lock of one table (fcntl on ``<table>/_qmf_table.lock``).
+
+    Writers that remove files (merges, commits with removes) hold it shared
+    from their snapshot to their commit; compaction holds it exclusive. A
+    compaction landing in between would otherwise make a merge fail
+    (delta-rs counts its adds as new data) or let a raw remove+add commit
+    re-add rows the compaction had already rewritten (measured: doubled
+    rows). Appends take no lock: they commute with compaction.
+    """
+    fd = os.open(os.path.join(os.fspath(path), LOCK_FILE), os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX if exclusive else fcntl.LOCK_SH)
+        yield
+    finally:
+        os.close(fd)  # closing releases the lock
+
+
+# ---------------------------------------------------------------------------
 # Exactly-once bookkeeping
 
 
@@ -522,9 +548,24 @@ def commit_files(
     """Commit data files already inside the table folder, exactly once.
 
     ``files`` are (path relative to the table root, partition values);
-    ``remove`` are Delta paths of live files this commit replaces. Raises
-    :class:`SchemaMismatchError` before committing if a file does not match.
+    ``remove`` are Delta paths of live files this commit replaces (checked
+    live under the table lock, so a concurrent compaction cannot slip in).
+    Raises :class:`SchemaMismatchError` before committing if a file does not match.
     """
+    if remove:
+        with table_lock(path):
+            return _commit_files(path, files, app_id, batch_id, remove, operation)
+    return _commit_files(path, files, app_id, batch_id, remove, operation)
+
+
+def _commit_files(
+    path: str | os.PathLike[str],
+    files: Sequence[tuple[str, Mapping[str, str | None]]],
+    app_id: str,
+    batch_id: int,
+    remove: Sequence[str],
+    operation: str,
+) -> CommitResult:
     from deltalake._internal import RemoveAction
 
     dt = _open_for_write(path)
@@ -998,18 +1039,20 @@ def merge_batch(
         if pc.max(counts.column("count_all")).as_py() > 1:
             raise ValueError(f"batch {batch_id} has duplicate keys {list(keys)}")
     predicate = " AND ".join(f"t.{_sql_ident(k)} = s.{_sql_ident(k)}" for k in keys)
-    metrics = (
-        dt.merge(
-            source,
-            predicate=predicate,
-            source_alias="s",
-            target_alias="t",
-            commit_properties=_commit_properties(app_id, batch_id, "upsert"),
+    with table_lock(path):  # no compaction between the merge's snapshot and its commit
+        dt.update_incremental()
+        metrics = (
+            dt.merge(
+                source,
+                predicate=predicate,
+                source_alias="s",
+                target_alias="t",
+                commit_properties=_commit_properties(app_id, batch_id, "upsert"),
+            )
+            .when_matched_update_all()
+            .when_not_matched_insert_all()
+            .execute()
         )
-        .when_matched_update_all()
-        .when_not_matched_insert_all()
-        .execute()
-    )
     dt.update_incremental()
     return CommitResult(
         skipped=False,

@@ -496,25 +496,28 @@ class RegistryTable:
     def _merge(self, rows: pa.Table, app_id: str, batch_id: int) -> None:
         from deltalake import CommitProperties, DeltaTable, Transaction
 
+        from pipeline.delta import table_lock
+
         keys = ("package", "class_name", "schema_hash", "kind")
         predicate = " AND ".join(f't."{k}" = s."{k}"' for k in keys)
-        (
-            DeltaTable(self.path)
-            .merge(
-                rows,
-                predicate=predicate,
-                source_alias="s",
-                target_alias="t",
-                commit_properties=CommitProperties(
-                    app_transactions=[Transaction(app_id, batch_id)]
-                ),
+        with table_lock(self.path):  # no compaction between the merge's snapshot and commit
+            (
+                DeltaTable(self.path)
+                .merge(
+                    rows,
+                    predicate=predicate,
+                    source_alias="s",
+                    target_alias="t",
+                    commit_properties=CommitProperties(
+                        app_transactions=[Transaction(app_id, batch_id)]
+                    ),
+                )
+                .when_matched_update(
+                    updates={
+                        "last_seen": 's."last_seen"',
+                        "source_agent": 'coalesce(t."source_agent", s."source_agent")',
+                    }
+                )
+                .when_not_matched_insert_all()
+                .execute()
             )
-            .when_matched_update(
-                updates={
-                    "last_seen": 's."last_seen"',
-                    "source_agent": 'coalesce(t."source_agent", s."source_agent")',
-                }
-            )
-            .when_not_matched_insert_all()
-            .execute()
-        )

@@ -1,0 +1,31 @@
+"""spark-submit entry point: compact and vacuum the Delta tables, safe while the streams run.
+
+    spark-submit jobs/maintain.py --data DATA [--retention-hours 168] [--dry-run]
+    spark-submit jobs/maintain.py --table T [--table T2 ...] [--stream CKPT=T,...]
+
+No Spark work: delta-rs rewrites and deletes the files (it also runs as
+``qmf maintain`` and from cron). Only argument wiring lives here; the logic
+is in ``pipeline.maintain`` (docs/maintenance.md).
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Sequence
+
+from pipeline.commands.maintain import add_arguments, run
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="maintain", description=__doc__.splitlines()[0])
+    add_arguments(p)
+    return p
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    return run(build_parser().parse_args(argv))
+
+
+if __name__ == "__main__":
+    sys.exit(main())

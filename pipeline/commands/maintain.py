@@ -1,0 +1,81 @@
+"""``qmf maintain``: compact small files and vacuum old ones in every table, streams running or not.
+
+    qmf maintain --data data                      # every table of a `qmf run --data` folder
+    qmf maintain --table data/bronze --stream data/checkpoints/silver=data/bronze
+
+Safe while the streams run (docs/maintenance.md): compaction commits carry
+no data change (the ``qmf-delta`` source skips them), writers that remove
+files share a table lock with it, app transactions are kept, and vacuum
+spares every version a checkpoint may still read, plus ``--retention-hours``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+from typing import Any
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    """The options shared by ``qmf maintain`` and ``jobs/maintain.py``."""
+    where = p.add_mutually_exclusive_group(required=True)
+    where.add_argument("--data", help="a `qmf run --data` folder: DATA/bronze, DATA/silver/*, "
+                       "DATA/gold/*, checkpoints from DATA/checkpoints")
+    where.add_argument("--table", action="append", metavar="PATH",
+                       help="a table to maintain (repeatable)")
+    p.add_argument("--stream", action="append", default=[], metavar="CHECKPOINT[=TABLE,...]",
+                   help="with --table: a streaming checkpoint and the tables it reads "
+                        "(qmf-delta); without =TABLES its offsets pin every table")
+    p.add_argument("--retention-hours", type=int, default=None,
+                   help="removed files younger than this are kept (default 168)")
+    p.add_argument("--target-size", type=int, default=None, metavar="BYTES",
+                   help="size of compacted files (default 128 MiB)")
+    p.add_argument("--min-files", type=int, default=None,
+                   help="compact a table only with at least this many small files (default 10)")
+    p.add_argument("--no-compact", action="store_true", help="vacuum only")
+    p.add_argument("--no-vacuum", action="store_true", help="compact only")
+    p.add_argument("--dry-run", action="store_true", help="report, change nothing")  # fmt: skip
+
+
+def register(subparsers: Any) -> None:
+    p = subparsers.add_parser(
+        "maintain", help="compact and vacuum the Delta tables", description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )  # fmt: skip
+    add_arguments(p)
+    p.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    from pipeline.maintain import (
+        MaintainSettings,
+        StreamCheckpoint,
+        data_streams,
+        data_tables,
+        maintain,
+    )
+
+    logging.basicConfig(level=logging.WARNING)
+    given = {k: getattr(args, k) for k in ("retention_hours", "target_size", "min_files")}
+    settings = MaintainSettings(
+        dry_run=args.dry_run, compact=not args.no_compact, vacuum=not args.no_vacuum,
+        **{k: v for k, v in given.items() if v is not None},
+    )  # fmt: skip
+    if args.data:
+        tables, streams = data_tables(args.data), data_streams(args.data)
+    else:
+        tables = list(args.table)
+        streams = []
+        for spec in args.stream:
+            ckpt, sep, reads = spec.partition("=")
+            names = tuple(t for t in reads.split(",") if t) if sep else None
+            streams.append(StreamCheckpoint(ckpt, names))
+    reports = maintain(tables, streams, settings)
+    for r in reports:
+        print(r.line())
+    before = sum(r.files_before for r in reports)
+    after = sum(r.files_after for r in reports)
+    vacuumed = sum(len(r.vacuumed) for r in reports)
+    verb = "would delete" if settings.dry_run else "deleted"
+    print(f"qmf maintain: {len(reports)} tables, files {before} -> {after}, {verb} {vacuumed}")
+    return 1 if any(n.startswith("failed") for r in reports for n in r.notes) else 0

@@ -1,0 +1,451 @@
+"""Table maintenance: compact small files and vacuum old ones, safe while the streams run.
+
+Streaming writes leave one or a few small files per micro-batch and table;
+reads then open thousands of files. ``maintain_table`` rewrites them into
+few large files (delta-rs ``optimize.compact``) and deletes files that no
+version anyone may still read needs (delta-rs ``vacuum``). Why it is safe
+with the bronze, silver and gold streams running (docs/maintenance.md):
+
+* rows: a compaction commit only re-packs rows (``dataChange=false`` adds and
+  removes). The ``qmf-delta`` source skips such commits, so downstream jobs
+  do not read the rows again; readers of any version see every row once;
+* concurrent writers: appends commute with compaction (delta-rs resolves the
+  race and commits the compaction on top); writers that remove files
+  (merges, replace commits) hold ``pipeline.delta.table_lock`` shared from
+  their snapshot to their commit and compaction holds it exclusive, so
+  neither sees the other half-way. A conflict with any other writer fails
+  the compaction's commit, which is retried on the new version;
+* exactly once: app transactions (``txn`` actions) are table state, carried
+  by every version: compaction and vacuum keep them;
+* vacuum: a file is deleted only when it was removed more than
+  ``retention_hours`` ago *and* it is not live in any version a stream or a
+  recovery may still read (``StreamPins``): versions from the oldest
+  ``qmf-delta`` offset a checkpoint's next (or replayed) batch starts at, and
+  from the version before a not-yet-checkpointed batch of a streaming writer
+  (silver's ``table_before`` reads it on a replay).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import threading
+import time
+import urllib.parse
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pyarrow as pa
+from deltalake import CommitProperties, DeltaTable
+from deltalake.exceptions import CommitFailedError
+
+from pipeline import delta
+
+log = logging.getLogger(__name__)
+
+DEFAULT_RETENTION_HOURS = 168  # Delta's default deletedFileRetentionDuration (1 week)
+DEFAULT_TARGET_SIZE = 128 * 1024 * 1024
+DEFAULT_MIN_FILES = 10
+DEFAULT_ATTEMPTS = 5
+OPERATION = "compact"
+
+
+@dataclass(frozen=True)
+class MaintainSettings:
+    """What a maintenance pass does.
+
+    ``min_files``: a table is compacted only when it has at least this many
+    files smaller than ``target_size`` (a table rewritten whole every batch,
+    such as gold's ``rate_state``, has one and is never touched).
+    ``retention_hours``: removed files younger than this stay (readers of
+    older snapshots, e.g. a notebook's query, still open them).
+    """
+
+    retention_hours: int = DEFAULT_RETENTION_HOURS
+    target_size: int = DEFAULT_TARGET_SIZE
+    min_files: int = DEFAULT_MIN_FILES
+    dry_run: bool = False
+    compact: bool = True
+    vacuum: bool = True
+    attempts: int = DEFAULT_ATTEMPTS
+
+    def __post_init__(self) -> None:
+        if self.retention_hours < 0:
+            raise ValueError("retention_hours must be >= 0")
+        if self.target_size <= 0:
+            raise ValueError("target_size must be > 0")
+        if self.min_files < 2:
+            raise ValueError("min_files must be >= 2 (one file cannot be compacted)")
+        if self.attempts < 1:
+            raise ValueError("attempts must be >= 1")
+
+
+@dataclass(frozen=True)
+class StreamCheckpoint:
+    """A streaming query's checkpoint and the Delta tables it reads with ``qmf-delta``.
+
+    ``reads=None``: not known. If such a checkpoint holds ``qmf-delta``
+    offsets, they could point into any table: nothing is vacuumed.
+    """
+
+    path: str
+    reads: tuple[str, ...] | None = ()
+
+
+@dataclass
+class TableReport:
+    """What maintenance did to one table (or would do, with ``dry_run``)."""
+
+    path: str
+    files_before: int = 0
+    files_after: int = 0
+    bytes_before: int = 0
+    bytes_after: int = 0
+    version_before: int = -1
+    version_after: int = -1
+    compacted_removed: int = 0
+    compacted_added: int = 0
+    conflicts: int = 0
+    keep_from: int | None = None
+    vacuumed: list[str] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+    seconds: float = 0.0
+
+    def line(self) -> str:
+        keep = "" if self.keep_from is None else f", versions >= {self.keep_from} kept"
+        notes = f" ({'; '.join(self.notes)})" if self.notes else ""
+        return (
+            f"{self.path}: files {self.files_before} -> {self.files_after}, "
+            f"compacted {self.compacted_removed} into {self.compacted_added}, "
+            f"vacuumed {len(self.vacuumed)}{keep}, {self.seconds:.1f} s{notes}"
+        )
+
+
+# ---------------------------------------------------------------------------
+# What the streams may still read
+
+
+def _batch_ids(folder: str) -> list[int]:
+    try:
+        names = os.listdir(folder)
+    except FileNotFoundError:
+        return []
+    return sorted(int(n) for n in names if n.isdigit())
+
+
+def _positions(checkpoint: str, batch_id: int) -> list[tuple[int, bool]] | None:
+    """The ``qmf-delta`` offsets (version, snapshot) of one offset-log entry, in
+    source order; None if the entry is gone. Other sources' offsets are left out."""
+    try:
+        with open(os.path.join(checkpoint, "offsets", str(batch_id)), encoding="utf-8") as fh:
+            lines = fh.read().splitlines()
+    except FileNotFoundError:
+        return None
+    out: list[tuple[int, bool]] = []
+    for line in lines[2:]:  # line 1: log version, line 2: batch metadata
+        try:
+            value = json.loads(line)
+        except json.JSONDecodeError:
+            continue
+        if isinstance(value, dict) and {"version", "index"} <= set(value):
+            out.append((int(value["version"]), bool(value.get("snapshot", False))))
+    return out
+
+
+def read_pin(checkpoint: str) -> int | None:
+    """The oldest table version the query's next batch, or the replay of its last
+    uncommitted one, reads from (its ``qmf-delta`` start offsets); None when it
+    holds no such offset.
+
+    Spark re-runs an uncommitted batch N from the end of batch N-1; a
+    committed one is followed by a batch starting at its end. A position
+    ``{version v}`` reads the files of commit v on (live at v or later), a
+    snapshot position the files live at v: both need versions >= v. An
+    uncommitted first batch started from an initial offset that is not
+    logged: every version is needed (0).
+    """
+    offsets = _batch_ids(os.path.join(checkpoint, "offsets"))
+    if not offsets:
+        return None
+    last = offsets[-1]
+    newest = _positions(checkpoint, last)
+    if not newest:
+        return None  # no qmf-delta source (bronze reads the landing log)
+    if last in set(_batch_ids(os.path.join(checkpoint, "commits"))):
+        start = newest
+    else:
+        previous = _positions(checkpoint, last - 1) if last > 0 else None
+        if not previous:
+            return 0  # a replay from an initial offset that is not logged: keep everything
+        start = previous
+    return min(v for v, _snapshot in start)
+
+
+def _query_id(checkpoint: str) -> str | None:
+    try:
+        with open(os.path.join(checkpoint, "metadata"), encoding="utf-8") as fh:
+            return str(json.loads(fh.readline())["id"])
+    except (FileNotFoundError, KeyError, json.JSONDecodeError):
+        return None
+
+
+def write_pin(checkpoint: str, table: str) -> int | None:
+    """The version before this query's first commit to ``table`` of a batch the
+    checkpoint has not committed yet (a replay reads the table as of then:
+    ``pipeline.silver.table_before``); None if there is no such commit.
+
+    The writers' app ids end with the checkpoint's query id
+    (``qmf-<layer>-<query id>``).
+    """
+    qid = _query_id(checkpoint)
+    if qid is None:
+        return None
+    committed = _batch_ids(os.path.join(checkpoint, "commits"))
+    done = committed[-1] if committed else -1
+    first: int | None = None
+    for h in DeltaTable(table).history():
+        app = str(h.get("qmf.app_id", ""))
+        if app.endswith(qid) and int(h.get("qmf.batch_id", -1)) > done:
+            v = int(h["version"])
+            first = v if first is None else min(first, v)
+    return None if first is None else max(first - 1, 0)
+
+
+def stream_pins(tables: Sequence[str], streams: Sequence[StreamCheckpoint]) -> dict[str, int]:
+    """Per table, the oldest version some stream may still read (absent: none)."""
+    pins: dict[str, int] = {}
+
+    def pin(table: str, version: int) -> None:
+        pins[table] = min(version, pins.get(table, version))
+
+    norm = {os.path.abspath(t): t for t in tables}
+    for s in streams:
+        v = read_pin(s.path)
+        if v is not None:
+            # Several sources (gold reads two tables): their order in the offset
+            # log is the plan's; take the oldest for each, which is always safe.
+            targets = (
+                list(norm.values())
+                if s.reads is None
+                else [norm[os.path.abspath(t)] for t in s.reads if os.path.abspath(t) in norm]
+            )
+            for t in targets:
+                pin(t, 0 if s.reads is None else v)
+        for t in tables:
+            w = write_pin(s.path, t)
+            if w is not None:
+                pin(t, w)
+    return pins
+
+
+def keep_versions(path: str, keep_from: int, latest: int) -> list[int]:
+    """Versions whose files cover every file live in any version ``keep_from..latest``.
+
+    A file removed by commit r was live at r - 1, so the versions before each
+    commit with removes (plus ``keep_from``) suffice; delta-rs loads each
+    kept version, so listing all of them would cost a snapshot per version.
+    """
+    keep = {keep_from}
+    log_dir = os.path.join(path, "_delta_log")
+    for r in range(keep_from + 1, latest + 1):
+        try:
+            with open(os.path.join(log_dir, f"{r:020d}.json"), encoding="utf-8") as fh:
+                removes = any('"remove"' in line and "remove" in json.loads(line) for line in fh)
+        except FileNotFoundError:
+            removes = True  # log cleaned up: assume the worst
+        if removes:
+            keep.add(r - 1)
+    return sorted(keep)
+
+
+# ---------------------------------------------------------------------------
+# One table
+
+
+def _files(dt: DeltaTable) -> tuple[int, int, list[int]]:
+    adds = pa.table(dt.get_add_actions(flatten=True))
+    sizes = [int(s) for s in adds.column("size_bytes").to_pylist()] if adds.num_rows else []
+    return len(sizes), sum(sizes), sizes
+
+
+def compact_table(path: str, settings: MaintainSettings, report: TableReport) -> None:
+    """Rewrite the table's small files into files of about ``target_size``.
+
+    Holds the table lock exclusive (writers that remove files wait); a commit
+    conflict (another writer changed what was read) is retried on the new
+    version, up to ``attempts`` times.
+    """
+    for attempt in range(settings.attempts):
+        with delta.table_lock(path, exclusive=True):
+            dt = DeltaTable(path)
+            delta.check_protocol(dt, write=True)
+            _n, _b, sizes = _files(dt)
+            small = sum(1 for s in sizes if s < settings.target_size)
+            if small < settings.min_files:
+                report.notes.append(f"{small} small files: not compacted")
+                return
+            if settings.dry_run:
+                report.compacted_removed = small
+                report.notes.append("dry run")
+                return
+            try:
+                metrics = dt.optimize.compact(
+                    target_size=settings.target_size,
+                    commit_properties=CommitProperties(
+                        custom_metadata={"qmf.operation": OPERATION}
+                    ),
+                )
+            except CommitFailedError as exc:
+                report.conflicts += 1
+                log.info("compaction of %s conflicted (attempt %d): %s", path, attempt + 1, exc)
+                time.sleep(0.2 * (attempt + 1))
+                continue
+        report.compacted_removed += int(metrics.get("numFilesRemoved", 0))
+        report.compacted_added += int(metrics.get("numFilesAdded", 0))
+        return
+    report.notes.append(f"compaction gave up after {settings.attempts} conflicts")
+
+
+def vacuum_table(
+    path: str, settings: MaintainSettings, keep_from: int | None, report: TableReport
+) -> None:
+    """Delete removed files older than the retention that no pinned version needs."""
+    dt = DeltaTable(path)
+    latest = dt.version()
+    kept: list[int] | None = None
+    if keep_from is not None and keep_from < latest:
+        report.keep_from = keep_from
+        kept = keep_versions(path, keep_from, latest)
+
+    def run(dry_run: bool) -> list[str]:
+        return list(
+            dt.vacuum(
+                retention_hours=settings.retention_hours,
+                dry_run=dry_run,
+                enforce_retention_duration=False,  # our rule: retention + the streams' pins
+                keep_versions=kept,
+                commit_properties=CommitProperties(custom_metadata={"qmf.operation": "vacuum"}),
+            )
+        )
+
+    # delta-rs lists tombstones whose files an earlier vacuum already deleted: report
+    # only files still there, and do not write a vacuum commit for nothing.
+    candidates = [
+        f for f in run(True) if os.path.exists(os.path.join(path, urllib.parse.unquote(f)))
+    ]
+    if candidates and not settings.dry_run:
+        run(False)
+    report.vacuumed = candidates
+
+
+def maintain_table(
+    path: str, settings: MaintainSettings, keep_from: int | None = None
+) -> TableReport:
+    """Compact, then vacuum one table."""
+    t0 = time.perf_counter()
+    report = TableReport(path)
+    dt = DeltaTable(path)
+    report.version_before = dt.version()
+    report.files_before, report.bytes_before, _ = _files(dt)
+    if settings.compact:
+        compact_table(path, settings, report)
+    if settings.vacuum:
+        vacuum_table(path, settings, keep_from, report)
+    dt = DeltaTable(path)
+    report.version_after = dt.version()
+    report.files_after, report.bytes_after, _ = _files(dt)
+    report.seconds = time.perf_counter() - t0
+    return report
+
+
+# ---------------------------------------------------------------------------
+# Every table of a data folder
+
+
+def data_tables(data: str | os.PathLike[str]) -> list[str]:
+    """The tables of a ``qmf run --data`` folder: bronze, silver/*, gold/*."""
+    root = Path(data)
+    found = [root / "bronze"] if delta.table_exists(root / "bronze") else []
+    for layer in ("silver", "gold"):
+        folder = root / layer
+        if folder.is_dir():
+            found.extend(p for p in sorted(folder.iterdir()) if delta.table_exists(p))
+    return [str(p) for p in found]
+
+
+def data_streams(data: str | os.PathLike[str]) -> list[StreamCheckpoint]:
+    """The checkpoints under ``DATA/checkpoints`` with the tables each reads
+    (``qmf run``'s queries; any other checkpoint is taken as unknown)."""
+    root = Path(data)
+    known: Mapping[str, tuple[str, ...]] = {
+        "bronze": (),  # reads the landing log
+        "silver": (str(root / "bronze"),),
+        "gold": (str(root / "silver" / "object_samples"), str(root / "silver" / "heartbeats")),
+    }
+    folder = root / "checkpoints"
+    if not folder.is_dir():
+        return []
+    return [
+        StreamCheckpoint(str(p), known.get(p.name)) for p in sorted(folder.iterdir()) if p.is_dir()
+    ]
+
+
+def maintain(
+    tables: Iterable[str],
+    streams: Sequence[StreamCheckpoint],
+    settings: MaintainSettings,
+) -> list[TableReport]:
+    """Maintain every table; a failure on one table is reported, the others go on."""
+    paths = [os.path.abspath(t) for t in tables]
+    pins = stream_pins(paths, streams)
+    reports: list[TableReport] = []
+    for p in paths:
+        try:
+            reports.append(maintain_table(p, settings, pins.get(p)))
+        except Exception as exc:
+            log.warning("maintenance of %s failed: %s", p, exc)
+            reports.append(TableReport(p, notes=[f"failed: {exc}"]))
+    return reports
+
+
+def maintain_data(data: str | os.PathLike[str], settings: MaintainSettings) -> list[TableReport]:
+    """Maintain every table of a ``qmf run --data`` folder."""
+    return maintain(data_tables(data), data_streams(data), settings)
+
+
+class PeriodicMaintenance:
+    """``maintain_data`` every ``every_s`` seconds in a daemon thread (``qmf run``).
+
+    Errors are logged, never raised: maintenance must not stop the pipeline.
+    """
+
+    def __init__(self, data: str | os.PathLike[str], every_s: float,
+                 settings: MaintainSettings | None = None) -> None:  # fmt: skip
+        self.data = data
+        self.every_s = every_s
+        self.settings = settings or MaintainSettings()
+        self.runs: list[list[TableReport]] = []
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._loop, name="qmf-maintain", daemon=True)
+
+    def start(self) -> PeriodicMaintenance:
+        if self.every_s > 0:
+            self._thread.start()
+        return self
+
+    def _loop(self) -> None:
+        while not self._stop.wait(self.every_s):
+            try:
+                self.runs.append(maintain_data(self.data, self.settings))
+                for r in self.runs[-1]:
+                    log.info("maintenance: %s", r.line())
+            except Exception:
+                log.exception("maintenance pass failed")
+
+    def stop(self, timeout_s: float = 300.0) -> None:
+        """Stop after the pass under way (if any)."""
+        self._stop.set()
+        if self._thread.is_alive():
+            self._thread.join(timeout_s)
