@@ -57,6 +57,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="report parked messages older than this")
     p.add_argument("--decode-on", choices=("spark", "driver"), default="spark",
                    help="decode with mapInArrow on the executors, or on the driver (small batches)")
+    p.add_argument("--schema-wants", default=None, metavar="DIR",
+                   help="list the schemas parked messages wait for in DIR, for the receiver's "
+                        "console (qmf receive --console --console-wants DIR)")
     p.add_argument("--batch-id", type=int, default=None,
                    help="batch mode: decode a bronze range as this silver batch id")
     p.add_argument("--app-id", default="qmf-silver-batch", help="batch mode: the writer's app id")
@@ -83,6 +86,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         max_files_per_trigger=args.max_files_per_trigger,
         parked_max_age_s=args.parked_max_age,
         decode_on=args.decode_on,
+        schema_wants=args.schema_wants,
         **extra,
     )
     stop = threading.Event()

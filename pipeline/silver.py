@@ -94,6 +94,9 @@ class SilverSettings:
     # (collect the bronze rows, decode there: less fixed cost per small batch).
     decode_on: str = "spark"
     query_name: str = "qmf_silver"
+    # Folder shared with the receiver's console (receivers.schema_wants): the
+    # schema keys of parked messages are listed there so the console asks for them.
+    schema_wants: str | None = None
 
     def __post_init__(self) -> None:
         trigger_kwargs(self.trigger)
@@ -625,6 +628,7 @@ class SilverBatchWriter:
         )
         still = without(pending, resolved)
         self._report_stale(still, merged.get(PARKED_T), report)
+        self._ask_for_schemas(still, merged.get(PARKED_T), ext)
         self._after = None
         t1 = time.perf_counter()
         for name in WRITE_ORDER:
@@ -672,6 +676,25 @@ class SilverBatchWriter:
         )
         self.reports.append(report)
         return report
+
+    def _ask_for_schemas(self, pending: pa.Table, new: pa.Table, known: SchemaRegistry) -> None:
+        """List the schema keys parked messages wait for where the console reads them,
+        and withdraw the keys decoded since (``receivers.schema_wants``)."""
+        if self.settings.schema_wants is None:
+            return
+        from pipeline.transforms.silver import parse_key_text
+        from receivers.schema_wants import SchemaWants
+
+        wants = SchemaWants(self.settings.schema_wants)
+        missing = {
+            parse_key_text(m)
+            for t in (pending, new)
+            for m in t.column("missing").to_pylist()
+            if m
+        }
+        wants.done([k for k in wants.pending() if k in known and k not in missing])
+        if wants.want(sorted(missing, key=lambda k: (k.package, k.name, k.hash))):
+            log.info("asked the console for %d schema(s) parked messages wait for", len(missing))
 
     def _report_stale(self, pending: pa.Table, new: pa.Table, report: BatchReport) -> None:
         both = pa.concat_tables(

@@ -126,13 +126,21 @@ def add_console_args(p: argparse.ArgumentParser) -> None:
         "--console-key", default="broker", help="routing key of requests (broker or agent.<bank>)"
     )
     g.add_argument("--console-exchange", default="qpid.management")
+    g.add_argument(
+        "--console-wants", default=None, metavar="DIR",
+        help="folder where the silver job lists schemas it still waits for "
+        "(silver --schema-wants); each is asked for again",
+    )  # fmt: skip
 
 
 def console_config(args: argparse.Namespace) -> ConsoleConfig | None:
     if not getattr(args, "console", False):
         return None
     return ConsoleConfig(
-        dialect=args.console_dialect, exchange=args.console_exchange, command_key=args.console_key
+        dialect=args.console_dialect,
+        exchange=args.console_exchange,
+        command_key=args.console_key,
+        wants=args.console_wants,
     )
 
 

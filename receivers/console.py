@@ -44,6 +44,7 @@ from pipeline.codec.records import (
 from pipeline.codec.schema import SchemaKey
 from pipeline.codec.seed import seeded_registry
 from receivers.landing import LandedMessage
+from receivers.schema_wants import SchemaWants
 
 log = logging.getLogger("qmf.receiver.console")
 
@@ -69,6 +70,10 @@ class ConsoleConfig:
     reply_key: str = field(default_factory=lambda: f"qmf-receiver-{uuid.uuid4().hex[:12]}")
     retry_s: float = 30.0
     max_attempts: int = 3
+    # Folder of schema keys the silver job still waits for (receivers.schema_wants);
+    # read every ``wants_poll_s``: each wanted key is asked for again.
+    wants: str | None = None
+    wants_poll_s: float = 5.0
 
     def __post_init__(self) -> None:
         if self.dialect not in ("AM1", "AM2"):
@@ -120,6 +125,8 @@ class ConsoleRole:
         self.sent: dict[str, int] = {}
         self.replies: dict[str, int] = {}
         self._seq = itertools.count(1)
+        self.wants = None if config.wants is None else SchemaWants(config.wants)
+        self._wants_read_at = float("-inf")
 
     # --- addressing ----------------------------------------------------------------------
 
@@ -192,6 +199,8 @@ class ConsoleRole:
             if isinstance(r, SchemaResponse):
                 self.known.add(r.schema.key)
                 self.asked.pop(r.schema.key, None)
+                if self.wants is not None:
+                    self.wants.done([r.schema.key])
             elif isinstance(r, ClassIndication):
                 key = SchemaKey(r.package, r.class_name, r.schema_hash)
                 out.extend(self._schema_request(key, now))
@@ -217,10 +226,37 @@ class ConsoleRole:
             log.debug("console could not read a reply: %s", result.problems[0])
         return out
 
-    def due(self, now: float | None = None) -> list[tuple[str, bytes]]:
-        """Schema requests to repeat: no answer within ``retry_s`` (bounded attempts)."""
-        now = time.monotonic() if now is None else now
+    def _wanted(self, now: float) -> list[tuple[str, bytes]]:
+        """Requests for the keys silver still waits for (see ``receivers.schema_wants``).
+
+        A wanted key this role never asked for is asked now; one it gave up on
+        (``max_attempts`` used) is asked again once ``retry_s`` has passed since.
+        A key answered since this role started but still wanted (silver has not
+        seen the schema yet) is left alone: the answer is on its way through bronze.
+        """
+        if self.wants is None or now - self._wants_read_at < self.config.wants_poll_s:
+            return []
+        self._wants_read_at = now
         out: list[tuple[str, bytes]] = []
+        for key in self.wants.pending():
+            if key in self.known:
+                continue
+            asked = self.asked.get(key)
+            if asked is not None and (
+                asked.attempts < self.config.max_attempts or now - asked.at < self.config.retry_s
+            ):
+                continue  # still within its own retries
+            self.asked.pop(key, None)
+            log.info("silver waits for schema %s:%s(%s): asking", key.package, key.name,
+                     key.hash.hex())  # fmt: skip
+            out.extend(self._schema_request(key, now))
+        return out
+
+    def due(self, now: float | None = None) -> list[tuple[str, bytes]]:
+        """Schema requests to repeat: no answer within ``retry_s`` (bounded attempts),
+        and the keys silver still waits for."""
+        now = time.monotonic() if now is None else now
+        out: list[tuple[str, bytes]] = self._wanted(now)
         for key, asked in self.asked.items():
             if (
                 key not in self.known

@@ -1199,6 +1199,7 @@ def config_from_options(options: Mapping[str, str]) -> ReceiverConfig:
         "console",
         "consoledialect",
         "consolekey",
+        "consolewants",
     }
     unknown = sorted(set(o) - known)
     if unknown:
@@ -1232,7 +1233,9 @@ def config_from_options(options: Mapping[str, str]) -> ReceiverConfig:
     console = None
     if o.get("console", "false").lower() in ("1", "true", "yes"):
         console = ConsoleConfig(
-            dialect=o.get("consoledialect", "AM2"), command_key=o.get("consolekey", "broker")
+            dialect=o.get("consoledialect", "AM2"),
+            command_key=o.get("consolekey", "broker"),
+            wants=o.get("consolewants") or None,
         )
     return ReceiverConfig(
         broker=broker,

@@ -61,6 +61,8 @@ def register(subparsers: Any) -> None:
                    help="delete landing segments bronze has committed past (default)")
     p.add_argument("--retention-slack", type=int, default=RETENTION_SLACK,
                    help="records kept behind the committed offset before a segment may go")
+    p.add_argument("--maintain-every", type=float, default=10.0, metavar="MINUTES",
+                   help="compact and vacuum every table this often while running (0: never)")
     p.set_defaults(func=run)  # fmt: skip
 
 
@@ -74,13 +76,13 @@ def _sim_command(args: argparse.Namespace, url: str, manifest: Path) -> list[str
     ]  # fmt: skip
 
 
-def _receiver_options(args: argparse.Namespace, url: str) -> dict[str, str]:
+def _receiver_options(args: argparse.Namespace, url: str, wants: Path) -> dict[str, str]:
     """Options of the source's embedded receiver (see receivers.receiver.config_from_options)."""
     opts = {"url": url, "preset": args.preset}
     if not args.url:
         opts["queue"] = args.queue  # declared on the local node above
     if args.console:
-        opts.update({"console": "true", "consoleDialect": args.console})
+        opts.update({"console": "true", "consoleDialect": args.console, "consoleWants": str(wants)})
     return opts
 
 
@@ -213,6 +215,7 @@ def _drain(spark: Any, name: str, start: Any, settings: Any, timeout_s: float) -
 def run(args: argparse.Namespace) -> int:
     from pipeline.bronze import BronzeSettings, start_bronze
     from pipeline.gold import GoldSettings, start_gold
+    from pipeline.maintain import PeriodicMaintenance
     from pipeline.progress import Rates, progress_line
     from pipeline.progress import summary as tables_summary
     from pipeline.silver import SilverSettings, start_silver
@@ -225,6 +228,7 @@ def run(args: argparse.Namespace) -> int:
     silver_settings = SilverSettings(
         bronze=str(table), root=str(data / "silver"),
         checkpoint=str(data / "checkpoints" / "silver"), trigger=args.trigger,
+        schema_wants=str(data / "schema_wants") if args.console else None,
     )  # fmt: skip
     gold_settings = GoldSettings(
         silver=str(data / "silver"), root=str(data / "gold"),
@@ -246,7 +250,7 @@ def run(args: argparse.Namespace) -> int:
         checkpoint=str(checkpoint),
         trigger=args.trigger,
         embedded_receiver=True,
-        receiver_options=_receiver_options(args, url),
+        receiver_options=_receiver_options(args, url, data / "schema_wants"),
         retention=args.retention,
         retention_slack=args.retention_slack,
     )
@@ -259,6 +263,7 @@ def run(args: argparse.Namespace) -> int:
     query = start_bronze(spark, settings)
     downstream: list[Any] = []
     rates = Rates()
+    maintenance = PeriodicMaintenance(data, args.maintain_every * 60)  # docs/maintenance.md
     t0 = time.monotonic()
     try:
         if not args.no_sim:
@@ -272,6 +277,7 @@ def run(args: argparse.Namespace) -> int:
         downstream.append(start_silver(spark, silver_settings))
         _initialized(downstream[0])
         downstream.append(start_gold(spark, gold_settings))
+        maintenance.start()
         deadline = None if args.duration <= 0 else t0 + args.duration
         next_line = t0
         while not stop.is_set() and query.isActive and all(q.isActive for q in downstream):
@@ -295,6 +301,7 @@ def run(args: argparse.Namespace) -> int:
                 break
             time.sleep(1.0)
     finally:
+        maintenance.stop()
         if sim is not None and sim.poll() is None:
             sim.kill()
         if query.isActive:

@@ -30,6 +30,7 @@ from receivers.config import BrokerConfig
 from receivers.console import ConsoleConfig, ConsoleRole, peek_class_key
 from receivers.landing import LandedMessage
 from receivers.receiver import LandingSink, ReceiverConfig
+from receivers.schema_wants import SchemaWants
 from tests.receivers.test_receiver_broker import REPO, landed_table, run_receiver_thread, wait_for
 
 H1 = bytes(range(16))
@@ -102,6 +103,32 @@ def test_unseen_content_hash_triggers_one_schema_request_with_bounded_retries() 
     assert c.observe(msg(s_body)) == []
     assert c.known == {KEY} and c.asked == {}
     assert c.observe(msg(content_body(KEY, b"c", b"AM1"))) == []
+
+
+def test_a_wanted_schema_is_asked_again_after_the_console_gave_up(tmp_path: Path) -> None:
+    """Silver lists what parked messages wait for; the console re-arms given-up requests."""
+    wants = SchemaWants(tmp_path / "wants")
+    c = ConsoleRole(ConsoleConfig(dialect="AM1", retry_s=30.0, max_attempts=1,
+                                  wants=str(wants.folder), wants_poll_s=5.0))  # fmt: skip
+    assert len(c.observe(msg(content_body(KEY, b"i", b"AM1")), now=100.0)) == 1
+    assert c.due(now=200.0) == []  # one attempt allowed: given up, nothing wanted yet
+    other = SchemaKey("org.test", "widget", b"\x02" * 16)  # never seen by this console
+    assert wants.want([KEY, other]) == 2 and wants.want([KEY]) == 0
+    assert sorted(f.name for f in wants.folder.iterdir()) == [
+        "org.apache.qpid.broker--queue--" + H1.hex() + ".want",
+        "org.test--widget--" + "02" * 16 + ".want",
+    ]
+    asked = [decode(body)[0] for _, body in c.due(now=205.0)]
+    assert sorted((s.package, s.class_name, s.schema_hash) for s in asked) == [
+        (KEY.package, "queue", H1), ("org.test", "widget", b"\x02" * 16)
+    ]
+    assert c.due(now=207.0) == []  # the folder is read every wants_poll_s
+    assert c.due(now=220.0) == []  # both asked 15 s ago: within retry_s
+    assert len(c.due(now=236.0)) == 2  # given up again, still wanted: asked again
+    schema = ClassSchema(key=KEY, properties=(Element("name", 7, access=3, index=True),))
+    c.observe(msg(v1.encode_record(v1.schema_response_for(schema, "AM1", seq=9))), now=237.0)
+    assert wants.pending() == [other]  # the answer withdraws its want
+    assert [decode(b)[0].class_name for _, b in c.due(now=270.0)] == ["widget"]
 
 
 def test_non_v1_and_broken_messages_cost_nothing() -> None:

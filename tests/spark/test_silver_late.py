@@ -27,6 +27,7 @@ from pipeline.silver import (
     write_bronze,
 )
 from pipeline.transforms.silver import wide_view
+from receivers.schema_wants import SchemaWants
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
@@ -157,6 +158,24 @@ def test_content_before_its_schema_is_parked_then_decoded(spark: SparkSession, t
     n = {name: run.table(name).num_rows for name in ("object_samples", "parked_resolved", "heartbeats")}
     assert run.decode(1).committed == []
     assert {name: run.table(name).num_rows for name in n} == n
+
+
+def test_parked_schemas_are_listed_for_the_console_until_decoded(
+    spark: SparkSession, tmp_path: Any
+) -> None:
+    """The job triggers the receiver's console: what parked messages wait for is listed
+    in ``schema_wants`` (receivers.schema_wants), and withdrawn once decoded."""
+    wants = SchemaWants(tmp_path / "wants")
+    run = Run(spark, tmp_path, schema_wants=str(wants.folder))
+    run.batch(0, [content(V1, ("i", 1)), heartbeat()])
+    assert wants.pending() == [V1.key]
+    run.batch(1, [content(V2, ("i", 2))])  # another version, also unknown: both wanted
+    assert sorted(wants.pending(), key=lambda k: k.hash) == [V1.key, V2.key]
+    run.batch(2, [announce(V1)])  # V1's parked message decodes: its want is withdrawn
+    assert wants.pending() == [V2.key]
+    run.batch(3, [announce(V2)])
+    assert wants.pending() == []
+    assert run.table("object_samples").num_rows == 2
 
 
 def test_crash_before_the_resolved_marks_replays_without_duplicates(
