@@ -17,8 +17,10 @@ COMMAND_MODULES: dict[str, str] = {
     "replay": "pipeline.commands.replay",
     "run": "pipeline.commands.run",
     "soak": "pipeline.commands.soak",
+    "maintain": "pipeline.commands.maintain",
     "top": "pipeline.commands.top",
     "serve-metrics": "pipeline.commands.metrics",
+    "backfill": "pipeline.commands.backfill",
 }
 
 

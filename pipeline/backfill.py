@@ -1,0 +1,653 @@
+"""Backfill: re-derive silver and gold for a time range from bronze, replacing it exactly.
+
+A range is half-open, ``[from, to)`` in UTC, so consecutive runs (yesterday,
+today) tile time without overlap. What "in range" means per table (docs/backfill.md):
+
+- silver ``object_samples``, ``events``, ``heartbeats``, ``method_responses``,
+  ``quarantine``: the rows decoded from the bronze messages *received* in the
+  range (bronze ``received_at``), matched by their bronze identity
+  ``(partition, offset)``. They are decoded again with the whole current
+  schema registry (a message parked by the stream and resolved later decodes
+  at once), and carry their message's bronze ``batch_id``;
+- gold ``statistic_rates``: the intervals whose *end* sample time
+  (``end_ns``) is in the range. The pairing scan runs over every silver sample
+  up to the range (and past it: later samples cannot change earlier pairs), so
+  an edge interval pairs with the same baseline the stream used;
+- gold ``object_lifecycles`` / ``agent_liveness``: all-time rows per object or
+  agent up interval. The rows whose span overlaps the range, before or after
+  the backfill, are replaced by rows recomputed from *all* silver (their
+  current value as the stream would have it): an object's span is
+  ``[first_seen, max(last_seen, ended_at)]``, an up interval's
+  ``[up_start, max(last_heartbeat, down_at)]``.
+
+Each table gets ONE Delta commit that removes the files holding rows of the
+range and adds the new rows plus the kept rows of those files
+(``replace_rows``): readers see the old range or the new one, nothing else is
+changed, and no row is doubled. Gold rows written by a backfill carry
+``batch_id = -1`` (no stream batch wrote them). The gold computation runs the
+gold job's own writer (``GoldBatchWriter``) as one batch into scratch tables,
+so the rows are the stream's rows.
+
+Idempotence: every commit carries the app transaction ``(app_id, run)`` with
+``app_id = qmf-backfill-<from>-<to>``. A run that finds some of its tables
+holding the latest run id and others not resumes that (crashed) run: tables
+that hold it are skipped; otherwise it starts run ``latest + 1`` and replaces
+every table again. Since a replace is the same whatever the table held, a
+rerun after a crash at any point converges to the same tables.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import shutil
+import uuid
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from datetime import UTC, datetime, timedelta
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    import pyarrow as pa
+    from pyspark.sql import Column, DataFrame, SparkSession
+
+    from pipeline.codec.schema import SchemaRegistry
+    from pipeline.registry import StatisticKinds
+
+log = logging.getLogger(__name__)
+
+SILVER_TABLES = ("object_samples", "events", "heartbeats", "method_responses", "quarantine")
+GOLD_TABLES = ("statistic_rates", "object_lifecycles", "agent_liveness")
+LAYERS = ("silver", "gold")
+BACKFILL_BATCH_ID = -1  # batch_id of gold rows a backfill wrote
+IDENTITY = ("partition", "offset")
+LIFECYCLE_KEYS = ("agent", "object_id", "create_ns")
+LIVENESS_KEYS = ("agent", "up_start_ns")
+_HIT = "__backfill_hit"
+_KEY_HIT = "__backfill_key_hit"
+_EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
+
+
+# ------------------------------------------------------------------ settings
+
+
+def parse_time(text: str) -> datetime:
+    """ISO 8601 (``2027-01-15T08:00:00Z``, ``2027-01-15``); naive means UTC."""
+    try:
+        t = datetime.fromisoformat(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r}: expected an ISO 8601 time") from None
+    return t.replace(tzinfo=UTC) if t.tzinfo is None else t.astimezone(UTC)
+
+
+def parse_layers(text: str) -> tuple[str, ...]:
+    names = tuple(x.strip() for x in text.split(",") if x.strip())
+    bad = [n for n in names if n not in LAYERS]
+    if bad or not names:
+        raise argparse.ArgumentTypeError(f"{text!r}: layers are silver and/or gold")
+    return tuple(n for n in LAYERS if n in names)
+
+
+def micros(t: datetime) -> int:
+    """Exact microseconds since the epoch (no float)."""
+    return (t - _EPOCH) // timedelta(microseconds=1)
+
+
+@dataclass(frozen=True)
+class BackfillSettings:
+    """What a backfill needs: the tables, the range, the gold job's rules."""
+
+    bronze: str
+    silver: str
+    gold: str
+    start: datetime
+    end: datetime
+    layers: tuple[str, ...] = LAYERS
+    dry_run: bool = False
+    run: int | None = None  # None: resume a crashed run or start the next one
+    scratch: str | None = None
+    kinds_file: str | None = None
+    decode_on: str = "spark"
+    min_interval_s: float = 1.0
+    max_gap_s: float = 300.0
+    state_ttl_s: float = 86400.0
+    missed_heartbeats: int = 3
+    v1_agent: str = "1.0"
+    v1_interval_s: float = 10.0
+
+    def __post_init__(self) -> None:
+        if self.start.tzinfo is None or self.end.tzinfo is None:
+            raise ValueError("--from and --to must be time-zone aware (UTC)")
+        if self.start >= self.end:
+            raise ValueError(f"empty range: --from {self.start} is not before --to {self.end}")
+        if self.decode_on not in ("spark", "driver"):
+            raise ValueError(f"decode_on {self.decode_on!r}: expected spark or driver")
+
+    @property
+    def from_ns(self) -> int:
+        return micros(self.start) * 1000
+
+    @property
+    def to_ns(self) -> int:
+        return micros(self.end) * 1000
+
+    @property
+    def app_id(self) -> str:
+        """The idempotence key: one app per range; runs are its batch ids."""
+
+        def fmt(t: datetime) -> str:
+            us = f".{t.microsecond:06d}" if t.microsecond else ""
+            return f"{t:%Y%m%dT%H%M%S}{us}Z"
+
+        return f"qmf-backfill-{fmt(self.start)}-{fmt(self.end)}"
+
+    def tables(self) -> dict[str, str]:
+        """Table label (``layer/name``) -> path, in write order (silver before gold)."""
+        out: dict[str, str] = {}
+        if "silver" in self.layers:
+            out |= {f"silver/{n}": os.path.join(self.silver, n) for n in SILVER_TABLES}
+        if "gold" in self.layers:
+            out |= {f"gold/{n}": os.path.join(self.gold, n) for n in GOLD_TABLES}
+        return out
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    """The backfill's options, shared by ``jobs/backfill.py`` and ``qmf backfill``."""
+    p.add_argument(
+        "--data",
+        default="data",
+        help="qmf run's data folder: DATA/bronze, DATA/silver/<t>, DATA/gold/<t> (./data)",
+    )
+    p.add_argument("--bronze", default=None, help="bronze table (default DATA/bronze)")
+    p.add_argument(
+        "--silver", default=None, help="folder of the silver tables (default DATA/silver)"
+    )
+    p.add_argument("--gold", default=None, help="folder of the gold tables (default DATA/gold)")
+    p.add_argument(
+        "--from",
+        dest="start",
+        type=parse_time,
+        required=True,
+        help="range start, inclusive (ISO 8601, UTC if no zone)",
+    )
+    p.add_argument("--to", dest="end", type=parse_time, required=True, help="range end, exclusive")
+    p.add_argument("--layers", type=parse_layers, default=LAYERS, help="silver,gold (default both)")
+    p.add_argument(
+        "--dry-run",
+        action="store_true",
+        help="report rows in range and rows to write per table; write nothing",
+    )
+    p.add_argument(
+        "--run",
+        type=int,
+        default=None,
+        help="run id (app transaction batch id); default: resume a crashed run, else the next",
+    )
+    p.add_argument(
+        "--scratch",
+        default=None,
+        help="folder for the gold scratch tables (default beside the gold folder; removed)",
+    )
+    p.add_argument(
+        "--kinds", default=None, help="statistic kinds TOML (default schemas/statistic_kinds.toml)"
+    )
+    p.add_argument("--decode-on", choices=("spark", "driver"), default="spark")
+    p.add_argument(
+        "--min-interval",
+        type=float,
+        default=1.0,
+        metavar="SECONDS",
+        help="as the gold job: shorter intervals are skipped",
+    )
+    p.add_argument("--max-gap", type=float, default=300.0, metavar="SECONDS")
+    p.add_argument("--state-ttl", type=float, default=86400.0, metavar="SECONDS")
+    p.add_argument("--missed-heartbeats", type=int, default=3)
+    p.add_argument("--v1-agent", default="1.0")
+    p.add_argument("--v1-interval", type=float, default=10.0, metavar="SECONDS")
+
+
+def settings_from_args(args: argparse.Namespace) -> BackfillSettings:
+    data = args.data
+    return BackfillSettings(
+        bronze=args.bronze or os.path.join(data, "bronze"),
+        silver=args.silver or os.path.join(data, "silver"),
+        gold=args.gold or os.path.join(data, "gold"),
+        start=args.start,
+        end=args.end,
+        layers=args.layers,
+        dry_run=args.dry_run,
+        run=args.run,
+        scratch=args.scratch,
+        kinds_file=args.kinds,
+        decode_on=args.decode_on,
+        min_interval_s=args.min_interval,
+        max_gap_s=args.max_gap,
+        state_ttl_s=args.state_ttl,
+        missed_heartbeats=args.missed_heartbeats,
+        v1_agent=args.v1_agent,
+        v1_interval_s=args.v1_interval,
+    )
+
+
+# ------------------------------------------------------------------ reports
+
+
+@dataclass(frozen=True)
+class TableChange:
+    """What a backfill did (or would do) to one table."""
+
+    table: str
+    in_range: int  # rows of the range before (removed, or would be)
+    written: int  # rows of the range after (written, or would be)
+    status: str  # committed | skipped (this run already committed it) | dry-run
+    version: int | None = None
+
+    def __str__(self) -> str:
+        at = f" (version {self.version})" if self.version is not None else ""
+        return (
+            f"{self.table}: {self.in_range} rows in range -> {self.written} rows, {self.status}{at}"
+        )
+
+
+@dataclass
+class BackfillReport:
+    app_id: str
+    run: int
+    start: datetime
+    end: datetime
+    dry_run: bool
+    tables: dict[str, TableChange] = field(default_factory=dict)
+
+    def __str__(self) -> str:
+        head = (
+            f"backfill [{self.start.isoformat()}, {self.end.isoformat()}) "
+            f"app {self.app_id} run {self.run}"
+            + (" (dry run: nothing written)" if self.dry_run else "")
+        )
+        return "\n".join([head, *(f"  {c}" for c in self.tables.values())])
+
+
+# ------------------------------------------------------------------ the replace primitive
+
+
+def _mark(
+    df: DataFrame, predicate: str | None, keys: Sequence[str], key_rows: DataFrame | None
+) -> DataFrame:
+    """``df`` with a boolean column ``_HIT``: the row belongs to the range (predicate or key)."""
+    from pyspark.sql import functions as F
+
+    hit: Column = F.expr(f"coalesce(({predicate}), false)") if predicate else F.lit(False)
+    if key_rows is not None:
+        k = key_rows.select(*keys).distinct().withColumn(_KEY_HIT, F.lit(True))
+        df = df.join(k, on=list(keys), how="left")
+        hit = hit | F.col(_KEY_HIT).isNotNull()
+    return df.withColumn(_HIT, hit)
+
+
+def replace_rows(
+    new: DataFrame,
+    path: str,
+    *,
+    label: str,
+    app_id: str,
+    batch_id: int,
+    predicate: str | None = None,
+    keys: Sequence[str] = (),
+    key_rows: DataFrame | None = None,
+    dry_run: bool = False,
+) -> TableChange:
+    """Replace the table's rows of a range with ``new`` in ONE commit, exactly once.
+
+    The range is the rows matching ``predicate`` (Spark SQL) or whose ``keys``
+    appear in ``key_rows``. Files holding range rows are rewritten without
+    them, together with ``new``; one commit removes the old files and adds
+    the new ones (``pipeline.delta``'s write path, app transaction
+    ``(app_id, batch_id)``). Every row of ``new`` must belong to the range,
+    so a rerun replaces exactly what this one wrote. ``dry_run`` only counts.
+    """
+    from pipeline import delta
+
+    dt = delta._open_for_write(path)
+    schema = delta.table_schema(dt)
+    batch = delta.conform(new, schema)
+    spark = batch.sparkSession
+    files = delta._live_files(dt)
+    scan = _mark(delta._scan(spark, dt, files, with_file=True), predicate, keys, key_rows)
+    per_file = {r[0]: int(r[1]) for r in scan.where(_HIT).groupBy(delta.FILE_COL).count().collect()}
+    in_range = sum(per_file.values())
+    written = batch.count()
+    if dry_run:
+        return TableChange(label, in_range, written, "dry-run", dt.version())
+    if delta._already_committed(dt, app_id, batch_id):
+        return TableChange(label, in_range, written, "skipped", dt.version())
+    if _mark(batch, predicate, keys, key_rows).where(~_hit()).limit(1).count() > 0:
+        raise ValueError(
+            f"{label}: backfill rows outside the range (predicate {predicate!r}, keys {keys})"
+        )
+    touched = [f for f in files if f.delta_path in per_file]
+    out = batch
+    if touched:
+        kept = _mark(delta._scan(spark, dt, touched, with_file=False), predicate, keys, key_rows)
+        out = batch.unionByName(kept.where(~_hit()).select(*schema.names))
+    result = delta._write_and_commit(
+        out, dt, app_id=app_id, batch_id=batch_id, operation="backfill",
+        remove=[f.delta_path for f in touched],
+    )  # fmt: skip
+    status = "skipped" if result.skipped else "committed"
+    return TableChange(label, in_range, written, status, result.version)
+
+
+def _hit() -> Column:
+    """The marker column of ``_mark``."""
+    from pyspark.sql import functions as F
+
+    return F.col(_HIT)
+
+
+# ------------------------------------------------------------------ silver
+
+
+def bronze_in_range(spark: SparkSession, s: BackfillSettings) -> DataFrame:
+    """Bronze rows received in ``[from, to)``."""
+    from pyspark.sql import functions as F
+
+    from pipeline import delta
+
+    df = delta.read_table(spark, s.bronze)
+    return df.where(
+        (F.col("received_at") >= F.lit(s.start)) & (F.col("received_at") < F.lit(s.end))
+    )
+
+
+def _registry(s: BackfillSettings) -> tuple[SchemaRegistry, StatisticKinds]:
+    from pipeline.registry import DEFAULT_KINDS_FILE, RegistryTable, StatisticKinds
+
+    kinds = StatisticKinds.load(s.kinds_file or DEFAULT_KINDS_FILE)
+    return RegistryTable(os.path.join(s.silver, "schema_registry"), kinds).load(), kinds
+
+
+def _bronze_batches(table: pa.Table, lookup: pa.Table) -> pa.Array:
+    """The bronze ``batch_id`` of each row of ``table`` (by its ``(partition, offset)``)."""
+    import numpy as np
+    import pyarrow as pa
+
+    out = np.full(table.num_rows, -1, np.int64)
+    parts = np.array(table.column("partition").to_pylist(), dtype=object)
+    offs = table.column("offset").to_numpy()
+    lparts = np.array(lookup.column("partition").to_pylist(), dtype=object)
+    loffs = lookup.column("offset").to_numpy()
+    lbatch = lookup.column("batch_id").to_numpy()
+    for p in set(parts.tolist()):
+        sel = lparts == p
+        order = np.argsort(loffs[sel], kind="stable")
+        ko, kb = loffs[sel][order], lbatch[sel][order]
+        rows = parts == p
+        idx = np.searchsorted(ko, offs[rows])
+        if (idx >= len(ko)).any() or (ko[np.minimum(idx, len(ko) - 1)] != offs[rows]).any():
+            raise ValueError(f"silver rows of partition {p!r} without a bronze message in range")
+        out[rows] = kb[idx]
+    return pa.array(out, pa.int64())
+
+
+def decode_silver(
+    spark: SparkSession, s: BackfillSettings, bronze: DataFrame
+) -> dict[str, pa.Table]:
+    """The silver rows of the bronze range, decoded with the whole current registry.
+
+    As the silver writer does, schemas met in the range decode content that
+    came before them; messages whose schema is still unknown stay out (the
+    stream keeps them in ``parked``). Rows carry their bronze ``batch_id``.
+    """
+    import pyarrow as pa
+
+    from pipeline.registry import schema_from_row
+    from pipeline.transforms.silver import (
+        PARKED_T,
+        SEEN_T,
+        Decoded,
+        decode_arrow,
+        decode_bronze,
+        parse_key_text,
+        unpack,
+    )
+    from schemas.silver import SILVER_TABLES as SCHEMAS
+
+    registry, kinds = _registry(s)
+    if s.decode_on == "driver":
+        decoded = decode_arrow(bronze.toArrow(), registry.copy(), 0, kinds)
+    else:
+        decoded = unpack(decode_bronze(bronze, registry, 0, kinds).toArrow())
+    parked = decoded.get(PARKED_T)
+    if parked.num_rows:
+        ext = registry.copy()
+        for r in decoded.get(SEEN_T).to_pylist():
+            sc = schema_from_row(r)
+            if sc.key not in ext:
+                ext.add(sc)
+        known = [parse_key_text(m) in ext for m in parked.column("missing").to_pylist()]
+        if any(known):
+            again = decode_arrow(parked.filter(pa.array(known)), ext.copy(), 0, kinds)
+            decoded = Decoded.concat([decoded, again])
+    lookup = bronze.select("partition", "offset", "batch_id").toArrow()
+    out: dict[str, pa.Table] = {}
+    for name in SILVER_TABLES:
+        schema = SCHEMAS[name]
+        t = decoded.get(name)
+        t = t.set_column(
+            t.schema.get_field_index("batch_id"), "batch_id", _bronze_batches(t, lookup)
+        )
+        out[name] = t.select(schema.names).cast(schema)
+    return out
+
+
+def _to_frame(spark: SparkSession, table: pa.Table) -> DataFrame:
+    from schemas.tables import spark_schema
+
+    if table.num_rows == 0:
+        return spark.createDataFrame([], spark_schema(table.schema))
+    return spark.createDataFrame(table)
+
+
+# ------------------------------------------------------------------ gold
+
+
+def _silver_view(
+    spark: SparkSession,
+    s: BackfillSettings,
+    name: str,
+    ids: DataFrame | None,
+    new: DataFrame | None,
+) -> DataFrame:
+    """A silver table as it is after the silver step: the range's rows replaced by ``new``."""
+    from pipeline import delta
+
+    df = delta.read_table(spark, os.path.join(s.silver, name))
+    if ids is None or new is None:
+        return df
+    return df.join(ids, on=list(IDENTITY), how="left_anti").select(*df.columns).unionByName(new)
+
+
+def gold_scratch(
+    spark: SparkSession, s: BackfillSettings, scratch: str, samples: DataFrame, beats: DataFrame
+) -> str:
+    """Run the gold job's writer as one batch over all of silver into scratch tables."""
+    from pipeline.gold import GoldBatchWriter, GoldSettings, gold_input
+    from pipeline.transforms.gold import LivenessRules, RateRules
+
+    settings = GoldSettings(
+        silver=s.silver,
+        root=scratch,
+        rates=RateRules(s.min_interval_s, s.max_gap_s, s.state_ttl_s),
+        liveness=LivenessRules(s.missed_heartbeats, s.v1_agent, s.v1_interval_s),
+    )
+    GoldBatchWriter(settings, app_id="qmf-backfill-scratch")(gold_input(samples, beats), 0)
+    return scratch
+
+
+def gold_ranges(s: BackfillSettings) -> dict[str, tuple[str, Sequence[str]]]:
+    """Per gold table: the Spark SQL predicate of the range and the keys that tie
+    an existing row to its recomputed one (empty for rates: rows are replaced by time)."""
+    lo_ns, hi_ns, lo_us = s.from_ns, s.to_ns, micros(s.start)
+    return {
+        "statistic_rates": (f"end_ns >= {lo_ns} AND end_ns < {hi_ns}", ()),
+        "object_lifecycles": (
+            f"first_seen_ns < {hi_ns} AND (last_seen_ns >= {lo_ns} "
+            f"OR ended_at >= timestamp_micros({lo_us}))",
+            LIFECYCLE_KEYS,
+        ),
+        "agent_liveness": (
+            f"up_start_ns < {hi_ns} AND (last_heartbeat_ns >= {lo_ns} "
+            f"OR down_at >= timestamp_micros({lo_us}))",
+            LIVENESS_KEYS,
+        ),
+    }
+
+
+def gold_rows(
+    spark: SparkSession, s: BackfillSettings, scratch: str, name: str
+) -> tuple[DataFrame, str, Sequence[str], DataFrame | None]:
+    """(new rows, predicate, keys, key rows) of one gold table's range.
+
+    Lifecycles and liveness: the range is every key whose row overlaps it
+    before (existing table) or after (recomputed) the backfill; those keys'
+    recomputed rows are written.
+    """
+    from pyspark.sql import functions as F
+
+    from pipeline import delta
+
+    predicate, keys = gold_ranges(s)[name]
+    fresh = delta.read_table(spark, os.path.join(scratch, name)).withColumn(
+        "batch_id", F.lit(BACKFILL_BATCH_ID).cast("long")
+    )
+    if not keys:
+        return fresh.where(F.expr(predicate)), predicate, keys, None
+    old = delta.read_table(spark, os.path.join(s.gold, name))
+    old_keys = old.where(F.expr(f"coalesce(({predicate}), false)")).select(*keys)
+    marked = _mark(fresh, predicate, keys, old_keys)
+    new = marked.where(_hit()).select(*fresh.columns)
+    return new, predicate, keys, new.select(*keys)
+
+
+# ------------------------------------------------------------------ the run
+
+
+def choose_run(s: BackfillSettings) -> int:
+    """The run id: ``--run``, else the crashed run to resume, else the next one."""
+    from pipeline import delta
+
+    if s.run is not None:
+        return s.run
+    done = [delta.committed_batch(p, s.app_id) for p in s.tables().values()]
+    top = max((d for d in done if d is not None), default=None)
+    if top is None:
+        return 0
+    if all(d == top for d in done):
+        return top + 1  # the last run is complete: a new run replaces everything again
+    return top  # some tables lack the last run: it crashed, resume it
+
+
+def run_backfill(spark: SparkSession, s: BackfillSettings) -> BackfillReport:
+    """Re-derive the range's silver and/or gold rows; one commit per table (none on a dry run)."""
+    from pipeline import delta
+
+    missing = [p for p in [s.bronze, *s.tables().values()] if not delta.table_exists(p)]
+    if "gold" in s.layers:
+        missing += [
+            p
+            for p in (
+                os.path.join(s.silver, n)
+                for n in ("object_samples", "heartbeats", "schema_registry")
+            )
+            if not delta.table_exists(p)
+        ]
+    if missing:
+        raise FileNotFoundError(f"backfill needs existing tables; missing: {', '.join(missing)}")
+    run = choose_run(s)
+    report = BackfillReport(s.app_id, run, s.start, s.end, s.dry_run)
+    paths = s.tables()
+    common: dict[str, Any] = {"app_id": s.app_id, "batch_id": run, "dry_run": s.dry_run}
+
+    new_silver: dict[str, DataFrame] = {}
+    ids: DataFrame | None = None
+    if "silver" in s.layers:
+        bronze = bronze_in_range(spark, s).persist()
+        try:
+            decoded = decode_silver(spark, s, bronze)
+            ids = bronze.select(*IDENTITY).localCheckpoint()
+        finally:
+            bronze.unpersist()
+        for name, table in decoded.items():
+            label = f"silver/{name}"
+            new_silver[name] = _to_frame(spark, table)
+            report.tables[label] = replace_rows(
+                new_silver[name], paths[label], label=label, keys=IDENTITY, key_rows=ids, **common
+            )
+            log.info("%s", report.tables[label])
+
+    if "gold" in s.layers:
+        base = s.scratch or os.path.join(os.path.dirname(os.path.abspath(s.gold)), ".backfill")
+        scratch = os.path.join(base, f"{s.app_id}-{run}-{uuid.uuid4().hex[:8]}")
+        try:
+            samples = _silver_view(
+                spark, s, "object_samples", ids, new_silver.get("object_samples")
+            )
+            beats = _silver_view(spark, s, "heartbeats", ids, new_silver.get("heartbeats"))
+            gold_scratch(spark, s, scratch, samples, beats)
+            for name in GOLD_TABLES:
+                label = f"gold/{name}"
+                new, predicate, keys, key_rows = gold_rows(spark, s, scratch, name)
+                new = new.localCheckpoint()
+                if key_rows is not None:
+                    key_rows = new.select(*keys)
+                report.tables[label] = replace_rows(
+                    new, paths[label], label=label, predicate=predicate, keys=keys,
+                    key_rows=key_rows, **common,
+                )  # fmt: skip
+                log.info("%s", report.tables[label])
+        finally:
+            shutil.rmtree(scratch, ignore_errors=True)
+            if s.scratch is None:
+                try:
+                    os.rmdir(base)  # only when no other backfill uses it
+                except OSError:
+                    pass
+    return report
+
+
+def counts_by_table(report: BackfillReport) -> Mapping[str, tuple[int, int]]:
+    """(rows in range, rows written) per table label: for tests and tools."""
+    return {k: (v.in_range, v.written) for k, v in report.tables.items()}
+
+
+def run_from_args(args: argparse.Namespace, prog: str, *, stop_spark: bool = True) -> int:
+    """Parsed options -> one backfill, report on stdout; 2 on a bad range or missing tables.
+
+    ``stop_spark``: a spark-submit job stops its session; ``qmf backfill``
+    called inside a process that keeps using Spark (tests) does not.
+    """
+    import sys
+
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s %(message)s")
+    logging.getLogger("py4j").setLevel(logging.WARNING)
+    try:
+        settings = settings_from_args(args)
+    except ValueError as exc:
+        print(f"{prog}: {exc}", file=sys.stderr)
+        return 2
+
+    from pipeline.bronze import tune_shuffles
+    from pipeline.spark import get_spark
+
+    spark = get_spark("qmf-backfill")
+    tune_shuffles(spark)
+    try:
+        print(run_backfill(spark, settings), flush=True)
+        return 0
+    except FileNotFoundError as exc:
+        print(f"{prog}: {exc}", file=sys.stderr)
+        return 2
+    finally:
+        if stop_spark:
+            spark.stop()
