@@ -93,14 +93,16 @@ class DeltaTail:
         return os.path.join(self.path, "_delta_log", f"{version:020d}.json")
 
     def exists(self) -> bool:
-        return os.path.isfile(self._log(0)) or os.path.isdir(os.path.join(self.path, "_delta_log"))
+        """A log with a commit (the folder exists a moment before its first commit)."""
+        log = os.path.join(self.path, "_delta_log")
+        if not os.path.isdir(log):
+            return False
+        return any(n.endswith((".json", ".checkpoint.parquet")) for n in os.listdir(log))
 
     def read(self) -> Change | None:
         """The new rows, or None when nothing was committed since (or the table is not there)."""
-        if not self.exists():
-            return None
         if self.version is None:
-            return self._read_all()
+            return self._read_all() if self.exists() else None
         adds: list[str] = []
         version = self.version
         while os.path.isfile(self._log(version + 1)):

@@ -32,9 +32,11 @@ PROMETHEUS = "text/plain; version=0.0.4; charset=utf-8"
 RATE_METRIC = "qmf_statistic_rate_per_second"
 VALUE_METRIC = "qmf_statistic_value"
 LABELS = ("agent", "package", "class", "object_id", "name", "statistic")
+VERSION_METRIC = "qmf_live_rates_version"
 HELP = {
     RATE_METRIC: "Rate of a QMF counter statistic over its latest gold interval (per second).",
     VALUE_METRIC: "Latest value of a QMF gauge, watermark or min/max/average statistic.",
+    VERSION_METRIC: "Delta version of gold statistic_rates this exposition was read at.",
 }
 
 
@@ -104,10 +106,14 @@ def samples(latest: pa.Table) -> dict[str, list[tuple[dict[str, str], float]]]:
     return out
 
 
-def exposition(latest: pa.Table, openmetrics: bool) -> str:
-    """The text exposition of the current rows in either format."""
+def exposition(latest: pa.Table, openmetrics: bool, version: int | None = None) -> str:
+    """The text exposition of the current rows in either format (``version``: of the
+    gold rates table read, exposed as ``qmf_live_rates_version`` when known)."""
+    families = samples(latest)
+    if version is not None:
+        families[VERSION_METRIC] = [({}, float(version))]
     lines: list[str] = []
-    for metric, rows in samples(latest).items():
+    for metric, rows in families.items():
         lines.append(f"# HELP {metric} {escape_help(HELP[metric])}")
         lines.append(f"# TYPE {metric} gauge")
         lines.extend(_sample_lines(metric, rows))
@@ -119,7 +125,11 @@ def exposition(latest: pa.Table, openmetrics: bool) -> str:
 def _sample_lines(metric: str, rows: Iterable[tuple[dict[str, str], float]]) -> Iterable[str]:
     for labels, value in rows:
         body = ",".join(f'{k}="{escape_label(v)}"' for k, v in labels.items())
-        yield f"{metric}{{{body}}} {format_value(value)}"
+        yield (
+            f"{metric}{{{body}}} {format_value(value)}"
+            if body
+            else f"{metric} {format_value(value)}"
+        )
 
 
 def wants_openmetrics(accept: str | None) -> bool:
@@ -136,7 +146,7 @@ class MetricsState:
     def scrape(self, openmetrics: bool) -> str:
         with self.lock:
             self.view.refresh()
-            return exposition(self.view.current(), openmetrics)
+            return exposition(self.view.current(), openmetrics, self.view.rates_version)
 
     def health(self) -> str:
         with self.lock:

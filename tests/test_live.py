@@ -1,0 +1,433 @@
+"""``qmf top`` and ``qmf serve-metrics`` show what the gold table holds, on a lake and on a
+running pipeline (``qmf run``)."""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import threading
+import time
+import urllib.request
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+import pytest
+from deltalake import DeltaTable, write_deltalake
+
+from pipeline import delta
+from pipeline.cli import main
+from pipeline.commands.metrics import MetricsState, exposition, make_server
+from pipeline.commands.top import format_rate
+from pipeline.live import LiveView
+from tests.lake import Lake, copy_lake
+
+Queue = tuple[str, str]  # (agent, queue name)
+STATS = ("msgTotalEnqueues", "msgTotalDequeues", "msgDepth", "consumerCount")
+
+
+# ------------------------------------------------------------------ expectations from gold
+
+
+def gold_queues(
+    root: Path, version: int | None = None, ended: set[tuple[str, str]] | None = None
+) -> dict[Queue, dict[str, Any]]:
+    """Per queue of the gold table (at ``version``): its last row (greatest end_ns) of each
+    statistic: the rate of counters, the value of gauges, and the object id of that row.
+    Queues whose object is in ``ended`` (agent, object_id) are left out."""
+    rows = delta.read_arrow(str(root / "gold" / "statistic_rates"), version).to_pylist()
+    last: dict[tuple[str, str], dict[str, dict[str, Any]]] = {}
+    for r in rows:
+        if r["class_name"] != "queue" or r["statistic"] not in STATS or r["index_key"] is None:
+            continue
+        series = last.setdefault((r["agent"], r["index_key"]), {})
+        if r["statistic"] not in series or r["end_ns"] > series[r["statistic"]]["end_ns"]:
+            series[r["statistic"]] = r
+    out: dict[Queue, dict[str, Any]] = {}
+    for (agent, index_key), stats in last.items():
+        newest = max(stats.values(), key=lambda r: r["end_ns"])
+        if (agent, newest["object_id"]) in (ended or set()):
+            continue
+        key = (agent, json.loads(index_key)[-1])
+        assert key not in out, f"two live series named {key}"
+        out[key] = {"object_id": newest["object_id"]}
+        for statistic, r in stats.items():
+            out[key][statistic] = r["rate"] if r["kind"] == "counter" else r["value"]
+    return out
+
+
+def ended_objects(root: Path) -> set[tuple[str, str]]:
+    rows = delta.read_arrow(str(root / "gold" / "object_lifecycles")).to_pylist()
+    live = {(r["agent"], r["object_id"]) for r in rows if r["state"] == "live"}
+    return {(r["agent"], r["object_id"]) for r in rows if r["state"] != "live"} - live
+
+
+def top_json(root: Path, *extra: str) -> dict[str, Any]:
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        assert main(["top", "--once", "--json", "--data", str(root), *extra]) == 0
+    data: dict[str, Any] = json.loads(out.getvalue())
+    return data
+
+
+def shown_queues(frame: dict[str, Any]) -> dict[Queue, dict[str, Any]]:
+    """The queues of a ``qmf top --json`` frame, keyed and named as ``gold_queues``."""
+    return {
+        (q["agent"], q["name"]): {
+            "object_id": q["object_id"],
+            "msgTotalEnqueues": q["enqueue_rate"],
+            "msgTotalDequeues": q["dequeue_rate"],
+            "msgDepth": q["depth"],
+            "consumerCount": q["consumers"],
+        }
+        for q in frame["queues"]
+    }
+
+
+def top_text(root: Path, *extra: str) -> str:
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        assert main(["top", "--once", "--data", str(root), *extra]) == 0
+    return out.getvalue()
+
+
+def text_rows(frame: str) -> dict[Queue, list[str]]:
+    """The queue table of a ``qmf top`` frame: (agent prefix, name) -> the shown columns."""
+    lines = frame.splitlines()
+    start = next(i for i, line in enumerate(lines) if line.startswith("AGENT"))
+    out: dict[Queue, list[str]] = {}
+    for line in lines[start + 1 :]:
+        if not line.strip():
+            break
+        agent, name, *cols = line.split()
+        out[(agent, name)] = cols
+    return out
+
+
+# ------------------------------------------------------------------ exposition parser
+
+_SAMPLE = re.compile(r"^([a-zA-Z_:][a-zA-Z0-9_:]*)(\{(.*)\})? (\S+)$")
+_LABEL = re.compile(r'([a-zA-Z_][a-zA-Z0-9_]*)="((?:[^"\\]|\\.)*)"(,|$)')
+
+
+def _unescape(v: str) -> str:
+    return re.sub(r"\\(.)", lambda m: {"n": "\n"}.get(m.group(1), m.group(1)), v)
+
+
+def parse_exposition(text: str, openmetrics: bool) -> list[tuple[str, dict[str, str], float]]:
+    """Samples of a text exposition, checking the format on the way: every sample belongs to
+    the family last declared by # TYPE (declared once, with # HELP), families contiguous,
+    no duplicate label sets, and ``# EOF`` last exactly when OpenMetrics."""
+    assert text.endswith("\n")
+    lines = text[:-1].split("\n")
+    if openmetrics:
+        assert lines[-1] == "# EOF" and lines.count("# EOF") == 1
+        lines = lines[:-1]
+    else:
+        assert "# EOF" not in lines
+    typed: dict[str, str] = {}
+    helped: set[str] = set()
+    current: str | None = None
+    seen: set[tuple[str, tuple[tuple[str, str], ...]]] = set()
+    out: list[tuple[str, dict[str, str], float]] = []
+    for line in lines:
+        if line.startswith("# HELP "):
+            name = line.split(" ")[2]
+            assert name not in helped
+            helped.add(name)
+        elif line.startswith("# TYPE "):
+            _, _, name, kind = line.split(" ")
+            assert name not in typed and kind == "gauge"
+            typed[name] = kind
+            current = name
+        else:
+            m = _SAMPLE.match(line)
+            assert m, line
+            name, _, body, value = m.groups()
+            assert name == current and name in helped, line
+            labels: dict[str, str] = {}
+            if body:
+                pairs = _LABEL.findall(body)
+                assert ",".join(f'{k}="{v}"' for k, v, _ in pairs) == body, line
+                labels = {k: _unescape(v) for k, v, _ in pairs}
+            key = (name, tuple(sorted(labels.items())))
+            assert key not in seen, line
+            seen.add(key)
+            out.append((name, labels, float(value)))
+    return out
+
+
+def scrape(url: str, openmetrics: bool) -> tuple[str, str]:
+    accept = "application/openmetrics-text; version=1.0.0" if openmetrics else "text/plain"
+    req = urllib.request.Request(url, headers={"Accept": accept})
+    with urllib.request.urlopen(req, timeout=60) as resp:
+        return resp.headers["Content-Type"], resp.read().decode("utf-8")
+
+
+def exposed_queues(
+    parsed: list[tuple[str, dict[str, str], float]],
+) -> dict[Queue, dict[str, Any]]:
+    out: dict[Queue, dict[str, Any]] = {}
+    for name, labels, value in parsed:
+        if labels.get("class") != "queue" or labels["statistic"] not in STATS:
+            continue
+        q = out.setdefault((labels["agent"], labels["name"]), {"object_id": labels["object_id"]})
+        assert q["object_id"] == labels["object_id"]
+        counter = labels["statistic"] in ("msgTotalEnqueues", "msgTotalDequeues")
+        assert name == ("qmf_statistic_rate_per_second" if counter else "qmf_statistic_value")
+        q[labels["statistic"]] = value
+    return out
+
+
+@contextlib.contextmanager
+def metrics_server(root: Path) -> Iterator[str]:
+    server = make_server(MetricsState(root), "127.0.0.1", 0)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield f"http://127.0.0.1:{server.server_address[1]}"
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+# ------------------------------------------------------------------ on the simulated lake
+
+
+def _expected_now(root: Path) -> dict[Queue, dict[str, Any]]:
+    return gold_queues(root, ended=ended_objects(root))
+
+
+@pytest.mark.spark
+def test_top_shows_the_last_gold_rate_depth_and_consumers(sim_lake: Lake) -> None:
+    expected = _expected_now(sim_lake.root)
+    assert len(expected) >= 10  # 2 agents x 6 queues, less a queue re-made by the restart
+    got = top_json(sim_lake.root, "--limit", "100")
+    assert got["rates_version"] == DeltaTable(str(sim_lake.gold / "statistic_rates")).version()
+    shown = shown_queues(got)
+    assert shown == expected
+    rates = [q["enqueue_rate"] for q in got["queues"]]
+    assert rates == sorted(rates, reverse=True) and rates[0] > 0  # busiest first
+    busiest = max(expected.values(), key=lambda q: q["msgTotalEnqueues"])
+    assert got["queues"][0]["enqueue_rate"] == busiest["msgTotalEnqueues"]
+
+    # The console frame shows the same numbers.
+    frame = top_text(sim_lake.root, "--limit", "100", "--sort", "depth")
+    table = text_rows(frame)
+    assert len(table) == len(expected)
+    for (agent, name), q in expected.items():
+        cols = table[(agent[:8], name)]
+        assert cols[0] == format_rate(q["msgTotalEnqueues"])
+        assert cols[1] == format_rate(q["msgTotalDequeues"])
+        assert cols[2] == f"{q['msgDepth']:,.0f}"
+        assert cols[3] == f"{q['consumerCount']:,.0f}"
+    depths = [float(c[2].replace(",", "")) for c in table.values()]
+    assert depths == sorted(depths, reverse=True)
+    # Latest events: the newest of silver events first.
+    events = delta.read_arrow(str(sim_lake.silver / "events")).sort_by(
+        [("timestamp_ns", "descending")]
+    )
+    newest = events.slice(0, 1).to_pylist()[0]
+    assert got["events"][0]["timestamp_ns"] == newest["timestamp_ns"]
+    assert newest["event_name"] in frame.split("LATEST EVENTS")[1].splitlines()[1]
+
+
+@pytest.mark.spark
+def test_metrics_endpoint_exposes_the_last_gold_rate_and_depth(sim_lake: Lake) -> None:
+    expected = _expected_now(sim_lake.root)
+    version = DeltaTable(str(sim_lake.gold / "statistic_rates")).version()
+    with metrics_server(sim_lake.root) as base:
+        ctype, om = scrape(base + "/metrics", openmetrics=True)
+        assert ctype == "application/openmetrics-text; version=1.0.0; charset=utf-8"
+        ptype, prom = scrape(base + "/metrics", openmetrics=False)
+        assert ptype == "text/plain; version=0.0.4; charset=utf-8"
+        with urllib.request.urlopen(base + "/healthz", timeout=30) as resp:
+            assert resp.read().decode() == f"ok gold_statistic_rates_version={version}\n"
+    parsed = parse_exposition(om, openmetrics=True)
+    assert parse_exposition(prom, openmetrics=False) == parsed
+    assert exposed_queues(parsed) == expected
+    assert ("qmf_live_rates_version", {}, float(version)) in parsed
+    names = {n for n, _, _ in parsed}
+    assert names == {
+        "qmf_statistic_rate_per_second",
+        "qmf_statistic_value",
+        "qmf_live_rates_version",
+    }
+    # Every current counter with a rate, every other statistic with a value, once.
+    view = LiveView(sim_lake.root)
+    view.refresh()
+    current = view.current().to_pylist()
+    exposed = [
+        c for c in current if (c["rate"] if c["kind"] == "counter" else c["value"]) is not None
+    ]
+    assert len(parsed) == len(exposed) + 1
+
+
+def test_label_values_are_escaped() -> None:
+    odd = 'we"ird\\queue\nname'
+    latest = pa.table(
+        {
+            "agent": ["a1", "a1"], "package": ["p", "p"], "class_name": ["queue", "queue"],
+            "object_id": ["1-1-1", "1-1-1"], "index_key": [json.dumps(["vh", odd])] * 2,
+            "statistic": ["msgTotalEnqueues", "msgDepth"], "kind": ["counter", "gauge"],
+            "end_ns": [2, 2], "value": [10.0, 3.0], "rate": [2.5, None],
+        }
+    )  # fmt: skip
+    text = exposition(latest, openmetrics=True)
+    assert 'name="we\\"ird\\\\queue\\nname"' in text
+    parsed = parse_exposition(text, openmetrics=True)
+    assert [(n, lab["name"], v) for n, lab, v in parsed] == [
+        ("qmf_statistic_rate_per_second", odd, 2.5),
+        ("qmf_statistic_value", odd, 3.0),
+    ]
+
+
+@pytest.mark.spark
+def test_view_reads_only_what_the_table_gained(sim_lake: Lake, tmp_path: Path) -> None:
+    """An append is read as its new file alone; a rewrite of the table is read whole."""
+    lake = copy_lake(sim_lake, tmp_path / "lake")
+    path = str(lake.gold / "statistic_rates")
+    view = LiveView(lake.root)
+    view.refresh()
+    first = view.rates_version
+    assert not view.refresh()  # nothing new
+    table = delta.read_arrow(path)
+    busiest = max(
+        (r for r in table.to_pylist() if r["class_name"] == "queue"
+         and r["statistic"] == "msgTotalEnqueues" and r["rate"] is not None),
+        key=lambda r: (r["end_ns"], r["rate"]),
+    )  # fmt: skip
+    newer = dict(busiest, start_ns=busiest["end_ns"], end_ns=busiest["end_ns"] + 10**9,
+                 value=busiest["value"] + 1234, delta=1234.0, rate=1234.0, batch_id=99)  # fmt: skip
+    write_deltalake(path, pa.Table.from_pylist([newer], table.schema), mode="append")
+    change = view.rates_tail.read()
+    assert change is not None and not change.reset and change.rows.num_rows == 1
+    view = LiveView(lake.root)
+    view.refresh()
+    write_deltalake(path, pa.Table.from_pylist([dict(newer, end_ns=newer["end_ns"] + 10**9,
+                    rate=777.0)], table.schema), mode="append")  # fmt: skip
+    assert view.refresh()
+    name = json.loads(busiest["index_key"])[-1]
+    row = next(q for q in view.queues() if (q.agent, q.name) == (busiest["agent"], name))
+    assert row.enqueue_rate == 777.0 and view.queues()[0] == row
+    assert view.rates_version == first + 2  # type: ignore[operator]
+    now = gold_queues(lake.root, ended=ended_objects(lake.root))
+    assert now[(busiest["agent"], name)]["msgTotalEnqueues"] == 777.0
+    # A rewrite (data removed): the tail reads the table whole and the view is rebuilt.
+    write_deltalake(path, table, mode="overwrite")
+    assert view.refresh()
+    row = next(q for q in view.queues() if (q.agent, q.name) == (busiest["agent"], name))
+    assert row.enqueue_rate == busiest["rate"]
+    assert view.rates_version == first + 3  # type: ignore[operator]
+
+
+# ------------------------------------------------------------------ on a running pipeline
+
+
+def _rate_rows(data: Path) -> int:
+    path = data / "gold" / "statistic_rates"
+    if not (path / "_delta_log").is_dir():
+        return 0
+    try:
+        t = delta.read_arrow(str(path)).to_pylist()
+    except Exception:  # the table is being created
+        return 0
+    return sum(1 for r in t if r["class_name"] == "queue" and r["statistic"] == "msgTotalEnqueues"
+               and r["rate"] is not None)  # fmt: skip
+
+
+def _compare_at_version(data: Path, version: int, shown: dict[Queue, dict[str, Any]]) -> int:
+    """Each shown queue's numbers equal gold's last rows at the version the view read.
+    Returns how many queues had an enqueue rate to compare."""
+    expected = gold_queues(data, version)
+    assert shown, "nothing shown"
+    compared = 0
+    for key, q in shown.items():
+        assert q == expected[key], (key, q, expected[key])
+        compared += q.get("msgTotalEnqueues") is not None
+    return compared
+
+
+@pytest.mark.broker
+@pytest.mark.spark
+@pytest.mark.slow
+def test_top_and_metrics_follow_a_running_pipeline(broker: Any, tmp_path: Path) -> None:
+    from pipeline.broker import delete_queue
+
+    data = tmp_path / "data"
+    queue = f"qmf.test-live-{uuid.uuid4().hex[:8]}"
+    env = {**os.environ, "PYSPARK_PYTHON": sys.executable}
+    qmf = [sys.executable, "-m", "pipeline.cli"]
+    log = open(tmp_path / "run.log", "w", encoding="utf-8")
+    run = subprocess.Popen(
+        [*qmf, "run", "--data", str(data), "--queue", queue, "--duration", "600",
+         "--agents", "1", "--queues", "5"],
+        stdout=log, stderr=subprocess.STDOUT, env=env, text=True,
+    )  # fmt: skip
+    server: subprocess.Popen[str] | None = None
+    try:
+        deadline = time.monotonic() + 400
+        while _rate_rows(data) == 0:
+            assert run.poll() is None, (tmp_path / "run.log").read_text()[-3000:]
+            assert time.monotonic() < deadline, "no gold rates within 400 s"
+            time.sleep(3)
+
+        # qmf top while the pipeline writes: the numbers of the gold version it read.
+        top = subprocess.run([*qmf, "top", "--once", "--json", "--data", str(data),
+                              "--limit", "100"], capture_output=True, text=True, env=env,
+                             timeout=120, check=True)  # fmt: skip
+        frame = json.loads(top.stdout)
+        shown = shown_queues(frame)
+        assert _compare_at_version(data, frame["rates_version"], shown) >= 1
+        text = subprocess.run([*qmf, "top", "--once", "--data", str(data), "--limit", "100"],
+                              capture_output=True, text=True, env=env, timeout=120,
+                              check=True).stdout  # fmt: skip
+        m = re.search(r"gold v(\d+)", text)
+        assert m is not None, text
+        at = gold_queues(data, int(m.group(1)))
+        rows = text_rows(text)
+        assert rows
+        for (agent, name), q in at.items():
+            if (agent[:8], name) in rows and q["msgTotalEnqueues"] is not None:
+                assert rows[(agent[:8], name)][0] == format_rate(q["msgTotalEnqueues"])
+
+        # The metrics endpoint, as its own process, scraped twice while gold grows.
+        server = subprocess.Popen([*qmf, "serve-metrics", "--port", "0", "--data", str(data)],
+                                  stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                                  env=env)  # fmt: skip
+        assert server.stdout is not None
+        first_line = server.stdout.readline()
+        url = re.search(r"(http://\S+/metrics)", first_line)
+        assert url is not None, first_line
+        versions = set()
+        for _ in range(2):
+            _, body = scrape(url.group(1), openmetrics=True)
+            parsed = parse_exposition(body, openmetrics=True)
+            version = next(int(v) for n, _, v in parsed if n == "qmf_live_rates_version")
+            versions.add(version)
+            assert _compare_at_version(data, version, exposed_queues(parsed)) >= 1
+            time.sleep(5)
+        _, prom = scrape(url.group(1), openmetrics=False)
+        parse_exposition(prom, openmetrics=False)
+    finally:
+        if server is not None:
+            server.send_signal(signal.SIGINT)
+            server.wait(timeout=60)
+        if run.poll() is None:
+            run.send_signal(signal.SIGINT)  # stops cleanly: drain, summary
+        try:
+            rc = run.wait(timeout=900)
+        finally:
+            log.close()
+            delete_queue(queue)
+    output = (tmp_path / "run.log").read_text()
+    assert rc == 0, output[-3000:]
+    assert "qmf run: done." in output
