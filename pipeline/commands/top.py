@@ -90,7 +90,7 @@ def frame(view: LiveView, limit: int, sort: str, n_events: int, width: int = 120
         lines.append(text[:width])
     if not view.events.num_rows:
         lines.append("(none)")
-    return "\n".join(lines) + "\n"
+    return "\n".join(line.rstrip() for line in lines) + "\n"
 
 
 def _count(value: float | None) -> str:
