@@ -142,11 +142,18 @@ class MetricsState:
     def __init__(self, data: Path) -> None:
         self.view = LiveView(data)
         self.lock = threading.Lock()
+        self._cache: dict[bool, tuple[tuple[int | None, int | None], str]] = {}
 
     def scrape(self, openmetrics: bool) -> str:
+        """The exposition now; the same text again while the tables have not changed."""
         with self.lock:
             self.view.refresh()
-            return exposition(self.view.current(), openmetrics, self.view.rates_version)
+            key = (self.view.rates_version, self.view.lifecycles_tail.version)
+            cached = self._cache.get(openmetrics)
+            if cached is None or cached[0] != key:
+                text = exposition(self.view.current(), openmetrics, self.view.rates_version)
+                self._cache[openmetrics] = cached = (key, text)
+            return cached[1]
 
     def health(self) -> str:
         with self.lock:
