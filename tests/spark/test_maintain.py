@@ -1,0 +1,363 @@
+"""Table maintenance (pipeline/maintain.py): compaction and vacuum, streams running or not.
+
+* every table of the simulated lake compacted and vacuumed: same rows, fewer
+  files, app transactions kept, committed batches still skipped;
+* bronze appended to and compacted (bronze and silver) while a silver stream
+  and a downstream ``qmf-delta`` reader of silver run: every row once;
+* vacuum spares the versions a checkpoint still reads; the stream restarts.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import threading
+import time
+import uuid
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+from deltalake import DeltaTable
+
+from pipeline import delta
+from pipeline.maintain import (
+    MaintainSettings,
+    StreamCheckpoint,
+    data_streams,
+    data_tables,
+    maintain,
+    maintain_data,
+    read_pin,
+    stream_pins,
+)
+from pipeline.silver import SilverSettings, append_arrow, start_silver
+from pipeline.streaming import await_query
+from schemas.silver import EVENTS, OBJECT_SAMPLES
+from schemas.tables import BRONZE
+from tests.lake import copy_lake
+
+if TYPE_CHECKING:
+    from pyspark.sql import DataFrame, SparkSession
+
+    from tests.lake import Lake
+
+pytestmark = pytest.mark.spark
+
+RECORD_TABLES = ("object_samples", "events", "heartbeats", "method_responses")
+NOW = MaintainSettings(retention_hours=0, min_files=2)
+
+
+def _rows(path: str | Path) -> list[str]:
+    """Every row of the table, as sorted text: equal lists mean equal contents."""
+    return sorted(repr(r) for r in delta.read_arrow(path).to_pylist())
+
+
+def _txns(path: str | Path) -> dict[str, int | None]:
+    """Every app transaction the log records, with its latest batch id."""
+    apps: set[str] = set()
+    log_dir = Path(path) / "_delta_log"
+    for f in sorted(log_dir.glob("*.json")):
+        for line in f.read_text().splitlines():
+            action = json.loads(line)
+            if "txn" in action:
+                apps.add(action["txn"]["appId"])
+    return {a: delta.committed_batch(path, a) for a in sorted(apps)}
+
+
+def _live(path: str | Path) -> int:
+    return len(DeltaTable(str(path)).file_uris())
+
+
+def _parquet_on_disk(path: str | Path) -> set[str]:
+    return {p.name for p in Path(path).glob("*.parquet")}
+
+
+def _operations(path: str | Path) -> list[str]:
+    return [str(h.get("operation")) for h in reversed(DeltaTable(str(path)).history())]
+
+
+def _keys(path: str | Path) -> list[tuple[Any, ...]]:
+    """Record identities (bronze partition, offset, record index), duplicates kept."""
+    t = delta.read_arrow(path)
+    cols = [c for c in ("partition", "offset", "record_index") if c in t.column_names]
+    return sorted(zip(*(t.column(c).to_pylist() for c in cols), strict=True))
+
+
+def _caught_up(checkpoint: str, table: str) -> bool:
+    """The query has committed a batch reading the table's last data commit."""
+    writes = [
+        int(h["version"]) for h in DeltaTable(table).history() if h.get("operation") == "WRITE"
+    ]
+    pin = read_pin(checkpoint)
+    return bool(writes) and pin is not None and pin > max(writes)
+
+
+def _bronze_pieces(lake: Lake, pieces_per_batch: int) -> list[pa.Table]:
+    """The lake's bronze rows in offset order, cut into small appends."""
+    t = delta.read_arrow(lake.bronze).sort_by([("offset", "ascending")])
+    out: list[pa.Table] = []
+    for b in sorted(set(t.column("batch_id").to_pylist())):
+        part = t.filter(pa.compute.equal(t.column("batch_id"), b))
+        size = -(-part.num_rows // pieces_per_batch)
+        out.extend(part.slice(i, size) for i in range(0, part.num_rows, size))
+    return out
+
+
+def _append_bronze(path: str, rows: pa.Table, batch_id: int) -> None:
+    """One bronze commit the way the arrow writer makes it (pyarrow file + commit_files)."""
+    name = f"part-{batch_id:06d}-{uuid.uuid4().hex}.parquet"
+    pq.write_table(rows.cast(BRONZE), os.path.join(path, name))
+    delta.commit_files(path, [(name, {})], app_id="test-bronze", batch_id=batch_id)
+
+
+def _drain_silver(spark: SparkSession, settings: SilverSettings) -> None:
+    from dataclasses import replace
+
+    query = start_silver(spark, replace(settings, trigger="availableNow"))
+    assert await_query(query, "silver", available_now=True, timeout_s=600) == 0
+
+
+# --------------------------------------------------------------------------- 1
+
+
+def test_maintain_every_table_keeps_rows_and_transactions(sim_lake: Lake, tmp_path: Path) -> None:
+    lake = copy_lake(sim_lake, tmp_path / "lake")
+    tables = data_tables(lake.root)
+    assert str(lake.bronze) in tables and len(tables) >= 12
+    rows = {t: _rows(t) for t in tables}
+    txns = {t: _txns(t) for t in tables}
+    files = {t: _live(t) for t in tables}
+    samples, events = str(lake.silver / "object_samples"), str(lake.silver / "events")
+    assert set(txns[samples]) == set(txns[events]) == {"qmf-silver"}
+
+    reports = maintain_data(lake.root, NOW)
+
+    by_path = {r.path: r for r in reports}
+    for t in tables:
+        assert _rows(t) == rows[t], t
+        assert _txns(t) == txns[t], t
+        r = by_path[t]
+        assert not [n for n in r.notes if n.startswith("failed")], r.line()
+        if files[t] >= 2:  # compacted into one file (far below the 128 MiB target)
+            assert (r.files_before, r.files_after) == (files[t], 1), r.line()
+            assert r.compacted_removed == files[t] and r.compacted_added == 1
+            # vacuum (retention 0, no checkpoints): only the live file is left on disk
+            assert len(r.vacuumed) >= files[t]  # and files earlier merges removed
+            assert len(_parquet_on_disk(t)) == 1, t
+        else:
+            assert r.files_after == files[t]
+    assert sum(r.files_after for r in reports) < sum(files.values())
+    assert files[str(lake.bronze)] == 4 and files[samples] == 4  # one file per batch
+
+    # Exactly once still holds: a committed batch is skipped, the table unchanged.
+    for path, schema in ((samples, OBJECT_SAMPLES), (events, EVENTS)):
+        last = txns[path]["qmf-silver"]
+        assert last is not None
+        one = delta.read_arrow(path).slice(0, 1)
+        assert append_arrow(path, one, schema, app_id="qmf-silver", batch_id=last) is False
+    assert _rows(samples) == rows[samples] and _rows(events) == rows[events]
+
+    # A second pass finds nothing to do and commits nothing.
+    versions = {t: DeltaTable(t).version() for t in tables}
+    again = maintain_data(lake.root, NOW)
+    assert all(r.compacted_removed == 0 and not r.vacuumed for r in again)
+    assert {t: DeltaTable(t).version() for t in tables} == versions
+
+
+def test_dry_run_changes_nothing(sim_lake: Lake, tmp_path: Path) -> None:
+    lake = copy_lake(sim_lake, tmp_path / "lake")
+    tables = data_tables(lake.root)
+    versions = {t: DeltaTable(t).version() for t in tables}
+    disk = {t: _parquet_on_disk(t) for t in tables}
+    reports = maintain_data(lake.root, MaintainSettings(retention_hours=0, min_files=2,
+                                                        dry_run=True))  # fmt: skip
+    assert any(r.compacted_removed for r in reports)
+    assert {t: DeltaTable(t).version() for t in tables} == versions
+    assert {t: _parquet_on_disk(t) for t in tables} == disk
+
+
+# --------------------------------------------------------------------------- 2
+
+
+def _mirror(
+    spark: SparkSession, source: str, target: str, checkpoint: str, *, drain: bool = False
+) -> Any:
+    """A downstream stream of silver's object_samples (as gold reads silver): its rows
+    appended to ``target`` exactly once per micro-batch."""
+    from pipeline.delta_source import register
+
+    register(spark)
+    delta.create_table(target, OBJECT_SAMPLES)
+
+    def write(df: DataFrame, batch_id: int) -> None:
+        delta.append_batch(df, target, app_id="mirror", batch_id=batch_id)
+
+    return (
+        spark.readStream.format("qmf-delta").option("path", source).load()
+        .writeStream.foreachBatch(write).option("checkpointLocation", checkpoint)
+        .trigger(**({"availableNow": True} if drain else {"processingTime": "1 second"}))
+        .start()
+    )  # fmt: skip
+
+
+def test_compaction_while_streams_write_keeps_every_row_once(
+    spark: SparkSession, sim_lake: Lake, tmp_path: Path
+) -> None:
+    bronze = str(tmp_path / "bronze")
+    delta.create_table(bronze, BRONZE, name="bronze")
+    pieces = _bronze_pieces(sim_lake, 4)
+    settings = SilverSettings(
+        bronze=bronze, root=str(tmp_path / "silver"), checkpoint=str(tmp_path / "ckpt-silver"),
+        trigger="processingTime=1 second", max_files_per_trigger=3,
+    )  # fmt: skip
+    silver_tables = [settings.path(n) for n in RECORD_TABLES]
+    samples = settings.path("object_samples")
+    query = start_silver(spark, settings)
+    mirror_table = str(tmp_path / "mirror")
+    mirror = None
+    streams = [StreamCheckpoint(settings.checkpoint, (bronze,))]
+    passes: list[int] = []
+    done, appended = threading.Event(), threading.Event()
+    errors: list[BaseException] = []
+
+    def append() -> None:
+        try:
+            for i, piece in enumerate(pieces):
+                _append_bronze(bronze, piece, i)
+                time.sleep(0.7)
+        except BaseException as exc:  # reported by the test below
+            errors.append(exc)
+        finally:
+            appended.set()
+
+    def compact() -> None:
+        # Compaction only while the streams run: vacuum with retention 0 could delete
+        # files a batch listed a moment ago (readers of the current version are what
+        # the retention protects); it runs below, between the stream's restarts.
+        try:
+            while not done.is_set():
+                paths = [bronze, *[t for t in silver_tables if delta.table_exists(t)]]
+                reports = maintain(paths, streams, MaintainSettings(min_files=2, vacuum=False))
+                passes.append(sum(r.compacted_removed for r in reports))
+                time.sleep(0.5)
+        except BaseException as exc:
+            errors.append(exc)
+
+    writer = threading.Thread(target=append)
+    maintainer = threading.Thread(target=compact)
+    try:
+        writer.start()
+        maintainer.start()
+        deadline = time.monotonic() + 300
+        while not delta.table_exists(samples) or _live(samples) == 0:
+            assert query.isActive and time.monotonic() < deadline, query.exception()
+            time.sleep(0.5)
+        mirror = _mirror(spark, samples, mirror_table, str(tmp_path / "ckpt-mirror"))
+        writer.join(300)
+        # Compaction goes on until both streams have read everything.
+        while not (_caught_up(settings.checkpoint, bronze)
+                   and _caught_up(str(tmp_path / "ckpt-mirror"), samples)):  # fmt: skip
+            assert query.isActive and mirror.isActive and time.monotonic() < deadline + 300
+            time.sleep(1.0)
+        done.set()
+        maintainer.join(300)
+        assert not errors, errors
+        assert query.isActive, query.exception()
+        assert mirror.isActive, mirror.exception()
+        assert query.lastProgress is not None
+    finally:
+        done.set()
+        query.stop()
+        if mirror is not None:
+            mirror.stop()
+    assert sum(passes) > 0 and "OPTIMIZE" in _operations(bronze)
+    # Appends landed after compactions: the stream had to skip compaction commits.
+    ops = _operations(bronze)
+    assert ops.index("OPTIMIZE") < len(ops) - 1 - ops[::-1].index("WRITE")
+    assert any("OPTIMIZE" in _operations(t) for t in silver_tables)
+
+    # Vacuum (retention 0) with the checkpoints' pins, then both streams restart.
+    mirror_stream = StreamCheckpoint(str(tmp_path / "ckpt-mirror"), (samples,))
+    final = maintain([bronze, *silver_tables], [*streams, mirror_stream], NOW)
+    assert sum(len(r.vacuumed) for r in final) > 0
+    _drain_silver(spark, settings)
+    drain = _mirror(spark, samples, mirror_table, str(tmp_path / "ckpt-mirror"), drain=True)
+    assert await_query(drain, "mirror", available_now=True, timeout_s=600) == 0
+
+    # Every row exactly once: bronze as appended, silver as the batch-built lake's.
+    assert _rows(bronze) == sorted(repr(r) for p in pieces for r in p.cast(BRONZE).to_pylist())
+    for name in RECORD_TABLES:
+        got = _keys(settings.path(name))
+        assert len(got) == len(set(got)), name
+        assert got == _keys(sim_lake.silver / name), name
+    assert _keys(mirror_table) == _keys(samples)
+
+
+# --------------------------------------------------------------------------- 3
+
+
+def test_vacuum_spares_what_a_checkpoint_still_reads(
+    spark: SparkSession, sim_lake: Lake, tmp_path: Path
+) -> None:
+    bronze = str(tmp_path / "bronze")
+    delta.create_table(bronze, BRONZE, name="bronze")
+    b0, b1, b2, b3 = _bronze_pieces(sim_lake, 1)
+    settings = SilverSettings(
+        bronze=bronze, root=str(tmp_path / "silver"), checkpoint=str(tmp_path / "ckpt")
+    )
+    streams = [StreamCheckpoint(settings.checkpoint, (bronze,))]
+    compact_only = MaintainSettings(min_files=2, vacuum=False)
+
+    _append_bronze(bronze, b0, 0)  # v1
+    _append_bronze(bronze, b1, 1)  # v2
+    first = _parquet_on_disk(bronze)
+    maintain([bronze], streams, compact_only)  # v3: b0, b1 -> c1
+    c1 = _parquet_on_disk(bronze) - first
+    _drain_silver(spark, settings)  # reads the snapshot of v3 (c1): offset {4, 0}
+    assert read_pin(settings.checkpoint) == 4
+    _append_bronze(bronze, b2, 2)  # v4
+    _append_bronze(bronze, b3, 3)  # v5
+    later = _parquet_on_disk(bronze) - first - c1
+    maintain([bronze], streams, compact_only)  # v6: c1, b2, b3 -> c2
+    assert _operations(bronze)[-1] == "OPTIMIZE" and _live(bronze) == 1
+
+    # Without the checkpoint every removed file would go...
+    unpinned = maintain([bronze], [], MaintainSettings(retention_hours=0, dry_run=True))
+    assert {Path(f).name for f in unpinned[0].vacuumed} == first | c1 | later
+    # ...with it, only b0 and b1 (removed at v3, before the checkpoint's version 4):
+    # c1, b2 and b3 are live at versions 4 and 5, which the next batch reads.
+    assert stream_pins([bronze], streams) == {bronze: 4}
+    report = maintain([bronze], streams, NOW)[0]
+    assert report.keep_from == 4
+    assert {Path(f).name for f in report.vacuumed} == first
+    assert c1 | later <= _parquet_on_disk(bronze)
+    assert not first & _parquet_on_disk(bronze)
+
+    # The stream restarts from its checkpoint and reads b2, b3 (not the compaction).
+    _drain_silver(spark, settings)
+    for name in RECORD_TABLES:
+        got = _keys(settings.path(name))
+        assert len(got) == len(set(got)), name
+        assert got == _keys(sim_lake.silver / name), name
+    # Past it, the rest may go.
+    assert (read_pin(settings.checkpoint) or 0) >= 6
+    rest = maintain([bronze], streams, NOW)[0]
+    assert {Path(f).name for f in rest.vacuumed} == c1 | later
+    assert len(_parquet_on_disk(bronze)) == 1
+
+
+def test_unknown_checkpoint_with_delta_offsets_pins_everything(
+    sim_lake: Lake, tmp_path: Path
+) -> None:
+    lake = copy_lake(sim_lake, tmp_path / "lake")
+    ckpt = lake.root / "checkpoints" / "notebook"
+    (ckpt / "offsets").mkdir(parents=True)
+    (ckpt / "offsets" / "0").write_text('v1\n{}\n{"version": 2, "index": 0}\n')
+    (ckpt / "offsets" / "1").write_text('v1\n{}\n{"version": 3, "index": 0}\n')
+    streams = data_streams(lake.root)
+    assert [(Path(s.path).name, s.reads) for s in streams] == [("notebook", None)]
+    pins = stream_pins(data_tables(lake.root), streams)
+    assert set(pins.values()) == {0} and len(pins) == len(data_tables(lake.root))
