@@ -8,29 +8,16 @@ Only argument wiring lives here; the logic is in ``pipeline.bronze``.
 from __future__ import annotations
 
 import argparse
-import logging
-import signal
 import sys
-import threading
 from collections.abc import Sequence
-from types import FrameType
 
 from pipeline.bronze import (
     RETENTION_SLACK,
     WRITERS,
     BronzeSettings,
     run_bronze,
-    trigger_kwargs,
-    tune_shuffles,
 )
-
-
-def _trigger(text: str) -> str:
-    try:
-        trigger_kwargs(text)
-    except ValueError as exc:
-        raise argparse.ArgumentTypeError(str(exc)) from None
-    return text
+from pipeline.jobrun import run_job, setup_logging, trigger_arg
 
 
 def _key_value(text: str) -> tuple[str, str]:
@@ -45,7 +32,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--landing", required=True, help="landing log root")
     p.add_argument("--table", required=True, help="bronze Delta table path")
     p.add_argument("--checkpoint", required=True, help="streaming checkpoint folder")
-    p.add_argument("--trigger", type=_trigger, default="availableNow",
+    p.add_argument("--trigger", type=trigger_arg, default="availableNow",
                    help="availableNow (default) or processingTime=<interval>")
     p.add_argument("--max-records-per-trigger", type=int, default=None)
     p.add_argument("--timeout", type=float, default=None,
@@ -67,8 +54,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s %(message)s")
-    logging.getLogger("py4j").setLevel(logging.WARNING)
+    setup_logging()
     settings = BronzeSettings(
         landing=args.landing,
         table=args.table,
@@ -81,22 +67,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         receiver_options=dict(args.receiver_option),
         writer=args.writer,
     )
-    stop = threading.Event()
-
-    def on_signal(signum: int, frame: FrameType | None) -> None:
-        stop.set()
-
-    signal.signal(signal.SIGTERM, on_signal)
-    signal.signal(signal.SIGINT, on_signal)
-
-    from pipeline.spark import get_spark
-
-    spark = get_spark("qmf-bronze")
-    tune_shuffles(spark)
-    try:
-        return run_bronze(spark, settings, args.timeout, stop)
-    finally:
-        spark.stop()
+    return run_job("qmf-bronze", lambda spark, stop: run_bronze(spark, settings, args.timeout, stop))
 
 
 if __name__ == "__main__":

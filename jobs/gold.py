@@ -13,25 +13,18 @@ batch N of ``--app-id``. Only argument wiring lives here; the logic is in
 from __future__ import annotations
 
 import argparse
-import logging
-import signal
 import sys
 import threading
 from collections.abc import Sequence
 from datetime import datetime
-from types import FrameType
+from typing import TYPE_CHECKING
 
-from pipeline.bronze import trigger_kwargs, tune_shuffles
 from pipeline.gold import GoldSettings, run_gold, run_gold_batch
+from pipeline.jobrun import run_job, setup_logging, trigger_arg
 from pipeline.transforms.gold import LivenessRules, RateRules
 
-
-def _trigger(text: str) -> str:
-    try:
-        trigger_kwargs(text)
-    except ValueError as exc:
-        raise argparse.ArgumentTypeError(str(exc)) from None
-    return text
+if TYPE_CHECKING:
+    from pyspark.sql import SparkSession
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -40,7 +33,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--root", required=True, help="folder of the gold tables")
     p.add_argument("--registry", default=None, help="schema registry table (default SILVER/schema_registry)")
     p.add_argument("--checkpoint", default="", help="streaming checkpoint folder (stream mode)")
-    p.add_argument("--trigger", type=_trigger, default="availableNow",
+    p.add_argument("--trigger", type=trigger_arg, default="availableNow",
                    help="availableNow (default) or processingTime=<interval>")
     p.add_argument("--max-files-per-trigger", type=int, default=None)
     p.add_argument("--timeout", type=float, default=None,
@@ -65,8 +58,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s %(message)s")
-    logging.getLogger("py4j").setLevel(logging.WARNING)
+    setup_logging()
     if args.batch_id is None and not args.checkpoint:
         print("gold: stream mode needs --checkpoint (or give --batch-id)", file=sys.stderr)
         return 2
@@ -80,31 +72,17 @@ def main(argv: Sequence[str] | None = None) -> int:
         rates=RateRules(args.min_interval, args.max_gap, args.state_ttl),
         liveness=LivenessRules(args.missed_heartbeats, args.v1_agent, args.v1_interval),
     )
-    stop = threading.Event()
 
-    def on_signal(signum: int, frame: FrameType | None) -> None:
-        stop.set()
+    def body(spark: SparkSession, stop: threading.Event) -> int:
+        if args.batch_id is None:
+            return run_gold(spark, settings, args.timeout, stop)
+        span = None
+        if args.t_from is not None or args.t_to is not None:
+            span = (args.t_from or datetime.min, args.t_to or datetime.max)
+        print(run_gold_batch(spark, settings, args.batch_id, app_id=args.app_id, sample_time=span))
+        return 0
 
-    signal.signal(signal.SIGTERM, on_signal)
-    signal.signal(signal.SIGINT, on_signal)
-
-    from pipeline.spark import get_spark
-
-    spark = get_spark("qmf-gold")
-    tune_shuffles(spark)
-    try:
-        if args.batch_id is not None:
-            span = None
-            if args.t_from is not None or args.t_to is not None:
-                span = (args.t_from or datetime.min, args.t_to or datetime.max)
-            report = run_gold_batch(
-                spark, settings, args.batch_id, app_id=args.app_id, sample_time=span
-            )
-            print(report)
-            return 0
-        return run_gold(spark, settings, args.timeout, stop)
-    finally:
-        spark.stop()
+    return run_job("qmf-gold", body)
 
 
 if __name__ == "__main__":

@@ -13,24 +13,14 @@ logic is in ``pipeline.silver``.
 from __future__ import annotations
 
 import argparse
-import logging
-import signal
 import sys
 import threading
 from collections.abc import Sequence
 from datetime import datetime
-from types import FrameType
+from typing import TYPE_CHECKING
 
-from pipeline.bronze import trigger_kwargs, tune_shuffles
+from pipeline.jobrun import run_job, setup_logging, trigger_arg
 from pipeline.silver import SilverSettings, run_silver, run_silver_batch
-
-
-def _trigger(text: str) -> str:
-    try:
-        trigger_kwargs(text)
-    except ValueError as exc:
-        raise argparse.ArgumentTypeError(str(exc)) from None
-    return text
 
 
 def _range(text: str) -> tuple[int, int]:
@@ -40,6 +30,9 @@ def _range(text: str) -> tuple[int, int]:
     except ValueError:
         raise argparse.ArgumentTypeError(f"{text!r}: expected LO:HI") from None
 
+if TYPE_CHECKING:
+    from pyspark.sql import SparkSession
+
 
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="silver", description=__doc__.splitlines()[0])
@@ -48,7 +41,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--registry", default=None, help="schema registry table (default ROOT/schema_registry)")
     p.add_argument("--kinds", default=None, help="statistic kinds TOML (default schemas/statistic_kinds.toml)")
     p.add_argument("--checkpoint", default="", help="streaming checkpoint folder (stream mode)")
-    p.add_argument("--trigger", type=_trigger, default="availableNow",
+    p.add_argument("--trigger", type=trigger_arg, default="availableNow",
                    help="availableNow (default) or processingTime=<interval>")
     p.add_argument("--max-files-per-trigger", type=int, default=None)
     p.add_argument("--timeout", type=float, default=None,
@@ -71,8 +64,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s %(message)s")
-    logging.getLogger("py4j").setLevel(logging.WARNING)
+    setup_logging()
     if args.batch_id is None and not args.checkpoint:
         print("silver: stream mode needs --checkpoint (or give --batch-id)", file=sys.stderr)
         return 2
@@ -89,38 +81,17 @@ def main(argv: Sequence[str] | None = None) -> int:
         schema_wants=args.schema_wants,
         **extra,
     )
-    stop = threading.Event()
+    def body(spark: SparkSession, stop: threading.Event) -> int:
+        if args.batch_id is None:
+            return run_silver(spark, settings, args.timeout, stop)
+        received = None
+        if args.received_from is not None or args.received_to is not None:
+            received = (args.received_from or datetime.min, args.received_to or datetime.max)
+        print(run_silver_batch(spark, settings, args.batch_id, app_id=args.app_id,
+                               batch_ids=args.bronze_batches, received=received))  # fmt: skip
+        return 0
 
-    def on_signal(signum: int, frame: FrameType | None) -> None:
-        stop.set()
-
-    signal.signal(signal.SIGTERM, on_signal)
-    signal.signal(signal.SIGINT, on_signal)
-
-    from pipeline.spark import get_spark
-
-    spark = get_spark("qmf-silver")
-    tune_shuffles(spark)
-    try:
-        if args.batch_id is not None:
-            received = None
-            if args.received_from is not None or args.received_to is not None:
-                lo = args.received_from or datetime.min
-                hi = args.received_to or datetime.max
-                received = (lo, hi)
-            report = run_silver_batch(
-                spark,
-                settings,
-                args.batch_id,
-                app_id=args.app_id,
-                batch_ids=args.bronze_batches,
-                received=received,
-            )
-            print(report)
-            return 0
-        return run_silver(spark, settings, args.timeout, stop)
-    finally:
-        spark.stop()
+    return run_job("qmf-silver", body)
 
 
 if __name__ == "__main__":
