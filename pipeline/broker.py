@@ -31,6 +31,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from pipeline import SetupError
+
 if TYPE_CHECKING:
     from proton import SSLDomain
 
@@ -64,8 +66,9 @@ AMQP10_SASL_HEADER = b"AMQP\x03\x01\x00\x00"
 AMQP10_HEADER = b"AMQP\x00\x01\x00\x00"
 
 
-class BrokerError(RuntimeError):
-    """Raised when the broker cannot be started, stopped or reached; the message says why."""
+class BrokerError(SetupError):
+    """Raised when the broker cannot be started, stopped or reached; the message says why
+    (a SetupError: ``qmf`` prints it on one line and exits 2)."""
 
 
 @dataclass(frozen=True)

@@ -42,7 +42,13 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
-    code: int = args.func(args)
+    from pipeline import SetupError
+
+    try:
+        code: int = args.func(args)
+    except SetupError as exc:
+        print(f"qmf {args.command}: {exc}", file=sys.stderr)
+        return 2
     return code
 
 

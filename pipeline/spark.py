@@ -115,6 +115,30 @@ def _log4j_config(level: str) -> str:
     return path
 
 
+def java_problem(env: Mapping[str, str] | None = None) -> str | None:
+    """Why spark-class would find no Java (it runs ``$JAVA_HOME/bin/java``, else
+    ``java`` on the PATH), or None. Checked before a JVM is launched: pyspark
+    only says "Java gateway process exited before sending its port number"."""
+    import shutil
+
+    env = os.environ if env is None else env
+    home = env.get("JAVA_HOME")
+    if home:
+        java = os.path.join(home, "bin", "java")
+        if not os.access(java, os.X_OK):
+            return (
+                f"Java not found: JAVA_HOME={home} has no bin/java; point JAVA_HOME at a "
+                "Java 17+ installation or unset it (tools/setup.sh installs openjdk-17-jre-headless)"
+            )
+        return None
+    if shutil.which("java", path=env.get("PATH", "")) is None:
+        return (
+            "Java not found: no java on the PATH and JAVA_HOME is not set; Spark needs "
+            "Java 17+ (tools/setup.sh installs openjdk-17-jre-headless)"
+        )
+    return None
+
+
 def get_spark(
     app_name: str,
     *,
@@ -135,6 +159,13 @@ def get_spark(
             os.environ.setdefault(var, sys.executable)
         else:
             os.environ[var] = sys.executable
+
+    if SparkContext._active_spark_context is None and not _under_spark_submit():
+        problem = java_problem()
+        if problem is not None:
+            from pipeline import SetupError
+
+            raise SetupError(problem)
 
     existing = _existing_conf()
     defaults = dict(BASE_CONF)

@@ -534,7 +534,8 @@ class _Handler(MessagingHandler):
     def on_transport_error(self, event: Event) -> None:
         t = event.transport
         cond = t.condition if t is not None else None
-        self.owner._on_error(f"transport error: {_cond(cond)}", cond, event.connection)
+        url = self.owner.config.broker.for_url(self.owner._url_index).urls[0]
+        self.owner._on_error(f"transport error ({url}): {_cond(cond)}", cond, event.connection)
 
     def on_disconnected(self, event: Event) -> None:
         self.owner._on_disconnected(event.connection)
@@ -1071,7 +1072,13 @@ class QmfReceiver:
             and "SSL" in str(getattr(cond, "description", ""))
             and "certificate verify failed" in str(getattr(cond, "description", ""))
         ):
-            self._fatal = f"{text} [{', '.join(self.config.broker.urls)}]"
+            urls = ", ".join(self.config.broker.urls)
+            self._fatal = text if urls in text else f"{text} [{urls}]"
+            if name == "amqp:unauthorized-access":
+                self._fatal += (
+                    f": the broker refused user {self.config.broker.user or '(anonymous)'!r}; "
+                    "check QMF_BROKER_USER/QMF_BROKER_PASSWORD, --credentials-file or the URL"
+                )
             return
         log.warning("%s", text)
         if conn is not None and self._is_current(conn) and conn.state & Endpoint.LOCAL_ACTIVE:
@@ -1104,7 +1111,8 @@ class QmfReceiver:
         limit = self.config.max_connect_attempts
         if limit is not None and self._attempts >= limit:
             self._fatal = (
-                f"gave up after {self._attempts} connection attempts: {self.stats.last_error}"
+                f"gave up after {self._attempts} connection attempts: {self.stats.last_error}; "
+                "is the broker running and the URL right (--url, QMF_BROKER_URL)?"
             )
             return
         delay = min(
