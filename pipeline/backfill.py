@@ -42,6 +42,7 @@ import argparse
 import logging
 import os
 import shutil
+import time
 import uuid
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -296,6 +297,8 @@ def replace_rows(
     keys: Sequence[str] = (),
     key_rows: DataFrame | None = None,
     dry_run: bool = False,
+    rows: int | None = None,
+    check: bool = True,
 ) -> TableChange:
     """Replace the table's rows of a range with ``new`` in ONE commit, exactly once.
 
@@ -304,7 +307,9 @@ def replace_rows(
     them, together with ``new``; one commit removes the old files and adds
     the new ones (``pipeline.delta``'s write path, app transaction
     ``(app_id, batch_id)``). Every row of ``new`` must belong to the range,
-    so a rerun replaces exactly what this one wrote. ``dry_run`` only counts.
+    so a rerun replaces exactly what this one wrote (``check=False`` when
+    the caller built ``new`` so). ``rows``: the size of ``new`` if known
+    (saves a Spark job). ``dry_run`` only counts.
     """
     from pipeline import delta
 
@@ -314,14 +319,20 @@ def replace_rows(
     spark = batch.sparkSession
     files = delta._live_files(dt)
     scan = _mark(delta._scan(spark, dt, files, with_file=True), predicate, keys, key_rows)
-    per_file = {r[0]: int(r[1]) for r in scan.where(_HIT).groupBy(delta.FILE_COL).count().collect()}
+    per_file: dict[str, int] = {}
+    if files:
+        hits = scan.where(_HIT).groupBy(delta.FILE_COL).count().collect()
+        per_file = {r[0]: int(r[1]) for r in hits}
     in_range = sum(per_file.values())
-    written = batch.count()
+    written = batch.count() if rows is None else rows
     if dry_run:
         return TableChange(label, in_range, written, "dry-run", dt.version())
     if delta._already_committed(dt, app_id, batch_id):
         return TableChange(label, in_range, written, "skipped", dt.version())
-    if _mark(batch, predicate, keys, key_rows).where(~_hit()).limit(1).count() > 0:
+    if not per_file and written == 0:  # nothing to remove or add: record the run only
+        done = delta.commit_files(path, [], app_id=app_id, batch_id=batch_id, operation="backfill")
+        return TableChange(label, 0, 0, "skipped" if done.skipped else "committed", done.version)
+    if check and _mark(batch, predicate, keys, key_rows).where(~_hit()).limit(1).count() > 0:
         raise ValueError(
             f"{label}: backfill rows outside the range (predicate {predicate!r}, keys {keys})"
         )
@@ -569,6 +580,7 @@ def run_backfill(spark: SparkSession, s: BackfillSettings) -> BackfillReport:
     paths = s.tables()
     common: dict[str, Any] = {"app_id": s.app_id, "batch_id": run, "dry_run": s.dry_run}
 
+    t0 = time.perf_counter()
     new_silver: dict[str, DataFrame] = {}
     ids: DataFrame | None = None
     if "silver" in s.layers:
@@ -576,15 +588,19 @@ def run_backfill(spark: SparkSession, s: BackfillSettings) -> BackfillReport:
         try:
             decoded = decode_silver(spark, s, bronze)
             ids = bronze.select(*IDENTITY).localCheckpoint()
+            log.info("silver range decoded (%.1f s)", time.perf_counter() - t0)
+            t0 = time.perf_counter()
         finally:
             bronze.unpersist()
         for name, table in decoded.items():
             label = f"silver/{name}"
             new_silver[name] = _to_frame(spark, table)
             report.tables[label] = replace_rows(
-                new_silver[name], paths[label], label=label, keys=IDENTITY, key_rows=ids, **common
-            )
-            log.info("%s", report.tables[label])
+                new_silver[name], paths[label], label=label, keys=IDENTITY, key_rows=ids,
+                rows=table.num_rows, check=False, **common,
+            )  # fmt: skip
+            log.info("%s (%.1f s)", report.tables[label], time.perf_counter() - t0)
+            t0 = time.perf_counter()
 
     if "gold" in s.layers:
         base = s.scratch or os.path.join(os.path.dirname(os.path.abspath(s.gold)), ".backfill")
@@ -595,6 +611,8 @@ def run_backfill(spark: SparkSession, s: BackfillSettings) -> BackfillReport:
             )
             beats = _silver_view(spark, s, "heartbeats", ids, new_silver.get("heartbeats"))
             gold_scratch(spark, s, scratch, samples, beats)
+            log.info("gold recomputed in scratch (%.1f s)", time.perf_counter() - t0)
+            t0 = time.perf_counter()
             for name in GOLD_TABLES:
                 label = f"gold/{name}"
                 new, predicate, keys, key_rows = gold_rows(spark, s, scratch, name)
@@ -603,9 +621,10 @@ def run_backfill(spark: SparkSession, s: BackfillSettings) -> BackfillReport:
                     key_rows = new.select(*keys)
                 report.tables[label] = replace_rows(
                     new, paths[label], label=label, predicate=predicate, keys=keys,
-                    key_rows=key_rows, **common,
+                    key_rows=key_rows, check=False, **common,
                 )  # fmt: skip
-                log.info("%s", report.tables[label])
+                log.info("%s (%.1f s)", report.tables[label], time.perf_counter() - t0)
+            t0 = time.perf_counter()
         finally:
             shutil.rmtree(scratch, ignore_errors=True)
             if s.scratch is None:

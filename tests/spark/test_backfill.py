@@ -1,0 +1,283 @@
+"""The backfill on the simulated lake: reruns identical, equal to the original, range-exact.
+
+One private copy of ``sim_lake`` goes through a sequence (module fixture
+``history``): backfill A, backfill B (the same range again), a "bad deploy"
+that deletes and corrupts the range's silver and gold rows with delta-rs
+directly, a dry run D, and backfill C that must restore the original rows.
+Expected counts and the range's rows are computed here from the original
+tables (pyarrow), not with the backfill's own code.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import pyarrow as pa
+import pyarrow.compute as pc
+import pytest
+from chispa import assert_df_equality
+from deltalake import DeltaTable
+
+from pipeline import delta
+from pipeline.backfill import BackfillReport, BackfillSettings, choose_run, run_backfill
+from tests.lake import Lake, copy_lake
+
+if TYPE_CHECKING:
+    from pyspark.sql import DataFrame, SparkSession
+
+pytestmark = pytest.mark.spark
+
+REPO = Path(__file__).resolve().parents[2]
+START = datetime(2027, 1, 15, 8, 0, 4, tzinfo=UTC)  # the lake spans 08:00:00-08:00:12
+END = datetime(2027, 1, 15, 8, 0, 8, tzinfo=UTC)  # cuts bronze batches 1 and 2 mid-way
+SILVER = ("object_samples", "events", "heartbeats", "method_responses", "quarantine")
+GOLD = ("statistic_rates", "object_lifecycles", "agent_liveness")
+TABLES = tuple(f"silver/{n}" for n in SILVER) + tuple(f"gold/{n}" for n in GOLD)
+
+
+def ns(t: datetime) -> int:
+    return (t - datetime(1970, 1, 1, tzinfo=UTC)) // timedelta(microseconds=1) * 1000
+
+
+def versions(root: Path) -> dict[str, int]:
+    return {t: DeltaTable(str(root / t)).version() for t in TABLES}
+
+
+def in_range_ids(lake: Lake) -> set[tuple[str, int]]:
+    """Bronze identities received in [START, END)."""
+    b = delta.read_arrow(str(lake.bronze))
+    at = b.column("received_at")
+    sel = pc.and_(
+        pc.greater_equal(at, pa.scalar(START, at.type)), pc.less(at, pa.scalar(END, at.type))
+    )
+    t = b.filter(sel)
+    return set(zip(t.column("partition").to_pylist(), t.column("offset").to_pylist(), strict=True))
+
+
+def in_range_mask(table: str, t: pa.Table, ids: set[tuple[str, int]]) -> list[bool]:
+    """Which rows of a table belong to the range (as docs/backfill.md defines it)."""
+    rows = t.to_pylist()
+    lo, hi = ns(START), ns(END)
+    if table.startswith("silver/"):
+        return [(r["partition"], r["offset"]) in ids for r in rows]
+    if table == "gold/statistic_rates":
+        return [lo <= r["end_ns"] < hi for r in rows]
+    if table == "gold/object_lifecycles":
+        return [
+            r["first_seen_ns"] < hi
+            and (r["last_seen_ns"] >= lo or (r["ended_at"] is not None and r["ended_at"] >= START))
+            for r in rows
+        ]
+    return [
+        r["up_start_ns"] < hi
+        and (r["last_heartbeat_ns"] >= lo or (r["down_at"] is not None and r["down_at"] >= START))
+        for r in rows
+    ]
+
+
+def frame(spark: SparkSession, path: Path, *, lineage: bool = True) -> DataFrame:
+    """A table as a sortable DataFrame (maps as JSON); ``lineage=False`` drops ``batch_id``."""
+    from pyspark.sql import functions as F
+    from pyspark.sql.types import MapType
+
+    df = delta.read_table(spark, str(path))
+    cols = [
+        F.to_json(f.name).alias(f.name) if isinstance(f.dataType, MapType) else F.col(f.name)
+        for f in df.schema.fields
+        if lineage or f.name != "batch_id"
+    ]
+    out = df.select(*cols)
+    return out.orderBy(*out.columns)
+
+
+def same(spark: SparkSession, a: Path, b: Path, *, lineage: bool = True) -> None:
+    assert_df_equality(
+        frame(spark, a, lineage=lineage), frame(spark, b, lineage=lineage), ignore_nullable=True
+    )
+
+
+def bad_deploy(root: Path, ids: set[tuple[str, int]]) -> None:
+    """Delete or corrupt the range's rows of every table, with delta-rs (not the backfill)."""
+    offsets = sorted(o for _, o in ids)
+    assert offsets == list(range(offsets[0], offsets[-1] + 1)), "one contiguous run in p0"
+    by_offset = f'"offset" >= {offsets[0]} AND "offset" <= {offsets[-1]}'
+    DeltaTable(str(root / "silver/object_samples")).delete(by_offset)
+    DeltaTable(str(root / "silver/heartbeats")).delete(by_offset)
+    DeltaTable(str(root / "silver/events")).update({"severity": "99"}, predicate=by_offset)
+    DeltaTable(str(root / "gold/statistic_rates")).delete(
+        f"end_ns >= {ns(START)} AND end_ns < {ns(END)}"
+    )
+    DeltaTable(str(root / "gold/object_lifecycles")).update(
+        {"samples": "0"}, predicate=f"first_seen_ns < {ns(END)} AND last_seen_ns >= {ns(START)}"
+    )
+    DeltaTable(str(root / "gold/agent_liveness")).delete()
+
+
+@dataclass
+class History:
+    original: Lake
+    lake: Lake  # the copy the sequence ran on
+    ids: set[tuple[str, int]]
+    a: BackfillReport
+    b: BackfillReport
+    c: BackfillReport
+    d: BackfillReport  # the dry run, after the bad deploy
+    after_a: Path
+    after_b: Path
+    v0: dict[str, int]
+    va: dict[str, int]
+    vb: dict[str, int]
+    vbad: dict[str, int]
+    vd: dict[str, int]
+    bad_counts: dict[str, tuple[int, int]]  # (rows in range, all rows) after the bad deploy
+
+
+def settings(lake: Lake, **kw: Any) -> BackfillSettings:
+    return BackfillSettings(
+        bronze=str(lake.bronze), silver=str(lake.silver), gold=str(lake.gold),
+        start=START, end=END, decode_on="driver", **kw,
+    )  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def history(
+    spark: SparkSession, sim_lake: Lake, tmp_path_factory: pytest.TempPathFactory
+) -> History:
+    import shutil
+
+    tmp = tmp_path_factory.mktemp("backfill")
+    lake = copy_lake(sim_lake, tmp / "lake")
+    ids = in_range_ids(lake)
+    v0 = versions(lake.root)
+    a = run_backfill(spark, settings(lake))
+    va = versions(lake.root)
+    shutil.copytree(lake.root, tmp / "after-a")
+    b = run_backfill(spark, settings(lake))
+    vb = versions(lake.root)
+    shutil.copytree(lake.root, tmp / "after-b")
+    bad_deploy(lake.root, ids)
+    vbad = versions(lake.root)
+    bad_counts = {}
+    for t in TABLES:
+        table = delta.read_arrow(str(lake.root / t))
+        bad_counts[t] = (sum(in_range_mask(t, table, ids)), table.num_rows)
+    d = run_backfill(spark, settings(lake, dry_run=True))
+    vd = versions(lake.root)
+    c = run_backfill(spark, settings(lake))
+    return History(
+        sim_lake, lake, ids, a, b, c, d, tmp / "after-a", tmp / "after-b", v0, va, vb, vbad, vd,
+        bad_counts,
+    )  # fmt: skip
+
+
+def test_backfill_twice_gives_identical_tables_equal_to_the_original(
+    spark: SparkSession, history: History
+) -> None:
+    h = history
+    assert h.ids, "the range holds bronze messages"
+    for t in TABLES:
+        # Run B over run A's result: identical, lineage (batch_id) included.
+        same(spark, h.after_a / t, h.after_b / t)
+        # Equal to the batch/stream-derived original: silver rows wholly (their
+        # batch_id is the bronze batch id, which is the silver batch of this lake),
+        # gold rows but for batch_id (a backfill writes -1: no stream batch wrote them).
+        same(spark, h.original.root / t, h.after_a / t, lineage=t.startswith("silver/"))
+    gold_ids = delta.read_arrow(str(h.after_a / "gold/statistic_rates")).column("batch_id")
+    mask = in_range_mask(
+        "gold/statistic_rates", delta.read_arrow(str(h.after_a / "gold/statistic_rates")), h.ids
+    )
+    assert set(pc.filter(gold_ids, pa.array(mask)).to_pylist()) == {-1}
+    # One commit per table per run; the runs are 0 then 1 of the range's app id.
+    assert h.va == {t: v + 1 for t, v in h.v0.items()}
+    assert h.vb == {t: v + 1 for t, v in h.va.items()}
+    assert (h.a.run, h.b.run) == (0, 1)
+    assert h.a.app_id == "qmf-backfill-20270115T080004Z-20270115T080008Z"
+    for t in TABLES:
+        assert delta.committed_batch(str(h.after_b / t), h.a.app_id) == 1
+        assert h.a.tables[t].status == h.b.tables[t].status == "committed"
+
+
+def test_rows_outside_the_range_are_untouched(spark: SparkSession, history: History) -> None:
+    h = history
+    for t in TABLES:
+        before = delta.read_arrow(str(h.original.root / t))
+        after = delta.read_arrow(str(h.after_a / t))
+        keep_b = pc.invert(pa.array(in_range_mask(t, before, h.ids), pa.bool_()))
+        keep_a = pc.invert(pa.array(in_range_mask(t, after, h.ids), pa.bool_()))
+        out_b, out_a = before.filter(keep_b), after.filter(keep_a)
+        key = [
+            (c, "ascending")
+            for c in before.column_names
+            if not pa.types.is_nested(before.schema.field(c).type)
+        ]
+        assert out_a.sort_by(key).to_pylist() == out_b.sort_by(key).to_pylist(), t
+        in_b = before.num_rows - out_b.num_rows
+        assert h.a.tables[t].in_range == in_b, t
+        assert h.a.tables[t].written == after.num_rows - out_a.num_rows == in_b, t
+    counts = {t: h.a.tables[t].in_range for t in TABLES}
+    assert counts["silver/object_samples"] > 0 and counts["gold/statistic_rates"] > 0
+    assert counts["gold/object_lifecycles"] > 0 and counts["gold/agent_liveness"] > 0
+
+
+def test_backfill_restores_the_range_after_a_bad_deploy(
+    spark: SparkSession, history: History
+) -> None:
+    h = history
+    assert h.bad_counts["silver/object_samples"][0] == 0  # the deploy really removed them
+    assert h.bad_counts["gold/agent_liveness"] == (0, 0)
+    for t in TABLES:
+        same(spark, h.original.root / t, h.lake.root / t, lineage=t.startswith("silver/"))
+        same(spark, h.after_a / t, h.lake.root / t)
+    assert h.c.run == 2
+
+
+def test_dry_run_writes_nothing_and_reports_exact_counts(history: History) -> None:
+    h = history
+    assert h.vd == h.vbad  # no table got a version
+    assert h.d.dry_run and h.d.run == 2  # the run it would be
+    for t in TABLES:
+        change = h.d.tables[t]
+        assert change.status == "dry-run"
+        assert change.in_range == h.bad_counts[t][0], t  # what the range holds now
+        assert change.written == h.a.tables[t].written, t  # what the backfill then wrote
+        assert h.c.tables[t].in_range == change.in_range, t
+        assert h.c.tables[t].written == change.written, t
+    assert h.d.tables["silver/object_samples"].written > 0
+    assert (
+        h.d.tables["gold/object_lifecycles"].in_range
+        == h.a.tables["gold/object_lifecycles"].in_range
+    )
+
+
+def test_job_entry_point_runs_as_a_subprocess_and_a_crashed_run_resumes(
+    spark: SparkSession, sim_lake: Lake, tmp_path: Path
+) -> None:
+    lake = copy_lake(sim_lake, tmp_path / "lake")
+    v0 = versions(lake.root)
+    from tests.spark.test_source import spark_submit_env
+
+    proc = subprocess.run(
+        [str(Path(sys.executable).parent / "spark-submit"), "--master", "local[2]",
+         "--conf", "spark.ui.enabled=false", "--driver-memory", "1g",
+         str(REPO / "jobs/backfill.py"), "--data", str(lake.root),
+         "--from", "2027-01-15T08:00:04Z", "--to", "2027-01-15T08:00:08Z", "--layers", "silver"],
+        cwd=REPO, env=spark_submit_env(), capture_output=True, text=True, timeout=1200,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "app qmf-backfill-20270115T080004Z-20270115T080008Z run 0" in proc.stdout
+    assert "silver/object_samples: " in proc.stdout and "committed" in proc.stdout
+    v1 = versions(lake.root)
+    for t in TABLES:
+        assert v1[t] == v0[t] + (1 if t.startswith("silver/") else 0), t
+        if t.startswith("silver/"):
+            same(spark, sim_lake.root / t, lake.root / t)
+    # A run over both layers that finds only the silver tables holding run 0 resumes
+    # run 0 (as after a crash between the silver and gold commits): silver is skipped.
+    both = settings(lake)
+    assert choose_run(both) == 0
+    assert choose_run(settings(lake, layers=("silver",))) == 1
