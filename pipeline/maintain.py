@@ -112,14 +112,23 @@ class TableReport:
     vacuumed: list[str] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
     seconds: float = 0.0
+    dry_run: bool = False
 
     def line(self) -> str:
         keep = "" if self.keep_from is None else f", versions >= {self.keep_from} kept"
         notes = f" ({'; '.join(self.notes)})" if self.notes else ""
+        if self.dry_run:
+            done = (
+                f"would compact {self.compacted_removed} files, would vacuum {len(self.vacuumed)}"
+            )
+        else:
+            done = (
+                f"compacted {self.compacted_removed} into {self.compacted_added}, "
+                f"vacuumed {len(self.vacuumed)}"
+            )
         return (
-            f"{self.path}: files {self.files_before} -> {self.files_after}, "
-            f"compacted {self.compacted_removed} into {self.compacted_added}, "
-            f"vacuumed {len(self.vacuumed)}{keep}, {self.seconds:.1f} s{notes}"
+            f"{self.path}: files {self.files_before} -> {self.files_after}, {done}{keep}, "
+            f"{self.seconds:.1f} s{notes}"
         )
 
 
@@ -288,7 +297,6 @@ def compact_table(path: str, settings: MaintainSettings, report: TableReport) ->
                 return
             if settings.dry_run:
                 report.compacted_removed = small
-                report.notes.append("dry run")
                 return
             try:
                 metrics = dt.optimize.compact(
@@ -345,7 +353,7 @@ def maintain_table(
 ) -> TableReport:
     """Compact, then vacuum one table."""
     t0 = time.perf_counter()
-    report = TableReport(path)
+    report = TableReport(path, dry_run=settings.dry_run)
     dt = DeltaTable(path)
     report.version_before = dt.version()
     report.files_before, report.bytes_before, _ = _files(dt)

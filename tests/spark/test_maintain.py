@@ -167,16 +167,41 @@ def test_maintain_every_table_keeps_rows_and_transactions(sim_lake: Lake, tmp_pa
     assert {t: DeltaTable(t).version() for t in tables} == versions
 
 
-def test_dry_run_changes_nothing(sim_lake: Lake, tmp_path: Path) -> None:
+def test_command_dry_run_changes_nothing_then_the_job_compacts(
+    sim_lake: Lake, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from jobs.maintain import main as job
+    from pipeline.cli import main as qmf
+
     lake = copy_lake(sim_lake, tmp_path / "lake")
     tables = data_tables(lake.root)
     versions = {t: DeltaTable(t).version() for t in tables}
     disk = {t: _parquet_on_disk(t) for t in tables}
-    reports = maintain_data(lake.root, MaintainSettings(retention_hours=0, min_files=2,
-                                                        dry_run=True))  # fmt: skip
-    assert any(r.compacted_removed for r in reports)
+    argv = ["--data", str(lake.root), "--retention-hours", "0", "--min-files", "2"]
+    assert qmf(["maintain", *argv, "--dry-run"]) == 0
+    out = capsys.readouterr().out
+    assert f"{lake.bronze}: files 4 -> 4, would compact 4 files, would vacuum 0" in out
     assert {t: DeltaTable(t).version() for t in tables} == versions
     assert {t: _parquet_on_disk(t) for t in tables} == disk
+
+    assert job(["--table", str(lake.bronze), *argv[2:]]) == 0
+    assert f"{lake.bronze}: files 4 -> 1, compacted 4 into 1, vacuumed 4" in capsys.readouterr().out
+    assert _live(lake.bronze) == 1 and len(_parquet_on_disk(lake.bronze)) == 1
+
+
+def test_periodic_maintenance_runs_in_the_background(sim_lake: Lake, tmp_path: Path) -> None:
+    from pipeline.maintain import PeriodicMaintenance
+
+    lake = copy_lake(sim_lake, tmp_path / "lake")
+    rows = _rows(lake.bronze)
+    periodic = PeriodicMaintenance(lake.root, 0.2, NOW).start()
+    deadline = time.monotonic() + 120
+    while len(periodic.runs) < 2 and time.monotonic() < deadline:
+        time.sleep(0.1)
+    periodic.stop()
+    assert len(periodic.runs) >= 2
+    assert _live(lake.bronze) == 1 and _rows(lake.bronze) == rows
+    assert not PeriodicMaintenance(lake.root, 0).start()._thread.is_alive()  # 0: disabled
 
 
 # --------------------------------------------------------------------------- 2
