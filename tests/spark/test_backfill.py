@@ -281,3 +281,34 @@ def test_job_entry_point_runs_as_a_subprocess_and_a_crashed_run_resumes(
     both = settings(lake)
     assert choose_run(both) == 0
     assert choose_run(settings(lake, layers=("silver",))) == 1
+
+
+def test_qmf_backfill_command_dry_run(
+    sim_lake: Lake, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``qmf backfill`` runs the same code (in this process's session here)."""
+    from pipeline.cli import main
+
+    lake = copy_lake(sim_lake, tmp_path / "lake")
+    v0 = versions(lake.root)
+    args = ["backfill", "--data", str(lake.root), "--from", "2027-01-15T08:00:04Z",
+            "--to", "2027-01-15T08:00:08Z", "--layers", "silver", "--dry-run", "--keep-spark"]  # fmt: skip
+    assert main(args) == 0
+    out = capsys.readouterr().out
+    ids = in_range_ids(lake)
+    for name in SILVER:
+        table = delta.read_arrow(str(lake.silver / name))
+        n = sum(in_range_mask(f"silver/{name}", table, ids))
+        assert f"silver/{name}: {n} rows in range -> {n} rows, dry-run" in out
+    assert "(dry run: nothing written)" in out
+    assert versions(lake.root) == v0
+
+
+def test_a_reversed_range_is_refused_before_spark_starts(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    from jobs.backfill import main
+
+    argv = ["--data", "nowhere", "--from", "2027-01-15T09:00:00Z", "--to", "2027-01-15T08:00Z"]
+    assert main(argv) == 2
+    assert "empty range" in capsys.readouterr().err
