@@ -200,10 +200,19 @@ def _query_id(checkpoint: str) -> str | None:
         return None
 
 
-def write_pin(checkpoint: str, table: str) -> int | None:
-    """The version before this query's first commit to ``table`` of a batch the
-    checkpoint has not committed yet (a replay reads the table as of then:
-    ``pipeline.silver.table_before``); None if there is no such commit.
+def app_commits(table: str) -> list[tuple[str, int, int]]:
+    """(app id, batch id, version) of the table's commits made by this project's writers."""
+    out: list[tuple[str, int, int]] = []
+    for h in DeltaTable(table).history():
+        if "qmf.app_id" in h:
+            out.append((str(h["qmf.app_id"]), int(h.get("qmf.batch_id", -1)), int(h["version"])))
+    return out
+
+
+def write_pin(checkpoint: str, commits: Sequence[tuple[str, int, int]]) -> int | None:
+    """The version before this query's first commit (of a table's ``app_commits``) of
+    a batch the checkpoint has not committed yet: a replay reads the table as of
+    then (``pipeline.silver.table_before``). None if there is no such commit.
 
     The writers' app ids end with the checkpoint's query id
     (``qmf-<layer>-<query id>``).
@@ -213,12 +222,7 @@ def write_pin(checkpoint: str, table: str) -> int | None:
         return None
     committed = _batch_ids(os.path.join(checkpoint, "commits"))
     done = committed[-1] if committed else -1
-    first: int | None = None
-    for h in DeltaTable(table).history():
-        app = str(h.get("qmf.app_id", ""))
-        if app.endswith(qid) and int(h.get("qmf.batch_id", -1)) > done:
-            v = int(h["version"])
-            first = v if first is None else min(first, v)
+    first = min((v for app, b, v in commits if app.endswith(qid) and b > done), default=None)
     return None if first is None else max(first - 1, 0)
 
 
@@ -242,10 +246,14 @@ def stream_pins(tables: Sequence[str], streams: Sequence[StreamCheckpoint]) -> d
             )
             for t in targets:
                 pin(t, 0 if s.reads is None else v)
+    writers = [s for s in streams if _query_id(s.path) is not None]
+    if writers:
         for t in tables:
-            w = write_pin(s.path, t)
-            if w is not None:
-                pin(t, w)
+            commits = app_commits(t)
+            for s in writers:
+                w = write_pin(s.path, commits)
+                if w is not None:
+                    pin(t, w)
     return pins
 
 

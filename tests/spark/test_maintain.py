@@ -386,3 +386,35 @@ def test_unknown_checkpoint_with_delta_offsets_pins_everything(
     assert [(Path(s.path).name, s.reads) for s in streams] == [("notebook", None)]
     pins = stream_pins(data_tables(lake.root), streams)
     assert set(pins.values()) == {0} and len(pins) == len(data_tables(lake.root))
+
+
+def test_vacuum_spares_the_version_a_replayed_batch_reads(tmp_path: Path) -> None:
+    """silver's ``table_before`` reads its own table as of before a batch the checkpoint
+    has not committed (a replay): that version's files survive compaction and vacuum."""
+    from pipeline.silver import table_before
+
+    schema = pa.schema([pa.field("k", pa.int64(), nullable=False)])
+    table = str(tmp_path / "parked")
+    delta.create_table(table, schema)
+    qid = "0f3c9f7e-query-id"
+    app = f"qmf-silver-{qid}"
+    for b in range(3):  # versions 1, 2, 3
+        name = f"part-{b}.parquet"
+        pq.write_table(pa.table({"k": [b]}, schema=schema), os.path.join(table, name))
+        delta.commit_files(table, [(name, {})], app_id=app, batch_id=b)
+    ckpt = tmp_path / "ckpt"
+    (ckpt / "commits").mkdir(parents=True)
+    (ckpt / "metadata").write_text(json.dumps({"id": qid}) + "\n")
+    for b in (0, 1):  # batch 2 is in the table, not yet in the checkpoint: a replay comes
+        (ckpt / "commits" / str(b)).write_text("v1\n{}\n")
+    streams = [StreamCheckpoint(str(ckpt), ())]
+    assert stream_pins([table], streams) == {table: 2}
+
+    report = maintain([table], streams, NOW)[0]  # v4: compaction; vacuum keeps version 2
+    assert report.compacted_removed == 3 and report.keep_from == 2
+    assert {Path(f).name for f in report.vacuumed} == set()  # all three are live at 2 or 3
+    assert table_before(table, app, 2).column("k").to_pylist() == [0, 1]
+
+    (ckpt / "commits" / "2").write_text("v1\n{}\n")  # the batch is checkpointed: no pin
+    assert stream_pins([table], streams) == {}
+    assert len(maintain([table], streams, NOW)[0].vacuumed) == 3
