@@ -254,7 +254,7 @@ def test_dry_run_writes_nothing_and_reports_exact_counts(history: History) -> No
     )
 
 
-def test_job_entry_point_runs_as_a_subprocess_and_a_crashed_run_resumes(
+def test_job_entry_point_runs_through_spark_submit_and_a_crashed_run_resumes(
     spark: SparkSession, sim_lake: Lake, tmp_path: Path
 ) -> None:
     lake = copy_lake(sim_lake, tmp_path / "lake")
@@ -281,6 +281,15 @@ def test_job_entry_point_runs_as_a_subprocess_and_a_crashed_run_resumes(
     both = settings(lake)
     assert choose_run(both) == 0
     assert choose_run(settings(lake, layers=("silver",))) == 1
+    resumed = run_backfill(spark, both)
+    assert resumed.run == 0
+    assert {t: c.status for t, c in resumed.tables.items()} == {
+        t: "skipped" if t.startswith("silver/") else "committed" for t in TABLES
+    }
+    v2 = versions(lake.root)
+    for t in TABLES:
+        assert v2[t] == v1[t] + (0 if t.startswith("silver/") else 1), t
+        same(spark, sim_lake.root / t, lake.root / t, lineage=t.startswith("silver/"))
 
 
 def test_qmf_backfill_command_dry_run(
