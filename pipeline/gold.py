@@ -152,10 +152,11 @@ def replace_table(path: str, table: pa.Table, *, app_id: str, batch_id: int) -> 
     full = os.path.join(path, name)
     pq.write_table(table.select(RATE_STATE.names).cast(RATE_STATE), full, compression="snappy")
     try:
-        result = delta.commit_files(
-            path, [(name, {})], app_id=app_id, batch_id=batch_id, remove=_live_paths(path),
-            operation="overwrite",
-        )  # fmt: skip
+        with delta.table_lock(path):  # no compaction between listing the files and the commit
+            result = delta.commit_files(
+                path, [(name, {})], app_id=app_id, batch_id=batch_id, remove=_live_paths(path),
+                operation="overwrite",
+            )  # fmt: skip
     except BaseException:
         os.remove(full)
         raise

@@ -418,3 +418,68 @@ def test_vacuum_spares_the_version_a_replayed_batch_reads(tmp_path: Path) -> Non
     (ckpt / "commits" / "2").write_text("v1\n{}\n")  # the batch is checkpointed: no pin
     assert stream_pins([table], streams) == {}
     assert len(maintain([table], streams, NOW)[0].vacuumed) == 3
+
+
+def test_merges_and_replaces_racing_compaction_lose_and_double_nothing(tmp_path: Path) -> None:
+    """Writers that remove files (upserts, whole-table replaces) against compaction in
+    a loop. Without ``pipeline.delta.table_lock`` a merge fails when a compaction
+    commits first, and a replace re-adds rows the compaction rewrote (docs/maintenance.md)."""
+    from pipeline.maintain import TableReport, compact_table
+    from pipeline.silver import merge_arrow
+
+    schema = pa.schema([pa.field("k", pa.int64(), nullable=False), pa.field("v", pa.int64())])
+    merged, replaced = str(tmp_path / "merged"), str(tmp_path / "replaced")
+    for path in (merged, replaced):
+        delta.create_table(path, schema)
+    done = threading.Event()
+    errors: list[BaseException] = []
+    reports = {merged: TableReport(merged), replaced: TableReport(replaced)}
+
+    def write() -> None:
+        try:
+            for b in range(25):
+                # upsert: a new key (delta-rs adds a file), every 5th batch key 0 updated too
+                # (delta-rs then rewrites the table's files)
+                keys = [0, b + 1] if b % 5 == 4 else [b + 1]
+                rows = pa.table({"k": keys, "v": [b] * len(keys)}, schema=schema)
+                assert merge_arrow(merged, rows, "k", app_id="m", batch_id=b)
+                rows = pa.table({"k": [0, b + 1], "v": [b, b]}, schema=schema)
+                # append two files, then replace the whole table with one (rate_state's way)
+                for i in range(2):
+                    name = f"extra-{b}-{i}.parquet"
+                    pq.write_table(pa.table({"k": [-1], "v": [b]}, schema=schema),
+                                   os.path.join(replaced, name))  # fmt: skip
+                    delta.commit_files(replaced, [(name, {})], app_id=f"a{i}", batch_id=b)
+                name = f"state-{b}.parquet"
+                pq.write_table(rows, os.path.join(replaced, name))
+                with delta.table_lock(replaced):  # as pipeline.gold.replace_table
+                    adds = pa.table(DeltaTable(replaced).get_add_actions(flatten=True))
+                    live = adds.column("path").to_pylist()
+                    delta.commit_files(replaced, [(name, {})], app_id="r", batch_id=b, remove=live)
+        except BaseException as exc:
+            errors.append(exc)
+        finally:
+            done.set()
+
+    def compact() -> None:
+        try:
+            while not done.is_set():
+                for path in (merged, replaced):
+                    compact_table(path, MaintainSettings(min_files=2), reports[path])
+        except BaseException as exc:
+            errors.append(exc)
+
+    threads = [threading.Thread(target=write), threading.Thread(target=compact)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(300)
+    assert not errors, errors
+    assert reports[merged].compacted_removed > 0 and reports[replaced].compacted_removed > 0
+    for path, expected in (
+        (merged, [(0, 24)] + [(k, k - 1) for k in range(1, 26)]),
+        (replaced, [(0, 24), (25, 24)]),  # the last batch's rows only
+    ):
+        t = delta.read_arrow(path)
+        got = sorted(zip(t.column("k").to_pylist(), t.column("v").to_pylist(), strict=True))
+        assert got == expected, path
