@@ -335,3 +335,42 @@ def test_health_notebook(sim_lake: Lake, tmp_path: Path, monkeypatch: pytest.Mon
         }
     finally:
         _close(scope)
+
+
+@pytest.mark.spark
+def test_lake_notebooks_run_on_empty_tables(
+    sim_lake: Lake, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Right after ``qmf run`` starts the tables exist but hold nothing: no cell fails,
+    the results are empty."""
+    from deltalake import DeltaTable
+
+    empty = Lake(root=tmp_path / "empty", manifest=tmp_path / "empty" / "none.jsonl")
+    tables = [sim_lake.bronze, *sorted(sim_lake.silver.iterdir()), *sorted(sim_lake.gold.iterdir())]
+    for path in tables:
+        dt = DeltaTable(str(path))
+        dest = empty.root / path.relative_to(sim_lake.root)
+        delta.create_table(dest, delta.table_schema(dt), delta.partition_columns(dt))
+    results = {}
+    for name in LAKE_NOTEBOOKS:
+        scope = _run(name, empty, tmp_path / "figs", monkeypatch)
+        try:
+            assert scope["spark_agrees"] is True
+            assert all(p is not None and p.exists() for p in scope["saved"].values())
+            results[name] = scope
+        finally:
+            _close(scope)
+    assert results["queues"]["top_queues"].height == 0
+    assert results["lifecycles"]["transients"].height == 0
+    assert results["health"]["events_by_severity"] == {}
+    assert results["health"]["restarts"].height == 0
+
+
+def test_object_names_from_index_keys() -> None:
+    from pipeline.notebook import last_index_value
+
+    assert last_index_value('["1-1-3","q00001"]') == "q00001"
+    assert last_index_value('["host",5672]') == "5672"
+    assert last_index_value('["x",{"k":1}]') == '{"k": 1}'
+    assert last_index_value(None) is None
+    assert last_index_value("not json") == "not json"
