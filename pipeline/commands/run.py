@@ -220,6 +220,7 @@ def run(args: argparse.Namespace) -> int:
     from pipeline.progress import summary as tables_summary
     from pipeline.silver import SilverSettings, start_silver
     from pipeline.spark import get_spark
+    from pipeline.transforms.gold import LivenessRules
 
     data = Path(args.data).resolve()
     landing, table, checkpoint = data / "landing", data / "bronze", data / "checkpoints" / "bronze"
@@ -233,6 +234,9 @@ def run(args: argparse.Namespace) -> int:
     gold_settings = GoldSettings(
         silver=str(data / "silver"), root=str(data / "gold"),
         checkpoint=str(data / "checkpoints" / "gold"), trigger=args.trigger,
+        # v1 heartbeats carry no interval: the simulated agents' is known, a real
+        # broker's is its mgmt-pub-interval (gold's default, 10 s).
+        liveness=LivenessRules() if args.no_sim else LivenessRules(v1_interval_s=args.interval),
     )  # fmt: skip
 
     if args.url:
