@@ -327,7 +327,19 @@ def compact_table(path: str, settings: MaintainSettings, report: TableReport) ->
 def vacuum_table(
     path: str, settings: MaintainSettings, keep_from: int | None, report: TableReport
 ) -> None:
-    """Delete removed files older than the retention that no pinned version needs."""
+    """Delete removed files older than the retention that no pinned version needs.
+
+    Under the exclusive table lock: no other compaction (a second maintainer)
+    or merge can remove files between the choice of versions kept and the
+    deletion; appends go on (they remove nothing).
+    """
+    with delta.table_lock(path, exclusive=True):
+        _vacuum_locked(path, settings, keep_from, report)
+
+
+def _vacuum_locked(
+    path: str, settings: MaintainSettings, keep_from: int | None, report: TableReport
+) -> None:
     dt = DeltaTable(path)
     latest = dt.version()
     kept: list[int] | None = None
