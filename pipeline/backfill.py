@@ -44,7 +44,7 @@ import os
 import shutil
 import time
 import uuid
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import TYPE_CHECKING, Any
@@ -633,11 +633,6 @@ def run_backfill(spark: SparkSession, s: BackfillSettings) -> BackfillReport:
                 except OSError:
                     pass
     return report
-
-
-def counts_by_table(report: BackfillReport) -> Mapping[str, tuple[int, int]]:
-    """(rows in range, rows written) per table label: for tests and tools."""
-    return {k: (v.in_range, v.written) for k, v in report.tables.items()}
 
 
 def run_from_args(args: argparse.Namespace, prog: str, *, stop_spark: bool = True) -> int:
