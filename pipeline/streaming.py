@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import re
 import threading
 import time
 from typing import TYPE_CHECKING
@@ -11,6 +12,26 @@ if TYPE_CHECKING:
     from pyspark.sql.streaming.query import StreamingQuery
 
 log = logging.getLogger(__name__)
+
+_PY_ERROR = re.compile(r"^(?:[A-Za-z_]\w*\.)*([A-Za-z_]\w*(?:Error|Exception)): (.+)$")
+
+
+def query_error(exc: object) -> str:
+    """A failed query's cause on one line, for a command's last words.
+
+    Spark wraps an error raised in Python (a source, a foreachBatch writer) in
+    its own message with the Python traceback and a dump of the query; the
+    last ``SomeError: message`` line of that traceback is what the user needs
+    (e.g. the embedded receiver's refused login). Spark has logged the whole
+    text already.
+    """
+    text = str(exc).split("=== Streaming Query ===")[0]
+    lines = [ln.strip() for ln in text.splitlines() if ln.strip()]
+    for line in reversed(lines):
+        m = _PY_ERROR.match(line)
+        if m:
+            return f"{m.group(1)}: {m.group(2)}"
+    return lines[0] if lines else repr(exc)
 
 
 def await_query(

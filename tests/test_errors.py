@@ -144,3 +144,26 @@ def test_local_broker_port_in_use_is_one_line_and_exit_2(tmp_path: Path) -> None
         "QMF_BROKER_DIST_PORT"
     )
     assert "Traceback" not in out.stderr
+
+
+def test_a_failed_query_is_reported_by_its_python_cause() -> None:
+    """qmf run's last line for a failed query: the Python error inside Spark's wrapper
+    (the message shape of a refused login in the embedded receiver, as Spark 4.3 gives it)."""
+    from pipeline.streaming import query_error
+
+    spark_text = (
+        "[PYTHON_STREAMING_DATA_SOURCE_RUNTIME_ERROR] Failed when Python streaming data "
+        "source perform initialOffset: Traceback (most recent call last):\n"
+        '  File "/work/main/pipeline/source.py", line 369, in initialOffset\n'
+        "    self._ensure_receiver()\n"
+        "receivers.receiver.ReceiverError: transport error (amqp://h:5672): "
+        "amqp:unauthorized-access: Authentication failed [mech=PLAIN]\n"
+        " SQLSTATE: 38000\n"
+        "=== Streaming Query ===\n"
+        "Identifier: qmf_bronze [id = 1]\n"
+    )
+    assert query_error(spark_text) == (
+        "ReceiverError: transport error (amqp://h:5672): amqp:unauthorized-access: "
+        "Authentication failed [mech=PLAIN]"
+    )
+    assert query_error(RuntimeError("disk gone")) == "disk gone"

@@ -325,7 +325,9 @@ def run(args: argparse.Namespace) -> int:
         )
     spark.stop()
     if failed is not None:
-        print(f"qmf run: a query failed: {failed}", file=sys.stderr)
+        from pipeline.streaming import query_error
+
+        print(f"qmf run: a query failed: {query_error(failed)}", file=sys.stderr)
         return 1
     if rc:
         return rc
