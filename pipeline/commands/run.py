@@ -48,6 +48,17 @@ def register(subparsers: Any) -> None:
     p.add_argument("--preset", choices=("rabbitmq", "qpidd"), default="rabbitmq",
                    help="receiver addressing: RabbitMQ's AMQP 1.0 plugin or a real qpidd")
     p.add_argument("--no-sim", action="store_true", help="do not start simulated agents")
+    tls = p.add_argument_group("broker TLS and credentials (with --url; as in qmf receive)")
+    tls.add_argument("--ca-file", help="CA certificate(s) to trust (amqps)")
+    tls.add_argument("--cert-file", help="client certificate (amqps, SASL EXTERNAL)")
+    tls.add_argument("--key-file", help="client private key")
+    tls.add_argument("--no-verify-hostname", action="store_true",
+                     help="check the server certificate against the CA but not its host name")
+    tls.add_argument("--credentials-file",
+                     help="file with user=/password= lines; else $QMF_BROKER_USER/"
+                          "$QMF_BROKER_PASSWORD, else the URL")
+    tls.add_argument("--sasl", action="append", default=[], metavar="MECH",
+                     help="allowed SASL mechanism(s): PLAIN, ANONYMOUS, EXTERNAL (repeatable)")
     p.add_argument("--console", choices=("AM1", "AM2"), default=None,
                    help="the receiver also acts as a QMF v1 console in this dialect (asks for "
                         "schemas broadcast before it started; AM2 for a real qpidd)")
@@ -83,6 +94,14 @@ def _receiver_options(args: argparse.Namespace, url: str, wants: Path) -> dict[s
         opts["queue"] = args.queue  # declared on the local node above
     if args.console:
         opts.update({"console": "true", "consoleDialect": args.console, "consoleWants": str(wants)})
+    for key, value in (("caFile", args.ca_file), ("certFile", args.cert_file),
+                       ("keyFile", args.key_file), ("credentialsFile", args.credentials_file)):  # fmt: skip
+        if value:
+            opts[key] = os.path.abspath(value)
+    if args.no_verify_hostname:
+        opts["verifyHostname"] = "false"
+    if args.sasl:
+        opts["saslMechanisms"] = ",".join(args.sasl)
     return opts
 
 
