@@ -689,6 +689,7 @@ class DeltaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         self._target: int | None = None
         self._target_set = False
         self._checked_schema = False
+        self._initial: dict[str, Any] | None = None
 
     def __getstate__(self) -> dict[str, Any]:
         # Executors only need options and schemas, not the driver's caches.
@@ -725,6 +726,18 @@ class DeltaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         self._checked_schema = True
 
     def initialOffset(self) -> dict[str, Any]:
+        """Where a new query starts; the same answer every time in this process.
+
+        Spark asks again when it runs the first batch (that batch's start is
+        not in the offset log): a snapshot of a newer version there (a commit
+        or a compaction landed in between) would be read together with the
+        commits the batch's end already covers, rows read twice.
+        """
+        if self._initial is None:
+            self._initial = self._initial_offset()
+        return self._initial
+
+    def _initial_offset(self) -> dict[str, Any]:
         latest = self.log.latest_version()
         start = self.opts.starting_version
         if latest is None:

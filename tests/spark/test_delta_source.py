@@ -239,6 +239,28 @@ def test_reader_offsets_limits_and_available_now(tmp_path: Path) -> None:
     assert r.reportLatestOffset() == {"version": 6, "index": 0}
 
 
+def test_initial_offset_does_not_move_when_the_table_does(tmp_path: Path) -> None:
+    """Spark asks for the initial offset again when it runs the first batch; a commit
+    (here a compaction, then an append) in between must not move the snapshot, or
+    the first batch would also hold files that the next batch reads."""
+    path = new_table(tmp_path / "t")
+    rs_append(path, range(0, 4))
+    rs_append(path, range(4, 6))
+    r = reader(path)
+    start = r.initialOffset()
+    end = r.latestOffset(start, ReadAllAvailable())
+    assert (start, end) == (
+        {"version": 2, "index": 0, "snapshot": True},
+        {"version": 3, "index": 0},
+    )
+    DeltaTable(path).optimize.compact()  # version 3
+    rs_append(path, range(6, 9))  # version 4
+    assert r.initialOffset() == start
+    first = read_range(r, r.initialOffset(), end)
+    nxt = r.latestOffset(end, ReadAllAvailable())
+    assert ids_of(first) == list(range(6)) and ids_of(read_range(r, end, nxt)) == [6, 7, 8]
+
+
 def test_reader_row_limit_uses_stats_or_footer_never_requires_them(tmp_path: Path) -> None:
     path = new_table(tmp_path / "t")
     rs_append(path, range(0, 5))
