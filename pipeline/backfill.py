@@ -309,8 +309,35 @@ def replace_rows(
     ``(app_id, batch_id)``). Every row of ``new`` must belong to the range,
     so a rerun replaces exactly what this one wrote (``check=False`` when
     the caller built ``new`` so). ``rows``: the size of ``new`` if known
-    (saves a Spark job). ``dry_run`` only counts.
+    (saves a Spark job). ``dry_run`` only counts. The table lock is held
+    shared from the snapshot to the commit, so a compaction cannot rewrite the
+    files in between (``pipeline.delta.table_lock``).
     """
+    from contextlib import nullcontext
+
+    from pipeline import delta
+
+    with nullcontext() if dry_run else delta.table_lock(path):
+        return _replace(
+            new, path, label=label, app_id=app_id, batch_id=batch_id, predicate=predicate,
+            keys=keys, key_rows=key_rows, dry_run=dry_run, rows=rows, check=check,
+        )  # fmt: skip
+
+
+def _replace(
+    new: DataFrame,
+    path: str,
+    *,
+    label: str,
+    app_id: str,
+    batch_id: int,
+    predicate: str | None,
+    keys: Sequence[str],
+    key_rows: DataFrame | None,
+    dry_run: bool,
+    rows: int | None,
+    check: bool,
+) -> TableChange:
     from pipeline import delta
 
     dt = delta._open_for_write(path)
