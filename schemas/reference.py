@@ -73,7 +73,13 @@ def render() -> str:
         "QMF's own nanosecond times are int64 `*_ns` columns.",
         "",
     ]
-    for name, schema in tables.TABLES.items():
+    # Layer by layer in declaration order, whatever order the modules were imported in
+    # (they add themselves to tables.TABLES on import).
+    layered = set(silver.SILVER_TABLES) | set(gold.GOLD_TABLES)
+    ordered = {k: v for k, v in tables.TABLES.items() if k not in layered}
+    ordered.update(silver.SILVER_TABLES)
+    ordered.update(gold.GOLD_TABLES)
+    for name, schema in ordered.items():
         found = _declaration(name, schema)
         module, const = found if found is not None else (tables, "")
         lines = _source(module)
