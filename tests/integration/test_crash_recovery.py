@@ -45,7 +45,7 @@ pytestmark = [pytest.mark.broker, pytest.mark.spark, pytest.mark.slow]
 
 KILL_SEED = 5  # the kill points are reproducible; the sim seed is per run (own routing keys)
 INTERVALS = 34  # 1000 queues, batch 10: ~53,000 records in ~5,700 messages
-SIM_RATE = 25.0  # messages/s: the run lasts ~230 s, so the crashes land inside it
+SIM_RATE = 40.0  # messages/s: the run lasts ~145 s, so the crashes land inside it
 EXPECTED_MESSAGES = 5_000  # a lower bound of the run's messages: kill points are placed below it
 
 
