@@ -176,11 +176,14 @@ def test_silver_and_gold_jobs_on_local_cluster(
         remove_executor_logs(
             sorted({m.group(0) for m in map(APP_ID.search, map(str, events.rglob("*"))) if m})
         )
-    # Two applications, each ran tasks on both executors: the decode, the rate scan and
-    # the Parquet writes happened outside the driver.
+    # Two applications, each ran its tasks on the executors (the decode, the rate scan and
+    # the Parquet writes happened outside the driver), and both executors took work. A
+    # small app may leave one executor idle: silver's 4 one-task batches all went to
+    # executor 1 in one CI run, so "both" is asserted over the two apps together.
     assert len(tasks) == 2, tasks
     for app, per in tasks.items():
-        assert sorted(per) == ["0", "1"] and min(per.values()) > 0, (app, per)
+        assert per and set(per) <= {"0", "1"} and min(per.values()) > 0, (app, per)
+    assert {e for per in tasks.values() for e in per} == {"0", "1"}, tasks
 
     for name in SILVER_TABLES:
         want = sorted_table(sim_lake.silver / name)
