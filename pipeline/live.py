@@ -224,17 +224,24 @@ def with_series(rows: pa.Table, known: pa.Table | None = None) -> pa.Table:
     return rows.append_column("series", series)
 
 
-def key_name(index_key: str | None, object_id: str) -> str:
-    """A readable name from the index key: its last value (a queue's name), else the id."""
-    if index_key is None:
-        return object_id
+def last_index_value(index_key: str | None) -> str | None:
+    """The last value of an index key (a queue's name, a binding's key): what names
+    an object to a person. Non-string values come back as their JSON text."""
+    if not index_key:
+        return None
     try:
         values = json.loads(index_key)
     except ValueError:
         return index_key
     if isinstance(values, list) and values:
-        return str(values[-1])
+        last = values[-1]
+        return last if isinstance(last, str) else json.dumps(last, sort_keys=True)
     return index_key
+
+
+def key_name(index_key: str | None, object_id: str) -> str:
+    """A readable name from the index key: its last value (a queue's name), else the id."""
+    return last_index_value(index_key) or object_id
 
 
 @dataclass(frozen=True)

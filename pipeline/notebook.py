@@ -12,11 +12,12 @@ through ``pipeline.delta.read_table`` with the project's session.
 
 from __future__ import annotations
 
-import json
 import os
 import sys
 from pathlib import Path
 from typing import TYPE_CHECKING
+
+from pipeline.live import last_index_value
 
 if TYPE_CHECKING:
     import polars as pl
@@ -57,20 +58,6 @@ def read_polars(layer: str, name: str | None = None) -> pl.DataFrame:
         )
     return pl.read_delta(str(path))
 
-
-def last_index_value(index_key: str | None) -> str | None:
-    """The last value of an index key (a queue's name, a binding's key): what names
-    an object to a person. Non-string values come back as their JSON text."""
-    if not index_key:
-        return None
-    try:
-        values = json.loads(index_key)
-    except ValueError:
-        return index_key
-    if isinstance(values, list) and values:
-        last = values[-1]
-        return last if isinstance(last, str) else json.dumps(last, sort_keys=True)
-    return index_key
 
 
 def object_name(alias: str = "name") -> pl.Expr:
