@@ -1033,7 +1033,103 @@ def merge_batch(
     if mode != "upsert":
         raise ValueError(f"unknown merge mode {mode!r}")
     with _nulls_refused():
-        source = batch.toArrow().cast(schema)
+        source = batch.toArrow()
+    return merge_arrow(source, path, keys=keys, app_id=app_id, batch_id=batch_id)
+
+
+# ---------------------------------------------------------------------------
+# Arrow writers: results computed on the driver (gold, silver's small tables,
+# backfills) go to Delta without a DataFrame.
+
+
+def conform_arrow(table: pa.Table, schema: pa.Schema) -> pa.Table:
+    """``table`` as ``schema``: its columns in order and cast; a NULL in a non-nullable
+    column is a :class:`SchemaMismatchError` (nothing is written)."""
+    missing = [n for n in schema.names if n not in table.column_names]
+    if missing:
+        raise SchemaMismatchError(f"missing columns {missing}: nothing was committed")
+    try:
+        out = table.select(schema.names).cast(schema)
+    except (pa.ArrowInvalid, pa.ArrowNotImplementedError) as exc:
+        raise SchemaMismatchError(f"{exc}: nothing was committed") from exc
+    for f in schema:
+        if not f.nullable and out.column(f.name).null_count:
+            raise SchemaMismatchError(f"{NULL_MARK} {f.name!r}: nothing was committed")
+    return out
+
+
+def _write_file(dt: DeltaTable, table: pa.Table, batch_id: int) -> str:
+    if partition_columns(dt):
+        raise DeltaLayerError("the Arrow writers write unpartitioned tables only")
+    name = f"part-{batch_id:08d}-{uuid.uuid4().hex}.parquet"
+    pq.write_table(table, os.path.join(table_root(dt), name), compression="snappy")
+    return name
+
+
+def _commit_arrow(
+    table: pa.Table, path: str | os.PathLike[str], *, app_id: str, batch_id: int, replace: bool
+) -> CommitResult:
+    dt = _open_for_write(path)
+    if _already_committed(dt, app_id, batch_id):
+        return CommitResult(skipped=True, version=dt.version())
+    data = conform_arrow(table, table_schema(dt))
+    root = table_root(dt)
+    files: list[tuple[str, dict[str, str | None]]] = []
+    if data.num_rows or replace:
+        files.append((_write_file(dt, data, batch_id), {}))
+    committed = False
+    try:
+        if replace:
+            with table_lock(path):  # no compaction between listing the files and the commit
+                dt.update_incremental()
+                remove = [f.delta_path for f in _live_files(dt)]
+                result = commit_files(
+                    root, files, app_id=app_id, batch_id=batch_id, remove=remove,
+                    operation="overwrite",
+                )  # fmt: skip
+        else:
+            result = commit_files(root, files, app_id=app_id, batch_id=batch_id)
+        committed = not result.skipped
+        return result
+    finally:
+        if not committed:
+            _remove_quietly(os.path.join(root, rel) for rel, _ in files)
+
+
+def append_arrow(
+    table: pa.Table, path: str | os.PathLike[str], *, app_id: str, batch_id: int
+) -> CommitResult:
+    """Append Arrow rows as one Parquet file, exactly once (a replayed batch writes nothing)."""
+    return _commit_arrow(table, path, app_id=app_id, batch_id=batch_id, replace=False)
+
+
+def replace_arrow(
+    table: pa.Table, path: str | os.PathLike[str], *, app_id: str, batch_id: int
+) -> CommitResult:
+    """Replace a small table's whole content with ``table`` in one commit, exactly once."""
+    return _commit_arrow(table, path, app_id=app_id, batch_id=batch_id, replace=True)
+
+
+def merge_arrow(
+    table: pa.Table,
+    path: str | os.PathLike[str],
+    *,
+    keys: Sequence[str],
+    app_id: str,
+    batch_id: int,
+) -> CommitResult:
+    """Upsert Arrow rows on ``keys`` exactly once (delta-rs MERGE: only files holding
+    matched keys are rewritten). Duplicate keys in ``table`` are an error."""
+    if not keys:
+        raise ValueError("merge needs at least one key column")
+    dt = _open_for_write(path)
+    if _already_committed(dt, app_id, batch_id):
+        return CommitResult(skipped=True, version=dt.version())
+    schema = table_schema(dt)
+    for k in keys:
+        if k not in schema.names:
+            raise SchemaMismatchError(f"key column {k!r} not in table {path}")
+    source = conform_arrow(table, schema)
     if source.num_rows:
         counts = source.group_by(list(keys)).aggregate([([], "count_all")])
         if pc.max(counts.column("count_all")).as_py() > 1:

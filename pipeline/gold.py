@@ -28,37 +28,25 @@ import logging
 import os
 import threading
 import time
-import uuid
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import TYPE_CHECKING
 
+import polars as pl
 import pyarrow as pa
-import pyarrow.parquet as pq
 
 from pipeline import delta
 from pipeline.bronze import checkpoint_query_id, trigger_kwargs
 from pipeline.streaming import await_query
 from pipeline.transforms.gold import (
+    LIFECYCLE_KEYS,
     LivenessRules,
     RateRules,
-    agent_liveness,
-    changed_rows,
-    heartbeat_rows,
-    identify,
-    latest_liveness,
-    merge_lifecycles,
-    object_updates,
-    pair_values,
-    property_defs,
-    rates_from_pairs,
-    rekey_state,
-    state_from_pairs,
-    state_values,
-    statistic_defs,
-    statistic_values,
+    conform,
+    frame,
+    gold_batch,
 )
-from schemas.gold import GOLD_TABLES, RATE_STATE
+from schemas.gold import AGENT_LIVENESS, GOLD_TABLES, OBJECT_LIFECYCLES, RATE_STATE, STATISTIC_RATES
 from schemas.silver import HEARTBEATS, OBJECT_SAMPLES
 
 if TYPE_CHECKING:
@@ -74,7 +62,6 @@ SAMPLE_COLS = (
     "object_name", "index_key", "ints", "floats", "texts",
 )  # fmt: skip
 BEAT_COLS = ("timestamp_ns", "attributes")
-LIFECYCLE_KEYS = ("agent", "object_id", "create_ns")
 LIVENESS_KEYS = ("agent", "up_start_ns")
 
 
@@ -139,35 +126,14 @@ class GoldReport:
     seconds: float = 0.0
 
 
-def _live_paths(path: str) -> list[str]:
-    from deltalake import DeltaTable
-
-    adds = pa.table(DeltaTable(path).get_add_actions(flatten=True))
-    return [str(p) for p in adds.column("path").to_pylist()]
-
-
-def replace_table(path: str, table: pa.Table, *, app_id: str, batch_id: int) -> bool:
-    """Replace a small table's content with one Parquet file, exactly once (the rate state)."""
-    name = f"part-{batch_id:08d}-{uuid.uuid4().hex}.parquet"
-    full = os.path.join(path, name)
-    pq.write_table(table.select(RATE_STATE.names).cast(RATE_STATE), full, compression="snappy")
-    try:
-        with delta.table_lock(path):  # no compaction between listing the files and the commit
-            result = delta.commit_files(
-                path, [(name, {})], app_id=app_id, batch_id=batch_id, remove=_live_paths(path),
-                operation="overwrite",
-            )  # fmt: skip
-    except BaseException:
-        os.remove(full)
-        raise
-    if result.skipped:
-        os.remove(full)
-        return False
-    return True
-
-
 class GoldBatchWriter:
-    """The ``foreachBatch`` function: one batch of gold input -> every gold table, exactly once."""
+    """The ``foreachBatch`` function: one batch of gold input -> every gold table, exactly once.
+
+    Spark reads silver and collects the batch as Arrow (one job); the batch is
+    computed on the driver (``pipeline.transforms.gold.gold_batch``) and
+    committed with delta-rs. The gold tables are read at the start of every
+    batch, so a replay, a backfill or a compaction in between is seen.
+    """
 
     def __init__(self, settings: GoldSettings, app_id: str | None = None) -> None:
         self.settings = settings
@@ -183,87 +149,71 @@ class GoldBatchWriter:
 
     def write_state(self, state: pa.Table, batch_id: int) -> bool:
         """The batch's last write: once it is committed, the batch is complete."""
-        return replace_table(
-            self.settings.path("rate_state"), state, app_id=self.app_id, batch_id=batch_id
-        )
+        path = self.settings.path("rate_state")
+        return not delta.replace_arrow(state, path, app_id=self.app_id, batch_id=batch_id).skipped
 
     def __call__(self, df: DataFrame, batch_id: int) -> None:
-        from pyspark.sql import functions as F
+        if self._done(batch_id):
+            return
+        t0 = time.perf_counter()
+        report = self.write(frame(df.toArrow()), batch_id)
+        report.seconds = time.perf_counter() - t0  # with Spark's read and collect
 
+    def _done(self, batch_id: int) -> bool:
+        done = delta.committed_batch(self.settings.path("rate_state"), self.app_id)
+        if done is not None and batch_id <= done:
+            log.info("gold batch %d already committed: skipped", batch_id)
+            self.reports.append(GoldReport(batch_id))
+            return True
+        return False
+
+    def write(self, batch: pl.DataFrame, batch_id: int) -> GoldReport:
+        """One batch of gold input rows (``gold_input``'s columns) -> every gold table.
+
+        Writes carry the app transaction ``(app_id, batch_id)``; the rate state
+        is written last, so a batch whose state commit exists is complete.
+        """
+        if self._done(batch_id):
+            return self.reports[-1]
         t0 = time.perf_counter()
         s = self.settings
         report = GoldReport(batch_id)
-        done = delta.committed_batch(s.path("rate_state"), self.app_id)
-        if done is not None and batch_id <= done:
-            log.info("gold batch %d already committed: skipped", batch_id)
-            self.reports.append(report)
-            return
-        spark = df.sparkSession
-        df = df.persist()
-        try:
-            registry = delta.read_arrow(s.silver_path("schema_registry"))
-            samples = df.where(F.col("source") == "sample")
-            beats = df.where(F.col("source") == "heartbeat")
-
-            # 1. liveness
-            liv_existing = delta.read_table(spark, s.path("agent_liveness"))
-            current = latest_liveness(liv_existing)
-            hb = heartbeat_rows(beats, s.liveness).persist()
-            top = [
-                hb.agg(F.max("ts_ns")).first()[0],  # type: ignore[index]
-                liv_existing.agg(F.max("last_heartbeat_ns")).first()[0],  # type: ignore[index]
-            ]
-            now_ns = max([int(v) for v in top if v is not None], default=0)
-            live_rows = spark.createDataFrame(
-                agent_liveness(hb, current, now_ns, s.liveness, batch_id).toArrow()
-            )
-
-            # 2. lifecycles
-            lc_existing = delta.read_table(spark, s.path("object_lifecycles"))
-            known = lc_existing.where(F.col("index_key").isNotNull()).select(
-                "agent", "object_id", "index_key"
-            )
-            ident = identify(samples, known).persist()
-            updates = object_updates(ident, property_defs(spark, registry))
-            merged = merge_lifecycles(lc_existing, updates, live_rows, batch_id)
-            lc_rows = spark.createDataFrame(changed_rows(merged, lc_existing).toArrow())
-
-            # 3. rates
-            values = statistic_values(ident, statistic_defs(spark, registry)).unionByName(
-                state_values(rekey_state(delta.read_table(spark, s.path("rate_state")), ident))
-            )
-            # Materialized once on the executors (rates and state both read it), not
-            # collected: at 10,000 queues that is ~1M rows a batch.
-            pairs = pair_values(values, s.rates).localCheckpoint()
-            rates = rates_from_pairs(pairs, batch_id)
-            state = state_from_pairs(pairs, ident).toArrow()
-
-            # 4. writes (state last)
-            aid = self.app_id
-            results = {
-                "statistic_rates": delta.append_batch(
-                    rates, s.path("statistic_rates"), app_id=aid, batch_id=batch_id
-                ),
-                "object_lifecycles": delta.merge_batch(
-                    lc_rows, s.path("object_lifecycles"), keys=LIFECYCLE_KEYS, app_id=aid,
-                    batch_id=batch_id,
-                ),
-                "agent_liveness": delta.merge_batch(
-                    live_rows, s.path("agent_liveness"), keys=LIVENESS_KEYS, app_id=aid,
-                    batch_id=batch_id,
-                ),
-            }  # fmt: skip
-            report.committed.extend(k for k, r in results.items() if not r.skipped)
-            if self.write_state(state, batch_id):
-                report.committed.append("rate_state")
-            report.rows = {"state": state.num_rows}
-            ident.unpersist()
-            hb.unpersist()
-        finally:
-            df.unpersist()
+        out = gold_batch(
+            batch,
+            registry=delta.read_arrow(s.silver_path("schema_registry")),
+            state=frame(delta.read_arrow(s.path("rate_state"))),
+            lifecycles=frame(delta.read_arrow(s.path("object_lifecycles"))),
+            liveness=frame(delta.read_arrow(s.path("agent_liveness"))),
+            rate_rules=s.rates,
+            liveness_rules=s.liveness,
+            batch_id=batch_id,
+        )
+        aid = self.app_id
+        writes = {
+            "statistic_rates": delta.append_arrow(
+                conform(out.rates, STATISTIC_RATES), s.path("statistic_rates"), app_id=aid,
+                batch_id=batch_id,
+            ),
+            "object_lifecycles": delta.merge_arrow(
+                conform(out.lifecycles, OBJECT_LIFECYCLES), s.path("object_lifecycles"),
+                keys=LIFECYCLE_KEYS, app_id=aid, batch_id=batch_id,
+            ),
+            "agent_liveness": delta.merge_arrow(
+                conform(out.liveness, AGENT_LIVENESS), s.path("agent_liveness"), keys=LIVENESS_KEYS,
+                app_id=aid, batch_id=batch_id,
+            ),
+        }  # fmt: skip
+        report.committed = [k for k, r in writes.items() if not r.skipped]
+        if self.write_state(conform(out.state, RATE_STATE), batch_id):
+            report.committed.append("rate_state")
+        report.rows = {
+            "input": batch.height, "rates": out.rates.height, "lifecycles": out.lifecycles.height,
+            "liveness": out.liveness.height, "state": out.state.height,
+        }  # fmt: skip
         report.seconds = time.perf_counter() - t0
         self.reports.append(report)
         log.info("gold batch %d: %s", batch_id, report)
+        return report
 
 
 # ------------------------------------------------------------------ runs

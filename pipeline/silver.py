@@ -193,31 +193,9 @@ def without(table: pa.Table, other: pa.Table) -> pa.Table:
 def merge_arrow(path: str, table: pa.Table, key: str, *, app_id: str, batch_id: int) -> bool:
     """Upsert Arrow rows on ``key`` (small tables), exactly once; False if already committed.
 
-    The Arrow twin of ``pipeline.delta.merge_batch`` (upsert): silver's
-    results are Arrow on the driver, so no DataFrame is built for a few rows.
+    Silver's results are Arrow on the driver, so no DataFrame is built for a few rows.
     """
-    from deltalake import DeltaTable
-
-    dt = DeltaTable(path)
-    delta.check_protocol(dt, write=True)
-    if delta._already_committed(dt, app_id, batch_id):
-        return False
-    col = '"' + key.replace('"', '""') + '"'
-    with delta.table_lock(path):  # no compaction between the merge's snapshot and commit
-        dt.update_incremental()
-        (
-            dt.merge(
-                table,
-                predicate=f"t.{col} = s.{col}",
-                source_alias="s",
-                target_alias="t",
-                commit_properties=delta._commit_properties(app_id, batch_id, "upsert"),
-            )
-            .when_matched_update_all()
-            .when_not_matched_insert_all()
-            .execute()
-        )
-    return True
+    return not delta.merge_arrow(table, path, keys=[key], app_id=app_id, batch_id=batch_id).skipped
 
 
 # ------------------------------------------------------------------ method calls

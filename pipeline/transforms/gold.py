@@ -1,5 +1,15 @@
 """Silver -> gold: statistic rates, object lifecycles, agent liveness (DataFrame -> DataFrame).
 
+Gold's micro-batches are small (one publish interval of every object: a few
+thousand samples, a million statistic values at 10,000 queues) and its work
+is joins against small tables (rate state, lifecycles, liveness) plus one
+sequential scan per series. In Spark that was ~15 jobs and 17-20 s per batch
+whatever its size; here the batch is collected once as Arrow and every step
+is a vectorized polars / numpy function on the driver (tenths of a second per
+batch, ``docs/performance.md``). The functions take and return polars
+DataFrames; the writer (``pipeline.gold``) reads and commits Delta with
+Arrow.
+
 Rates pair each sample of a (series, statistic) with the *baseline*: the
 previous sample that was kept (``pair_values``). Samples are ordered by sample
 time (``update_ns``), never by receive time; a sample at or before the
@@ -11,33 +21,27 @@ with a NULL rate and the reason. The baseline of each series is the state
 carried between micro-batches (table ``rate_state``): the state rows enter
 the same sequential scan first, so a stream and one batch over the same
 samples give the same rows.
-
-The scan is sequential per series, so it runs in ``mapInArrow`` over
-partitions hashed by series (each partition sorted by series then time) with
-a small numba kernel: no Python per sample.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass
+from datetime import UTC, datetime
 from typing import Any
 
 import numpy as np
-import pandas as pd
+import polars as pl
 import pyarrow as pa
-import pyarrow.compute as pc
 from numba import njit
-from pyspark.sql import Column, DataFrame, SparkSession
-from pyspark.sql import functions as F
-from pyspark.sql.window import Window
 
-from schemas.gold import AGENT_LIVENESS, RATE_STATE
-from schemas.tables import spark_schema
+from schemas.gold import AGENT_LIVENESS, OBJECT_LIFECYCLES, RATE_STATE, STATISTIC_RATES
 
 RESETS = ("", "counter_decreased", "recreated", "agent_restart", "gap")
 SERIES_KEYS = ("agent", "package", "class_name", "series", "statistic")
+LIFECYCLE_KEYS = ("agent", "object_id", "create_ns")
 NS = 1_000_000_000
+_TS = pl.Datetime("us", "UTC")
 
 
 @dataclass(frozen=True)
@@ -49,36 +53,69 @@ class RateRules:
     state_ttl_s: float = 86400.0
 
 
+def frame(table: pa.Table) -> pl.DataFrame:
+    """An Arrow table (a Delta read, a collected batch) as a polars DataFrame."""
+    out = pl.from_arrow(table, rechunk=False)
+    assert isinstance(out, pl.DataFrame)
+    return out
+
+
+def empty(schema: pa.Schema) -> pl.DataFrame:
+    return frame(schema.empty_table())
+
+
+def ts(ns: pl.Expr) -> pl.Expr:
+    """QMF ns -> timestamp, floored to microseconds in integer arithmetic."""
+    return (ns // 1000).cast(pl.Int64).cast(_TS)
+
+
 # ------------------------------------------------------------------ identity
 
 
-def object_id() -> Column:
+def _text(c: str) -> pl.Expr:
+    return pl.col(c).cast(pl.Utf8)
+
+
+def object_id() -> pl.Expr:
     """The dialect's object id as text: V2 ``epoch:object_name``; AM2 flags-epoch-banks-number;
     AM1 boot-bank-number. An agent restart renumbers objects (new epoch / boot sequence)."""
-    v2 = F.concat_ws(":", F.col("epoch").cast("string"), F.col("object_name"))
-    am2 = F.concat_ws(
-        "-", *(F.coalesce(F.col(c).cast("string"), F.lit("")) for c in
-               ("flags", "epoch", "broker_bank", "agent_bank", "object_num"))
-    )  # fmt: skip
-    am1 = F.concat_ws(
-        "-", *(F.coalesce(F.col(c).cast("string"), F.lit("")) for c in ("boot_seq", "bank", "object_num"))
-    )  # fmt: skip
-    return (
-        F.when(F.col("dialect") == "V2", v2).when(F.col("dialect") == "AM2", am2).otherwise(am1)
+    v2 = pl.concat_str([_text("epoch"), pl.col("object_name")], separator=":", ignore_nulls=True)
+    am2 = pl.concat_str(
+        [_text(c).fill_null("") for c in ("flags", "epoch", "broker_bank", "agent_bank", "object_num")],
+        separator="-",
     )
+    am1 = pl.concat_str(
+        [_text(c).fill_null("") for c in ("boot_seq", "bank", "object_num")], separator="-"
+    )
+    dialect = pl.col("dialect")
+    return pl.when(dialect == "V2").then(v2).when(dialect == "AM2").then(am2).otherwise(am1)
 
 
-def generation() -> Column:
+def generation() -> pl.Expr:
     """The agent boot an object id belongs to: epoch (AM2, V2) or boot sequence (AM1).
 
     0 is no generation: qpidd gives the objects it makes at start-up (broker,
     vhost, system...) ids with epoch 0 beside epoch-1 queues, and they are not
     renumbered by a restart."""
-    g = F.coalesce(F.col("epoch"), F.col("boot_seq").cast("long"))
-    return F.when(g != 0, g)
+    g = pl.coalesce(pl.col("epoch").cast(pl.Int64), pl.col("boot_seq").cast(pl.Int64))
+    return pl.when(g != 0).then(g)
 
 
-def identify(samples: DataFrame, known_keys: DataFrame | None = None) -> DataFrame:
+def series_key() -> pl.Expr:
+    """The index key with AM2 object references made restart-proof.
+
+    AM2 index keys hold references (e.g. a queue's ``vhostRef``) as object ids,
+    which carry the agent's epoch: after a restart the same queue's key would
+    differ. The epoch part of id-shaped values is blanked, so the series
+    continues and its first interval after the restart says ``agent_restart``.
+    """
+    am2 = pl.col("index_key").str.replace_all(
+        r'"([0-9]+)-[0-9]+-([0-9]+)-([0-9]+)-([0-9]+)"', '"${1}-*-${2}-${3}-${4}"'
+    )
+    return pl.when(pl.col("dialect") == "AM2").then(am2).otherwise(pl.col("index_key"))
+
+
+def identify(samples: pl.DataFrame, known_keys: pl.DataFrame | None = None) -> pl.DataFrame:
     """Silver samples + ``object_id``, ``generation``, and ``index_key`` filled in.
 
     Samples that carry statistics only (AM1/AM2 'i', V2 updates without
@@ -87,56 +124,33 @@ def identify(samples: DataFrame, known_keys: DataFrame | None = None) -> DataFra
     object_id, index_key: the lifecycle table, i.e. earlier batches).
     ``series`` is the index key when known, else the object id.
     """
-    s = samples.where(F.col("agent").isNotNull()).withColumns(
-        {
-            "object_id": object_id(),
-            "generation": generation(),
-            "has_props": F.col("index_key").isNotNull(),  # before the key is filled in
-        }
+    s = samples.filter(pl.col("agent").is_not_null()).with_columns(
+        object_id=object_id(),
+        generation=generation(),
+        has_props=pl.col("index_key").is_not_null(),  # before the key is filled in
     )
     here = (
-        s.where(F.col("index_key").isNotNull())
-        .groupBy("agent", "object_id")
-        .agg(F.max_by("index_key", "update_ns").alias("_key_here"))
+        s.filter(pl.col("index_key").is_not_null())
+        .sort("update_ns", "index_key", nulls_last=False)
+        .group_by("agent", "object_id")
+        .agg(pl.col("index_key").last().alias("_key_here"))
     )
-    s = s.join(here, ["agent", "object_id"], "left")
+    s = s.join(here, on=["agent", "object_id"], how="left")
+    resolved = [pl.col("index_key"), pl.col("_key_here")]
     if known_keys is not None:
-        known = known_keys.groupBy("agent", "object_id").agg(
-            F.max("index_key").alias("_key_known")
+        known = known_keys.group_by("agent", "object_id").agg(
+            pl.col("index_key").max().alias("_key_known")
         )
-        s = s.join(known, ["agent", "object_id"], "left")
-        resolved = F.coalesce("index_key", "_key_here", "_key_known")
-    else:
-        resolved = F.coalesce("index_key", "_key_here")
-    s = s.withColumn("index_key", resolved).drop("_key_here", "_key_known")
-    return s.withColumn("series", F.coalesce(series_key(), "object_id"))
+        s = s.join(known, on=["agent", "object_id"], how="left")
+        resolved.append(pl.col("_key_known"))
+    s = s.with_columns(index_key=pl.coalesce(resolved)).drop("_key_here", "_key_known", strict=False)
+    return s.with_columns(series=pl.coalesce(series_key(), pl.col("object_id")))
 
 
-def series_key() -> Column:
-    """The index key with AM2 object references made restart-proof.
-
-    AM2 index keys hold references (e.g. a queue's ``vhostRef``) as object ids,
-    which carry the agent's epoch: after a restart the same queue's key would
-    differ. The epoch part of id-shaped values is blanked, so the series
-    continues and its first interval after the restart says ``agent_restart``.
-    """
-    am2 = F.regexp_replace(
-        F.col("index_key"), r'"([0-9]+)-[0-9]+-([0-9]+)-([0-9]+)-([0-9]+)"', '"$1-*-$2-$3-$4"'
-    )
-    return F.when(F.col("dialect") == "AM2", am2).otherwise(F.col("index_key"))
+# ------------------------------------------------------------------ registry definitions
 
 
-def _ts(ns: Column) -> Column:
-    """QMF ns -> timestamp, floored to microseconds in integer arithmetic (a double
-    division would round ns values of 2026 to the wrong microsecond)."""
-    us = (ns - F.pmod(ns, F.lit(1000))).cast("decimal(20,0)") / F.lit(1000)
-    return F.timestamp_micros(us.cast("long"))
-
-
-# ------------------------------------------------------------------ statistic values
-
-
-def statistic_defs(spark: SparkSession, registry: pa.Table) -> DataFrame:
+def statistic_defs(registry: pa.Table) -> pl.DataFrame:
     """Numeric statistics of every class version: (package, class_name, schema_hash,
     statistic, kind, slot_kind, slot), from the schema registry table."""
     rows = []
@@ -149,33 +163,51 @@ def statistic_defs(spark: SparkSession, registry: pa.Table) -> DataFrame:
                 (r["package"], r["class_name"], bytes(r["schema_hash"]), e["name"], kind,
                  e["slot_kind"], int(e["slot"]))
             )  # fmt: skip
-    schema = (
-        "package string, class_name string, schema_hash binary, statistic string, "
-        "kind string, slot_kind string, slot int"
-    )
-    return spark.createDataFrame(rows, schema).dropDuplicates(
-        ["package", "class_name", "schema_hash", "statistic"]
+    schema = {
+        "package": pl.Utf8, "class_name": pl.Utf8, "schema_hash": pl.Binary, "statistic": pl.Utf8,
+        "kind": pl.Utf8, "slot_kind": pl.Utf8, "slot": pl.Int64,
+    }  # fmt: skip
+    return pl.DataFrame(rows, schema=schema, orient="row").unique(
+        ["package", "class_name", "schema_hash", "statistic"], keep="first", maintain_order=True
     )
 
 
-def property_defs(spark: SparkSession, registry: pa.Table) -> DataFrame:
-    """Properties of every class version: (package, class_name, schema_hash, property, slot_kind, slot)."""
+def property_defs(registry: pa.Table) -> pl.DataFrame:
+    """Properties of every class version: (schema_hash, property, slot_kind, slot)."""
     rows = []
-    for r in registry.select(["package", "class_name", "schema_hash", "properties"]).to_pylist():
+    for r in registry.select(["schema_hash", "properties"]).to_pylist():
         for e in r["properties"] or ():
             if e["slot_kind"] in ("ints", "floats", "texts"):
-                rows.append(
-                    (r["package"], r["class_name"], bytes(r["schema_hash"]), e["name"],
-                     e["slot_kind"], int(e["slot"]))
-                )  # fmt: skip
-    schema = (
-        "package string, class_name string, schema_hash binary, property string, "
-        "slot_kind string, slot int"
-    )
-    return spark.createDataFrame(rows, schema).dropDuplicates(
-        ["package", "class_name", "schema_hash", "property"]
+                rows.append((bytes(r["schema_hash"]), e["name"], e["slot_kind"], int(e["slot"])))
+    schema = {"schema_hash": pl.Binary, "property": pl.Utf8, "slot_kind": pl.Utf8, "slot": pl.Int64}
+    return pl.DataFrame(rows, schema=schema, orient="row").unique(
+        ["schema_hash", "property"], keep="first", maintain_order=True
     )
 
+
+def slot_values(lists: pl.Series, rows: np.ndarray, slots: np.ndarray) -> pl.Series:
+    """``lists[rows[i]][slots[i]]`` for every i, NULL where the list is NULL or too short.
+
+    A gather on the flattened values with numpy offsets: joining the list
+    columns onto one row per (sample, statistic) would copy every list once
+    per statistic.
+    """
+    arr = lists.to_arrow()
+    if isinstance(arr, pa.ChunkedArray):
+        arr = arr.combine_chunks() if arr.num_chunks else pa.array([], arr.type)
+    offsets = np.asarray(arr.offsets.to_numpy(zero_copy_only=False), np.int64)
+    valid = np.asarray(arr.is_valid().to_numpy(zero_copy_only=False), np.bool_)
+    start = offsets[rows]
+    ok = valid[rows] & (slots >= 0) & (slots < offsets[rows + 1] - start)
+    idx = np.where(ok, start + slots, 0)
+    values = arr.values
+    if len(values) == 0:
+        return pl.Series(lists.name, pa.nulls(len(rows), values.type))
+    taken = values.take(pa.array(idx, pa.int64(), mask=~ok))
+    return pl.Series(lists.name, taken)
+
+
+# ------------------------------------------------------------------ statistic values
 
 _VALUE_COLS = (
     "agent", "dialect", "package", "class_name", "object_id", "index_key", "series",
@@ -185,58 +217,69 @@ _VALUE_COLS = (
 # delivered is kept (a 'g' answer and an 'i' publish of one instant may differ in their
 # watermarks), as a stream that met it in an earlier micro-batch would.
 _ARRIVAL = ("partition", "offset", "record_index")
+_VALUE_SCHEMA = {
+    "agent": pl.Utf8, "dialect": pl.Utf8, "package": pl.Utf8, "class_name": pl.Utf8,
+    "object_id": pl.Utf8, "index_key": pl.Utf8, "series": pl.Utf8, "statistic": pl.Utf8,
+    "kind": pl.Utf8, "update_ns": pl.Int64, "create_ns": pl.Int64, "generation": pl.Int64,
+    "value": pl.Float64, "partition": pl.Utf8, "offset": pl.Int64, "record_index": pl.Int64,
+    "deleted": pl.Boolean, "is_state": pl.Boolean,
+}  # fmt: skip
 
 
-def statistic_values(identified: DataFrame, defs: DataFrame) -> DataFrame:
+def statistic_values(identified: pl.DataFrame, defs: pl.DataFrame) -> pl.DataFrame:
     """One row per (sample, numeric statistic it carries): the value as a double.
 
     ``deleted``: the sample reports the object deleted (its series ends there).
     """
-    j = identified.where(F.col("update_ns").isNotNull() & (F.col("update_ns") > 0)).join(
-        F.broadcast(defs), ["package", "class_name", "schema_hash"]
+    s = identified.filter(pl.col("update_ns").is_not_null() & (pl.col("update_ns") > 0))
+    s = s.with_row_index("_row")
+    j = s.select("_row", "package", "class_name", "schema_hash").join(
+        defs, on=["package", "class_name", "schema_hash"], how="inner"
     )
-    slot = F.col("slot") + 1
-    value = F.when(
-        F.col("slot_kind") == "ints", F.element_at("ints", slot).cast("double")
-    ).otherwise(F.element_at("floats", slot))
-    return (
-        j.withColumn("value", value)
-        .where(F.col("value").isNotNull())
-        .withColumn("deleted", F.coalesce(F.col("delete_ns"), F.lit(0)) != 0)
-        .withColumn("is_state", F.lit(False))
-        .select(*_VALUE_COLS, *_ARRIVAL, "deleted", "is_state")
-    )
+    rows = j["_row"].cast(pl.Int64).to_numpy()
+    slots = j["slot"].to_numpy()
+    is_int = (j["slot_kind"] == "ints").to_numpy()
+    ints = slot_values(s["ints"], rows, slots).cast(pl.Float64)
+    floats = slot_values(s["floats"], rows, slots).cast(pl.Float64)
+    value = pl.select(
+        pl.when(pl.lit(pl.Series(is_int))).then(pl.lit(ints)).otherwise(pl.lit(floats))
+    ).to_series()
+    cols = [c for c in _VALUE_COLS if c not in ("statistic", "kind", "value")]
+    base = s.select(*cols, *_ARRIVAL, "delete_ns")[rows]
+    out = base.with_columns(
+        statistic=j["statistic"], kind=j["kind"], value=value,
+        deleted=pl.col("delete_ns").fill_null(0) != 0, is_state=pl.lit(False),
+    ).filter(pl.col("value").is_not_null())  # fmt: skip
+    return out.select(*_VALUE_COLS, *_ARRIVAL, "deleted", "is_state").cast(_VALUE_SCHEMA)  # type: ignore[arg-type]
 
 
-def rekey_state(state: DataFrame, identified: DataFrame) -> DataFrame:
+def rekey_state(state: pl.DataFrame, identified: pl.DataFrame) -> pl.DataFrame:
     """State rows of series keyed by an object id whose index key is now known (its
     statistics came before its properties, in an earlier micro-batch) move to the
     index-key series, where one batch over the same samples would have put them."""
     keys = (
-        identified.where(F.col("index_key").isNotNull())
-        .groupBy("agent", "object_id")
-        .agg(F.max("index_key").alias("_k"))
+        identified.filter(pl.col("index_key").is_not_null())
+        .group_by("agent", "object_id")
+        .agg(pl.col("index_key").max().alias("_k"))
     )
-    s = state.join(keys, ["agent", "object_id"], "left").withColumn(
-        "_o", F.col("index_key").isNull() & F.col("_k").isNotNull()
+    s = state.join(keys, on=["agent", "object_id"], how="left").with_columns(
+        _o=pl.col("index_key").is_null() & pl.col("_k").is_not_null()
     )
-    s = s.withColumn("index_key", F.when(F.col("_o"), F.col("_k")).otherwise(F.col("index_key")))
-    return s.withColumn(
-        "series", F.when(F.col("_o"), series_key()).otherwise(F.col("series"))
-    ).select(*RATE_STATE.names)
+    s = s.with_columns(index_key=pl.when(pl.col("_o")).then(pl.col("_k")).otherwise(pl.col("index_key")))
+    s = s.with_columns(series=pl.when(pl.col("_o")).then(series_key()).otherwise(pl.col("series")))
+    return s.select(RATE_STATE.names)
 
 
-def state_values(state: DataFrame) -> DataFrame:
+def state_values(state: pl.DataFrame) -> pl.DataFrame:
     """The ``rate_state`` rows in the shape of ``statistic_values`` (baselines)."""
-    return state.withColumns(
-        {
-            "partition": F.lit(None).cast("string"),
-            "offset": F.lit(None).cast("long"),
-            "record_index": F.lit(None).cast("int"),
-            "deleted": F.lit(False),
-            "is_state": F.lit(True),
-        }
-    ).select(*_VALUE_COLS, *_ARRIVAL, "deleted", "is_state")
+    return (
+        state.with_columns(
+            partition=pl.lit(None, pl.Utf8), offset=pl.lit(None, pl.Int64),
+            record_index=pl.lit(None, pl.Int64), deleted=pl.lit(False), is_state=pl.lit(True),
+        )
+        .select(*_VALUE_COLS, *_ARRIVAL, "deleted", "is_state")
+        .cast(_VALUE_SCHEMA)  # type: ignore[arg-type]
+    )
 
 
 # ------------------------------------------------------------------ pairing
@@ -250,7 +293,6 @@ def _pair_kernel(
     gen: np.ndarray,
     create: np.ndarray,
     obj: np.ndarray,
-    is_state: np.ndarray,
     is_counter: np.ndarray,
     deleted: np.ndarray,
     min_ns: int,
@@ -296,181 +338,149 @@ def _pair_kernel(
     return base_out[:k], cur_out[:k], reason[:k], keep
 
 
-PAIRS = pa.schema(
-    [
-        pa.field("out", pa.string(), nullable=False),  # rate | state
-        *(f for f in RATE_STATE),
-        pa.field("start_ns", pa.int64()),
-        pa.field("prev_value", pa.float64()),
-        pa.field("reset", pa.string()),
-    ]
-)
-_COUNTER_KINDS = ("counter",)
+@dataclass(frozen=True)
+class Pairs:
+    """What the scan gives: one row per interval (``rates``: the sample's state columns
+    plus ``start_ns``, ``prev_value``, ``reset``) and the baselines it leaves (``state``)."""
+
+    rates: pl.DataFrame
+    state: pl.DataFrame
 
 
-def _pair_table(t: pa.Table, rules: RateRules) -> pa.Table:
-    """The sequential scan of one partition (any set of whole series)."""
-    if t.num_rows == 0:
-        return PAIRS.empty_table()
-    t = t.sort_by(
-        [(k, "ascending") for k in SERIES_KEYS]
-        + [("is_state", "descending"), ("update_ns", "ascending")]
-        + [(k, "ascending") for k in _ARRIVAL]
+def pair_values(values: pl.DataFrame, rules: RateRules) -> Pairs:
+    """Statistic values (new samples and state baselines) -> intervals and new baselines,
+    in one numba scan over the values sorted by series, state first, then sample time."""
+    names = RATE_STATE.names
+    if values.height == 0:
+        return Pairs(values.select(names).with_columns(
+            start_ns=pl.lit(None, pl.Int64), prev_value=pl.lit(None, pl.Float64),
+            reset=pl.lit(None, pl.Utf8),
+        ), values.select(names))  # fmt: skip
+    t = values.sort(
+        [*SERIES_KEYS, "is_state", "update_ns", *_ARRIVAL],
+        descending=[False] * len(SERIES_KEYS) + [True, False, False, False, False],
+        nulls_last=False,
+        maintain_order=True,
     )
-    key = pc.binary_join_element_wise(*(t.column(k) for k in SERIES_KEYS), "\x1f")
-    keys = np.asarray(key.to_numpy(zero_copy_only=False), dtype=object)
-    newgrp = np.ones(len(keys), np.bool_)
-    if len(keys) > 1:
-        newgrp[1:] = keys[1:] != keys[:-1]
-
-    def i64(name: str, fill: int) -> np.ndarray:
-        return np.asarray(pc.fill_null(t.column(name), fill).to_numpy(), np.int64)
-
-    obj = np.asarray(
-        pc.dictionary_encode(t.column("object_id")).combine_chunks().indices.to_numpy(), np.int64
-    )
-    is_counter = np.asarray(pc.is_in(t.column("kind"), pa.array(_COUNTER_KINDS)).to_numpy(), np.bool_)
+    newgrp = t.select(
+        pl.any_horizontal(
+            [pl.col(k).ne_missing(pl.col(k).shift(1)) for k in SERIES_KEYS]
+        ).fill_null(True)
+    ).to_series().to_numpy()
+    newgrp[0] = True
+    obj = t["object_id"].cast(pl.Categorical).to_physical().cast(pl.Int64).to_numpy()
     base, cur, reason, keep = _pair_kernel(
-        newgrp,
-        i64("update_ns", 0),
-        np.asarray(t.column("value").to_numpy(), np.float64),
-        i64("generation", -1),
-        i64("create_ns", 0),
-        obj,
-        np.asarray(t.column("is_state").to_numpy(), np.bool_),
-        is_counter,
-        np.asarray(t.column("deleted").to_numpy(), np.bool_),
+        np.ascontiguousarray(newgrp, np.bool_),
+        t["update_ns"].fill_null(0).to_numpy().astype(np.int64),
+        t["value"].fill_null(np.nan).to_numpy().astype(np.float64),
+        t["generation"].fill_null(-1).to_numpy().astype(np.int64),
+        t["create_ns"].fill_null(0).to_numpy().astype(np.int64),
+        np.ascontiguousarray(obj, np.int64),
+        (t["kind"] == "counter").fill_null(False).to_numpy().astype(np.bool_),
+        t["deleted"].to_numpy().astype(np.bool_),
         int(rules.min_interval_s * NS),
         int(rules.max_gap_s * NS),
     )
-    state_cols = RATE_STATE.names
-    rates = t.take(pa.array(cur)).select(state_cols)
-    before = t.take(pa.array(base))
     reset_names = np.array([None, *RESETS[1:]], dtype=object)[reason.astype(np.int64)]
-    rates = (
-        rates.append_column("start_ns", before.column("update_ns"))
-        .append_column("prev_value", before.column("value"))
-        .append_column("reset", pa.array(reset_names, pa.string()))
-    )
-    rates = rates.add_column(0, "out", pa.array(["rate"] * rates.num_rows, pa.string()))
-    idx = np.flatnonzero(keep)
-    st = t.take(pa.array(idx)).select(state_cols)
-    if st.num_rows and rules.state_ttl_s > 0:
-        horizon = int(pc.max(t.column("update_ns")).as_py()) - int(rules.state_ttl_s * NS)
-        st = st.filter(pc.greater_equal(st.column("update_ns"), horizon))
-    n = st.num_rows
-    st = (
-        st.append_column("start_ns", pa.nulls(n, pa.int64()))
-        .append_column("prev_value", pa.nulls(n, pa.float64()))
-        .append_column("reset", pa.nulls(n, pa.string()))
-    )
-    st = st.add_column(0, "out", pa.array(["state"] * n, pa.string()))
-    return pa.concat_tables([rates.cast(PAIRS), st.cast(PAIRS)])
-
-
-def pair_values(values: DataFrame, rules: RateRules, partitions: int | None = None) -> DataFrame:
-    """Statistic values (new samples and state baselines) -> PAIRS rows: one ``rate`` row per
-    interval and one ``state`` row per series baseline after the scan."""
-    n = partitions or int(values.sparkSession.conf.get("spark.sql.shuffle.partitions") or "4")
-
-    def scan(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
-        parts = list(batches)
-        if not parts:
-            return
-        yield from _pair_table(pa.Table.from_batches(parts), rules).to_batches()
-
-    return values.repartition(n, "agent", "series").mapInArrow(scan, spark_schema(PAIRS))
-
-
-def rates_from_pairs(pairs: DataFrame, batch_id: int) -> DataFrame:
-    """The ``rate`` rows of ``pair_values`` as STATISTIC_RATES rows."""
-    r = pairs.where(F.col("out") == "rate")
-    length = (F.col("update_ns") - F.col("start_ns")) / F.lit(float(NS))
-    counter = F.col("kind") == "counter"
-    delta = F.when(counter, F.col("value") - F.col("prev_value"))
-    gauge = F.col("kind") == "gauge"
-    return r.select(
-        "agent", "dialect", "package", "class_name", "object_id", "index_key", "statistic", "kind",
-        F.col("start_ns"), F.col("update_ns").alias("end_ns"),
-        _ts(F.col("start_ns")).alias("start_time"),
-        _ts(F.col("update_ns")).alias("end_time"),
-        length.alias("length_s"),
-        "prev_value", "value",
-        F.when(F.col("reset").isNull(), delta).alias("delta"),
-        F.when(F.col("reset").isNull() & counter, delta / length).alias("rate"),
-        F.when(gauge, F.least("prev_value", "value")).alias("value_min"),
-        F.when(gauge, F.greatest("prev_value", "value")).alias("value_max"),
-        "reset",
-        F.lit(batch_id).cast("long").alias("batch_id"),
+    before = t[base]
+    rates = t[cur].select(names).with_columns(
+        start_ns=before["update_ns"], prev_value=before["value"],
+        reset=pl.Series(pa.array(reset_names, pa.string())),
     )  # fmt: skip
+    state = t.filter(pl.Series(keep)).select(names)
+    if state.height and rules.state_ttl_s > 0:
+        horizon = int(t["update_ns"].max()) - int(rules.state_ttl_s * NS)  # type: ignore[arg-type]
+        state = state.filter(pl.col("update_ns") >= horizon)
+    return Pairs(rates, state)
 
 
-def state_from_pairs(pairs: DataFrame, identified: DataFrame | None = None) -> DataFrame:
-    """The ``state`` rows of ``pair_values`` as RATE_STATE rows, minus every series of the
-    objects ``identified`` (the batch's samples) reports deleted: also a series keyed by
-    the object id (samples seen before the object's index key was known)."""
-    st = pairs.where(F.col("out") == "state").select(*RATE_STATE.names)
+def rates_from_pairs(rates: pl.DataFrame, batch_id: int) -> pl.DataFrame:
+    """The intervals of ``pair_values`` as STATISTIC_RATES rows."""
+    counter = pl.col("kind") == "counter"
+    gauge = pl.col("kind") == "gauge"
+    ok = pl.col("reset").is_null()
+    out = rates.select(
+        "agent", "dialect", "package", "class_name", "object_id", "index_key", "statistic", "kind",
+        "start_ns", pl.col("update_ns").alias("end_ns"),
+        ts(pl.col("start_ns")).alias("start_time"), ts(pl.col("update_ns")).alias("end_time"),
+        "prev_value", "value",
+        pl.when(ok & counter).then(pl.col("value") - pl.col("prev_value")).alias("delta"),
+        pl.when(gauge).then(pl.min_horizontal("prev_value", "value")).alias("value_min"),
+        pl.when(gauge).then(pl.max_horizontal("prev_value", "value")).alias("value_max"),
+        "reset", pl.lit(batch_id, pl.Int64).alias("batch_id"),
+    )  # fmt: skip
+    # Divisions in numpy: polars may divide by multiplying with the reciprocal, which
+    # is not the correctly rounded quotient (15e9 ns * 1e-9 = 15.000000000000002 s).
+    ns = (out["end_ns"] - out["start_ns"]).to_numpy().astype(np.float64)
+    length = ns / float(NS)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        rate = out["delta"].to_numpy().astype(np.float64) / length
+    return out.with_columns(length_s=pl.Series(length), rate=pl.Series(rate).fill_nan(None))
+
+
+def state_from_pairs(state: pl.DataFrame, identified: pl.DataFrame | None = None) -> pl.DataFrame:
+    """The baselines of ``pair_values`` minus every series of the objects ``identified``
+    (the batch's samples) reports deleted: also a series keyed by the object id."""
     if identified is None:
-        return st
-    gone = identified.where(F.coalesce(F.col("delete_ns"), F.lit(0)) != 0).select(
-        "agent", "object_id"
-    )
-    return st.join(gone.distinct(), ["agent", "object_id"], "left_anti")
+        return state
+    gone = identified.filter(pl.col("delete_ns").fill_null(0) != 0).select("agent", "object_id").unique()
+    return state.join(gone, on=["agent", "object_id"], how="anti")
 
 
 # ------------------------------------------------------------------ lifecycles
 
 
-def _slot_text() -> Column:
-    i = F.col("slot") + 1
-    return (
-        F.when(F.col("slot_kind") == "ints", F.element_at("ints", i).cast("string"))
-        .when(F.col("slot_kind") == "floats", F.element_at("floats", i).cast("string"))
-        .otherwise(F.element_at("texts", i))
-    )
-
-
-def object_updates(identified: DataFrame, props: DataFrame) -> DataFrame:
+def object_updates(identified: pl.DataFrame, props: pl.DataFrame) -> pl.DataFrame:
     """What one batch says about each object (agent, object_id, create_ns): first/last seen,
     sample count, delete time, and the properties of its latest sample that carried them."""
-    s = identified.where(F.col("update_ns").isNotNull() & (F.col("update_ns") > 0)).withColumn(
-        "create_ns", F.coalesce(F.col("create_ns"), F.lit(0))
+    key = list(LIFECYCLE_KEYS)
+    s = identified.filter(pl.col("update_ns").is_not_null() & (pl.col("update_ns") > 0)).with_columns(
+        create_ns=pl.col("create_ns").fill_null(0)
     )
-    key = ["agent", "object_id", "create_ns"]
-    agg = s.groupBy(*key).agg(
-        F.first("dialect").alias("dialect"),
-        F.first("package").alias("package"),
-        F.first("class_name").alias("class_name"),
-        F.max("index_key").alias("index_key"),
-        F.max("generation").alias("generation"),
-        F.min("update_ns").alias("first_seen_ns"),
-        F.max("update_ns").alias("last_seen_ns"),
-        F.count(F.lit(1)).alias("samples"),
-        F.max(F.when(F.col("delete_ns") != 0, F.col("delete_ns"))).alias("delete_ns"),
+    agg = s.group_by(key, maintain_order=True).agg(
+        pl.col("dialect").first(), pl.col("package").first(), pl.col("class_name").first(),
+        pl.col("index_key").max(), pl.col("generation").max(),
+        pl.col("update_ns").min().alias("first_seen_ns"),
+        pl.col("update_ns").max().alias("last_seen_ns"),
+        pl.len().cast(pl.Int64).alias("samples"),
+        pl.col("delete_ns").filter(pl.col("delete_ns") != 0).max().alias("delete_ns"),
+    )  # fmt: skip
+    last = (
+        s.filter(pl.col("has_props"))
+        .sort("update_ns", maintain_order=True)
+        .group_by(key)
+        .agg(pl.all().exclude(key).last())
+        .select(*key, "schema_hash", "ints", "floats", "texts", "update_ns")
+        .with_row_index("_row")
     )
-    with_props = s.where(F.col("has_props"))
-    last = with_props.groupBy(*key).agg(
-        F.max_by(F.struct("schema_hash", "ints", "floats", "texts", "update_ns"), "update_ns").alias("p")
-    )
-    exploded = last.select(*key, "p.*").join(
-        F.broadcast(props.drop("package", "class_name")), ["schema_hash"]
-    )
-    pmap = (
-        exploded.withColumn("v", _slot_text())
-        .groupBy(*key)
-        .agg(
-            F.map_from_entries(F.collect_list(F.struct("property", "v"))).alias("properties"),
-            F.max("update_ns").alias("properties_ns"),
+    j = last.select("_row", *key, "schema_hash", "update_ns").join(props, on="schema_hash")
+    if j.height == 0:
+        return agg.with_columns(
+            properties=pl.lit(None, pl.Map(pl.Utf8, pl.Utf8)), properties_ns=pl.lit(None, pl.Int64)
         )
+    rows = j["_row"].cast(pl.Int64).to_numpy()
+    slots = j["slot"].to_numpy()
+    kind = j["slot_kind"]
+    v = pl.select(
+        pl.when(pl.lit(kind) == "ints").then(pl.lit(slot_values(last["ints"], rows, slots).cast(pl.Utf8)))
+        .when(pl.lit(kind) == "floats").then(pl.lit(slot_values(last["floats"], rows, slots).cast(pl.Utf8)))
+        .otherwise(pl.lit(slot_values(last["texts"], rows, slots).cast(pl.Utf8)))
+    ).to_series()  # fmt: skip
+    pmap = (
+        j.with_columns(v=v)
+        .group_by(key)
+        .agg(
+            pl.struct(key="property", value="v").sort_by("property").alias("properties"),
+            pl.col("update_ns").max().alias("properties_ns"),
+        )
+        .with_columns(pl.col("properties").cast(pl.Map(pl.Utf8, pl.Utf8)))
     )
-    return agg.join(pmap, key, "left")
-
-
+    return agg.join(pmap, on=key, how="left")
 
 
 def merge_lifecycles(
-    existing: DataFrame, updates: DataFrame, liveness: DataFrame, batch_id: int
-) -> DataFrame:
+    existing: pl.DataFrame, updates: pl.DataFrame, liveness: pl.DataFrame, batch_id: int
+) -> pl.DataFrame:
     """Existing lifecycle rows + a batch's object updates -> every object's row, state recomputed.
 
     An object is *lost* when its agent restarted (an object of a later
@@ -479,96 +489,94 @@ def merge_lifecycles(
     latest up interval is ``down``; ``ended_at`` = its ``down_at``) unless it
     was seen after that. Deleted wins over lost.
     """
-    key = ["agent", "object_id", "create_ns"]
+    key = list(LIFECYCLE_KEYS)
     e = existing.select(
         *key, "dialect", "package", "class_name", "index_key", "generation", "first_seen_ns",
-        "last_seen_ns", "samples", F.col("deleted_at"), "properties", "properties_ns",
+        "last_seen_ns", "samples", "deleted_at", "properties", "properties_ns",
     )  # fmt: skip
     u = updates.select(
         *key,
-        F.col("dialect").alias("u_dialect"), F.col("package").alias("u_package"),
-        F.col("class_name").alias("u_class"), F.col("index_key").alias("u_index"),
-        F.col("generation").alias("u_gen"), F.col("first_seen_ns").alias("u_first"),
-        F.col("last_seen_ns").alias("u_last"), F.col("samples").alias("u_samples"),
-        F.col("delete_ns").alias("u_delete"), F.col("properties").alias("u_props"),
-        F.col("properties_ns").alias("u_props_ns"),
+        *(pl.col(c).alias(f"u_{c}") for c in (
+            "dialect", "package", "class_name", "index_key", "generation", "first_seen_ns",
+            "last_seen_ns", "samples", "delete_ns", "properties", "properties_ns",
+        )),
     )  # fmt: skip
-    newer_props = F.col("u_props_ns").isNotNull() & (
-        F.col("properties_ns").isNull() | (F.col("u_props_ns") > F.col("properties_ns"))
+    newer = pl.col("u_properties_ns").is_not_null() & (
+        pl.col("properties_ns").is_null() | (pl.col("u_properties_ns") > pl.col("properties_ns"))
     )
-    m = e.join(u, key, "full_outer").select(
+    m = e.join(u, on=key, how="full", coalesce=True).select(
         *key,
-        F.coalesce("dialect", "u_dialect").alias("dialect"),
-        F.coalesce("package", "u_package").alias("package"),
-        F.coalesce("class_name", "u_class").alias("class_name"),
-        F.coalesce("u_index", "index_key").alias("index_key"),
-        F.coalesce("generation", "u_gen").alias("generation"),
-        F.least("first_seen_ns", "u_first").alias("first_seen_ns"),
-        F.greatest("last_seen_ns", "u_last").alias("last_seen_ns"),
-        (F.coalesce("samples", F.lit(0)) + F.coalesce("u_samples", F.lit(0))).alias("samples"),
-        F.coalesce(F.col("deleted_at"), _ts(F.col("u_delete"))).alias("deleted_at"),
-        F.when(newer_props, F.col("u_props")).otherwise(F.col("properties")).alias("properties"),
-        F.when(newer_props, F.col("u_props_ns")).otherwise(F.col("properties_ns")).alias("properties_ns"),
+        pl.coalesce("dialect", "u_dialect").alias("dialect"),
+        pl.coalesce("package", "u_package").alias("package"),
+        pl.coalesce("class_name", "u_class_name").alias("class_name"),
+        pl.coalesce("u_index_key", "index_key").alias("index_key"),
+        pl.coalesce("generation", "u_generation").alias("generation"),
+        pl.min_horizontal("first_seen_ns", "u_first_seen_ns").alias("first_seen_ns"),
+        pl.max_horizontal("last_seen_ns", "u_last_seen_ns").alias("last_seen_ns"),
+        (pl.col("samples").fill_null(0) + pl.col("u_samples").fill_null(0)).alias("samples"),
+        pl.coalesce(pl.col("deleted_at"), ts(pl.col("u_delete_ns"))).alias("deleted_at"),
+        pl.when(newer).then(pl.col("u_properties")).otherwise(pl.col("properties")).alias("properties"),
+        pl.when(newer).then(pl.col("u_properties_ns")).otherwise(pl.col("properties_ns"))
+        .alias("properties_ns"),
     )  # fmt: skip
     # Agent restarts: the first sample of each generation per agent.
-    gens = m.where(F.col("generation").isNotNull()).groupBy("agent", "generation").agg(
-        F.min("first_seen_ns").alias("g_start")
+    gens = (
+        m.filter(pl.col("generation").is_not_null())
+        .group_by("agent", "generation")
+        .agg(pl.col("first_seen_ns").min().alias("g_start"))
+        .rename({"generation": "g"})
     )
     nxt = (
-        m.select("agent", "object_id", "create_ns", F.col("generation").alias("own"))
-        .join(gens.withColumnRenamed("generation", "g"), "agent")
-        .where(F.col("g") > F.col("own"))
-        .groupBy("agent", "object_id", "create_ns")
-        .agg(F.min("g_start").alias("restart_ns"))
+        m.select(*key, pl.col("generation").alias("own"))
+        .join(gens, on="agent")
+        .filter(pl.col("g") > pl.col("own"))
+        .group_by(key)
+        .agg(pl.col("g_start").min().alias("restart_ns"))
     )
-    w = Window.partitionBy("agent").orderBy(F.col("up_start_ns").desc())
     down = (
-        liveness.withColumn("_r", F.row_number().over(w))
-        .where((F.col("_r") == 1) & (F.col("state") == "down"))
-        .select("agent", F.col("down_at").alias("agent_down_at"))
+        latest_liveness(liveness)
+        .filter(pl.col("state") == "down")
+        .select("agent", pl.col("down_at").alias("agent_down_at"))
     )
-    m = m.join(nxt, key, "left").join(F.broadcast(down), "agent", "left")
-    last_seen = _ts(F.col("last_seen_ns"))
-    restarted = F.col("restart_ns").isNotNull()
-    is_down = F.col("agent_down_at").isNotNull() & (F.col("agent_down_at") >= last_seen)
-    state = (
-        F.when(F.col("deleted_at").isNotNull(), "deleted")
-        .when(restarted | is_down, "lost")
-        .otherwise("live")
-    )
-    reason = (
-        F.when(F.col("deleted_at").isNotNull(), "deleted")
-        .when(restarted, "agent_restart")
-        .when(is_down, "agent_down")
-    )
-    ended = (
-        F.when(F.col("deleted_at").isNotNull(), F.col("deleted_at"))
-        .when(restarted, _ts(F.col("restart_ns")))
-        .when(is_down, F.col("agent_down_at"))
-    )
+    m = m.join(nxt, on=key, how="left").join(down, on="agent", how="left")
+    last_seen = ts(pl.col("last_seen_ns"))
+    deleted = pl.col("deleted_at").is_not_null()
+    restarted = pl.col("restart_ns").is_not_null()
+    is_down = pl.col("agent_down_at").is_not_null() & (pl.col("agent_down_at") >= last_seen)
+    lost = restarted | is_down
     return m.select(
         "agent", "dialect", "package", "class_name", "object_id", "index_key", "create_ns",
         "generation",
-        F.when(F.col("create_ns") != 0, _ts(F.col("create_ns"))).alias("created_at"),
+        pl.when(pl.col("create_ns") != 0).then(ts(pl.col("create_ns"))).alias("created_at"),
         "deleted_at",
-        _ts(F.col("first_seen_ns")).alias("first_seen"), last_seen.alias("last_seen"),
+        ts(pl.col("first_seen_ns")).alias("first_seen"), last_seen.alias("last_seen"),
         "first_seen_ns", "last_seen_ns", "samples", "properties", "properties_ns",
-        state.alias("state"), reason.alias("end_reason"), ended.alias("ended_at"),
-        F.lit(batch_id).cast("long").alias("batch_id"),
+        pl.when(deleted).then(pl.lit("deleted")).when(lost).then(pl.lit("lost"))
+        .otherwise(pl.lit("live")).alias("state"),
+        pl.when(deleted).then(pl.lit("deleted")).when(restarted).then(pl.lit("agent_restart"))
+        .when(is_down).then(pl.lit("agent_down")).alias("end_reason"),
+        pl.when(deleted).then(pl.col("deleted_at")).when(restarted).then(ts(pl.col("restart_ns")))
+        .when(is_down).then(pl.col("agent_down_at")).alias("ended_at"),
+        pl.lit(batch_id, pl.Int64).alias("batch_id"),
     )  # fmt: skip
 
 
-def changed_rows(new: DataFrame, existing: DataFrame) -> DataFrame:
+def _comparable(df: pl.DataFrame) -> pl.DataFrame:
+    """Rows as comparable values: maps as their sorted entries' text (entry order is no change)."""
+    entries = pl.col("properties").cast(pl.List(pl.Struct({"key": pl.Utf8, "value": pl.Utf8})))
+    text = entries.list.eval(
+        pl.element().struct.field("key") + "\x1f" + pl.element().struct.field("value").fill_null("\x00")
+    ).list.sort().list.join("\x1e")
+    return df.drop("batch_id").with_columns(properties=text)
+
+
+def changed_rows(new: pl.DataFrame, existing: pl.DataFrame) -> pl.DataFrame:
     """Rows of ``new`` that differ from ``existing`` (ignoring ``batch_id``): what a MERGE needs."""
     cols = [c for c in new.columns if c != "batch_id"]
-    # Maps cannot be compared: compare their JSON text.
-    def norm(df: DataFrame) -> DataFrame:
-        return df.select(
-            *[F.to_json(F.col(c)).alias(c) if c == "properties" else F.col(c) for c in cols]
-        )
-
-    diff = norm(new).exceptAll(norm(existing)).select("agent", "object_id", "create_ns")
-    return new.join(diff.distinct(), ["agent", "object_id", "create_ns"], "left_semi")
+    same = _comparable(new).join(
+        _comparable(existing.select(new.columns)), on=cols, how="semi", nulls_equal=True
+    )
+    return new.join(same.select(LIFECYCLE_KEYS), on=list(LIFECYCLE_KEYS), how="anti", nulls_equal=True)
 
 
 # ------------------------------------------------------------------ agent liveness
@@ -585,64 +593,71 @@ class LivenessRules:
     v1_interval_s: float = 10.0
 
 
-def heartbeat_rows(heartbeats: DataFrame, rules: LivenessRules) -> DataFrame:
+def heartbeat_rows(heartbeats: pl.DataFrame, rules: LivenessRules) -> pl.DataFrame:
     """Silver heartbeats -> (agent, dialect, ts_ns, epoch, interval_s)."""
-    interval = F.get_json_object("attributes", "$._heartbeat_interval").cast("double")
-    epoch = F.get_json_object("attributes", "$._epoch").cast("long")
-    return heartbeats.where(F.col("timestamp_ns").isNotNull() & (F.col("timestamp_ns") > 0)).select(
-        F.coalesce(
-            F.col("agent"), F.when(F.col("dialect") != "V2", F.lit(rules.v1_agent))
-        ).alias("agent"),
-        "dialect",
-        F.col("timestamp_ns").alias("ts_ns"),
-        epoch.alias("epoch"),
-        F.coalesce(interval, F.lit(rules.v1_interval_s)).alias("interval_s"),
-    ).where(F.col("agent").isNotNull())
+    attr = pl.col("attributes")
+    interval = attr.str.json_path_match("$._heartbeat_interval").cast(pl.Float64, strict=False)
+    epoch = attr.str.json_path_match("$._epoch").cast(pl.Int64, strict=False)
+    return (
+        heartbeats.filter(pl.col("timestamp_ns").is_not_null() & (pl.col("timestamp_ns") > 0))
+        .select(
+            pl.coalesce(
+                pl.col("agent"), pl.when(pl.col("dialect") != "V2").then(pl.lit(rules.v1_agent))
+            ).alias("agent"),
+            "dialect",
+            pl.col("timestamp_ns").alias("ts_ns"),
+            epoch.alias("epoch"),
+            pl.coalesce(interval, pl.lit(rules.v1_interval_s)).alias("interval_s"),
+        )
+        .filter(pl.col("agent").is_not_null())
+    )
 
 
-def _ts_py(ns: int) -> pd.Timestamp:
-    return pd.Timestamp(ns // 1000, unit="us", tz="UTC")
+def _ts_py(ns: int) -> datetime:
+    return datetime.fromtimestamp(ns // 1000 // 1_000_000, UTC).replace(
+        microsecond=ns // 1000 % 1_000_000
+    )
 
 
 def liveness_scan(
-    beats: pd.DataFrame,
+    beats: list[tuple[int, int | None, float, str]],
+    agent: str,
     current: Mapping[str, Any] | None,
     now_ns: int,
     rules: LivenessRules,
     batch_id: int,
 ) -> list[dict[str, Any]]:
-    """One agent's heartbeats (any order, duplicates allowed) continuing its open up interval."""
+    """One agent's heartbeats ``(ts_ns, epoch, interval_s, dialect)`` (any order, duplicates
+    allowed) continuing its open up interval."""
     out: list[dict[str, Any]] = []
     cur = dict(current) if current is not None else None
-    for ts, epoch, iv, dialect in sorted(
-        zip(beats["ts_ns"], beats["epoch"], beats["interval_s"], beats["dialect"], strict=True),
-        key=lambda x: int(x[0]),
-    ):
-        ts = int(ts)
-        ep = None if epoch is None or pd.isna(epoch) else int(epoch)
+    for ts_ns, ep, iv, dialect in sorted(beats, key=lambda b: b[0]):
         fresh = {
-            "agent": beats["agent"].iloc[0], "dialect": dialect, "epoch": ep, "up_start_ns": ts,
-            "last_heartbeat_ns": ts, "heartbeats": 1, "interval_s": float(iv),
+            "agent": agent, "dialect": dialect, "epoch": ep, "up_start_ns": ts_ns,
+            "last_heartbeat_ns": ts_ns, "heartbeats": 1, "interval_s": float(iv),
             "state": "up", "started_by": "first", "down_at": None, "next_up": None,
         }  # fmt: skip
         if cur is None:
             cur = fresh
             continue
-        if ts <= int(cur["last_heartbeat_ns"]):
+        if ts_ns <= int(cur["last_heartbeat_ns"]):
             continue
         limit = int(rules.missed * float(cur["interval_s"]) * NS)
         if ep is not None and cur["epoch"] is not None and ep != int(cur["epoch"]):
-            cur.update(state="restarted", down_at=None, next_up=_ts_py(ts))
+            cur.update(state="restarted", down_at=None, next_up=_ts_py(ts_ns))
             out.append(cur)
             cur = {**fresh, "started_by": "restart"}
-        elif ts - int(cur["last_heartbeat_ns"]) > limit:
+        elif ts_ns - int(cur["last_heartbeat_ns"]) > limit:
             cur.update(
-                state="down", down_at=_ts_py(int(cur["last_heartbeat_ns"]) + limit), next_up=_ts_py(ts)
-            )
+                state="down", down_at=_ts_py(int(cur["last_heartbeat_ns"]) + limit),
+                next_up=_ts_py(ts_ns),
+            )  # fmt: skip
             out.append(cur)
             cur = {**fresh, "started_by": "recovered"}
         else:
-            cur.update(last_heartbeat_ns=ts, heartbeats=int(cur["heartbeats"]) + 1, interval_s=float(iv))
+            cur.update(
+                last_heartbeat_ns=ts_ns, heartbeats=int(cur["heartbeats"]) + 1, interval_s=float(iv)
+            )
             if cur["epoch"] is None and ep is not None:
                 cur["epoch"] = ep
     if cur is not None:
@@ -660,29 +675,85 @@ def liveness_scan(
 
 
 def agent_liveness(
-    beats: DataFrame, current: DataFrame, now_ns: int, rules: LivenessRules, batch_id: int
-) -> DataFrame:
+    beats: pl.DataFrame, current: pl.DataFrame, now_ns: int, rules: LivenessRules, batch_id: int
+) -> pl.DataFrame:
     """Heartbeat rows (``heartbeat_rows``) + each agent's open up interval (``current``: its
     latest AGENT_LIVENESS row) -> the rows to upsert, every agent re-judged at ``now_ns``
-    (the latest heartbeat time seen: event time, so a replay or a backfill judges alike)."""
-    names = AGENT_LIVENESS.names
+    (the latest heartbeat time seen: event time, so a replay or a backfill judges alike).
 
-    def fn(b: pd.DataFrame, c: pd.DataFrame) -> pd.DataFrame:
-        cur = None if c.empty else c.sort_values("up_start_ns").iloc[-1].to_dict()
-        if b.empty and cur is None:
-            return pd.DataFrame(columns=names)
-        rows = liveness_scan(b, cur, now_ns, rules, batch_id)
-        return pd.DataFrame(rows, columns=names)
+    A Python loop per heartbeat: heartbeats are one per agent per interval."""
+    by_agent: dict[str, list[tuple[int, int | None, float, str]]] = {}
+    for a, ts_ns, ep, iv, d in beats.select("agent", "ts_ns", "epoch", "interval_s", "dialect").iter_rows():
+        by_agent.setdefault(a, []).append((int(ts_ns), None if ep is None else int(ep), float(iv), d))
+    open_rows = {r["agent"]: r for r in current.select(AGENT_LIVENESS.names).to_dicts()}
+    rows: list[dict[str, Any]] = []
+    for agent in sorted(set(by_agent) | set(open_rows)):
+        rows += liveness_scan(by_agent.get(agent, []), agent, open_rows.get(agent), now_ns, rules, batch_id)
+    return frame(pa.Table.from_pylist(rows, schema=AGENT_LIVENESS))
 
-    cur = current.select(*names)
-    return (
-        beats.groupBy("agent")
-        .cogroup(cur.groupBy("agent"))
-        .applyInPandas(fn, spark_schema(AGENT_LIVENESS))
+
+def latest_liveness(liveness: pl.DataFrame) -> pl.DataFrame:
+    """Each agent's latest up interval (the open one)."""
+    return liveness.sort("up_start_ns", descending=True).unique("agent", keep="first", maintain_order=True)
+
+
+# ------------------------------------------------------------------ the batch
+
+
+@dataclass(frozen=True)
+class GoldRows:
+    """One gold micro-batch's output: rows to append / upsert, and the new rate state."""
+
+    rates: pl.DataFrame
+    lifecycles: pl.DataFrame
+    liveness: pl.DataFrame
+    state: pl.DataFrame
+
+
+def gold_batch(
+    batch: pl.DataFrame,
+    *,
+    registry: pa.Table,
+    state: pl.DataFrame,
+    lifecycles: pl.DataFrame,
+    liveness: pl.DataFrame,
+    rate_rules: RateRules,
+    liveness_rules: LivenessRules,
+    batch_id: int,
+) -> GoldRows:
+    """Gold input rows (``pipeline.gold.gold_input``: samples and heartbeats, ``source``)
+    + the gold tables as they are -> what the batch writes to each."""
+    samples = batch.filter(pl.col("source") == "sample")
+    beats = batch.filter(pl.col("source") == "heartbeat")
+
+    hb = heartbeat_rows(beats, liveness_rules)
+    top = [hb["ts_ns"].max(), liveness["last_heartbeat_ns"].max()]
+    now_ns = max((int(v) for v in top if isinstance(v, int)), default=0)
+    live_rows = agent_liveness(hb, latest_liveness(liveness), now_ns, liveness_rules, batch_id)
+
+    known = lifecycles.filter(pl.col("index_key").is_not_null()).select("agent", "object_id", "index_key")
+    ident = identify(samples, known)
+    updates = object_updates(ident, property_defs(registry))
+    merged = merge_lifecycles(lifecycles, updates, live_rows, batch_id)
+
+    values = pl.concat(
+        [statistic_values(ident, statistic_defs(registry)), state_values(rekey_state(state, ident))]
+    )
+    pairs = pair_values(values, rate_rules)
+    return GoldRows(
+        rates=rates_from_pairs(pairs.rates, batch_id),
+        lifecycles=changed_rows(merged, lifecycles),
+        liveness=live_rows,
+        state=state_from_pairs(pairs.state, ident),
     )
 
 
-def latest_liveness(liveness: DataFrame) -> DataFrame:
-    """Each agent's latest up interval (the open one)."""
-    w = Window.partitionBy("agent").orderBy(F.col("up_start_ns").desc())
-    return liveness.withColumn("_r", F.row_number().over(w)).where(F.col("_r") == 1).drop("_r")
+def conform(df: pl.DataFrame, schema: pa.Schema) -> pa.Table:
+    """A polars result as an Arrow table of a gold table's schema (column order, types)."""
+    return df.select(schema.names).to_arrow().cast(schema)
+
+
+__all__ = [
+    "LIFECYCLE_KEYS", "OBJECT_LIFECYCLES", "STATISTIC_RATES", "GoldRows", "LivenessRules",
+    "RateRules", "conform", "empty", "frame", "gold_batch",
+]  # fmt: skip
