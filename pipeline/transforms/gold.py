@@ -347,6 +347,43 @@ class Pairs:
     state: pl.DataFrame
 
 
+_ORDER = ("is_state", "update_ns", *_ARRIVAL)
+_ORDER_DESC = (True, False, False, False, False)
+
+
+def _sorted_by_series(values: pl.DataFrame) -> tuple[pl.DataFrame, np.ndarray]:
+    """Values sorted by series (state first, then sample time, then arrival), and where
+    each series starts.
+
+    Sorting by a 64-bit hash of the five key columns instead of the strings
+    themselves is several times faster. Series boundaries are taken from the key
+    columns, so a hash collision cannot merge two series: it is detected (the hash
+    and the keys disagree on a boundary) and the values are sorted by the strings.
+    (Sorting the rows, not gathering them by a sorted index: a random gather of
+    the string columns costs 3x the sort.)
+    """
+    hashed = values.with_columns(_h=pl.struct(SERIES_KEYS).hash())
+    t = hashed.sort(["_h", *_ORDER], descending=[False, *_ORDER_DESC], nulls_last=False, maintain_order=True)
+    newgrp = _boundaries(t, SERIES_KEYS)
+    if not np.array_equal(newgrp, _boundaries(t, ("_h",))):
+        t = values.sort(
+            [*SERIES_KEYS, *_ORDER], descending=[False] * len(SERIES_KEYS) + list(_ORDER_DESC),
+            nulls_last=False, maintain_order=True,
+        )  # fmt: skip
+        newgrp = _boundaries(t, SERIES_KEYS)
+    return t.drop("_h", strict=False), newgrp
+
+
+def _boundaries(t: pl.DataFrame, keys: tuple[str, ...]) -> np.ndarray:
+    """True where a row's keys differ from the previous row's (and at row 0)."""
+    out = t.select(
+        pl.any_horizontal([pl.col(k).ne_missing(pl.col(k).shift(1)) for k in keys]).fill_null(True)
+    ).to_series().to_numpy().astype(np.bool_)
+    if len(out):
+        out[0] = True
+    return out
+
+
 def pair_values(values: pl.DataFrame, rules: RateRules) -> Pairs:
     """Statistic values (new samples and state baselines) -> intervals and new baselines,
     in one numba scan over the values sorted by series, state first, then sample time."""
@@ -356,40 +393,30 @@ def pair_values(values: pl.DataFrame, rules: RateRules) -> Pairs:
             start_ns=pl.lit(None, pl.Int64), prev_value=pl.lit(None, pl.Float64),
             reset=pl.lit(None, pl.Utf8),
         ), values.select(names))  # fmt: skip
-    t = values.sort(
-        [*SERIES_KEYS, "is_state", "update_ns", *_ARRIVAL],
-        descending=[False] * len(SERIES_KEYS) + [True, False, False, False, False],
-        nulls_last=False,
-        maintain_order=True,
+    t, newgrp = _sorted_by_series(values)
+    num = t.select(
+        pl.col("update_ns").fill_null(0).cast(pl.Int64),
+        pl.col("value").cast(pl.Float64).fill_null(np.nan),
+        pl.col("generation").fill_null(-1).cast(pl.Int64),
+        pl.col("create_ns").fill_null(0).cast(pl.Int64),
+        pl.col("object_id").cast(pl.Categorical).to_physical().cast(pl.Int64).alias("obj"),
+        (pl.col("kind") == "counter").fill_null(False).alias("counter"),
+        pl.col("deleted").fill_null(False),
     )
-    newgrp = t.select(
-        pl.any_horizontal(
-            [pl.col(k).ne_missing(pl.col(k).shift(1)) for k in SERIES_KEYS]
-        ).fill_null(True)
-    ).to_series().to_numpy()
-    newgrp[0] = True
-    obj = t["object_id"].cast(pl.Categorical).to_physical().cast(pl.Int64).to_numpy()
+    ns, val = num["update_ns"].to_numpy(), num["value"].to_numpy()
     base, cur, reason, keep = _pair_kernel(
-        np.ascontiguousarray(newgrp, np.bool_),
-        t["update_ns"].fill_null(0).to_numpy().astype(np.int64),
-        t["value"].fill_null(np.nan).to_numpy().astype(np.float64),
-        t["generation"].fill_null(-1).to_numpy().astype(np.int64),
-        t["create_ns"].fill_null(0).to_numpy().astype(np.int64),
-        np.ascontiguousarray(obj, np.int64),
-        (t["kind"] == "counter").fill_null(False).to_numpy().astype(np.bool_),
-        t["deleted"].to_numpy().astype(np.bool_),
-        int(rules.min_interval_s * NS),
-        int(rules.max_gap_s * NS),
-    )
+        newgrp, ns, val, num["generation"].to_numpy(), num["create_ns"].to_numpy(),
+        num["obj"].to_numpy(), num["counter"].to_numpy(), num["deleted"].to_numpy(),
+        int(rules.min_interval_s * NS), int(rules.max_gap_s * NS),
+    )  # fmt: skip
     reset_names = np.array([None, *RESETS[1:]], dtype=object)[reason.astype(np.int64)]
-    before = t[base]
-    rates = t[cur].select(names).with_columns(
-        start_ns=before["update_ns"], prev_value=before["value"],
+    rates = t.select(names)[cur].with_columns(
+        start_ns=pl.Series(ns[base]), prev_value=pl.Series(val[base]).fill_nan(None),
         reset=pl.Series(pa.array(reset_names, pa.string())),
     )  # fmt: skip
-    state = t.filter(pl.Series(keep)).select(names)
+    state = t.select(names).filter(pl.Series(keep))
     if state.height and rules.state_ttl_s > 0:
-        horizon = int(t["update_ns"].max()) - int(rules.state_ttl_s * NS)  # type: ignore[arg-type]
+        horizon = int(ns.max()) - int(rules.state_ttl_s * NS)
         state = state.filter(pl.col("update_ns") >= horizon)
     return Pairs(rates, state)
 
