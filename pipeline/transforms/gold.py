@@ -351,7 +351,9 @@ _ORDER = ("is_state", "update_ns", *_ARRIVAL)
 _ORDER_DESC = (True, False, False, False, False)
 
 
-def _sorted_by_series(values: pl.DataFrame) -> tuple[pl.DataFrame, np.ndarray]:
+def _sorted_by_series(
+    values: pl.DataFrame, hash_expr: pl.Expr | None = None
+) -> tuple[pl.DataFrame, np.ndarray]:
     """Values sorted by series (state first, then sample time, then arrival), and where
     each series starts.
 
@@ -362,7 +364,7 @@ def _sorted_by_series(values: pl.DataFrame) -> tuple[pl.DataFrame, np.ndarray]:
     (Sorting the rows, not gathering them by a sorted index: a random gather of
     the string columns costs 3x the sort.)
     """
-    hashed = values.with_columns(_h=pl.struct(SERIES_KEYS).hash())
+    hashed = values.with_columns(_h=pl.struct(SERIES_KEYS).hash() if hash_expr is None else hash_expr)
     t = hashed.sort(["_h", *_ORDER], descending=[False, *_ORDER_DESC], nulls_last=False, maintain_order=True)
     newgrp = _boundaries(t, SERIES_KEYS)
     if not np.array_equal(newgrp, _boundaries(t, ("_h",))):
