@@ -14,9 +14,12 @@ trigger interval and the upstream layers), and the same run's baseline: a
 Spark read + collect of the same silver batch (Spark's fixed cost per batch;
 ratio in brackets).
 
-Usage (about 2-3 minutes at 10,000 queues and 5 intervals on 2 busy cores):
+``--per-batch K`` makes each gold micro-batch K publish intervals (a longer
+trigger); the input rate is then per simulated second (rate rows / K).
 
-    .venv/bin/python benchmarks/bench_gold.py [--queues 10000] [--intervals 5]
+Usage (about 1-2 minutes at 10,000 queues and 6 intervals on 2 quiet cores):
+
+    .venv/bin/python benchmarks/bench_gold.py [--queues 10000] [--intervals 6] [--per-batch 1]
 """
 
 from __future__ import annotations
