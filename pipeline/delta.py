@@ -1195,28 +1195,32 @@ def overwrite_range(
         if check_batch and batch.where(outside).limit(1).count() > 0:
             raise ValueError(f"batch {batch_id} has rows outside the predicate {predicate!r}")
     spark = batch.sparkSession
-    files = _live_files(dt)
-    if within is not None:
-        files = prune_files(dt, files, *within)
-    scan = _scan(spark, dt, files, with_file=True)
-    hit = {
-        r[0]
-        for r in scan.where(F.expr(f"coalesce(({predicate}), false)"))
-        .select(FILE_COL)
-        .distinct()
-        .collect()
-    }
-    touched = [f for f in files if f.delta_path in hit]
-    out = batch
-    if touched:
-        kept = _scan(spark, dt, touched, with_file=False).where(outside)
-        out = batch.unionByName(kept)
-    return _write_and_commit(
-        out,
-        dt,
-        app_id=app_id,
-        batch_id=batch_id,
-        operation="overwrite_range",
-        remove=[f.delta_path for f in touched],
-        writer_options=writer_options,
-    )
+    # Held (shared) from choosing the files to the commit: a compaction cannot
+    # replace the chosen files in between (it takes the lock exclusively).
+    with table_lock(path):
+        dt.update_incremental()
+        files = _live_files(dt)
+        if within is not None:
+            files = prune_files(dt, files, *within)
+        scan = _scan(spark, dt, files, with_file=True)
+        hit = {
+            r[0]
+            for r in scan.where(F.expr(f"coalesce(({predicate}), false)"))
+            .select(FILE_COL)
+            .distinct()
+            .collect()
+        }
+        touched = [f for f in files if f.delta_path in hit]
+        out = batch
+        if touched:
+            kept = _scan(spark, dt, touched, with_file=False).where(outside)
+            out = batch.unionByName(kept)
+        return _write_and_commit(
+            out,
+            dt,
+            app_id=app_id,
+            batch_id=batch_id,
+            operation="overwrite_range",
+            remove=[f.delta_path for f in touched],
+            writer_options=writer_options,
+        )
