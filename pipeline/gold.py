@@ -3,7 +3,9 @@
 One query reads two silver tables (``object_samples`` and ``heartbeats``,
 source ``qmf-delta``) as one stream (``gold_input``: both projected onto one
 schema with a ``source`` column), so one checkpoint and one batch id cover
-both. A micro-batch (``GoldBatchWriter.__call__``), streaming or batch:
+both. A micro-batch (``GoldBatchWriter.__call__``), streaming or batch, is
+collected as Arrow (one Spark job) and computed on the driver in polars
+(``pipeline.transforms.gold.gold_batch``; why: docs/DESIGN.md, Gold):
 
 1. agent liveness: heartbeats continue each agent's open up interval
    (``agent_liveness``), judged at the latest heartbeat time seen;

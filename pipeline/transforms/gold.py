@@ -35,7 +35,7 @@ import polars as pl
 import pyarrow as pa
 from numba import njit
 
-from schemas.gold import AGENT_LIVENESS, OBJECT_LIFECYCLES, RATE_STATE, STATISTIC_RATES
+from schemas.gold import AGENT_LIVENESS, RATE_STATE
 
 RESETS = ("", "counter_decreased", "recreated", "agent_restart", "gap")
 SERIES_KEYS = ("agent", "package", "class_name", "series", "statistic")
@@ -58,10 +58,6 @@ def frame(table: pa.Table) -> pl.DataFrame:
     out = pl.from_arrow(table, rechunk=False)
     assert isinstance(out, pl.DataFrame)
     return out
-
-
-def empty(schema: pa.Schema) -> pl.DataFrame:
-    return frame(schema.empty_table())
 
 
 def ts(ns: pl.Expr) -> pl.Expr:
@@ -780,9 +776,3 @@ def gold_batch(
 def conform(df: pl.DataFrame, schema: pa.Schema) -> pa.Table:
     """A polars result as an Arrow table of a gold table's schema (column order, types)."""
     return df.select(schema.names).to_arrow().cast(schema)
-
-
-__all__ = [
-    "LIFECYCLE_KEYS", "OBJECT_LIFECYCLES", "STATISTIC_RATES", "GoldRows", "LivenessRules",
-    "RateRules", "conform", "empty", "frame", "gold_batch",
-]  # fmt: skip
