@@ -19,7 +19,7 @@ from collections.abc import Sequence
 from datetime import datetime
 from typing import TYPE_CHECKING
 
-from pipeline.gold import GoldSettings, run_gold, run_gold_batch
+from pipeline.gold import DEFAULT_MAX_ROWS_PER_TRIGGER, GoldSettings, run_gold, run_gold_batch
 from pipeline.jobrun import run_job, setup_logging, trigger_arg
 from pipeline.transforms.gold import LivenessRules, RateRules
 
@@ -36,6 +36,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--trigger", type=trigger_arg, default="availableNow",
                    help="availableNow (default) or processingTime=<interval>")
     p.add_argument("--max-files-per-trigger", type=int, default=None)
+    p.add_argument("--max-rows-per-trigger", type=int, default=DEFAULT_MAX_ROWS_PER_TRIGGER,
+                   help="silver rows per micro-batch and source (0: no limit); the batch is "
+                        "collected into the driver")  # fmt: skip
     p.add_argument("--timeout", type=float, default=None,
                    help="seconds: run time for processingTime, upper bound for availableNow")
     p.add_argument("--min-interval", type=float, default=1.0, metavar="SECONDS",
@@ -69,6 +72,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         registry=args.registry,
         trigger=args.trigger,
         max_files_per_trigger=args.max_files_per_trigger,
+        max_rows_per_trigger=args.max_rows_per_trigger or None,
         rates=RateRules(args.min_interval, args.max_gap, args.state_ttl),
         liveness=LivenessRules(args.missed_heartbeats, args.v1_agent, args.v1_interval),
     )

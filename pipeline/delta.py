@@ -966,6 +966,22 @@ def _sql_ident(name: str) -> str:
     return '"' + name.replace('"', '""') + '"'
 
 
+def _merge_target(
+    path: str | os.PathLike[str], keys: Sequence[str], app_id: str, batch_id: int
+) -> tuple[DeltaTable, pa.Schema, CommitResult | None]:
+    """The table a merge writes, its schema, and the result if the batch is already in it."""
+    if not keys:
+        raise ValueError("merge needs at least one key column")
+    dt = _open_for_write(path)
+    schema = table_schema(dt)
+    if _already_committed(dt, app_id, batch_id):
+        return dt, schema, CommitResult(skipped=True, version=dt.version())
+    for k in keys:
+        if k not in schema.names:
+            raise SchemaMismatchError(f"key column {k!r} not in table {path}")
+    return dt, schema, None
+
+
 def merge_batch(
     df: DataFrame,
     path: str | os.PathLike[str],
@@ -997,15 +1013,9 @@ def merge_batch(
     whose Delta min/max stats lie outside are not even opened, which keeps the
     check's cost flat as the table grows. Assumes one writer per table.
     """
-    if not keys:
-        raise ValueError("merge needs at least one key column")
-    dt = _open_for_write(path)
-    if _already_committed(dt, app_id, batch_id):
-        return CommitResult(skipped=True, version=dt.version())
-    schema = table_schema(dt)
-    for k in keys:
-        if k not in schema.names:
-            raise SchemaMismatchError(f"key column {k!r} not in table {path}")
+    dt, schema, done = _merge_target(path, keys, app_id, batch_id)
+    if done is not None:
+        return done
     batch = conform(df, schema)
     if mode == "insert_if_absent":
         from pyspark.sql import functions as F
@@ -1120,15 +1130,9 @@ def merge_arrow(
 ) -> CommitResult:
     """Upsert Arrow rows on ``keys`` exactly once (delta-rs MERGE: only files holding
     matched keys are rewritten). Duplicate keys in ``table`` are an error."""
-    if not keys:
-        raise ValueError("merge needs at least one key column")
-    dt = _open_for_write(path)
-    if _already_committed(dt, app_id, batch_id):
-        return CommitResult(skipped=True, version=dt.version())
-    schema = table_schema(dt)
-    for k in keys:
-        if k not in schema.names:
-            raise SchemaMismatchError(f"key column {k!r} not in table {path}")
+    dt, schema, done = _merge_target(path, keys, app_id, batch_id)
+    if done is not None:
+        return done
     source = conform_arrow(table, schema)
     if source.num_rows:
         counts = source.group_by(list(keys)).aggregate([([], "count_all")])

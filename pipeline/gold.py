@@ -64,6 +64,7 @@ SAMPLE_COLS = (
     "object_name", "index_key", "ints", "floats", "texts",
 )  # fmt: skip
 BEAT_COLS = ("timestamp_ns", "attributes")
+DEFAULT_MAX_ROWS_PER_TRIGGER = 100_000  # ~5-8 s of gold work and ~100 MB of Arrow at 10,000 queues
 LIVENESS_KEYS = ("agent", "up_start_ns")
 
 
@@ -77,6 +78,9 @@ class GoldSettings:
     registry: str | None = None
     trigger: str = "availableNow"
     max_files_per_trigger: int | None = None
+    # Silver samples per micro-batch (per source): a batch is collected into the
+    # driver, so a backlog (gold restarted, or behind) must not arrive as one batch.
+    max_rows_per_trigger: int | None = DEFAULT_MAX_ROWS_PER_TRIGGER
     rates: RateRules = field(default_factory=RateRules)
     liveness: LivenessRules = field(default_factory=LivenessRules)
     query_name: str = "qmf_gold"
@@ -271,6 +275,8 @@ def start_gold(spark: SparkSession, settings: GoldSettings) -> StreamingQuery:
         )
         if settings.max_files_per_trigger is not None:
             r = r.option("maxFilesPerTrigger", str(settings.max_files_per_trigger))
+        if settings.max_rows_per_trigger is not None:
+            r = r.option("maxRowsPerTrigger", str(settings.max_rows_per_trigger))
         return r.load()
 
     stream = gold_input(read("object_samples", OBJECT_SAMPLES), read("heartbeats", HEARTBEATS))

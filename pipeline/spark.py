@@ -27,6 +27,10 @@ BASE_CONF: dict[str, str] = {
     "spark.sql.parquet.outputTimestampType": "TIMESTAMP_MICROS",
     "spark.sql.execution.arrow.pyspark.enabled": "true",
     "spark.ui.showConsoleProgress": "false",
+    # Gold and silver's driver decode collect micro-batches as Arrow: the JVM
+    # holds a batch's task results before Python gets them (1g, Spark's
+    # default, ran out in a 30-minute run at 10,000 queues).
+    "spark.driver.memory": "2g",
     # Long-running streams: keep the checkpoint's offset/commit logs and the
     # driver's UI history bounded (Spark keeps 100 batches and 1000 jobs,
     # stages and SQL executions by default; each micro-batch adds some).
