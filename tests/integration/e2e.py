@@ -376,3 +376,58 @@ def drain_to_bronze(spark: Any, landing: Path, table: Path, checkpoint: Path) ->
     finally:
         query.stop()
     assert query.exception() is None
+
+
+# ------------------------------------------------------------------ SIGKILL a streaming job
+
+
+def stream_job(script: str, args: Sequence[str], log: IO[bytes]) -> subprocess.Popen[bytes]:
+    """``jobs/<script>`` as its own Python process (as the kill tests run silver and gold)."""
+    cmd = [sys.executable, str(REPO / "jobs" / script), *args]
+    env = dict(os.environ, PYTHONPATH=str(REPO))
+    return subprocess.Popen(cmd, cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT)
+
+
+def last_batch_id(path: str) -> int | None:
+    """The highest streaming batch id (``qmf.batch_id``) committed to a Delta table so far."""
+    if not delta.table_exists(path):
+        return None
+    ids = [h.get("qmf.batch_id") for h in DeltaTable(path).history()]
+    return max((int(b) for b in ids if b is not None), default=None)
+
+
+def kill_after_batch(
+    script: str, args: Sequence[str], log_path: Path, table: str, at_least: int,
+    timeout_s: float, poll_s: float = 0.3,
+) -> int | None:  # fmt: skip
+    """Start the job, SIGKILL it once ``table`` holds batch ``at_least`` (it must still run
+    then: the kill is mid-stream); returns the last batch id committed before the kill."""
+    with open(log_path, "wb") as log:
+        job = stream_job(script, args, log)
+        try:
+            deadline = time.monotonic() + timeout_s
+            done: int | None = None
+            while time.monotonic() < deadline and job.poll() is None:
+                time.sleep(poll_s)
+                done = last_batch_id(table)
+                if done is not None and done >= at_least:
+                    break
+            assert job.poll() is None, log_path.read_text()[-3000:]
+            os.kill(job.pid, signal.SIGKILL)
+        finally:
+            if job.poll() is None:
+                job.kill()
+            job.wait()
+    return done
+
+
+def run_job_to_end(script: str, args: Sequence[str], log_path: Path, timeout_s: float) -> None:
+    """Run the job until it exits by itself; it must exit 0 (a timed-out one is killed)."""
+    with open(log_path, "wb") as log:
+        job = stream_job(script, args, log)
+        try:
+            assert job.wait(timeout=timeout_s) == 0, log_path.read_text()[-3000:]
+        finally:
+            if job.poll() is None:
+                job.kill()  # a timed-out run must not outlive the test
+                job.wait()

@@ -9,10 +9,6 @@ exactly the tables a batch-mode run over the same silver gives.
 from __future__ import annotations
 
 import os
-import signal
-import subprocess
-import sys
-import time
 from typing import TYPE_CHECKING, Any
 
 import pytest
@@ -23,34 +19,19 @@ from pipeline.codec.capture import read_capture
 from pipeline.gold import GoldSettings, run_gold_batch
 from pipeline.silver import SilverBatchWriter, SilverSettings, bronze_rows
 from schemas.gold import GOLD_TABLES
+from tests.integration.e2e import kill_after_batch, last_batch_id, run_job_to_end
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
 
 pytestmark = [pytest.mark.spark, pytest.mark.slow]
 
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 PARTS = 5  # silver commits: the stream has as many micro-batches (one file per trigger)
 
 
-def _job(s: GoldSettings, log: Any) -> subprocess.Popen[bytes]:
-    cmd = [
-        sys.executable, os.path.join(ROOT, "jobs", "gold.py"), "--silver", s.silver,
-        "--root", s.root, "--checkpoint", s.checkpoint, "--max-files-per-trigger", "1",
-        "--timeout", "900",
-    ]  # fmt: skip
-    env = dict(os.environ, PYTHONPATH=ROOT)
-    return subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT)
-
-
-def _committed(path: str) -> int | None:
-    """The highest gold batch id committed to a table so far."""
-    if not delta.table_exists(path):
-        return None
-    from deltalake import DeltaTable
-
-    ids = [h.get("qmf.batch_id") for h in DeltaTable(path).history()]
-    return max((int(b) for b in ids if b is not None), default=None)
+def _args(s: GoldSettings) -> list[str]:
+    return ["--silver", s.silver, "--root", s.root, "--checkpoint", s.checkpoint,
+            "--max-files-per-trigger", "1", "--timeout", "900"]  # fmt: skip
 
 
 def _sorted(df: DataFrame) -> DataFrame:
@@ -71,27 +52,11 @@ def test_sigkill_and_restart_write_every_row_once(
     run_gold_batch(spark, ref, 0)
 
     s = GoldSettings(silver=ss.root, root=str(tmp_path / "gold"), checkpoint=str(tmp_path / "ckpt"))
-    with open(tmp_path / "job1.log", "wb") as log:
-        job = _job(s, log)
-        deadline = time.monotonic() + 600
-        done: int | None = None
-        while time.monotonic() < deadline and job.poll() is None:
-            time.sleep(0.3)
-            done = _committed(s.path("rate_state"))  # the last write of a gold batch
-            if done is not None and done >= 1:
-                break
-        assert job.poll() is None, (tmp_path / "job1.log").read_text()[-3000:]
-        os.kill(job.pid, signal.SIGKILL)
-        job.wait()
+    table = s.path("rate_state")  # the last write of a gold batch
+    done = kill_after_batch("gold.py", _args(s), tmp_path / "job1.log", table, 1, 600)
     assert done is not None and done < PARTS - 1  # killed mid-stream
-    with open(tmp_path / "job2.log", "wb") as log:
-        job = _job(s, log)
-        try:
-            assert job.wait(timeout=800) == 0, (tmp_path / "job2.log").read_text()[-3000:]
-        finally:
-            if job.poll() is None:
-                job.kill()  # a timed-out run must not outlive the test
-    assert (_committed(s.path("rate_state")) or 0) > done  # the rest streamed after the restart
+    run_job_to_end("gold.py", _args(s), tmp_path / "job2.log", 800)
+    assert (last_batch_id(table) or 0) > done  # the rest streamed after the restart
     for name in GOLD_TABLES:
         a = delta.read_table(spark, ref.path(name))
         b = delta.read_table(spark, s.path(name))

@@ -9,10 +9,6 @@ tables a clean batch-mode run gives.
 from __future__ import annotations
 
 import os
-import signal
-import subprocess
-import sys
-import time
 from collections import Counter
 from typing import TYPE_CHECKING, Any
 
@@ -21,24 +17,19 @@ import pytest
 from pipeline import delta
 from pipeline.codec.capture import read_capture
 from pipeline.silver import SilverSettings, bronze_rows, run_silver_batch, write_bronze
+from tests.integration.e2e import kill_after_batch, run_job_to_end
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
 
 pytestmark = [pytest.mark.spark, pytest.mark.slow]
 
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 TABLES = ("object_samples", "events", "heartbeats", "method_responses", "quarantine", "parked")
 
 
-def _job(s: SilverSettings, log: Any) -> subprocess.Popen[bytes]:
-    cmd = [
-        sys.executable, os.path.join(ROOT, "jobs", "silver.py"), "--bronze", s.bronze,
-        "--root", s.root, "--checkpoint", s.checkpoint, "--max-files-per-trigger", "1",
-        "--timeout", "600",
-    ]  # fmt: skip
-    env = dict(os.environ, PYTHONPATH=ROOT)
-    return subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT)
+def _args(s: SilverSettings) -> list[str]:
+    return ["--bronze", s.bronze, "--root", s.root, "--checkpoint", s.checkpoint,
+            "--max-files-per-trigger", "1", "--timeout", "600"]  # fmt: skip
 
 
 def _identities(s: SilverSettings, name: str) -> Counter[tuple[Any, ...]]:
@@ -66,28 +57,11 @@ def test_sigkill_and_restart_write_every_row_once(
         checkpoint=str(tmp_path / "checkpoint"),
     )
     write_bronze(s.bronze, parts)
-    with open(tmp_path / "job1.log", "wb") as log:
-        job = _job(s, log)
-        # Kill once a few micro-batches are in (but not all of them).
-        deadline = time.monotonic() + 300
-        done: int | None = None
-        while time.monotonic() < deadline and job.poll() is None:
-            time.sleep(0.5)
-            path = s.path("object_samples")
-            if delta.table_exists(path):
-                from deltalake import DeltaTable
-
-                txns = [h.get("qmf.batch_id") for h in DeltaTable(path).history()]
-                done = max((int(b) for b in txns if b is not None), default=None)
-                if done is not None and done >= 2:
-                    break
-        assert job.poll() is None, (tmp_path / "job1.log").read_text()[-3000:]
-        os.kill(job.pid, signal.SIGKILL)
-        job.wait()
+    # Kill once a few micro-batches are in (but not all of them).
+    done = kill_after_batch("silver.py", _args(s), tmp_path / "job1.log",
+                            s.path("object_samples"), 2, 300, poll_s=0.5)  # fmt: skip
     assert done is not None and done < len(parts) - 1  # killed mid-stream
-    with open(tmp_path / "job2.log", "wb") as log:
-        job = _job(s, log)
-        assert job.wait(timeout=600) == 0, (tmp_path / "job2.log").read_text()[-3000:]
+    run_job_to_end("silver.py", _args(s), tmp_path / "job2.log", 600)
     for name in TABLES:
         got = _identities(s, name)
         assert all(n == 1 for n in got.values()), name  # no duplicate
