@@ -17,20 +17,32 @@ ratio in brackets).
 ``--per-batch K`` makes each gold micro-batch K publish intervals (a longer
 trigger); the input rate is then per simulated second (rate rows / K).
 
+``--stream`` runs the gold *streaming job* instead (``start_gold``, AvailableNow,
+its default ``maxRowsPerTrigger``) over the whole silver run, twice in the same
+process: reading each micro-batch's silver files on the driver (the default)
+and, as the same-run baseline, collecting each batch through Spark
+(``read_on_driver=False``). It prints each run's wall time against the
+simulated time it covers (keeping up: wall < simulated), per-batch durations,
+and checks that both runs wrote the same rate rows. 300 intervals is the
+issue's five minutes (about 10 minutes to simulate and decode into silver).
+
 Usage (about 1-2 minutes at 10,000 queues and 6 intervals on 2 quiet cores):
 
     .venv/bin/python benchmarks/bench_gold.py [--queues 10000] [--intervals 6] [--per-batch 1]
+    .venv/bin/python benchmarks/bench_gold.py --stream --intervals 300
 """
 
 from __future__ import annotations
 
 import argparse
+import itertools
 import os
 import shutil
 import statistics
 import sys
 import tempfile
 import time
+from typing import TYPE_CHECKING
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 
@@ -40,6 +52,9 @@ from pipeline.codec.capture import read_capture
 from pipeline.gold import GoldBatchWriter, GoldSettings, gold_input
 from pipeline.silver import SilverBatchWriter, SilverSettings, bronze_rows
 
+if TYPE_CHECKING:
+    from pyspark.sql import DataFrame
+
 START_NS = 1_800_000_000_000_000_000
 
 
@@ -48,12 +63,80 @@ def pct(values: list[float], q: float) -> float:
     return s[min(len(s) - 1, round(q * (len(s) - 1)))]
 
 
+def stream_runs(ss: SilverSettings, tmp: str, intervals: int) -> int:
+    """The gold streaming job over the whole silver run: driver reads vs Spark reads."""
+    import pyarrow.compute as pc
+
+    from pipeline.bronze import tune_shuffles
+    from pipeline.gold import start_gold
+    from pipeline.spark import get_spark
+
+    spark = get_spark("bench-gold")
+    tune_shuffles(spark)
+    walls: dict[str, float] = {}
+    rates: dict[str, object] = {}
+    class Timed(GoldBatchWriter):
+        """Notes when each batch ended (wall clock), to time the steady part of a run."""
+
+        ends: list[float]
+
+        def __call__(self, df: DataFrame, batch_id: int) -> None:
+            super().__call__(df, batch_id)
+            self.ends = [*getattr(self, "ends", []), time.perf_counter()]
+
+    for name, on_driver in (("Spark read (baseline)", False), ("driver read", True)):
+        gs = GoldSettings(
+            silver=ss.root, root=os.path.join(tmp, f"gold-{on_driver}"),
+            checkpoint=os.path.join(tmp, f"ckpt-{on_driver}"), read_on_driver=on_driver,
+        )  # fmt: skip
+        w = Timed(gs)
+        t0 = time.perf_counter()
+        query = start_gold(spark, gs, w)
+        query.awaitTermination()
+        wall = walls[name] = time.perf_counter() - t0
+        if query.exception() is not None:
+            print(f"{name}: the query failed: {query.exception()}")
+            return 1
+        table = delta.read_arrow(gs.path("statistic_rates"))
+        rates[name] = table.drop_columns(["batch_id"]).sort_by(
+            [(c, "ascending") for c in ("agent", "object_id", "statistic", "end_ns")]
+        )
+        secs = [r.seconds for r in w.reports]
+        steady = secs[1:] or secs
+        print(f"{name}: {len(secs)} micro-batches, {table.num_rows:,} rate rows from {intervals} "
+              f"simulated seconds in {wall:.1f} s wall ({intervals / wall:.2f}x real time; "
+              f"{table.num_rows / wall:,.0f} rate rows/s); batch p50 {pct(steady, 0.5):.2f} s, "
+              f"p95 {pct(steady, 0.95):.2f} s, max {max(secs):.2f} s (first {secs[0]:.2f} s); "
+              f"the writer's time {sum(secs):.1f} s, Spark's own {wall - sum(secs):.1f} s",
+              flush=True)  # fmt: skip
+        per_sim_s = table.num_rows / intervals
+        after_first = table.num_rows - w.reports[0].rows.get("rates", 0)
+        steady_wall = w.ends[-1] - w.ends[0]
+        print(f"  after the first batch: {after_first:,} rate rows in {steady_wall:.1f} s = "
+              f"{after_first / max(steady_wall, 1e-9):,.0f} rate rows/s against an input of "
+              f"{per_sim_s:,.0f} per simulated second "
+              f"({after_first / max(steady_wall, 1e-9) / per_sim_s:.2f}x)", flush=True)  # fmt: skip
+        state = delta.read_arrow(gs.path("rate_state")).num_rows
+        print(f"  state rows at the end: {state:,}; silver samples per batch: "
+              f"{statistics.mean(r.rows.get('input', 0) for r in w.reports[1:] or w.reports):,.0f}")
+    b, a = rates.values()
+    same = a.num_rows == b.num_rows and all(  # type: ignore[attr-defined]
+        pc.all(pc.equal(a.column(c), b.column(c))).as_py() is not False  # type: ignore[attr-defined]
+        for c in ("agent", "object_id", "statistic", "end_ns", "delta")
+    )
+    base, drv = walls.values()
+    print(f"driver read vs Spark read: {base / drv:.2f}x faster; same rate rows: {same}")
+    spark.stop()
+    return 0 if same else 1
+
+
 def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--queues", type=int, default=10000)
     ap.add_argument("--intervals", type=int, default=5)
     ap.add_argument("--per-batch", type=int, default=1,
                     help="publish intervals per gold micro-batch (a longer trigger)")  # fmt: skip
+    ap.add_argument("--stream", action="store_true", help="run the streaming job (see above)")
     ap.add_argument("--keep", action="store_true", help="keep the temporary folder")
     args = ap.parse_args()
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
@@ -64,13 +147,19 @@ def main() -> int:
         t0 = time.perf_counter()
         qmf(["sim", "-o", cap, "--manifest", man, "--dialect", "am2", "--queues", str(args.queues),
              "--interval", "1", "--intervals", str(args.intervals), "--start-ns", str(START_NS)])  # fmt: skip
-        msgs = list(read_capture(cap))
+        with open(cap, encoding="utf-8") as fh:
+            n_msgs = sum(1 for line in fh if line.strip())
         ss = SilverSettings(bronze=os.path.join(tmp, "bronze"), root=os.path.join(tmp, "silver"))
         sw = SilverBatchWriter(ss, app_id="bench-silver")
-        size = len(msgs) // args.intervals + 1
+        size = n_msgs // args.intervals + 1  # one silver batch per publish interval
+        it = read_capture(cap)
         for i in range(args.intervals):
-            sw.decode_local(bronze_rows(msgs[i * size : (i + 1) * size], first_offset=i * size), i)
-        print(f"sim + silver: {len(msgs)} messages in {time.perf_counter() - t0:.1f} s", flush=True)
+            part = list(itertools.islice(it, size))
+            sw.decode_local(bronze_rows(part, first_offset=i * size), i)
+        os.remove(cap)
+        print(f"sim + silver: {n_msgs} messages in {time.perf_counter() - t0:.1f} s", flush=True)
+        if args.stream:
+            return stream_runs(ss, tmp, args.intervals)
 
         from pyspark.sql import functions as F
 

@@ -39,6 +39,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--max-rows-per-trigger", type=int, default=DEFAULT_MAX_ROWS_PER_TRIGGER,
                    help="silver rows per micro-batch and source (0: no limit); the batch is "
                         "collected into the driver")  # fmt: skip
+    p.add_argument("--read-through-spark", action="store_true",
+                   help="collect each micro-batch through Spark instead of reading its silver "
+                        "files on the driver")  # fmt: skip
     p.add_argument("--timeout", type=float, default=None,
                    help="seconds: run time for processingTime, upper bound for availableNow")
     p.add_argument("--min-interval", type=float, default=1.0, metavar="SECONDS",
@@ -73,6 +76,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         trigger=args.trigger,
         max_files_per_trigger=args.max_files_per_trigger,
         max_rows_per_trigger=args.max_rows_per_trigger or None,
+        read_on_driver=not args.read_through_spark,
         rates=RateRules(args.min_interval, args.max_gap, args.state_ttl),
         liveness=LivenessRules(args.missed_heartbeats, args.v1_agent, args.v1_interval),
     )

@@ -42,7 +42,7 @@ from pipeline.source import (
     register,
     split_ranges,
 )
-from pipeline.streaming import await_query
+from pipeline.streaming import await_query, offset_log_sources
 from pipeline.transforms.bronze import bronze_batch
 from receivers.landing import LandingLog
 from schemas.tables import BRONZE, LANDING
@@ -159,21 +159,11 @@ class BronzeBatchWriter:
 
 
 def _offset_log_entry(checkpoint: str, batch_id: int) -> Offsets | None:
-    """End offsets of ``batch_id`` as Spark logged them (``<checkpoint>/offsets/<id>``).
-
-    Spark writes the entry before it runs the batch (and re-runs the same
-    entry after a crash), so it is exactly the batch the DataFrame holds.
-    Line 1 is the version, line 2 the batch metadata, line 3 the source's offset.
-    """
-    path = os.path.join(checkpoint, "offsets", str(batch_id))
-    try:
-        with open(path, encoding="utf-8") as fh:
-            lines = fh.read().splitlines()
-    except FileNotFoundError:
+    """End offsets of ``batch_id`` as Spark logged them (the query's one source)."""
+    sources = offset_log_sources(checkpoint, batch_id)
+    if sources is None:
         return None
-    if len(lines) < 3 or lines[2].strip() in ("", "-"):
-        return None
-    parsed = json.loads(lines[2])
+    parsed = json.loads(sources[0])
     return {str(k): int(v) for k, v in parsed.items()}
 
 

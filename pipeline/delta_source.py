@@ -555,6 +555,20 @@ class StreamPlanner:
             yield Position(v), self.commit_files(commit)
             v += 1
 
+    def files_between(self, begin: Position, stop: Position) -> list[DataFile]:
+        """The files of ``[begin, stop)``, in order: what a micro-batch between the two reads."""
+        files: list[DataFile] = []
+        # An end at (v, 0) takes nothing of commit v: do not even look at it.
+        last = stop.version if stop.index or stop.snapshot else stop.version - 1
+        for unit, unit_files in self.units(begin, last):
+            key = (unit.version, unit.snapshot)
+            lo = begin.index if key == (begin.version, begin.snapshot) else 0
+            if key == (stop.version, stop.snapshot):
+                files.extend(unit_files[lo : stop.index])
+                break
+            files.extend(unit_files[lo:])
+        return files
+
     def walk(self, start: Position, last: int, limits: Limits) -> tuple[Position, list[DataFile]]:
         """The end position and files admitted from ``start``, up to commit ``last``.
 
@@ -593,6 +607,31 @@ class StreamPlanner:
                 else:
                     end = Position(unit.version + 1, 0)
         return end, taken
+
+
+def read_range(
+    path: str,
+    schema: StructType,
+    start: Mapping[str, Any],
+    end: Mapping[str, Any],
+    columns: Sequence[str],
+    options: Mapping[str, str] | None = None,
+) -> pa.Table:
+    """What a micro-batch of this source over ``[start, end)`` holds, read in this process.
+
+    The same files as the stream reader's ``partitions()`` (the same planner
+    and options), read with pyarrow and projected on ``columns``: a
+    ``foreachBatch`` function that only needs the batch on the driver reads it
+    from the offset log's positions without Spark's task, its Arrow-to-row
+    conversion and its collect (docs/DESIGN.md, Gold).
+    """
+    opts = DeltaSourceOptions.parse({**(options or {}), "path": path})
+    planner = StreamPlanner(DeltaLogReader(opts.path), opts, schema)
+    files = planner.files_between(Position.from_json(start), Position.from_json(end))
+    full = _arrow_schema(schema)
+    wanted = pa.schema([full.field(c) for c in columns])
+    batches = [b for f in files for b in read_file(f, wanted)]
+    return pa.Table.from_batches(batches, schema=wanted)
 
 
 def group_files(files: Sequence[DataFile], max_bytes: int) -> list[FileGroup]:
@@ -796,17 +835,7 @@ class DeltaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         return None if latest is None else Position(latest + 1).to_json()
 
     def partitions(self, start: dict[str, Any], end: dict[str, Any]) -> Sequence[FileGroup]:
-        begin, stop = Position.from_json(start), Position.from_json(end)
-        files: list[DataFile] = []
-        # An end at (v, 0) takes nothing of commit v: do not even look at it.
-        last = stop.version if stop.index or stop.snapshot else stop.version - 1
-        for unit, unit_files in self.planner().units(begin, last):
-            key = (unit.version, unit.snapshot)
-            lo = begin.index if key == (begin.version, begin.snapshot) else 0
-            if key == (stop.version, stop.snapshot):
-                files.extend(unit_files[lo : stop.index])
-                break
-            files.extend(unit_files[lo:])
+        files = self.planner().files_between(Position.from_json(start), Position.from_json(end))
         return group_files(files, self.opts.max_bytes_per_partition)
 
     def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:

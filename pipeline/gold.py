@@ -3,8 +3,10 @@
 One query reads two silver tables (``object_samples`` and ``heartbeats``,
 source ``qmf-delta``) as one stream (``gold_input``: both projected onto one
 schema with a ``source`` column), so one checkpoint and one batch id cover
-both. A micro-batch (``GoldBatchWriter.__call__``), streaming or batch, is
-collected as Arrow (one Spark job) and computed on the driver in polars
+both. A streaming micro-batch is read on the driver with pyarrow from the
+files between its offset-log positions (``batch_from_offset_log``); the
+query's first batch and batch mode are collected from Spark as Arrow (one
+Spark job). Either way the batch is computed on the driver in polars
 (``pipeline.transforms.gold.gold_batch``; why: docs/DESIGN.md, Gold):
 
 1. agent liveness: heartbeats continue each agent's open up interval
@@ -26,6 +28,7 @@ silver tables as one batch: the same rows as the stream over the same data.
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import threading
@@ -39,7 +42,8 @@ import pyarrow as pa
 
 from pipeline import delta
 from pipeline.bronze import checkpoint_query_id, trigger_kwargs
-from pipeline.streaming import await_query
+from pipeline.delta_source import read_range
+from pipeline.streaming import await_query, offset_log_sources
 from pipeline.transforms.gold import (
     LIFECYCLE_KEYS,
     LivenessRules,
@@ -84,9 +88,21 @@ class GoldSettings:
     rates: RateRules = field(default_factory=RateRules)
     liveness: LivenessRules = field(default_factory=LivenessRules)
     query_name: str = "qmf_gold"
+    # Read a streaming batch's silver files on the driver (pyarrow) rather than
+    # collecting it through Spark: same rows, no task, no Arrow-to-row round trip.
+    read_on_driver: bool = True
 
     def __post_init__(self) -> None:
         trigger_kwargs(self.trigger)
+
+    def source_options(self) -> dict[str, str]:
+        """Options of the ``qmf-delta`` reads besides ``path`` (limits: the stream's only)."""
+        out: dict[str, str] = {}
+        if self.max_files_per_trigger is not None:
+            out["maxFilesPerTrigger"] = str(self.max_files_per_trigger)
+        if self.max_rows_per_trigger is not None:
+            out["maxRowsPerTrigger"] = str(self.max_rows_per_trigger)
+        return out
 
     def path(self, name: str) -> str:
         return os.path.join(self.root, name)
@@ -124,6 +140,52 @@ def gold_input(samples: DataFrame, heartbeats: DataFrame) -> DataFrame:
     return project(samples, "sample").unionByName(project(heartbeats, "heartbeat"))
 
 
+def _source_columns(schema: pa.Schema) -> list[str]:
+    return [c for c in (*SAMPLE_COLS, *BEAT_COLS) if c in schema.names]
+
+
+def gold_input_arrow(samples: pa.Table, heartbeats: pa.Table) -> pl.DataFrame:
+    """``gold_input`` for Arrow tables read on the driver: the same columns and types."""
+    types = {f.name: f.type for t in (heartbeats, samples) for f in t.schema}
+    parts = []
+    for table, source in ((samples, "sample"), (heartbeats, "heartbeat")):
+        n = table.num_rows
+        arrays = [pa.array([source] * n, pa.string())] + [
+            table.column(c) if c in table.column_names else pa.nulls(n, types[c])
+            for c in (*SAMPLE_COLS, *BEAT_COLS)
+        ]
+        parts.append(pa.Table.from_arrays(arrays, names=["source", *SAMPLE_COLS, *BEAT_COLS]))
+    return frame(pa.concat_tables(parts))
+
+
+def batch_from_offset_log(settings: GoldSettings, batch_id: int) -> pl.DataFrame | None:
+    """Micro-batch ``batch_id`` of the gold stream read on the driver, or None if unknown.
+
+    Its start is the previous batch's entry in the offset log and its end its
+    own (``offset_log_sources``: samples, then heartbeats, the union's order);
+    the files between are what the ``qmf-delta`` sources' ``partitions()``
+    give, read with pyarrow. A query's first batch starts at the sources'
+    initial offset, which Spark does not log: that batch goes through Spark.
+    """
+    from schemas.tables import spark_schema
+
+    if not settings.read_on_driver or not settings.checkpoint or batch_id == 0:
+        return None
+    end = offset_log_sources(settings.checkpoint, batch_id)
+    start = offset_log_sources(settings.checkpoint, batch_id - 1)
+    if end is None or start is None or len(end) != 2 or len(start) != 2:
+        return None
+    tables = []
+    for i, (name, schema) in enumerate((("object_samples", OBJECT_SAMPLES), ("heartbeats", HEARTBEATS))):
+        tables.append(
+            read_range(
+                settings.silver_path(name), spark_schema(schema), json.loads(start[i]),
+                json.loads(end[i]), _source_columns(schema), settings.source_options(),
+            )
+        )  # fmt: skip
+    return gold_input_arrow(tables[0], tables[1])
+
+
 @dataclass
 class GoldReport:
     batch_id: int
@@ -135,9 +197,9 @@ class GoldReport:
 class GoldBatchWriter:
     """The ``foreachBatch`` function: one batch of gold input -> every gold table, exactly once.
 
-    Spark reads silver and collects the batch as Arrow (one job); the batch is
-    computed on the driver (``pipeline.transforms.gold.gold_batch``) and
-    committed with delta-rs. The gold tables are read at the start of every
+    The batch is read on the driver from the offset log's positions (else
+    collected from Spark as Arrow), computed on the driver
+    (``pipeline.transforms.gold.gold_batch``) and committed with delta-rs. The gold tables are read at the start of every
     batch, so a replay, a backfill or a compaction in between is seen.
     """
 
@@ -162,8 +224,11 @@ class GoldBatchWriter:
         if self._done(batch_id):
             return
         t0 = time.perf_counter()
-        report = self.write(frame(df.toArrow()), batch_id)
-        report.seconds = time.perf_counter() - t0  # with Spark's read and collect
+        batch = batch_from_offset_log(self.settings, batch_id)
+        if batch is None:
+            batch = frame(df.toArrow())
+        report = self.write(batch, batch_id)
+        report.seconds = time.perf_counter() - t0  # with the batch's read
 
     def _done(self, batch_id: int) -> bool:
         done = delta.committed_batch(self.settings.path("rate_state"), self.app_id)
@@ -259,25 +324,24 @@ def run_gold_batch(
     return w.reports[-1]
 
 
-def start_gold(spark: SparkSession, settings: GoldSettings) -> StreamingQuery:
+def start_gold(
+    spark: SparkSession, settings: GoldSettings, writer: GoldBatchWriter | None = None
+) -> StreamingQuery:
     """Start the streaming query over silver's samples and heartbeats (``qmf-delta``)."""
     from pipeline.delta_source import register
     from schemas.tables import spark_schema
 
     register(spark)
-    writer = GoldBatchWriter(settings)
+    writer = writer or GoldBatchWriter(settings)
 
     def read(name: str, schema: pa.Schema) -> DataFrame:
-        r = (
+        return (
             spark.readStream.format("qmf-delta")
             .schema(spark_schema(schema))
+            .options(**settings.source_options())
             .option("path", settings.silver_path(name))
+            .load()
         )
-        if settings.max_files_per_trigger is not None:
-            r = r.option("maxFilesPerTrigger", str(settings.max_files_per_trigger))
-        if settings.max_rows_per_trigger is not None:
-            r = r.option("maxRowsPerTrigger", str(settings.max_rows_per_trigger))
-        return r.load()
 
     stream = gold_input(read("object_samples", OBJECT_SAMPLES), read("heartbeats", HEARTBEATS))
     return (
@@ -294,12 +358,13 @@ def run_gold(
     settings: GoldSettings,
     timeout_s: float | None,
     stop: threading.Event | None = None,
+    writer: GoldBatchWriter | None = None,
 ) -> int:
     """Run the stream until AvailableNow drained silver, ``timeout_s`` passed, or ``stop``.
 
     0: ended as intended; 2: AvailableNow did not finish in time; 1: failed.
     """
-    query = start_gold(spark, settings)
+    query = start_gold(spark, settings, writer)
     return await_query(
         query, "gold", available_now=settings.trigger == "availableNow", timeout_s=timeout_s,
         stop=stop,

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import os
 import re
 import threading
 import time
@@ -32,6 +33,28 @@ def query_error(exc: object) -> str:
         if m:
             return f"{m.group(1)}: {m.group(2)}"
     return lines[0] if lines else repr(exc)
+
+
+def offset_log_sources(checkpoint: str, batch_id: int) -> list[str] | None:
+    """The end offset of each source of micro-batch ``batch_id``, as Spark logged it.
+
+    ``<checkpoint>/offsets/<id>``: line 1 is the version, line 2 the batch
+    metadata, then one JSON line per source in the order of the query's plan
+    (a union: left first). Spark writes the entry before it runs the batch
+    and re-runs the same entry after a crash, so it is exactly the batch the
+    ``foreachBatch`` DataFrame holds. None: no entry (never written, or
+    purged), or a source without an offset (``-``).
+    """
+    path = os.path.join(checkpoint, "offsets", str(batch_id))
+    try:
+        with open(path, encoding="utf-8") as fh:
+            lines = fh.read().splitlines()
+    except FileNotFoundError:
+        return None
+    sources = [ln.strip() for ln in lines[2:]]
+    if not sources or any(s in ("", "-") for s in sources):
+        return None
+    return sources
 
 
 def await_query(

@@ -24,10 +24,16 @@ from pipeline import delta
 from pipeline.codec.capture import read_capture
 from pipeline.codec.message import decode_message
 from pipeline.codec.records import ObjectSample, id_columns
-from pipeline.gold import GoldSettings, run_gold, run_gold_batch
+from pipeline.gold import (
+    GoldBatchWriter,
+    GoldSettings,
+    batch_from_offset_log,
+    run_gold,
+    run_gold_batch,
+)
 from pipeline.registry import StatisticKinds, seed_table, to_registry
 from pipeline.silver import SilverBatchWriter, SilverSettings, bronze_rows
-from pipeline.transforms.gold import RateRules
+from pipeline.transforms.gold import RateRules, frame
 from schemas.gold import GOLD_TABLES
 
 if TYPE_CHECKING:
@@ -216,3 +222,46 @@ def test_stream_equals_batch(
     assert run_gold(spark, stream, timeout_s=1800) == 0
     assert {n: delta.read_arrow(stream.path(n)).num_rows for n in GOLD_TABLES} == before
     assert run_gold_batch(spark, batch, 0).committed == []
+
+
+class CompareReads(GoldBatchWriter):
+    """The stream's writer, also collecting each batch through Spark to compare the two reads."""
+
+    def __init__(self, settings: GoldSettings) -> None:
+        super().__init__(settings)
+        self.seen: list[tuple[int, int, int | None, bool]] = []
+
+    def __call__(self, df: DataFrame, batch_id: int) -> None:
+        via_spark = frame(df.toArrow())
+        direct = batch_from_offset_log(self.settings, batch_id)
+        order = ["source", "partition", "offset", "record_index", "timestamp_ns"]
+        same = direct is not None and via_spark.sort(order, nulls_last=True).equals(
+            direct.sort(order, nulls_last=True), null_equal=True
+        )
+        self.seen.append((batch_id, via_spark.height, None if direct is None else direct.height, same))
+        super().__call__(df, batch_id)
+
+
+def test_driver_read_of_a_batch_equals_sparks(
+    spark: SparkSession, silver_root: str, tmp_path: Path
+) -> None:
+    """Each streaming batch after the first, read from the offset log's positions with pyarrow,
+    holds exactly the rows (values, types, nulls) Spark's read of that batch holds."""
+    s = GoldSettings(
+        silver=silver_root, root=str(tmp_path / "gold"), checkpoint=str(tmp_path / "ckpt"),
+        max_files_per_trigger=1,
+    )  # fmt: skip
+    w = CompareReads(s)
+    assert run_gold(spark, s, timeout_s=1800, writer=w) == 0
+    assert len(w.seen) >= PARTS
+    assert w.seen[0][0] == 0 and w.seen[0][2] is None  # the first batch: start not logged
+    later = w.seen[1:]
+    assert all(direct == rows and same for _, rows, direct, same in later), w.seen
+    assert sum(rows for _, rows, _, _ in w.seen) == (
+        delta.read_arrow(os.path.join(silver_root, "object_samples")).num_rows
+        + delta.read_arrow(os.path.join(silver_root, "heartbeats")).num_rows
+    )
+    # Spark's read is off when asked: every batch then goes through Spark.
+    off = GoldSettings(silver=silver_root, root=str(tmp_path / "g2"), checkpoint=s.checkpoint,
+                       read_on_driver=False)  # fmt: skip
+    assert batch_from_offset_log(off, 1) is None
