@@ -65,7 +65,7 @@ def pct(values: list[float], q: float) -> float:
 
 def stream_runs(ss: SilverSettings, tmp: str, intervals: int) -> int:
     """The gold streaming job over the whole silver run: driver reads vs Spark reads."""
-    import pyarrow.compute as pc
+    import polars as pl
 
     from pipeline.bronze import tune_shuffles
     from pipeline.gold import start_gold
@@ -74,7 +74,7 @@ def stream_runs(ss: SilverSettings, tmp: str, intervals: int) -> int:
     spark = get_spark("bench-gold")
     tune_shuffles(spark)
     walls: dict[str, float] = {}
-    rates: dict[str, object] = {}
+    rates: dict[str, dict[str, object]] = {}
     class Timed(GoldBatchWriter):
         """Notes when each batch ended (wall clock), to time the steady part of a run."""
 
@@ -97,20 +97,28 @@ def stream_runs(ss: SilverSettings, tmp: str, intervals: int) -> int:
         if query.exception() is not None:
             print(f"{name}: the query failed: {query.exception()}")
             return 1
-        table = delta.read_arrow(gs.path("statistic_rates"))
-        rates[name] = table.drop_columns(["batch_id"]).sort_by(
-            [(c, "ascending") for c in ("agent", "object_id", "statistic", "end_ns")]
-        )
+        # Aggregates, not the table: 300 intervals are ~90M rate rows.
+        rates[name] = row = (
+            pl.scan_delta(gs.path("statistic_rates"))
+            .select(
+                n=pl.len(), rates=pl.col("rate").count(), resets=pl.col("reset").count(),
+                delta=pl.col("delta").sum(), end_ns=pl.col("end_ns").sum(),
+                keys=(pl.col("object_id") + pl.col("statistic")).hash().sum(),
+            )
+            .collect(engine="streaming")
+            .row(0, named=True)
+        )  # fmt: skip
+        n_rates = int(row["n"])
         secs = [r.seconds for r in w.reports]
         steady = secs[1:] or secs
-        print(f"{name}: {len(secs)} micro-batches, {table.num_rows:,} rate rows from {intervals} "
+        print(f"{name}: {len(secs)} micro-batches, {n_rates:,} rate rows from {intervals} "
               f"simulated seconds in {wall:.1f} s wall ({intervals / wall:.2f}x real time; "
-              f"{table.num_rows / wall:,.0f} rate rows/s); batch p50 {pct(steady, 0.5):.2f} s, "
+              f"{n_rates / wall:,.0f} rate rows/s); batch p50 {pct(steady, 0.5):.2f} s, "
               f"p95 {pct(steady, 0.95):.2f} s, max {max(secs):.2f} s (first {secs[0]:.2f} s); "
               f"the writer's time {sum(secs):.1f} s, Spark's own {wall - sum(secs):.1f} s",
               flush=True)  # fmt: skip
-        per_sim_s = table.num_rows / intervals
-        after_first = table.num_rows - w.reports[0].rows.get("rates", 0)
+        per_sim_s = n_rates / intervals
+        after_first = n_rates - w.reports[0].rows.get("rates", 0)
         steady_wall = w.ends[-1] - w.ends[0]
         print(f"  after the first batch: {after_first:,} rate rows in {steady_wall:.1f} s = "
               f"{after_first / max(steady_wall, 1e-9):,.0f} rate rows/s against an input of "
@@ -119,13 +127,10 @@ def stream_runs(ss: SilverSettings, tmp: str, intervals: int) -> int:
         state = delta.read_arrow(gs.path("rate_state")).num_rows
         print(f"  state rows at the end: {state:,}; silver samples per batch: "
               f"{statistics.mean(r.rows.get('input', 0) for r in w.reports[1:] or w.reports):,.0f}")
-    b, a = rates.values()
-    same = a.num_rows == b.num_rows and all(  # type: ignore[attr-defined]
-        pc.all(pc.equal(a.column(c), b.column(c))).as_py() is not False  # type: ignore[attr-defined]
-        for c in ("agent", "object_id", "statistic", "end_ns", "delta")
-    )
+    same = len(set(map(str, rates.values()))) == 1
     base, drv = walls.values()
-    print(f"driver read vs Spark read: {base / drv:.2f}x faster; same rate rows: {same}")
+    print(f"driver read vs Spark read: {base / drv:.2f}x faster; same rate rows (count, "
+          f"sums, key hash): {same}")
     spark.stop()
     return 0 if same else 1
 
@@ -143,9 +148,9 @@ def main() -> int:
     os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
     tmp = tempfile.mkdtemp(prefix="bench-gold-")
     try:
-        cap, man = os.path.join(tmp, "sim.jsonl"), os.path.join(tmp, "truth.jsonl")
+        cap = os.path.join(tmp, "sim.jsonl")
         t0 = time.perf_counter()
-        qmf(["sim", "-o", cap, "--manifest", man, "--dialect", "am2", "--queues", str(args.queues),
+        qmf(["sim", "-o", cap, "--dialect", "am2", "--queues", str(args.queues),
              "--interval", "1", "--intervals", str(args.intervals), "--start-ns", str(START_NS)])  # fmt: skip
         with open(cap, encoding="utf-8") as fh:
             n_msgs = sum(1 for line in fh if line.strip())

@@ -28,6 +28,7 @@ Usage (about 3 minutes with the defaults):
 
     .venv/bin/python benchmarks/bench_latency.py [--queues 500] [--agents 2] [--duration 120]
     .venv/bin/python benchmarks/bench_latency.py --lake data-soak --window 300
+    .venv/bin/python benchmarks/bench_latency.py --trigger "processingTime=1 second" -- --silver-decode-on driver
 """
 
 from __future__ import annotations
@@ -132,6 +133,8 @@ def main() -> int:
     ap.add_argument("--data", default=None, help="keep the lake here (default: a temporary folder)")
     ap.add_argument("--lake", default=None, help="only analyse this existing qmf run --data folder")
     ap.add_argument("--window", type=float, default=0.0, help="also per this many seconds of sample time")
+    ap.add_argument("run_args", nargs="*", metavar="-- QMF_RUN_ARG",
+                    help="more options for qmf run, after --")  # fmt: skip
     args = ap.parse_args()
     if args.lake:
         analyse(args.lake, args.warmup, args.window, wall=None)
@@ -141,7 +144,8 @@ def main() -> int:
     qmf = os.path.join(os.path.dirname(sys.executable), "qmf")
     cmd = [qmf, "run", "--data", data, "--queues", str(args.queues), "--agents", str(args.agents),
            "--interval", "1", "--duration", str(args.duration), "--trigger", args.trigger,
-           "--maintain-every", "0", "--progress", "15", "--queue", "qmf-bench-latency"]  # fmt: skip
+           "--maintain-every", "0", "--progress", "15", "--queue", "qmf-bench-latency",
+           *args.run_args]  # fmt: skip
     try:
         t0 = time.perf_counter()
         print("$", " ".join(cmd), flush=True)

@@ -24,6 +24,7 @@ Parked messages older than ``parked_max_age_s`` are reported (log warning,
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import threading
@@ -42,6 +43,7 @@ import pyarrow.parquet as pq
 from pipeline import delta
 from pipeline.bronze import checkpoint_query_id, trigger_kwargs
 from pipeline.codec.schema import SchemaRegistry
+from pipeline.delta_source import read_range
 from pipeline.registry import (
     DEFAULT_KINDS_FILE,
     RegistryTable,
@@ -49,7 +51,7 @@ from pipeline.registry import (
     StatisticKinds,
     schema_from_row,
 )
-from pipeline.streaming import await_query
+from pipeline.streaming import await_query, offset_log_sources
 from schemas.silver import AGENTS, METHOD_CALLS, PARKED, RESOLVED, SILVER_TABLES
 from schemas.tables import BRONZE
 
@@ -91,7 +93,8 @@ class SilverSettings:
     registry_touch_s: float = 60.0
     agents_touch_s: float = 60.0
     # Where a micro-batch is decoded: "spark" (mapInArrow on the executors) or "driver"
-    # (collect the bronze rows, decode there: less fixed cost per small batch).
+    # (read the batch's bronze files there with pyarrow, from the offset log's
+    # positions, and decode them: no Spark job, less fixed cost per small batch).
     decode_on: str = "spark"
     query_name: str = "qmf_silver"
     # Folder shared with the receiver's console (receivers.schema_wants): the
@@ -107,6 +110,12 @@ class SilverSettings:
         if name == "schema_registry" and self.registry is not None:
             return self.registry
         return os.path.join(self.root, name)
+
+    def source_options(self) -> dict[str, str]:
+        """Options of the ``qmf-delta`` read of bronze besides ``path``."""
+        if self.max_files_per_trigger is None:
+            return {}
+        return {"maxFilesPerTrigger": str(self.max_files_per_trigger)}
 
 
 def ensure_tables(settings: SilverSettings) -> RegistryTable:
@@ -523,7 +532,10 @@ class SilverBatchWriter:
         t0 = time.perf_counter()
         registry = self.registry_before(batch_id)
         if self.settings.decode_on == "driver":
-            decoded = decode_arrow(df.toArrow(), registry.copy(), batch_id, self.kinds)
+            bronze = batch_from_offset_log(self.settings, batch_id)
+            if bronze is None:
+                bronze = df.toArrow()
+            decoded = decode_arrow(bronze, registry.copy(), batch_id, self.kinds)
         else:
             decoded = unpack(decode_bronze(df, registry, batch_id, self.kinds).toArrow())
         t1 = time.perf_counter()
@@ -702,6 +714,28 @@ class SilverBatchWriter:
 # ------------------------------------------------------------------ runs
 
 
+def batch_from_offset_log(settings: SilverSettings, batch_id: int) -> pa.Table | None:
+    """Micro-batch ``batch_id`` of the silver stream (bronze rows) read on the driver.
+
+    From the previous batch's offset-log position to this batch's, the files
+    the ``qmf-delta`` source's ``partitions()`` would give, read with pyarrow
+    (as gold does, ``pipeline.gold.batch_from_offset_log``). None for a
+    query's first batch (its start is not logged) or without a checkpoint.
+    """
+    from schemas.tables import spark_schema
+
+    if not settings.checkpoint or batch_id == 0:
+        return None
+    end = offset_log_sources(settings.checkpoint, batch_id)
+    start = offset_log_sources(settings.checkpoint, batch_id - 1)
+    if end is None or start is None or len(end) != 1 or len(start) != 1:
+        return None
+    return read_range(
+        settings.bronze, spark_schema(BRONZE), json.loads(start[0]), json.loads(end[0]),
+        BRONZE.names, settings.source_options(),
+    )  # fmt: skip
+
+
 def bronze_range(
     spark: SparkSession,
     bronze: str,
@@ -746,9 +780,11 @@ def start_silver(spark: SparkSession, settings: SilverSettings) -> StreamingQuer
 
     register(spark)
     writer = SilverBatchWriter(settings)
-    reader = spark.readStream.format("qmf-delta").option("path", settings.bronze)
-    if settings.max_files_per_trigger is not None:
-        reader = reader.option("maxFilesPerTrigger", str(settings.max_files_per_trigger))
+    reader = (
+        spark.readStream.format("qmf-delta")
+        .options(**settings.source_options())
+        .option("path", settings.bronze)
+    )
     return (
         reader.load()
         .writeStream.queryName(settings.query_name)

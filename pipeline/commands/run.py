@@ -67,6 +67,9 @@ def register(subparsers: Any) -> None:
     p.add_argument("--queues", type=int, default=50, help="queues per simulated agent")
     p.add_argument("--interval", type=int, default=1, help="agents' publish interval (s)")
     p.add_argument("--trigger", default="processingTime=2 seconds")
+    p.add_argument("--silver-decode-on", choices=("spark", "driver"), default="driver",
+                   help="decode silver's micro-batches in Spark tasks or on the driver "
+                        "(reads the batch's bronze files with pyarrow: no Spark job per batch)")  # fmt: skip
     p.add_argument("--progress", type=float, default=5.0, help="seconds between progress lines")
     p.add_argument("--retention", choices=("none", "committed"), default="committed",
                    help="delete landing segments bronze has committed past (default)")
@@ -248,6 +251,7 @@ def run(args: argparse.Namespace) -> int:
     silver_settings = SilverSettings(
         bronze=str(table), root=str(data / "silver"),
         checkpoint=str(data / "checkpoints" / "silver"), trigger=args.trigger,
+        decode_on=args.silver_decode_on,
         schema_wants=str(data / "schema_wants") if args.console else None,
     )  # fmt: skip
     gold_settings = GoldSettings(
