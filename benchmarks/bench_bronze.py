@@ -154,8 +154,9 @@ def pipeline_run(
     return elapsed, first, rows, session_s
 
 
-def source_only(root: Path, ck: Path, batch: int) -> float:
-    """The source alone into Spark's ``noop`` sink: what reading costs (seconds)."""
+def source_only(root: Path, ck: Path, batch: int) -> tuple[float, list[float]]:
+    """The source alone into Spark's ``noop`` sink: what reading costs (seconds in all,
+    and each micro-batch's duration after the first, from the query's progress)."""
     from pipeline.source import register
     from pipeline.spark import get_spark
 
@@ -175,7 +176,10 @@ def source_only(root: Path, ck: Path, batch: int) -> float:
     if not query.awaitTermination(3600):
         query.stop()
         raise SystemExit("source-only run did not finish within an hour")
-    return time.perf_counter() - start
+    elapsed = time.perf_counter() - start
+    batches = [p["durationMs"]["triggerExecution"] / 1000 for p in query.recentProgress
+               if p["numInputRows"] > 0]  # fmt: skip
+    return elapsed, batches[1:]
 
 
 def main() -> int:
@@ -206,9 +210,13 @@ def main() -> int:
         base_s, base_rows = baseline(root, work / "baseline", args.batch)
         base_rate = base_rows / base_s
         print(f"baseline (pyarrow + write_deltalake): {base_rows} rows in {base_s:.1f} s = {base_rate:,.0f} records/s", flush=True)
-        source_s = source_only(root, work / "ck-noop", args.batch)
+        source_s, source_batches = source_only(root, work / "ck-noop", args.batch)
         print(f"source alone (qmf -> noop sink): {landed} rows in {source_s:.1f} s = {landed / source_s:,.0f} records/s"
               f" (ratio to baseline {landed / source_s / base_rate:.2f})", flush=True)
+        if source_batches:
+            med = sorted(source_batches)[len(source_batches) // 2]
+            print("  source alone: batches after the first " + ", ".join(f"{x:.2f}" for x in source_batches)
+                  + f" s; median {med:.2f} s = {args.batch / med:,.0f} records/s steady", flush=True)  # fmt: skip
         result: dict[str, object] = {
             "messages": landed, "size": args.size, "batch": args.batch, "cpus": os.cpu_count(),
             "baseline_rps": round(base_rate), "source_only_rps": round(landed / source_s),

@@ -56,7 +56,7 @@ log = logging.getLogger(__name__)
 Offsets = dict[str, int]
 
 NAME = "qmf"
-DEFAULT_MAX_RECORDS_PER_PARTITION = 50_000
+DEFAULT_MAX_RECORDS_PER_PARTITION = 100_000  # one task per core for a 200k batch of 2 receivers
 ARROW_BATCH_ROWS = 10_000
 ARROW_BATCH_BYTES = 64 << 20
 TRUE_VALUES = {"true", "1", "yes", "on"}
