@@ -61,6 +61,8 @@ from pyspark.sql.streaming.datasource import (
 )
 from pyspark.sql.types import StructType
 
+from pipeline.streaming import offset_log_sources
+
 if TYPE_CHECKING:
     from deltalake import DeltaTable
     from pyspark.sql import SparkSession
@@ -632,6 +634,32 @@ def read_range(
     wanted = pa.schema([full.field(c) for c in columns])
     batches = [b for f in files for b in read_file(f, wanted)]
     return pa.Table.from_batches(batches, schema=wanted)
+
+
+def read_batch(
+    checkpoint: str,
+    batch_id: int,
+    reads: Sequence[tuple[str, StructType, Sequence[str]]],
+    options: Mapping[str, str] | None = None,
+) -> list[pa.Table] | None:
+    """Micro-batch ``batch_id`` of a query over ``qmf-delta`` sources, read in this process.
+
+    ``reads``: (table path, schema, columns) per source, in the order of the
+    query's offset log. From the previous batch's entry to this batch's, each
+    source's files (``read_range``). None when that cannot be known: no
+    checkpoint, a query's first batch (Spark does not log its start, the
+    sources' initial offset), or a missing entry.
+    """
+    if not checkpoint or batch_id == 0:
+        return None
+    end = offset_log_sources(checkpoint, batch_id)
+    start = offset_log_sources(checkpoint, batch_id - 1)
+    if end is None or start is None or not len(end) == len(start) == len(reads):
+        return None
+    return [
+        read_range(path, schema, json.loads(s), json.loads(e), columns, options)
+        for (path, schema, columns), s, e in zip(reads, start, end, strict=True)
+    ]
 
 
 def group_files(files: Sequence[DataFile], max_bytes: int) -> list[FileGroup]:

@@ -28,7 +28,6 @@ silver tables as one batch: the same rows as the stream over the same data.
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 import threading
@@ -42,8 +41,8 @@ import pyarrow as pa
 
 from pipeline import delta
 from pipeline.bronze import checkpoint_query_id, trigger_kwargs
-from pipeline.delta_source import read_range
-from pipeline.streaming import await_query, offset_log_sources
+from pipeline.delta_source import read_batch
+from pipeline.streaming import await_query
 from pipeline.transforms.gold import (
     LIFECYCLE_KEYS,
     LivenessRules,
@@ -169,21 +168,14 @@ def batch_from_offset_log(settings: GoldSettings, batch_id: int) -> pl.DataFrame
     """
     from schemas.tables import spark_schema
 
-    if not settings.read_on_driver or not settings.checkpoint or batch_id == 0:
+    if not settings.read_on_driver:
         return None
-    end = offset_log_sources(settings.checkpoint, batch_id)
-    start = offset_log_sources(settings.checkpoint, batch_id - 1)
-    if end is None or start is None or len(end) != 2 or len(start) != 2:
-        return None
-    tables = []
-    for i, (name, schema) in enumerate((("object_samples", OBJECT_SAMPLES), ("heartbeats", HEARTBEATS))):
-        tables.append(
-            read_range(
-                settings.silver_path(name), spark_schema(schema), json.loads(start[i]),
-                json.loads(end[i]), _source_columns(schema), settings.source_options(),
-            )
-        )  # fmt: skip
-    return gold_input_arrow(tables[0], tables[1])
+    reads = [
+        (settings.silver_path(name), spark_schema(schema), _source_columns(schema))
+        for name, schema in (("object_samples", OBJECT_SAMPLES), ("heartbeats", HEARTBEATS))
+    ]
+    tables = read_batch(settings.checkpoint, batch_id, reads, settings.source_options())
+    return None if tables is None else gold_input_arrow(*tables)
 
 
 @dataclass
@@ -199,7 +191,8 @@ class GoldBatchWriter:
 
     The batch is read on the driver from the offset log's positions (else
     collected from Spark as Arrow), computed on the driver
-    (``pipeline.transforms.gold.gold_batch``) and committed with delta-rs. The gold tables are read at the start of every
+    (``pipeline.transforms.gold.gold_batch``) and committed with delta-rs.
+    The gold tables are read at the start of every
     batch, so a replay, a backfill or a compaction in between is seen.
     """
 

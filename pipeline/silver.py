@@ -24,7 +24,6 @@ Parked messages older than ``parked_max_age_s`` are reported (log warning,
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 import threading
@@ -43,7 +42,7 @@ import pyarrow.parquet as pq
 from pipeline import delta
 from pipeline.bronze import checkpoint_query_id, trigger_kwargs
 from pipeline.codec.schema import SchemaRegistry
-from pipeline.delta_source import read_range
+from pipeline.delta_source import read_batch
 from pipeline.registry import (
     DEFAULT_KINDS_FILE,
     RegistryTable,
@@ -51,7 +50,7 @@ from pipeline.registry import (
     StatisticKinds,
     schema_from_row,
 )
-from pipeline.streaming import await_query, offset_log_sources
+from pipeline.streaming import await_query
 from schemas.silver import AGENTS, METHOD_CALLS, PARKED, RESOLVED, SILVER_TABLES
 from schemas.tables import BRONZE
 
@@ -724,16 +723,9 @@ def batch_from_offset_log(settings: SilverSettings, batch_id: int) -> pa.Table |
     """
     from schemas.tables import spark_schema
 
-    if not settings.checkpoint or batch_id == 0:
-        return None
-    end = offset_log_sources(settings.checkpoint, batch_id)
-    start = offset_log_sources(settings.checkpoint, batch_id - 1)
-    if end is None or start is None or len(end) != 1 or len(start) != 1:
-        return None
-    return read_range(
-        settings.bronze, spark_schema(BRONZE), json.loads(start[0]), json.loads(end[0]),
-        BRONZE.names, settings.source_options(),
-    )  # fmt: skip
+    reads = [(settings.bronze, spark_schema(BRONZE), BRONZE.names)]
+    tables = read_batch(settings.checkpoint, batch_id, reads, settings.source_options())
+    return None if tables is None else tables[0]
 
 
 def bronze_range(
