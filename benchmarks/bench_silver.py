@@ -12,6 +12,8 @@ batch size) and ``--large`` messages. Per configuration it prints records/s
 
 * ``per-record``      the per-record codec (``decode_message`` per message): the baseline;
 * ``decode_content``  the vectorized decode alone (per-class wide Arrow tables);
+* ``decode_compact``  the vectorized decode alone, silver's layout (``compact=True``: one
+                      table for all classes, typed value lists);
 * ``decode_arrow``    the silver decode (compact object_samples + the other tables), no Spark;
 * ``local->Delta``    decode_arrow + the silver writer's Delta commits, on the driver (no Spark);
 * ``job->Delta``      the silver job's micro-batch through Spark: bronze Delta read,
@@ -119,6 +121,9 @@ def run(
     def content() -> int:
         return sum(sum(t.num_rows for t in decode_content(b, reg).samples.values()) for b in tables)
 
+    def compact() -> int:
+        return sum(decode_content(b, reg, compact=True).table.num_rows for b in tables)  # type: ignore[union-attr]
+
     def silver() -> int:
         return sum(decode_arrow(b, reg.copy(), 0, kinds).get("object_samples").num_rows for b in tables)
 
@@ -127,6 +132,8 @@ def run(
     base = out["per_record"] = line("per-record", n, s, None)
     s, n = best(content, repeat)
     out["decode_content"] = line("decode_content", n, s, base)
+    s, n = best(compact, repeat)
+    out["decode_compact"] = line("decode_compact", n, s, base)
     s, n = best(silver, repeat)
     out["decode_arrow"] = line("decode_arrow", n, s, base)
 

@@ -202,7 +202,7 @@ def _read_value(data: Any, p: Any, end: Any, kind: Any, ver: Any) -> tuple[Any, 
     return np.int64(0), p, ST_BAD_TYPE
 
 
-@nb.njit(cache=True)
+@nb.njit(cache=True, nogil=True)
 def _find_schema(
     data: Any,
     pkg_p: Any,
@@ -245,7 +245,7 @@ def _find_schema(
     return -1
 
 
-@nb.njit(cache=True)
+@nb.njit(cache=True, nogil=True)
 def _grow2(a: Any, need: int) -> Any:
     """Grow a (fields, capacity) matrix along its second axis."""
     cap = a.shape[1]
@@ -256,7 +256,7 @@ def _grow2(a: Any, need: int) -> Any:
     return out
 
 
-@nb.njit(cache=True)
+@nb.njit(cache=True, nogil=True)
 def _grow1(a: Any, need: int) -> Any:
     cap = a.shape[0]
     while cap < need:
@@ -307,7 +307,7 @@ def _skip_group(
     return p, ST_OK
 
 
-@nb.njit(cache=True)
+@nb.njit(cache=True, nogil=True)
 def fill(data: Any, pos: Any, presence: Any, ver: Any, kinds: Any, bits: Any, u64run: Any) -> Any:
     """Decode one group (properties or statistics) of checked records, column-major.
 
@@ -350,7 +350,7 @@ def fill(data: Any, pos: Any, presence: Any, ver: Any, kinds: Any, bits: Any, u6
     return out
 
 
-@nb.njit(cache=True)
+@nb.njit(cache=True, nogil=True)
 def walk(
     data: Any,
     offs: Any,
@@ -432,7 +432,18 @@ def walk(
             h_hi = np.uint64(_be8(data, p))
             h_lo = np.uint64(_be8(data, p + 8))
             k = _find_schema(
-                data, pkg_p, pkg_n, cls_p, cls_n, h_hi, h_lo, hash_hi, hash_lo, names, name_off, hint
+                data,
+                pkg_p,
+                pkg_n,
+                cls_p,
+                cls_n,
+                h_hi,
+                h_lo,
+                hash_hi,
+                hash_lo,
+                names,
+                name_off,
+                hint,
             )
             if k < 0:
                 st = ST_UNKNOWN_SCHEMA
@@ -471,12 +482,36 @@ def walk(
             soff = -1
             if op != OP_I:
                 poff = p
-                p, st = _skip_group(data, p, end, p_start[k], p_count[k], el_kind, el_bit, run_len, run_bytes, presence, ver)
+                p, st = _skip_group(
+                    data,
+                    p,
+                    end,
+                    p_start[k],
+                    p_count[k],
+                    el_kind,
+                    el_bit,
+                    run_len,
+                    run_bytes,
+                    presence,
+                    ver,
+                )
                 if st != ST_OK:
                     break
             if op != OP_C:
                 soff = p
-                p, st = _skip_group(data, p, end, s_start[k], s_count[k], el_kind, el_bit, run_len, run_bytes, presence, ver)
+                p, st = _skip_group(
+                    data,
+                    p,
+                    end,
+                    s_start[k],
+                    s_count[k],
+                    el_kind,
+                    el_bit,
+                    run_len,
+                    run_bytes,
+                    presence,
+                    ver,
+                )
                 if st != ST_OK:
                     break
             if nrec >= rec.shape[1]:
@@ -509,7 +544,7 @@ def walk(
 # Column builders: one element of one class, gathered over its records.
 
 
-@nb.njit(cache=True)
+@nb.njit(cache=True, nogil=True)
 def gather_slots(vals: Any, base: Any, j: int, out: Any) -> None:
     """out[i] = vals[base[i] + j] where base[i] >= 0, else 0."""
     for i in range(base.shape[0]):
@@ -517,7 +552,7 @@ def gather_slots(vals: Any, base: Any, j: int, out: Any) -> None:
         out[i] = vals[b + j] if b >= 0 else 0
 
 
-@nb.njit(cache=True)
+@nb.njit(cache=True, nogil=True)
 def validity(base: Any, presence: Any, bit: int, out: Any) -> int:
     """Presence of one element per record; returns the null count."""
     nulls = 0
@@ -531,7 +566,7 @@ def validity(base: Any, presence: Any, bit: int, out: Any) -> int:
     return nulls
 
 
-@nb.njit(cache=True)
+@nb.njit(cache=True, nogil=True)
 def string_column(data: Any, pos: Any, valid: Any, wide: bool) -> tuple[Any, Any]:
     """(int32 offsets, bytes) of str8 (or str16 when ``wide``) values at ``pos``."""
     n = pos.shape[0]
@@ -541,7 +576,9 @@ def string_column(data: Any, pos: Any, valid: Any, wide: bool) -> tuple[Any, Any
     for i in range(n):
         if valid[i]:
             p = pos[i]
-            ln: Any = (np.int64(data[p]) << 8 | np.int64(data[p + 1])) if wide else np.int64(data[p])
+            ln: Any = (
+                (np.int64(data[p]) << 8 | np.int64(data[p + 1])) if wide else np.int64(data[p])
+            )
             total += ln
         offsets[i + 1] = total
     buf = np.empty(total, dtype=np.uint8)
@@ -559,7 +596,22 @@ def string_column(data: Any, pos: Any, valid: Any, wide: bool) -> tuple[Any, Any
 _HEX = np.frombuffer(b"0123456789abcdef", dtype=np.uint8).copy()
 
 
-@nb.njit(cache=True)
+@nb.njit(cache=True, inline="always")
+def _write_uuid(buf: Any, o: int, data: Any, p: int, hexd: Any) -> int:
+    """Canonical 8-4-4-4-12 text of the 16 bytes at p, written at buf[o:]; returns o + 36."""
+    w = 0
+    for k in range(16):
+        if k == 4 or k == 6 or k == 8 or k == 10:
+            buf[o + w] = 0x2D
+            w += 1
+        b = data[p + k]
+        buf[o + w] = hexd[b >> 4]
+        buf[o + w + 1] = hexd[b & 15]
+        w += 2
+    return o + 36
+
+
+@nb.njit(cache=True, nogil=True)
 def uuid_column(data: Any, pos: Any, valid: Any, hexd: Any) -> tuple[Any, Any]:
     """Canonical 8-4-4-4-12 text of 16-byte uuids at ``pos``."""
     n = pos.shape[0]
@@ -572,19 +624,8 @@ def uuid_column(data: Any, pos: Any, valid: Any, hexd: Any) -> tuple[Any, Any]:
         offsets[i + 1] = total
     buf = np.empty(total, dtype=np.uint8)
     for i in range(n):
-        if not valid[i]:
-            continue
-        o = offsets[i]
-        p = pos[i]
-        w = 0
-        for k in range(16):
-            if k == 4 or k == 6 or k == 8 or k == 10:
-                buf[o + w] = 0x2D
-                w += 1
-            b = data[p + k]
-            buf[o + w] = hexd[b >> 4]
-            buf[o + w + 1] = hexd[b & 15]
-            w += 2
+        if valid[i]:
+            _write_uuid(buf, offsets[i], data, pos[i], hexd)
     return offsets, buf
 
 
@@ -602,42 +643,47 @@ def _put_dec(buf: Any, w: int, v: np.uint64) -> int:
     return w + n
 
 
-@nb.njit(cache=True)
-def objref_column(data: Any, pos: Any, valid: Any, ver: Any) -> tuple[Any, Any]:
-    """Text form of object references, as ``str`` of the codec's object ids.
+@nb.njit(cache=True, inline="always")
+def _write_ref(buf: Any, w: int, data: Any, p: int, ver: int) -> int:
+    """Text of the object reference at p (``str`` of the codec's object id) at buf[w:].
 
     AM2: ``flags-epoch-brokerbank-agentbank-object``; AM1: ``bootseq-bank-object``.
+    At most 64 bytes; returns the new write position.
     """
+    hi = _be(data, p, 8)
+    if ver == 2:
+        w = _put_dec(buf, w, hi >> np.uint64(60))
+        buf[w] = 0x2D
+        w = _put_dec(buf, w + 1, (hi >> np.uint64(48)) & np.uint64(0xFFF))
+        buf[w] = 0x2D
+        w = _put_dec(buf, w + 1, (hi >> np.uint64(28)) & np.uint64(0xFFFFF))
+        buf[w] = 0x2D
+        w = _put_dec(buf, w + 1, hi & np.uint64(0xFFFFFFF))
+        buf[w] = 0x2D
+        return _put_dec(buf, w + 1, _be(data, p + 8, 8))
+    w = _put_dec(buf, w, (hi >> np.uint64(48)) & np.uint64(0x7FFF))
+    buf[w] = 0x2D
+    w = _put_dec(buf, w + 1, (hi >> np.uint64(24)) & np.uint64(0xFFFFFF))
+    buf[w] = 0x2D
+    return _put_dec(buf, w + 1, hi & np.uint64(0xFFFFFF))
+
+
+@nb.njit(cache=True, nogil=True)
+def objref_column(data: Any, pos: Any, valid: Any, ver: Any) -> tuple[Any, Any]:
+    """Text form of object references (``_write_ref``), one per record."""
     n = pos.shape[0]
     offsets = np.empty(n + 1, dtype=np.int32)
-    buf = np.empty(n * 100, dtype=np.uint8)
+    buf = np.empty(n * 64, dtype=np.uint8)
     offsets[0] = 0
     w = 0
     for i in range(n):
         if valid[i]:
-            p = pos[i]
-            hi = _be(data, p, 8)
-            if ver[i] == 2:
-                w = _put_dec(buf, w, hi >> np.uint64(60))
-                buf[w] = 0x2D
-                w = _put_dec(buf, w + 1, (hi >> np.uint64(48)) & np.uint64(0xFFF))
-                buf[w] = 0x2D
-                w = _put_dec(buf, w + 1, (hi >> np.uint64(28)) & np.uint64(0xFFFFF))
-                buf[w] = 0x2D
-                w = _put_dec(buf, w + 1, hi & np.uint64(0xFFFFFFF))
-                buf[w] = 0x2D
-                w = _put_dec(buf, w + 1, _be(data, p + 8, 8))
-            else:
-                w = _put_dec(buf, w, (hi >> np.uint64(48)) & np.uint64(0x7FFF))
-                buf[w] = 0x2D
-                w = _put_dec(buf, w + 1, (hi >> np.uint64(24)) & np.uint64(0xFFFFFF))
-                buf[w] = 0x2D
-                w = _put_dec(buf, w + 1, hi & np.uint64(0xFFFFFF))
+            w = _write_ref(buf, w, data, pos[i], ver[i])
         offsets[i + 1] = w
     return offsets, buf[:w].copy()
 
 
-@nb.njit(cache=True)
+@nb.njit(cache=True, nogil=True)
 def container_sizes(data: Any, pos: Any, valid: Any, out: Any) -> None:
     """Encoded size (u32 size field + 4) of the map/list at pos[i]; 0 when empty or absent.
 
@@ -653,7 +699,7 @@ def container_sizes(data: Any, pos: Any, valid: Any, out: Any) -> None:
                 out[i] = size + 4
 
 
-@nb.njit(cache=True)
+@nb.njit(cache=True, nogil=True)
 def group_records(rec: Any, n_schemas: int) -> tuple[Any, Any]:
     """Records grouped by class, stably, in one pass: (flat int64 buffer, group starts).
 
@@ -680,7 +726,7 @@ def group_records(rec: Any, n_schemas: int) -> tuple[Any, Any]:
     return flat, starts
 
 
-@nb.njit(cache=True)
+@nb.njit(cache=True, nogil=True)
 def container_hashes(data: Any, pos: Any, sizes: Any, todo: Any) -> Any:
     """64-bit FNV-1a hash of the encoded bytes of each container ``todo[k]`` (for dedup)."""
     out = np.empty(todo.shape[0], dtype=np.uint64)
@@ -695,7 +741,7 @@ def container_hashes(data: Any, pos: Any, sizes: Any, todo: Any) -> Any:
     return out
 
 
-@nb.njit(cache=True)
+@nb.njit(cache=True, nogil=True)
 def same_bytes(data: Any, pos: Any, sizes: Any, todo: Any, rep: Any, inv: Any) -> bool:
     """True when every container ``todo[k]`` has exactly the bytes of ``todo[rep[inv[k]]]``."""
     for k in range(todo.shape[0]):
@@ -714,8 +760,10 @@ def same_bytes(data: Any, pos: Any, sizes: Any, todo: Any, rep: Any, inv: Any) -
     return True
 
 
-@nb.njit(cache=True)
-def container_column(valid: Any, rank: Any, tx_off: Any, tx_buf: Any, empty: Any) -> tuple[Any, Any]:
+@nb.njit(cache=True, nogil=True)
+def container_column(
+    valid: Any, rank: Any, tx_off: Any, tx_buf: Any, empty: Any
+) -> tuple[Any, Any]:
     """(int32 offsets, bytes) of a JSON text column: ``empty`` text, or text ``rank[i]``."""
     n = valid.shape[0]
     offsets = np.empty(n + 1, dtype=np.int32)
@@ -746,7 +794,7 @@ def hex_digits() -> npt.NDArray[np.uint8]:
     return _HEX
 
 
-@nb.njit(cache=True)
+@nb.njit(cache=True, nogil=True)
 def gather_matrix(vals: Any, base: Any, width: int) -> Any:
     """Column-major (width, n) copy of each record's ``width`` slots starting at base[i].
 
@@ -765,7 +813,7 @@ def gather_matrix(vals: Any, base: Any, width: int) -> Any:
     return out
 
 
-@nb.njit(cache=True)
+@nb.njit(cache=True, nogil=True)
 def take_strings(offsets: Any, data: Any, idx: Any) -> tuple[Any, Any]:
     """(int32 offsets, bytes) of the strings ``idx`` of a string array given as buffers."""
     n = idx.shape[0]
@@ -786,7 +834,7 @@ def take_strings(offsets: Any, data: Any, idx: Any) -> tuple[Any, Any]:
     return out_off, buf
 
 
-@nb.njit(cache=True)
+@nb.njit(cache=True, nogil=True)
 def repeat_bytes(value: Any, n: int) -> tuple[Any, Any]:
     """(int32 offsets, bytes) of ``n`` copies of one string."""
     m = value.shape[0]
@@ -800,7 +848,7 @@ def repeat_bytes(value: Any, n: int) -> tuple[Any, Any]:
     return out_off, buf
 
 
-@nb.njit(cache=True)
+@nb.njit(cache=True, nogil=True)
 def agent_column(hi: Any) -> tuple[Any, Any]:
     """AM2 agent text ``<broker_bank>.<agent_bank>`` from the ids' first u64."""
     n = hi.shape[0]
@@ -815,3 +863,248 @@ def agent_column(hi: Any) -> tuple[Any, Any]:
         w = _put_dec(buf, w + 1, h & np.uint64(0xFFFFFFF))
         out_off[i + 1] = w
     return out_off, buf[:w].copy()
+
+
+# --------------------------------------------------------------------------
+# The compact layout in one pass over records of any classes (no per-class work).
+
+
+@nb.njit(cache=True, nogil=True)
+def compact_lists(
+    data: Any,
+    rec: Any,
+    p_start: Any,
+    p_count: Any,
+    s_start: Any,
+    s_count: Any,
+    el_kind: Any,
+    el_bit: Any,
+    u64run: Any,
+    el_slot: Any,
+    el_type: Any,
+    n_slots: Any,
+) -> tuple[Any, ...]:
+    """Every element value of checked records of any classes, into the three typed lists.
+
+    Record i's values go, in schema order (properties, then statistics), to
+    the list of their slot kind (``el_slot``: 0 ints, 1 floats, 2 texts).
+    Returns the list offsets (3, n + 1) and per list its slots and validity;
+    floats also say which hold float32 bits, texts their type code and the
+    record's dialect (for ``text_values``). Absent values (no such group in
+    the record, or an optional property left out) get slot 0, valid False.
+    """
+    n = rec.shape[1]
+    off = np.empty((3, n + 1), dtype=np.int32)
+    off[:, 0] = 0
+    for i in range(n):
+        k = rec[R_SCHEMA, i]
+        for s in range(3):
+            off[s, i + 1] = off[s, i] + n_slots[k, s]
+    ints = np.empty(off[0, n], dtype=np.int64)
+    i_ok = np.empty(off[0, n], dtype=np.bool_)
+    flts = np.empty(off[1, n], dtype=np.int64)
+    f_ok = np.empty(off[1, n], dtype=np.bool_)
+    f32 = np.empty(off[1, n], dtype=np.bool_)
+    tpos = np.empty(off[2, n], dtype=np.int64)
+    t_ok = np.empty(off[2, n], dtype=np.bool_)
+    ttype = np.empty(off[2, n], dtype=np.int64)
+    tver = np.empty(off[2, n], dtype=np.int64)
+    end = data.shape[0]
+    for i in range(n):
+        k = rec[R_SCHEMA, i]
+        pres = np.uint64(rec[R_PRESENCE, i])
+        vr = rec[R_VER, i]
+        a = off[0, i]
+        b = off[1, i]
+        c = off[2, i]
+        for g in range(2):
+            p = rec[R_POFF, i] if g == 0 else rec[R_SOFF, i]
+            e0 = p_start[k] if g == 0 else s_start[k]
+            cnt = p_count[k] if g == 0 else s_count[k]
+            j = 0
+            while j < cnt:
+                e = e0 + j
+                r = u64run[e] if p >= 0 else 0
+                if r > 0:  # mandatory 8-byte values in a row: one view, no dispatch
+                    run = data[p : p + 8 * r].view(np.uint64)
+                    for t in range(r):
+                        v = np.int64(_bswap64(run[t]))
+                        s = el_slot[e + t]
+                        if s == 0:
+                            ints[a] = v
+                            i_ok[a] = True
+                            a += 1
+                        else:  # 8-byte values are integers, times or doubles
+                            flts[b] = v
+                            f_ok[b] = True
+                            f32[b] = False
+                            b += 1
+                    p += 8 * r
+                    j += r
+                    continue
+                v = np.int64(0)
+                ok = False
+                if p >= 0:
+                    bit = el_bit[e]
+                    if bit < 0 or (pres >> np.uint64(bit)) & np.uint64(1) == 1:
+                        v, p, _st = _read_value(data, p, end, el_kind[e], vr)
+                        ok = True
+                s = el_slot[e]
+                if s == 0:
+                    ints[a] = v
+                    i_ok[a] = ok
+                    a += 1
+                elif s == 1:
+                    flts[b] = v
+                    f_ok[b] = ok
+                    f32[b] = el_type[e] == 12
+                    b += 1
+                else:
+                    tpos[c] = v
+                    t_ok[c] = ok
+                    ttype[c] = el_type[e]
+                    tver[c] = vr
+                    c += 1
+                j += 1
+    return off, ints, i_ok, flts, f_ok, f32, tpos, t_ok, ttype, tver
+
+
+@nb.njit(cache=True, nogil=True)
+def text_values(
+    data: Any,
+    pos: Any,
+    valid: Any,
+    types: Any,
+    ver: Any,
+    hexd: Any,
+    cidx: Any,
+    c_off: Any,
+    c_buf: Any,
+) -> tuple[Any, Any]:
+    """(int32 offsets, bytes) of text values of mixed QMF types, one per slot.
+
+    str8/str16 (6, 7) are copied, uuids (14) and references (10) formatted;
+    containers (15, 21, 22) take text ``cidx[i]`` of (``c_off``, ``c_buf``),
+    their JSON made beforehand.
+    """
+    n = pos.shape[0]
+    cap: Any = 0
+    for i in range(n):
+        if valid[i]:
+            t = types[i]
+            p = pos[i]
+            if t == 6:
+                cap += np.int64(data[p])
+            elif t == 7:
+                cap += _be2(data, p)
+            elif t == 14:
+                cap += 36
+            elif t == 10:
+                cap += 64
+            else:
+                c = cidx[i]
+                cap += c_off[c + 1] - c_off[c]
+    buf = np.empty(cap, dtype=np.uint8)
+    offsets = np.empty(n + 1, dtype=np.int32)
+    offsets[0] = 0
+    w: Any = 0
+    for i in range(n):
+        if valid[i]:
+            t = types[i]
+            p = pos[i]
+            if t == 6 or t == 7:
+                ln = np.int64(data[p]) if t == 6 else _be2(data, p)
+                p += 1 if t == 6 else 2
+                for k in range(ln):
+                    buf[w + k] = data[p + k]
+                w += ln
+            elif t == 14:
+                w = _write_uuid(buf, w, data, p, hexd)
+            elif t == 10:
+                w = _write_ref(buf, w, data, p, ver[i])
+            else:
+                c = cidx[i]
+                a = c_off[c]
+                for k in range(c_off[c + 1] - a):
+                    buf[w + k] = c_buf[a + k]
+                w += c_off[c + 1] - a
+        offsets[i + 1] = w
+    return offsets, buf[:w]
+
+
+@nb.njit(cache=True, nogil=True)
+def index_keys(
+    schema_of: Any,
+    text_start: Any,
+    t_off: Any,
+    t_buf: Any,
+    t_valid: Any,
+    ix_off: Any,
+    ix_text: Any,
+) -> tuple[Any, Any, Any, Any]:
+    """Index keys of records of any classes: JSON arrays of their index texts.
+
+    Schema k's index properties are ``ix_text[ix_off[k]:ix_off[k + 1]]``, each
+    the property's position in the record's text list (-1: not a text).
+    Record i's texts start at ``text_start[i]`` in (``t_off``, ``t_buf``).
+    Returns (offsets, bytes, valid, slow): null where the class has no index
+    or a value is absent; ``slow`` where the key needs Python (a numeric index
+    property, or a value with a quote, backslash or control character).
+    """
+    n = schema_of.shape[0]
+    cap = 0
+    for i in range(n):
+        k = schema_of[i]
+        cap += 2
+        for x in range(ix_off[k], ix_off[k + 1]):
+            s = ix_text[x]
+            if s >= 0:
+                e = text_start[i] + s
+                cap += t_off[e + 1] - t_off[e] + 3
+    buf = np.empty(cap, dtype=np.uint8)
+    offsets = np.empty(n + 1, dtype=np.int32)
+    ok = np.zeros(n, dtype=np.bool_)
+    slow = np.zeros(n, dtype=np.bool_)
+    offsets[0] = 0
+    w = 0
+    for i in range(n):
+        k = schema_of[i]
+        a = ix_off[k]
+        b = ix_off[k + 1]
+        good = b > a
+        for x in range(a, b):
+            s = ix_text[x]
+            if s < 0:
+                slow[i] = True
+                good = False
+                break
+            if not t_valid[text_start[i] + s]:
+                good = False
+                break
+        if good:
+            start = w
+            buf[w] = 0x5B  # [
+            w += 1
+            for x in range(a, b):
+                if x > a:
+                    buf[w] = 0x2C  # ,
+                    w += 1
+                buf[w] = 0x22  # "
+                w += 1
+                e = text_start[i] + ix_text[x]
+                for c in range(t_off[e], t_off[e + 1]):
+                    ch = t_buf[c]
+                    if ch < 0x20 or ch == 0x22 or ch == 0x5C:
+                        good = False
+                    buf[w] = ch
+                    w += 1
+                buf[w] = 0x22
+                w += 1
+            buf[w] = 0x5D  # ]
+            w += 1
+            if not good:
+                slow[i] = True
+                w = start
+        ok[i] = good
+        offsets[i + 1] = w
+    return offsets, buf[:w], ok, slow

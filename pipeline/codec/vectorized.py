@@ -31,11 +31,14 @@ codec's object id), maps and lists JSON text (``to_json``).
 from __future__ import annotations
 
 import base64
+import itertools
 import json
+import os
 import uuid
-from collections.abc import Callable, Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeVar
 
 import numpy as np
 import numpy.typing as npt
@@ -195,6 +198,19 @@ class CompiledRegistry:
     run_bytes: I64  # encoded bytes of that run
     u64run: I64  # mandatory 8-byte values in a row from here, within the group (0: other)
     out_schemas: tuple[pa.Schema, ...]  # sample_schema of each class
+    # The compact layout, for every class at once (``_compact_all``):
+    el_type: I64  # QMF type code per element
+    el_slot: npt.NDArray[np.int8]  # 0: ints, 1: floats, 2: texts (``slot_kind``)
+    n_slots: I64  # (schema, 3): elements per typed list
+    ix_off: I64  # schema k's index properties: ix_*[ix_off[k]:ix_off[k + 1]]
+    ix_text: I64  # an index property's position in its class's text list, -1: not a text
+    ix_el: I64  # its position among the class's elements
+    ix_pos: I64  # its position in its class's typed list (``el_slot``)
+    names_by_index: tuple[pa.Array, pa.Array, pa.Array] = (  # package, class, hash per schema
+        pa.array([], pa.string()),
+        pa.array([], pa.string()),
+        pa.array([], pa.binary()),
+    )
 
 
 _PLAIN_SIZE = {1: 1, 2: 2, 3: 4, 4: 8, 8: 8, 9: 8, 12: 4, 13: 8, 16: 1, 17: 2, 18: 4, 19: 8}
@@ -235,6 +251,37 @@ def _u64_runs(types: list[int], bits: list[int], groups: list[tuple[int, int]]) 
 
 
 _COMPILED: dict[tuple[SchemaKey, ...], CompiledRegistry] = {}
+_SLOT_NUMBER = {"ints": 0, "floats": 1, "texts": 2}
+
+
+def _compact_tables_of(schemas: Sequence[ClassSchema], el_type: list[int]) -> dict[str, Any]:
+    """The compiled registry's tables for the one-pass compact build."""
+    slots = [_SLOT_NUMBER[slot_kind(t)] for t in el_type]
+    n_slots = np.zeros((max(len(schemas), 1), 3), np.int64)
+    ix_off, ix_text, ix_el, ix_pos = [0], [], [], []
+    for k, s in enumerate(schemas):
+        elements = (*s.properties, *s.statistics)
+        list_pos: list[int] = []
+        for e in elements:
+            j = _SLOT_NUMBER[slot_kind(e.type_code)]
+            list_pos.append(int(n_slots[k, j]))
+            n_slots[k, j] += 1
+        for i, p in enumerate(s.properties):
+            if p.index:
+                text = slot_kind(p.type_code) == SLOT_TEXTS
+                ix_text.append(list_pos[i] if text else -1)
+                ix_el.append(i)
+                ix_pos.append(list_pos[i])
+        ix_off.append(len(ix_el))
+    return {
+        "el_type": np.array(el_type or [0], np.int64),
+        "el_slot": np.array(slots or [0], np.int8),
+        "n_slots": n_slots,
+        "ix_off": np.array(ix_off, np.int64),
+        "ix_text": np.array(ix_text or [-1], np.int64),
+        "ix_el": np.array(ix_el or [0], np.int64),
+        "ix_pos": np.array(ix_pos or [0], np.int64),
+    }
 
 
 def compile_registry(registry: SchemaRegistry | Iterable[ClassSchema]) -> CompiledRegistry:
@@ -299,6 +346,12 @@ def compile_registry(registry: SchemaRegistry | Iterable[ClassSchema]) -> Compil
         run_bytes=np.array(run_bytes or [0], dtype=i64),
         u64run=np.array(u64run or [0], dtype=i64),
         out_schemas=tuple(sample_schema(s) for s in schemas),
+        **_compact_tables_of(schemas, el_type),
+        names_by_index=(
+            pa.array([s.key.package for s in schemas], pa.string()),
+            pa.array([s.key.name for s in schemas], pa.string()),
+            pa.array([s.key.hash for s in schemas], pa.binary()),
+        ),
     )
     if len(_COMPILED) > 64:
         _COMPILED.clear()
@@ -313,7 +366,9 @@ def compile_registry(registry: SchemaRegistry | Iterable[ClassSchema]) -> Compil
 class ContentResult:
     """What ``decode_content`` returns for one batch.
 
-    ``samples``: one wide table per class (only classes that occurred).
+    ``samples``: one wide table per class (only classes that occurred); empty with
+    ``compact=True``, where ``table`` holds every class's samples in one
+    ``COMPACT_SCHEMA`` table, in input order (``class_tables`` splits it).
     ``quarantine``: messages the codec could not decode fully (msg_key, reason, body).
     ``others``: (msg_key, record) of the non-content records, from the per-record path;
     ``other_index``: each one's position in its message (parallel to ``others``).
@@ -327,6 +382,25 @@ class ContentResult:
     fallback_messages: int = 0
     fallback_reasons: dict[str, int] = field(default_factory=dict)
     other_index: list[int] = field(default_factory=list)
+    table: pa.Table | None = None
+
+    def class_tables(self) -> dict[SchemaKey, pa.Table]:
+        """Object samples per class: ``samples``, or the compact ``table`` split by class."""
+        if self.table is None:
+            return self.samples
+        t = self.table
+        keys = list(
+            zip(
+                t.column("package").to_pylist(),
+                t.column("class_name").to_pylist(),
+                t.column("schema_hash").to_pylist(),
+                strict=True,
+            )
+        )
+        rows: dict[SchemaKey, list[int]] = {}
+        for i, k in enumerate(keys):
+            rows.setdefault(SchemaKey(*k), []).append(i)
+        return {k: t.take(pa.array(v, pa.int64())) for k, v in rows.items()}
 
 
 # ------------------------------------------------------------------ the walk
@@ -545,16 +619,18 @@ _DIALECTS = ["", "AM1", "AM2"]
 class _Ctx:
     w: _Walk
     comp: CompiledRegistry
-    key_offsets: I64
+    key_offsets: npt.NDArray[Any]
     key_data: npt.NDArray[np.uint8]
     routing_keys: pa.Array | None
 
 
-def _string_buffers(arr: pa.Array) -> tuple[I64, npt.NDArray[np.uint8]]:
-    """(int64 offsets, data) of a string array, for ``take_strings``."""
-    arr = arr.cast(pa.large_string())
+def _string_buffers(arr: pa.Array) -> tuple[npt.NDArray[Any], npt.NDArray[np.uint8]]:
+    """(offsets, data) of a string or binary array, for ``take_strings`` (no copy)."""
+    if arr.type not in (pa.string(), pa.binary(), pa.large_string(), pa.large_binary()):
+        arr = arr.cast(pa.large_string())
     bufs = arr.buffers()
-    offs = np.frombuffer(bufs[1], np.int64)[arr.offset : arr.offset + len(arr) + 1]
+    odt = np.int64 if arr.type in (pa.large_string(), pa.large_binary()) else np.int32
+    offs = np.frombuffer(bufs[1], odt)[arr.offset : arr.offset + len(arr) + 1]
     data = (
         np.frombuffer(bufs[2], np.uint8)
         if bufs[2] is not None and bufs[2].size
@@ -774,18 +850,6 @@ def _layout(schema: ClassSchema) -> _Layout:
     return out
 
 
-def _list_of(values: npt.NDArray[Any], valid: npt.NDArray[np.bool_], t: pa.DataType) -> pa.Array:
-    """A list column from a (k, n) value matrix and its validity: row i = column i."""
-    k, n = values.shape
-    offsets = pa.py_buffer(np.arange(n + 1, dtype=np.int32) * k)
-    flat = np.ascontiguousarray(values.T).reshape(-1)
-    ok = valid.T.reshape(-1)
-    nulls = int(flat.size - np.count_nonzero(ok))
-    vb = _bitmap(ok) if nulls else None
-    child = pa.Array.from_buffers(t, flat.size, [vb, pa.py_buffer(flat)], nulls)
-    return pa.ListArray.from_buffers(pa.list_(t), n, [None, offsets], children=[child])
-
-
 def _texts_of(cols: list[pa.Array], n: int) -> pa.Array:
     """Text columns -> one list<string> column, row-major."""
     k = len(cols)
@@ -823,7 +887,9 @@ def index_key(cols: list[pa.Array], n: int) -> pa.Array:
         rows = zip(*(p.to_pylist() for p in parts), strict=True)
         return pa.array(  # rare: quotes, backslashes, control characters
             [
-                None if any(v is None for v in r) else json.dumps(list(r), separators=(",", ":"), ensure_ascii=False)
+                None
+                if any(v is None for v in r)
+                else json.dumps(list(r), separators=(",", ":"), ensure_ascii=False)
                 for r in rows
             ],
             pa.string(),
@@ -836,121 +902,120 @@ def index_key(cols: list[pa.Array], n: int) -> pa.Array:
 
 def _class_columns(comp: CompiledRegistry, idx: I64) -> dict[str, pa.Array]:
     """package, class_name, schema_hash of records of any classes (by compiled schema index)."""
-    take = pa.array(idx)
-    return {
-        "package": pa.array([s.key.package for s in comp.schemas], pa.string()).take(take),
-        "class_name": pa.array([s.key.name for s in comp.schemas], pa.string()).take(take),
-        "schema_hash": pa.array([s.key.hash for s in comp.schemas], pa.binary()).take(take),
-    }
-
-
-def _compact_tables(
-    ctx: _Ctx, parts: list[tuple[I64, ClassSchema, dict[str, pa.Array]]]
-) -> dict[SchemaKey, list[tuple[pa.Table, I64]]]:
-    """Per-class value columns + identity built once for all classes -> per-class table slices."""
-    subs = [sub for sub, _, _ in parts]
-    allsub = np.concatenate(subs, axis=1) if len(subs) > 1 else subs[0]
-    cols: dict[str, Any] = _identity(ctx, allsub, None)
-    for name in ("index_key", SLOT_INTS, SLOT_FLOATS, SLOT_TEXTS):
-        arrs = [v[name] for _, _, v in parts]
-        cols[name] = pa.concat_arrays(arrs) if len(arrs) > 1 else arrs[0]
-    full = pa.table(cols, schema=COMPACT_SCHEMA)
-    out: dict[SchemaKey, list[tuple[pa.Table, I64]]] = {}
-    at = 0
-    for sub, schema, _ in parts:
-        n = sub.shape[1]
-        out[schema.key] = [(full.slice(at, n), sub[K.R_MSG])]
-        at += n
+    out = {}
+    for name, arr in zip(
+        ("package", "class_name", "schema_hash"), comp.names_by_index, strict=True
+    ):
+        out[name] = _str_array(*K.take_strings(*_string_buffers(arr), idx), arr.type)
     return out
 
 
-def _class_compact(
-    ctx: _Ctx, sub: I64, schema: ClassSchema
-) -> tuple[dict[str, pa.Array] | None, npt.NDArray[np.bool_]]:
-    """One class's kernel-decoded values in the compact columns (index key and the
-    three lists), or (None, failed records)."""
-    w = ctx.w
-    n = sub.shape[1]
-    cols: dict[str, Any] = {}
-    presence = sub[K.R_PRESENCE]
-    ver = sub[K.R_VER]
+_CONTAINER_CODES = (15, 21, 22)
+
+
+def _compact_all(ctx: _Ctx, rec: I64) -> tuple[dict[str, pa.Array] | None, npt.NDArray[np.bool_]]:
+    """Index key and the three typed lists of kernel-checked records of any classes.
+
+    One kernel writes every record's values, in input order, straight into
+    the three typed lists (``compact_lists``); texts of all types are then
+    formatted by one kernel and index keys built by another. So the number of
+    Python and Arrow calls per batch does not grow with the classes in it. Returns
+    (columns, None) or (None, records whose container value the codec rejects).
+    """
+    w, comp = ctx.w, ctx.comp
+    n = rec.shape[1]
+    off, ints_v, ints_ok, flts_v, flts_ok, f32, t_pos, t_valid, t_type, t_ver = K.compact_lists(
+        w.data, rec, comp.p_start, comp.p_count, comp.s_start, comp.s_count, comp.el_kind,
+        comp.el_bit, comp.u64run, comp.el_slot, comp.el_type, comp.n_slots,
+    )  # fmt: skip
+    schema_of = rec[K.R_SCHEMA]
     failed = np.zeros(n, np.bool_)
-    comp = ctx.comp
-    k = int(sub[K.R_SCHEMA, 0])
-    elements = (*schema.properties, *schema.statistics)
-    lay = _layout(schema)
-    mats: list[I64] = []
-    valids: list[npt.NDArray[np.bool_]] = []
-    texts: dict[int, pa.Array] = {}
-    bit = 0
-    at = 0
-    for group, base, is_props in (
-        (schema.properties, sub[K.R_POFF], True),
-        (schema.statistics, sub[K.R_SOFF], False),
-    ):
-        if not group:
-            continue
-        has = base >= 0
-        if not has.any():
-            mats.append(np.zeros((len(group), n), np.int64))
-            valids.append(np.zeros((len(group), n), np.bool_))
-            for j, e in enumerate(group):
-                if slot_kind(e.type_code) == SLOT_TEXTS:
-                    texts[at + j] = pa.nulls(n, pa.string())
-            if is_props:
-                bit += sum(1 for e in group if e.optional)
-            at += len(group)
-            continue
-        e0 = int(comp.p_start[k] if is_props else comp.s_start[k])
-        sl = slice(e0, e0 + len(group))
-        mat = K.fill(
-            w.data, base, presence, ver, comp.el_kind[sl], comp.el_bit[sl], comp.u64run[sl]
+
+    def listed(j: int, v: npt.NDArray[Any], ok: npt.NDArray[np.bool_], t: pa.DataType) -> pa.Array:
+        nulls = int(ok.size - np.count_nonzero(ok))
+        child = pa.Array.from_buffers(
+            t, ok.size, [_bitmap(ok) if nulls else None, pa.py_buffer(v)], nulls
         )
-        val = np.empty((len(group), n), np.bool_)
-        n_absent = int(n - np.count_nonzero(has))
-        has_bitmap = _bitmap(has) if n_absent else None
-        for j, e in enumerate(group):
-            if is_props and e.optional:
-                nulls = K.validity(base, presence, bit, val[j])
-                vb = _bitmap(val[j]) if nulls else None
-                bit += 1
-            else:
-                val[j] = has
-                nulls, vb = n_absent, has_bitmap
-            t = e.type_code
-            if slot_kind(t) == SLOT_TEXTS:
-                arr = _element_column(w, e, mat[j], val[j], vb, nulls, ver, failed)
-                texts[at + j] = arr if arr.type == pa.string() else arr.cast(pa.string())
-            elif t == 12:
-                mat[j] = mat[j].astype(np.uint32).view(np.float32).astype(np.float64).view(np.int64)
-        mats.append(mat)
-        valids.append(val)
-        at += len(group)
+        return pa.ListArray.from_buffers(
+            pa.list_(t), n, [None, pa.py_buffer(off[j])], children=[child]
+        )
+
+    ints = listed(0, ints_v, ints_ok, pa.int64())
+    if f32.any():
+        flts_v[f32] = (
+            flts_v[f32].astype(np.uint32).view(np.float32).astype(np.float64).view(np.int64)
+        )
+    floats = listed(1, flts_v.view(np.float64), flts_ok, pa.float64())
+
+    t_rec = np.repeat(np.arange(n, dtype=np.int64), np.diff(off[2]))
+    cidx = np.full(len(t_pos), -1, np.int64)
+    c_parts: list[pa.Array] = []
+    at = 0
+    for code in _CONTAINER_CODES:
+        cm = (t_type == code) & t_valid
+        if not cm.any():
+            continue
+        where = np.flatnonzero(cm)
+        arr, bad = _container(w, t_pos[where], np.ones(len(where), np.bool_), None, 0, code)
+        if bad.any():
+            failed[t_rec[where[bad]]] = True
+        cidx[where] = np.arange(at, at + len(where))
+        at += len(where)
+        c_parts.append(arr)
     if failed.any():
         return None, failed
-    allm = (
-        np.concatenate(mats) if len(mats) > 1 else mats[0] if mats else np.zeros((0, n), np.int64)
+    c_off, c_buf = _string_buffers(
+        pa.concat_arrays(c_parts) if c_parts else pa.array([], pa.string())
     )
-    allv = (
-        np.concatenate(valids)
-        if len(valids) > 1
-        else valids[0]
-        if valids
-        else np.zeros((0, n), np.bool_)
+    o, buf = K.text_values(
+        w.data, t_pos, t_valid, t_type, t_ver, K.hex_digits(), cidx, c_off, c_buf
     )
-    ints = list(lay.ints)
-    flts = list(lay.floats)
-    cols["index_key"] = index_key(
-        [
-            texts[i] if i in texts else _numeric_text(allm[i], allv[i], elements[i].type_code)
-            for i in lay.index
-        ],
-        n,
+    t_nulls = int(t_valid.size - np.count_nonzero(t_valid))
+    t_arr = _string(o, buf, _bitmap(t_valid) if t_nulls else None, t_nulls)
+    texts = pa.ListArray.from_buffers(
+        pa.list_(pa.string()), n, [None, pa.py_buffer(off[2])], children=[t_arr]
     )
-    cols[SLOT_INTS] = _list_of(allm[ints], allv[ints], pa.int64())
-    cols[SLOT_FLOATS] = _list_of(allm[flts].view(np.float64), allv[flts], pa.float64())
-    cols[SLOT_TEXTS] = _texts_of([texts[i] for i in lay.texts], n)
-    return cols, failed
+    ta_off, ta_buf = _string_buffers(t_arr)
+    text_start = off[2, :-1].astype(np.int64)
+    k_off, k_buf, k_ok, slow = K.index_keys(
+        schema_of, text_start, ta_off, ta_buf, t_valid, comp.ix_off, comp.ix_text
+    )
+    k_nulls = int(n - np.count_nonzero(k_ok))
+    key = _string(k_off, k_buf, _bitmap(k_ok) if k_nulls else None, k_nulls, check=False)
+    if slow.any():
+        key = _slow_index_keys(key, slow, rec, ints, floats, texts, comp)
+    return {"index_key": key, SLOT_INTS: ints, SLOT_FLOATS: floats, SLOT_TEXTS: texts}, failed
+
+
+def _slow_index_keys(
+    key: pa.Array,
+    slow: npt.NDArray[np.bool_],
+    rec: I64,
+    ints: pa.ListArray,
+    floats: pa.ListArray,
+    texts: pa.ListArray,
+    comp: CompiledRegistry,
+) -> pa.Array:
+    """Index keys the kernel left to Python: numeric index values, text that needs escaping."""
+    out = key.to_pylist()
+    lists = (ints, floats, texts)
+    for i in np.flatnonzero(slow).tolist():
+        k = int(rec[K.R_SCHEMA, i])
+        parts: list[Any] = []
+        for x in range(int(comp.ix_off[k]), int(comp.ix_off[k + 1])):
+            e = int(comp.p_start[k]) + int(comp.ix_el[x])
+            j, t = int(comp.el_slot[e]), int(comp.el_type[e])
+            v = lists[j][i].values[int(comp.ix_pos[x])]
+            if j != 2 and v.is_valid:
+                v = pa.array([v.as_py() != 0 if t == 11 else v.as_py()], arrow_type(t))
+                v = v.cast(pa.string())[0]
+            parts.append(v.as_py())
+        out[i] = (
+            None
+            if any(v is None for v in parts)
+            else json.dumps(parts, separators=(",", ":"), ensure_ascii=False)
+        )
+    return pa.array(out, pa.string())
 
 
 def _numeric_text(slots: I64, valid: npt.NDArray[np.bool_], t: int) -> pa.Array:
@@ -1090,7 +1155,7 @@ def decode_content(
         msg_keys = msg_keys.chunk(0) if msg_keys.num_chunks else pa.array([], pa.string())
     rkeys = table.column("routing_key").combine_chunks() if "routing_key" in names else None
     comp = compile_registry(registry)
-    w = _walk(body, comp)
+    w = _walk_parallel(body, comp)
     ctx = _Ctx(w, comp, *_string_buffers(msg_keys), rkeys)
 
     fallback: set[int] = set(np.flatnonzero(w.status != K.ST_OK).tolist())
@@ -1103,11 +1168,18 @@ def decode_content(
     # message to the per-record path, and the build runs once more without it
     # (bounded: the second pass only has records that passed the first).
     tables: dict[SchemaKey, list[tuple[pa.Table, I64]]] = {}
+    whole: list[tuple[pa.Table, I64]] = []  # compact: every class's kernel rows, one table
     rec = w.rec
     for _attempt in range(2):
-        tables = {}
+        tables, whole = {}, []
         late: set[int] = set()
-        if rec.shape[1]:
+        if rec.shape[1] and compact:
+            chunks = _in_parallel(lambda r: _compact_chunk(ctx, r), _split_records(rec))
+            for _, bad in chunks:
+                late |= bad
+            if not late:
+                whole = [(_concat([t for t, _ in chunks]), rec[K.R_MSG])]
+        elif rec.shape[1]:
             ks = rec[K.R_SCHEMA]
             subs: list[I64] = [rec]  # one class: use the matrix as it is, no copy
             if not (ks == ks[0]).all():
@@ -1119,21 +1191,13 @@ def decode_content(
                     for a, b in zip(starts[:-1].tolist(), starts[1:].tolist(), strict=True)
                     if b > a
                 ]
-            parts: list[tuple[I64, ClassSchema, dict[str, pa.Array]]] = []
             for sub in subs:
                 schema = comp.schemas[int(sub[K.R_SCHEMA, 0])]
-                if compact:
-                    vals, failed = _class_compact(ctx, sub, schema)
-                    if vals is not None and not failed.any():
-                        parts.append((sub, schema, vals))
-                else:
-                    tbl, failed = _class_table(ctx, sub, schema)
-                    if tbl is not None and not failed.any():
-                        tables[schema.key] = [(tbl, sub[K.R_MSG])]
+                tbl, failed = _class_table(ctx, sub, schema)
+                if tbl is not None and not failed.any():
+                    tables[schema.key] = [(tbl, sub[K.R_MSG])]
                 if failed.any():
                     late |= set(sub[K.R_MSG][failed].tolist())
-            if parts and not late:
-                tables = _compact_tables(ctx, parts)
         if not late:
             break
         reasons["container value rejected"] = len(late)
@@ -1179,23 +1243,89 @@ def decode_content(
     for sk, items in per_class.items():
         sch = registry.get(sk)
         assert sch is not None
-        tables.setdefault(sk, []).append(
-            (
-                wide_to_compact(records_to_table(items, sch), sch)
-                if compact
-                else records_to_table(items, sch),
-                np.array(fb_rows[sk], np.int64),
-            )
-        )
-    samples = {k: _in_input_order(v) for k, v in tables.items()}
+        rows = np.array(fb_rows[sk], np.int64)
+        if compact:
+            whole.append((wide_to_compact(records_to_table(items, sch), sch), rows))
+        else:
+            tables.setdefault(sk, []).append((records_to_table(items, sch), rows))
     return ContentResult(
-        samples=samples,
-        quarantine=pa.Table.from_pylist(quarantine, schema=QUARANTINE_SCHEMA),
+        samples={k: _in_input_order(v) for k, v in tables.items()},
+        table=(_in_input_order(whole) if whole else COMPACT_SCHEMA.empty_table())
+        if compact
+        else None,
+        quarantine=pa.Table.from_pylist(quarantine, schema=QUARANTINE_SCHEMA)
+        if quarantine
+        else QUARANTINE_SCHEMA.empty_table(),
         others=others,
         fast_messages=n - len(fallback),
         fallback_messages=len(fallback),
         fallback_reasons=reasons,
         other_index=other_index,
+    )
+
+
+# Large batches are decoded by several threads (the kernels release the GIL):
+# records per chunk (about 256 body bytes each), and the most threads used.
+PARALLEL_RECORDS = 50_000
+DECODE_THREADS = max(1, min(4, os.cpu_count() or 1))
+_POOL: list[ThreadPoolExecutor] = []
+_T = TypeVar("_T")
+_R = TypeVar("_R")
+
+
+def _in_parallel(fn: Callable[[_T], _R], items: list[_T]) -> list[_R]:
+    """``fn(item)`` for each item, on the decode threads when there are several."""
+    if len(items) == 1:
+        return [fn(items[0])]
+    if not _POOL:
+        _POOL.append(ThreadPoolExecutor(DECODE_THREADS, thread_name_prefix="qmf-decode"))
+    return list(_POOL[0].map(fn, items))
+
+
+def _ranges(n: int, parts: int) -> list[tuple[int, int]]:
+    bounds = np.linspace(0, n, max(1, parts) + 1).astype(np.int64).tolist()
+    return list(itertools.pairwise(bounds))
+
+
+def _split_records(rec: I64) -> list[I64]:
+    """The record matrix in column chunks, one per decode thread (one if small)."""
+    parts = min(DECODE_THREADS, rec.shape[1] // PARALLEL_RECORDS)
+    if parts <= 1:
+        return [rec]
+    return [rec[:, a:b] for a, b in _ranges(rec.shape[1], parts)]  # views: no copy
+
+
+def _compact_chunk(ctx: _Ctx, rec: I64) -> tuple[pa.Table | None, set[int]]:
+    """One chunk of records as a ``COMPACT_SCHEMA`` table, or the messages that failed."""
+    vals, failed = _compact_all(ctx, rec)
+    if vals is None:
+        return None, set(rec[K.R_MSG][failed].tolist())
+    cols: dict[str, Any] = _identity(ctx, rec, None)
+    cols.update(vals)
+    return pa.table(cols, schema=COMPACT_SCHEMA), set()
+
+
+def _concat(tables: list[pa.Table | None]) -> pa.Table:
+    ts = [t for t in tables if t is not None]
+    return ts[0] if len(ts) == 1 else pa.concat_tables(ts)  # chunked: no copy
+
+
+def _walk_parallel(body: pa.Array, comp: CompiledRegistry) -> _Walk:
+    """``_walk`` over message ranges on the decode threads, for batches of many bytes."""
+    data = body.buffers()[2] if len(body) else None
+    size = data.size if data is not None else 0
+    parts = min(DECODE_THREADS, len(body), size // (PARALLEL_RECORDS * 256))
+    if parts <= 1:
+        return _walk(body, comp)
+    ranges = _ranges(len(body), parts)
+    walks = _in_parallel(lambda ab: _walk(body.slice(ab[0], ab[1] - ab[0]), comp), ranges)
+    for wk, (a, _) in zip(walks, ranges, strict=True):
+        wk.rec[K.R_MSG] += a
+    return _Walk(
+        np.concatenate([wk.rec for wk in walks], axis=1),
+        np.concatenate([wk.status for wk in walks]),
+        np.concatenate([wk.errpos for wk in walks]),
+        walks[0].data,
     )
 
 

@@ -382,27 +382,22 @@ def decode_arrow(
             parked.setdefault(int(key), SchemaKey(r.package, r.class_name, r.schema_hash))
     park_rows = np.array(sorted(parked), np.int64) if parked else _EMPTY_I64
 
-    # Object samples: pack each class's wide table, minus parked messages.
-    wides: list[pa.Table] = []
+    # Object samples: every class in one compact table, minus parked messages.
     good_per_row: dict[int, int] = {}
-    for sk, wide in res.samples.items():
-        schema = registry.get(sk)
-        assert schema is not None
-        if len(park_rows) or problems:
-            rows = np.asarray(pc.cast(wide.column("msg_key"), pa.int64()).to_numpy(), np.int64)
-            if len(park_rows):
-                keep = ~np.isin(rows, park_rows)
-                if not keep.all():
-                    wide = wide.filter(pa.array(keep))
-                    rows = rows[keep]
-            if problems:
-                for r_ in rows.tolist():
-                    good_per_row[r_] = good_per_row.get(r_, 0) + 1
-        if wide.num_rows:
-            wides.append(wide)
-    if wides:
+    samples = res.table
+    if samples is not None and samples.num_rows and (len(park_rows) or problems):
+        rows = np.asarray(pc.cast(samples.column("msg_key"), pa.int64()).to_numpy(), np.int64)
+        if len(park_rows):
+            keep = ~np.isin(rows, park_rows)
+            if not keep.all():
+                samples = samples.filter(pa.array(keep))
+                rows = rows[keep]
+        if problems:
+            for r_ in rows.tolist():
+                good_per_row[r_] = good_per_row.get(r_, 0) + 1
+    if samples is not None and samples.num_rows:
         meta_cols = {"partition": meta.partition, "offset": meta.offset, "msg_key": meta.msg_key}
-        out.tables[SAMPLES] = pack_samples(wides, meta_cols, batch_id)
+        out.tables[SAMPLES] = pack_samples([samples], meta_cols, batch_id)
 
     events: list[dict[str, Any]] = []
     beats: list[dict[str, Any]] = []

@@ -15,6 +15,7 @@ import uuid
 from collections.abc import Iterator, Sequence
 from typing import Any
 
+import numpy as np
 import pyarrow as pa
 import pytest
 from hypothesis import HealthCheck, assume, given, settings
@@ -115,11 +116,12 @@ def assert_same(table: pa.Table, registry: SchemaRegistry) -> Any:
     # same values: the kernel's direct build equals packing the oracle's wide tables.
     creg = registry.copy()
     compact = decode_content(table, creg, compact=True)
-    assert set(compact.samples) == set(want)
+    by_class = compact.class_tables()
+    assert set(by_class) == set(want)
     for k, t in want.items():
         schema = creg.get(k)
         assert schema is not None
-        c = compact.samples[k]
+        c = by_class[k]
         assert c.schema == COMPACT_SCHEMA
         expected = wide_to_compact(t, schema)
         if not c.equals(expected):
@@ -541,3 +543,68 @@ def test_am1_reserved_bit_63_goes_the_per_record_way() -> None:
     assert [r["body"] for r in q_rows] == [bad_id, bad_ref]
     # the kernel alone (no reserved bit anywhere) still takes the message
     assert decode_content(bodies_batch([good]), reg.copy()).fallback_messages == 0
+
+
+def test_compact_index_keys_of_every_kind_in_one_batch() -> None:
+    """Index keys in the one-pass compact build: plain text in the kernel; numeric index
+    values, text needing a JSON escape and absent values in Python; exact strings."""
+    keyed = ClassSchema(
+        key=SchemaKey("org.example", "keyed", b"\x22" * 16),
+        properties=(
+            Element("vhost", 6, access=1, index=True),
+            Element("port", 3, access=1, index=True),
+            Element("ratio", 12, access=1, index=True),
+            Element("on", 11, access=1, index=True),
+            Element("label", 7, access=1, index=True, optional=True),
+        ),
+        statistics=(Element("n", 4),),
+    )
+    queue = queue_like()
+    reg = SchemaRegistry([keyed, queue])
+
+    def rec(i: int, vhost: str, label: str | None) -> ObjectSample:
+        values: dict[str, Any] = {"vhost": vhost, "port": 5672 + i, "ratio": 0.1, "on": True}
+        if label is not None:
+            values["label"] = label
+        values["n"] = i
+        return ObjectSample(
+            dialect="AM2", opcode="g", seq=i, package="org.example", class_name="keyed",
+            schema_hash=keyed.key.hash, update_ns=1000 + i, create_ns=10, delete_ns=0,
+            object_id=Am2ObjectId(0, 1, 1, 0, i), values=values, agent="1.0",
+        )  # fmt: skip
+
+    bodies = [
+        encode_records([rec(0, "/", "a"), sample_rec("g", 1, queue)], reg),
+        encode_records([rec(1, 'say "hi"\\', "b\n"), rec(2, "/", None)], reg),
+    ]
+    got = decode_content(bodies_batch(bodies), reg.copy(), compact=True)
+    assert got.table is not None and got.fallback_messages == 0
+    assert got.table.column("class_name").to_pylist() == ["keyed", "queue", "keyed", "keyed"]
+    assert got.table.column("index_key").to_pylist() == [
+        '["/","5672","0.1","true","a"]',
+        None,  # queue_like marks no index property
+        '["say \\"hi\\"\\\\","5673","0.1","true","b\\n"]',
+        None,  # an index property is absent
+    ]
+    assert_same(bodies_batch(bodies), reg)
+
+
+def test_split_across_decode_threads_gives_the_same_tables(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A large batch is walked and built in chunks on threads: the same rows, in order."""
+    import pipeline.codec.vectorized as vec
+
+    reg = SchemaRegistry([WIDE])
+    table = bodies_batch(list(wide_records(random.Random(11), 90)))
+    one = decode_content(table, reg.copy(), compact=True)
+    monkeypatch.setattr(vec, "PARALLEL_RECORDS", 20)
+    monkeypatch.setattr(vec, "DECODE_THREADS", 3)
+    assert len(vec._split_records(np.zeros((14, 100), np.int64))) == 3
+    size = table.column("body").combine_chunks().buffers()[2].size
+    assert size // (20 * 256) >= 3  # the walk is split too
+    split = decode_content(table, reg.copy(), compact=True)
+    assert one.table is not None and split.table is not None
+    assert one.table.num_rows > 60
+    assert split.table.equals(one.table)
+    assert (split.fast_messages, split.fallback_messages) == (90, 0)
