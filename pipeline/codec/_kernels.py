@@ -827,10 +827,7 @@ def take_strings(offsets: Any, data: Any, idx: Any) -> tuple[Any, Any]:
     buf = np.empty(total, dtype=np.uint8)
     for i in range(n):
         k = idx[i]
-        a = offsets[k]
-        w = out_off[i]
-        for j in range(offsets[k + 1] - a):
-            buf[w + j] = data[a + j]
+        buf[out_off[i] : out_off[i + 1]] = data[offsets[k] : offsets[k + 1]]
     return out_off, buf
 
 
@@ -1015,8 +1012,7 @@ def text_values(
             if t == 6 or t == 7:
                 ln = np.int64(data[p]) if t == 6 else _be2(data, p)
                 p += 1 if t == 6 else 2
-                for k in range(ln):
-                    buf[w + k] = data[p + k]
+                buf[w : w + ln] = data[p : p + ln]
                 w += ln
             elif t == 14:
                 w = _write_uuid(buf, w, data, p, hexd)
@@ -1024,10 +1020,9 @@ def text_values(
                 w = _write_ref(buf, w, data, p, ver[i])
             else:
                 c = cidx[i]
-                a = c_off[c]
-                for k in range(c_off[c + 1] - a):
-                    buf[w + k] = c_buf[a + k]
-                w += c_off[c + 1] - a
+                ln = c_off[c + 1] - c_off[c]
+                buf[w : w + ln] = c_buf[c_off[c] : c_off[c + 1]]
+                w += ln
         offsets[i + 1] = w
     return offsets, buf[:w]
 
@@ -1108,3 +1103,21 @@ def index_keys(
         ok[i] = good
         offsets[i + 1] = w
     return offsets, buf[:w], ok, slow
+
+
+@nb.njit(cache=True, nogil=True)
+def unique_hashes(hashes: Any) -> tuple[Any, Any]:
+    """(first index of each distinct hash, group of each hash): ``np.unique``'s
+    ``return_index`` / ``return_inverse``, groups in sorted hash order."""
+    n = hashes.shape[0]
+    order = np.argsort(hashes, kind="mergesort")  # stable: the first index leads its group
+    inv = np.empty(n, dtype=np.int64)
+    rep = np.empty(n, dtype=np.int64)
+    g = -1
+    for j in range(n):
+        i = order[j]
+        if j == 0 or hashes[i] != hashes[order[j - 1]]:
+            g += 1
+            rep[g] = i
+        inv[i] = g
+    return rep[: g + 1], inv

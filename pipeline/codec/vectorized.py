@@ -206,11 +206,8 @@ class CompiledRegistry:
     ix_text: I64  # an index property's position in its class's text list, -1: not a text
     ix_el: I64  # its position among the class's elements
     ix_pos: I64  # its position in its class's typed list (``el_slot``)
-    names_by_index: tuple[pa.Array, pa.Array, pa.Array] = (  # package, class, hash per schema
-        pa.array([], pa.string()),
-        pa.array([], pa.string()),
-        pa.array([], pa.binary()),
-    )
+    # package, class and hash per schema, as (Arrow type, offsets, data) for ``take_strings``
+    names_by_index: tuple[tuple[pa.DataType, npt.NDArray[Any], npt.NDArray[np.uint8]], ...] = ()
 
 
 _PLAIN_SIZE = {1: 1, 2: 2, 3: 4, 4: 8, 8: 8, 9: 8, 12: 4, 13: 8, 16: 1, 17: 2, 18: 4, 19: 8}
@@ -347,10 +344,13 @@ def compile_registry(registry: SchemaRegistry | Iterable[ClassSchema]) -> Compil
         u64run=np.array(u64run or [0], dtype=i64),
         out_schemas=tuple(sample_schema(s) for s in schemas),
         **_compact_tables_of(schemas, el_type),
-        names_by_index=(
-            pa.array([s.key.package for s in schemas], pa.string()),
-            pa.array([s.key.name for s in schemas], pa.string()),
-            pa.array([s.key.hash for s in schemas], pa.binary()),
+        names_by_index=tuple(
+            (a.type, *_string_buffers(a))
+            for a in (
+                pa.array([s.key.package for s in schemas], pa.string()),
+                pa.array([s.key.name for s in schemas], pa.string()),
+                pa.array([s.key.hash for s in schemas], pa.binary()),
+            )
         ),
     )
     if len(_COMPILED) > 64:
@@ -537,9 +537,8 @@ def _container(
         # group equal hashes, and check byte for byte that each group really
         # holds one encoding (else, on a hash collision, every value is its own).
         hashes = K.container_hashes(w.data, pos, sizes, todo)
-        _, rep, inv = np.unique(hashes, return_index=True, return_inverse=True)
-        inv = inv.reshape(-1).astype(np.int64)
-        if K.same_bytes(w.data, pos, sizes, todo, rep.astype(np.int64), inv):
+        rep, inv = K.unique_hashes(hashes)
+        if K.same_bytes(w.data, pos, sizes, todo, rep, inv):
             uniq = todo[rep]
             rank[todo] = inv
         else:
@@ -902,12 +901,11 @@ def index_key(cols: list[pa.Array], n: int) -> pa.Array:
 
 def _class_columns(comp: CompiledRegistry, idx: I64) -> dict[str, pa.Array]:
     """package, class_name, schema_hash of records of any classes (by compiled schema index)."""
-    out = {}
-    for name, arr in zip(
-        ("package", "class_name", "schema_hash"), comp.names_by_index, strict=True
-    ):
-        out[name] = _str_array(*K.take_strings(*_string_buffers(arr), idx), arr.type)
-    return out
+    names = ("package", "class_name", "schema_hash")
+    return {
+        name: _str_array(*K.take_strings(offsets, data, idx), t)
+        for name, (t, offsets, data) in zip(names, comp.names_by_index, strict=True)
+    }
 
 
 _CONTAINER_CODES = (15, 21, 22)
