@@ -21,9 +21,17 @@ batch size) and ``--large`` messages. Per configuration it prints records/s
 * ``wide->Delta``     the alternative layout: ``decode_content``'s per-class wide tables,
                       one Delta table (and commit) per class.
 
-Usage (about 2-3 minutes on 2 busy cores):
+``--stream`` runs the silver *streaming job* instead (``start_silver``, AvailableNow,
+``decode_on="driver"``, one bronze file of ``--large`` messages per micro-batch), the way
+``jobs/silver.py`` runs: offset log -> the batch's bronze files read on the driver ->
+decode -> Parquet + Delta commits. It prints object-sample records/s over the steady
+batches (all but the first, which Spark reads and which warms up) from the query's
+progress, next to ``decode_compact`` and ``local->Delta`` of the same batches.
+
+Usage (about 1-2 minutes on 2 idle cores; ``--stream`` about 2 minutes):
 
     .venv/bin/python benchmarks/bench_silver.py [--records 100000] [--small 200] [--large 5000]
+    .venv/bin/python benchmarks/bench_silver.py --stream [--large 5000] [--batches 8]
 """
 
 from __future__ import annotations
@@ -125,7 +133,9 @@ def run(
         return sum(decode_content(b, reg, compact=True).table.num_rows for b in tables)  # type: ignore[union-attr]
 
     def silver() -> int:
-        return sum(decode_arrow(b, reg.copy(), 0, kinds).get("object_samples").num_rows for b in tables)
+        return sum(
+            decode_arrow(b, reg.copy(), 0, kinds).get("object_samples").num_rows for b in tables
+        )
 
     out: dict[str, float] = {}
     s, n = best(per_record, 1)
@@ -140,7 +150,9 @@ def run(
     def fresh(tag: str) -> SilverSettings:
         root = os.path.join(work, f"{name}-{size}-{tag}")
         shutil.rmtree(root, ignore_errors=True)
-        return SilverSettings(bronze=os.path.join(root, "bronze"), root=os.path.join(root, "silver"))
+        return SilverSettings(
+            bronze=os.path.join(root, "bronze"), root=os.path.join(root, "silver")
+        )
 
     # Driver only: decode + Delta commits, one per non-empty table.
     st = fresh("local")
@@ -177,7 +189,9 @@ def run(
             # tables, not timed.
             ws = SilverSettings(bronze=st.bronze, root=st.root + "-warm", decode_on=mode)
             wb = (len(jobs), len(jobs))
-            run_silver_batch(spark, ws, 0, batch_ids=wb, writer=SilverBatchWriter(ws, app_id="warm"))
+            run_silver_batch(
+                spark, ws, 0, batch_ids=wb, writer=SilverBatchWriter(ws, app_id="warm")
+            )
             w = SilverBatchWriter(st, app_id=f"bench-{mode}")
             t0 = time.perf_counter()
             n = 0
@@ -188,7 +202,60 @@ def run(
                 decode_s += r.seconds.get("decode", 0.0)
             wall = time.perf_counter() - t0
             out[f"job_{mode}"] = line(f"job->Delta {mode}", n, wall, base)
-            print(f"  {'':16} {len(jobs)} batches; Spark read + decode + collect: {decode_s / wall:.0%}")
+            print(
+                f"  {'':16} {len(jobs)} batches; Spark read + decode + collect: {decode_s / wall:.0%}"
+            )
+    return out
+
+
+def stream_run(
+    name: str, bodies: list[bytes], reg: SchemaRegistry, size: int, batches: int, work: str,
+    spark: Any,
+) -> dict[str, float]:  # fmt: skip
+    """The streaming silver job over ``batches`` bronze files of ``size`` messages."""
+    from pipeline.silver import start_silver, write_bronze
+
+    reps = -(-size * batches // len(bodies))
+    tables = bronze_batches((bodies * reps)[: size * batches], size)
+    kinds = StatisticKinds.load()
+    per_batch = decode_arrow(tables[0], reg.copy(), 0, kinds).get("object_samples").num_rows
+    print(f"\n[{name}] stream: {batches} micro-batches of {size:,} messages "
+          f"({per_batch:,} object samples each)")  # fmt: skip
+    out: dict[str, float] = {}
+    s, n = best(lambda: decode_content(tables[1], reg, compact=True).table.num_rows, 3)  # type: ignore[union-attr]
+    out["decode_compact"] = line("decode_compact", n, s, None)
+    root = os.path.join(work, f"stream-{name}")
+    shutil.rmtree(root, ignore_errors=True)
+    st = SilverSettings(bronze=os.path.join(root, "local-bronze"), root=os.path.join(root, "local"))
+    w = SilverBatchWriter(st, app_id="bench")
+    w.decode_local(tables[0], 0)
+    t0 = time.perf_counter()
+    n = sum(
+        w.decode_local(b, k + 1).rows.get("object_samples", 0) for k, b in enumerate(tables[1:3])
+    )
+    out["local_delta"] = line("local->Delta", n, time.perf_counter() - t0, None)
+    st = SilverSettings(
+        bronze=os.path.join(root, "bronze"), root=os.path.join(root, "silver"),
+        checkpoint=os.path.join(root, "checkpoint"), decode_on="driver", max_files_per_trigger=1,
+    )  # fmt: skip
+    write_bronze(st.bronze, tables)
+    t0 = time.perf_counter()
+    query = start_silver(spark, st)
+    query.awaitTermination()
+    wall = time.perf_counter() - t0
+    durations = [p["durationMs"]["triggerExecution"] / 1000 for p in query.recentProgress]
+    # Driver reads leave Spark's input-row counts at 0: batches are counted by id.
+    ids = [p["batchId"] for p in query.recentProgress]
+    total = sum(b.num_rows for b in delta.iter_batches(st.path("object_samples"), ["offset"]))
+    assert total == per_batch * batches, (total, per_batch * batches)
+    assert ids == list(range(batches)), ids
+    steady = durations[1:]
+    rate = per_batch * len(steady) / sum(steady)
+    ratio = rate / out["local_delta"]
+    print(f"  {'job->Delta stream':<16} {rate:>12,.0f} rec/s   ({len(steady)} steady batches, "
+          f"{min(steady):.2f}-{max(steady):.2f} s each; first {durations[0]:.2f} s; "
+          f"{total / wall:,.0f} rec/s over the whole run of {wall:.1f} s)  {ratio:.2f}x local->Delta")  # fmt: skip
+    out["job_stream"] = rate
     return out
 
 
@@ -199,6 +266,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--large", type=int, default=5_000, help="messages per large micro-batch")
     ap.add_argument("--repeat", type=int, default=3)
     ap.add_argument("--no-spark", action="store_true", help="skip the Spark job figures")
+    ap.add_argument("--stream", action="store_true", help="run the streaming job (see above)")
+    ap.add_argument("--batches", type=int, default=8, help="--stream: micro-batches per stream")
     args = ap.parse_args(argv)
     tune_malloc()
     kinds = StatisticKinds.load()
@@ -217,6 +286,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         spark.sparkContext.setLogLevel("ERROR")
     work = tempfile.mkdtemp(prefix="bench-silver-")
     try:
+        if args.stream:
+            for name, bodies in (("mixed", mixed), ("queue-i", queue)):
+                stream_run(name, bodies, seed, args.large, args.batches, work, spark)
+            return 0
         for name, bodies in (("mixed", mixed), ("queue-i", queue)):
             for size in (args.small, args.large):
                 n_msgs = len(bodies)
