@@ -982,7 +982,7 @@ def text_values(
 
     str8/str16 (6, 7) are copied, uuids (14) and references (10) formatted;
     containers (15, 21, 22) take text ``cidx[i]`` of (``c_off``, ``c_buf``),
-    their JSON made beforehand.
+    their JSON made beforehand, or ``{}`` / ``[]`` where ``cidx[i]`` is -1.
     """
     n = pos.shape[0]
     cap: Any = 0
@@ -1000,7 +1000,7 @@ def text_values(
                 cap += 64
             else:
                 c = cidx[i]
-                cap += c_off[c + 1] - c_off[c]
+                cap += c_off[c + 1] - c_off[c] if c >= 0 else 2
     buf = np.empty(cap, dtype=np.uint8)
     offsets = np.empty(n + 1, dtype=np.int32)
     offsets[0] = 0
@@ -1020,9 +1020,14 @@ def text_values(
                 w = _write_ref(buf, w, data, p, ver[i])
             else:
                 c = cidx[i]
-                ln = c_off[c + 1] - c_off[c]
-                buf[w : w + ln] = c_buf[c_off[c] : c_off[c + 1]]
-                w += ln
+                if c >= 0:
+                    ln = c_off[c + 1] - c_off[c]
+                    buf[w : w + ln] = c_buf[c_off[c] : c_off[c + 1]]
+                    w += ln
+                else:  # empty: {} or []
+                    buf[w] = 0x7B if t == 15 else 0x5B
+                    buf[w + 1] = 0x7D if t == 15 else 0x5D
+                    w += 2
         offsets[i + 1] = w
     return offsets, buf[:w]
 
@@ -1121,3 +1126,90 @@ def unique_hashes(hashes: Any) -> tuple[Any, Any]:
             rep[g] = i
         inv[i] = g
     return rep[: g + 1], inv
+
+
+@nb.njit(cache=True, nogil=True)
+def id_fields(rec: Any) -> tuple[Any, ...]:
+    """The decomposed object ids of records, in one pass.
+
+    Returns record index (int32), AM1 boot sequence and bank (int32), AM2
+    flags (int8), epoch (int64), broker bank and agent bank (int32), object
+    number (int64; AM1: the id's low 24 bits) and how many records are AM1.
+    """
+    n = rec.shape[1]
+    idx = np.empty(n, dtype=np.int32)
+    boot = np.empty(n, dtype=np.int32)
+    bank = np.empty(n, dtype=np.int32)
+    flags = np.empty(n, dtype=np.int8)
+    epoch = np.empty(n, dtype=np.int64)
+    bb = np.empty(n, dtype=np.int32)
+    ab = np.empty(n, dtype=np.int32)
+    obj = np.empty(n, dtype=np.int64)
+    n_am1 = 0
+    for i in range(n):
+        hi = np.uint64(rec[R_OID_HI, i])
+        idx[i] = rec[R_IDX, i]
+        boot[i] = np.int32((hi >> np.uint64(48)) & np.uint64(0x7FFF))
+        bank[i] = np.int32((hi >> np.uint64(24)) & np.uint64(0xFFFFFF))
+        flags[i] = np.int8(hi >> np.uint64(60))
+        epoch[i] = np.int64((hi >> np.uint64(48)) & np.uint64(0xFFF))
+        bb[i] = np.int32((hi >> np.uint64(28)) & np.uint64(0xFFFFF))
+        ab[i] = np.int32(hi & np.uint64(0xFFFFFFF))
+        if rec[R_VER, i] == 1:
+            n_am1 += 1
+            obj[i] = np.int64(hi & np.uint64(0xFFFFFF))
+        else:
+            obj[i] = rec[R_OID_LO, i]
+    return idx, boot, bank, flags, epoch, bb, ab, obj, n_am1
+
+
+@nb.njit(cache=True, nogil=True)
+def container_groups(data: Any, pos: Any, valid: Any, types: Any) -> tuple[Any, Any, Any, Any]:
+    """The non-empty maps, lists and arrays among text slots, grouped by encoding.
+
+    Returns (slots, encoded sizes, group representatives as positions in
+    ``slots``, group of each): one decode per distinct (type, bytes). Empty
+    ones (``size=4, count=0``) are left out: ``text_values`` writes them.
+    Groups come from a 64-bit hash and are then checked byte for byte; on a
+    collision every value is its own group.
+    """
+    n = pos.shape[0]
+    todo = np.empty(n, dtype=np.int64)
+    sizes = np.empty(n, dtype=np.int64)
+    hashes = np.empty(n, dtype=np.uint64)
+    prime = np.uint64(0x100000001B3)
+    m = 0
+    for i in range(n):
+        t = types[i]
+        if not valid[i] or not (t == 15 or t == 21 or t == 22):
+            continue
+        p = pos[i]
+        size = _be4(data, p)
+        if size == 4 and _be4(data, p + 4) == 0:
+            continue
+        todo[m] = i
+        sizes[m] = size + 4
+        h = (np.uint64(0xCBF29CE484222325) ^ np.uint64(size + 4)) * prime
+        h = (h ^ np.uint64(t)) * prime
+        for j in range(size + 4):
+            h = (h ^ np.uint64(data[p + j])) * prime
+        hashes[m] = h
+        m += 1
+    todo = todo[:m]
+    sizes = sizes[:m]
+    rep, inv = unique_hashes(hashes[:m])
+    for k in range(m):
+        r = rep[inv[k]]
+        if r == k:
+            continue
+        a = pos[todo[k]]
+        b = pos[todo[r]]
+        same = sizes[k] == sizes[r] and types[todo[k]] == types[todo[r]]
+        if same:
+            for j in range(sizes[k]):
+                if data[a + j] != data[b + j]:
+                    same = False
+                    break
+        if not same:
+            return todo, sizes, np.arange(m), np.arange(m)
+    return todo, sizes, rep, inv

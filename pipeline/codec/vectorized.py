@@ -509,6 +509,28 @@ _JSON_CACHE: dict[bytes, bytes | None] = {}
 _JSON_CACHE_MAX = 65536
 
 
+def _container_json(raw: bytes, t: int) -> bytes | None:
+    """JSON text of one encoded map/list/array of QMF type ``t``; None if the codec rejects it.
+
+    Through a bounded cache: an object's arguments repeat in every sample.
+    """
+    from pipeline.codec.types import qmf_types
+
+    key = bytes([t]) + raw
+    cache = _JSON_CACHE
+    if key in cache:
+        return cache[key]
+    if len(cache) > _JSON_CACHE_MAX:
+        cache.clear()
+    try:
+        value, _ = qmf_types("AM2")[t][0](raw, 0)
+        text: bytes | None = to_json(value).encode()
+    except Exception:
+        text = None
+    cache[key] = text
+    return text
+
+
 def _container(
     w: _Walk, pos: I64, valid: npt.NDArray[np.bool_], vb: pa.Buffer | None, nulls: int, t: int
 ) -> tuple[pa.Array, npt.NDArray[np.bool_]]:
@@ -521,8 +543,6 @@ def _container(
     value: that message must go to the per-record path). 0-10 maps, lists and
     arrays decode the same way in AM1 and AM2.
     """
-    from pipeline.codec.types import qmf_types
-
     n = len(pos)
     sizes = np.zeros(n, np.int64)
     K.container_sizes(w.data, pos, valid, sizes)
@@ -532,7 +552,6 @@ def _container(
     rank[todo] = np.arange(len(todo))
     texts: list[bytes] = []
     if len(todo):
-        dec = qmf_types("AM2")[t][0]
         # One decode per distinct encoding: hash the encoded bytes in a kernel,
         # group equal hashes, and check byte for byte that each group really
         # holds one encoding (else, on a hash collision, every value is its own).
@@ -545,22 +564,8 @@ def _container(
             uniq = todo
         bad = np.zeros(len(uniq), np.bool_)
         mv = memoryview(w.data)  # type: ignore[arg-type]
-        cache = _JSON_CACHE
-        if len(cache) > _JSON_CACHE_MAX:
-            cache.clear()
-        prefix = bytes([t])
         for u, (p, size) in enumerate(zip(pos[uniq].tolist(), sizes[uniq].tolist(), strict=True)):
-            raw = mv[p : p + size].tobytes()
-            key = prefix + raw
-            if key in cache:
-                text = cache[key]
-            else:
-                try:
-                    value, _ = dec(raw, 0)
-                    text = to_json(value).encode()
-                except Exception:
-                    text = None
-                cache[key] = text
+            text = _container_json(mv[p : p + size].tobytes(), t)
             if text is None:
                 bad[u] = True
                 text = b""
@@ -638,27 +643,23 @@ def _string_buffers(arr: pa.Array) -> tuple[npt.NDArray[Any], npt.NDArray[np.uin
     return offs, data
 
 
-def _masked(vals: npt.NDArray[Any], valid: npt.NDArray[np.bool_], t: pa.DataType) -> pa.Array:
-    if valid.all():
-        return pa.array(vals, type=t)
-    if not valid.any():
+def _prim(vals: npt.NDArray[Any], t: pa.DataType, valid: pa.Buffer | None, nulls: int) -> pa.Array:
+    """A primitive Arrow column over a numpy array (no copy); all null when ``nulls`` is n."""
+    if nulls == len(vals):
         return pa.nulls(len(vals), t)
-    return pa.array(vals, type=t, mask=~valid)
+    return pa.Array.from_buffers(t, len(vals), [valid, pa.py_buffer(vals)], nulls)
 
 
 def _identity(ctx: _Ctx, sub: I64, schema: ClassSchema | None) -> dict[str, pa.Array]:
     """The identity columns of kernel-decoded records: one class's, or any (``schema=None``)."""
     n = sub.shape[1]
     ver = sub[K.R_VER]
-    am1 = ver == 1
-    am2 = ~am1
     hi = sub[K.R_OID_HI].view(np.uint64)
-    lo = sub[K.R_OID_LO]
-    bb = ((hi >> np.uint64(28)) & np.uint64(0xFFFFF)).astype(np.int32)
-    ab = (hi & np.uint64(0xFFFFFFF)).astype(np.int32)
-    if am2.all():
+    idx, boot, bank, flags, epoch, bb, ab, obj, n_am1 = K.id_fields(sub)
+    if n_am1 == 0:
         agent = _str_array(*K.agent_column(hi))
         dialect = _const_str("AM2", n)
+        v1, v2 = None, None  # AM1 fields all null, AM2 fields all valid
     else:
         am1_agents = _agent_am1(ctx.routing_keys, sub[K.R_MSG], n)
         agent = pa.array(
@@ -669,13 +670,16 @@ def _identity(ctx: _Ctx, sub: I64, schema: ClassSchema | None) -> dict[str, pa.A
             pa.string(),
         )
         dialect = pa.array(_DIALECTS, pa.string()).take(pa.array(ver))
-    op = sub[K.R_OP].astype(np.uint8)
+        am1 = ver == 1
+        v1, v2 = _bitmap(am1), _bitmap(~am1)
+    n2 = n - n_am1
+    i32, i64 = pa.int32(), pa.int64()
     return {
         "msg_key": _str_array(*K.take_strings(ctx.key_offsets, ctx.key_data, sub[K.R_MSG])),
-        "record_index": pa.array(sub[K.R_IDX].astype(np.int32)),
+        "record_index": _prim(idx, i32, None, 0),
         "dialect": dialect,
-        "opcode": _str_array(np.arange(n + 1, dtype=np.int32), op),
-        "seq": pa.array(sub[K.R_SEQ]),
+        "opcode": _str_array(np.arange(n + 1, dtype=np.int32), sub[K.R_OP].astype(np.uint8)),
+        "seq": _prim(sub[K.R_SEQ], i64, None, 0),
         "agent": agent,
         **(
             _class_columns(ctx.comp, sub[K.R_SCHEMA])
@@ -686,22 +690,16 @@ def _identity(ctx: _Ctx, sub: I64, schema: ClassSchema | None) -> dict[str, pa.A
                 "schema_hash": _const_str(schema.key.hash, n, pa.binary()),
             }
         ),
-        "update_ns": pa.array(sub[K.R_UPDATE]),
-        "create_ns": pa.array(sub[K.R_CREATE]),
-        "delete_ns": pa.array(sub[K.R_DELETE]),
-        "boot_seq": _masked(
-            ((hi >> np.uint64(48)) & np.uint64(0x7FFF)).astype(np.int32), am1, pa.int32()
-        ),
-        "bank": _masked(
-            ((hi >> np.uint64(24)) & np.uint64(0xFFFFFF)).astype(np.int32), am1, pa.int32()
-        ),
-        "flags": _masked((hi >> np.uint64(60)).astype(np.int8), am2, pa.int8()),
-        "epoch": _masked(
-            ((hi >> np.uint64(48)) & np.uint64(0xFFF)).astype(np.int64), am2, pa.int64()
-        ),
-        "broker_bank": _masked(bb, am2, pa.int32()),
-        "agent_bank": _masked(ab, am2, pa.int32()),
-        "object_num": pa.array(np.where(am1, (hi & np.uint64(0xFFFFFF)).astype(np.int64), lo)),
+        "update_ns": _prim(sub[K.R_UPDATE], i64, None, 0),
+        "create_ns": _prim(sub[K.R_CREATE], i64, None, 0),
+        "delete_ns": _prim(sub[K.R_DELETE], i64, None, 0),
+        "boot_seq": _prim(boot, i32, v1, n2),
+        "bank": _prim(bank, i32, v1, n2),
+        "flags": _prim(flags, pa.int8(), v2, n_am1),
+        "epoch": _prim(epoch, i64, v2, n_am1),
+        "broker_bank": _prim(bb, i32, v2, n_am1),
+        "agent_bank": _prim(ab, i32, v2, n_am1),
+        "object_num": _prim(obj, i64, None, 0),
         "agent_name": pa.nulls(n, pa.string()),
         "object_name": pa.nulls(n, pa.string()),
     }
@@ -908,9 +906,6 @@ def _class_columns(comp: CompiledRegistry, idx: I64) -> dict[str, pa.Array]:
     }
 
 
-_CONTAINER_CODES = (15, 21, 22)
-
-
 def _compact_all(ctx: _Ctx, rec: I64) -> tuple[dict[str, pa.Array] | None, npt.NDArray[np.bool_]]:
     """Index key and the three typed lists of kernel-checked records of any classes.
 
@@ -945,26 +940,28 @@ def _compact_all(ctx: _Ctx, rec: I64) -> tuple[dict[str, pa.Array] | None, npt.N
         )
     floats = listed(1, flts_v.view(np.float64), flts_ok, pa.float64())
 
-    t_rec = np.repeat(np.arange(n, dtype=np.int64), np.diff(off[2]))
+    todo, _sizes, rep, inv = K.container_groups(w.data, t_pos, t_valid, t_type)
     cidx = np.full(len(t_pos), -1, np.int64)
-    c_parts: list[pa.Array] = []
-    at = 0
-    for code in _CONTAINER_CODES:
-        cm = (t_type == code) & t_valid
-        if not cm.any():
-            continue
-        where = np.flatnonzero(cm)
-        arr, bad = _container(w, t_pos[where], np.ones(len(where), np.bool_), None, 0, code)
-        if bad.any():
-            failed[t_rec[where[bad]]] = True
-        cidx[where] = np.arange(at, at + len(where))
-        at += len(where)
-        c_parts.append(arr)
-    if failed.any():
-        return None, failed
-    c_off, c_buf = _string_buffers(
-        pa.concat_arrays(c_parts) if c_parts else pa.array([], pa.string())
-    )
+    texts_json: list[bytes] = []
+    if len(todo):
+        cidx[todo] = inv
+        bad = np.zeros(len(rep), np.bool_)
+        mv = memoryview(w.data)  # type: ignore[arg-type]
+        for u, r in enumerate(rep.tolist()):
+            slot = int(todo[r])
+            p = int(t_pos[slot])
+            text = _container_json(mv[p : p + int(_sizes[r])].tobytes(), int(t_type[slot]))
+            bad[u] = text is None
+            texts_json.append(text or b"")
+        if bad.any():  # the codec rejects these values: their messages go per record
+            t_rec = np.repeat(np.arange(n, dtype=np.int64), np.diff(off[2]))
+            failed[t_rec[todo[bad[inv]]]] = True
+            return None, failed
+    c_off = np.zeros(len(texts_json) + 1, np.int64)
+    if texts_json:
+        np.cumsum([len(x) for x in texts_json], out=c_off[1:])
+    joined = b"".join(texts_json)
+    c_buf = np.frombuffer(joined, np.uint8) if joined else np.zeros(1, np.uint8)
     o, buf = K.text_values(
         w.data, t_pos, t_valid, t_type, t_ver, K.hex_digits(), cidx, c_off, c_buf
     )
@@ -1253,7 +1250,7 @@ def decode_content(
         else None,
         quarantine=pa.Table.from_pylist(quarantine, schema=QUARANTINE_SCHEMA)
         if quarantine
-        else QUARANTINE_SCHEMA.empty_table(),
+        else _NO_QUARANTINE,
         others=others,
         fast_messages=n - len(fallback),
         fallback_messages=len(fallback),
@@ -1325,6 +1322,9 @@ def _walk_parallel(body: pa.Array, comp: CompiledRegistry) -> _Walk:
         np.concatenate([wk.errpos for wk in walks]),
         walks[0].data,
     )
+
+
+_NO_QUARANTINE = QUARANTINE_SCHEMA.empty_table()  # Arrow tables are immutable: one serves all
 
 
 def _in_input_order(parts: list[tuple[pa.Table, I64]]) -> pa.Table:
