@@ -1213,3 +1213,12 @@ def container_groups(data: Any, pos: Any, valid: Any, types: Any) -> tuple[Any, 
         if not same:
             return todo, sizes, np.arange(m), np.arange(m)
     return todo, sizes, rep, inv
+
+
+@nb.njit(cache=True, nogil=True)
+def non_ascii(buf: Any) -> bool:
+    """True when a byte is >= 0x80 (only then can text be invalid UTF-8)."""
+    for i in range(buf.shape[0]):
+        if buf[i] >= 0x80:
+            return True
+    return False

@@ -247,7 +247,7 @@ def _u64_runs(types: list[int], bits: list[int], groups: list[tuple[int, int]]) 
     return out
 
 
-_COMPILED: dict[tuple[SchemaKey, ...], CompiledRegistry] = {}
+_COMPILED: dict[tuple[int, ...], CompiledRegistry] = {}
 _SLOT_NUMBER = {"ints": 0, "floats": 1, "texts": 2}
 
 
@@ -282,11 +282,15 @@ def _compact_tables_of(schemas: Sequence[ClassSchema], el_type: list[int]) -> di
 
 
 def compile_registry(registry: SchemaRegistry | Iterable[ClassSchema]) -> CompiledRegistry:
-    """Flatten the table classes of a registry (cached on the tuple of keys)."""
+    """Flatten the table classes of a registry (cached on the identity of its schemas).
+
+    The cache holds the schemas it compiled, so an id in a key cannot be reused
+    by another object while the entry lives; registry copies share the objects.
+    """
     schemas = tuple(s for s in registry if s.kind == KIND_TABLE)
-    keys = tuple(s.key for s in schemas)
+    keys = tuple(map(id, schemas))
     hit = _COMPILED.get(keys)
-    if hit is not None and hit.schemas == schemas:
+    if hit is not None:
         return hit
     hi, lo, names, name_off = [], [], bytearray(), [0]
     p_start: list[int] = []
@@ -325,7 +329,7 @@ def compile_registry(registry: SchemaRegistry | Iterable[ClassSchema]) -> Compil
     i64 = np.int64
     out = CompiledRegistry(
         schemas=schemas,
-        index={k: i for i, k in enumerate(keys)},
+        index={s.key: i for i, s in enumerate(schemas)},
         hash_hi=np.array(hi, dtype=np.uint64),
         hash_lo=np.array(lo, dtype=np.uint64),
         names=np.frombuffer(bytes(names), dtype=np.uint8).copy()
@@ -966,7 +970,8 @@ def _compact_all(ctx: _Ctx, rec: I64) -> tuple[dict[str, pa.Array] | None, npt.N
         w.data, t_pos, t_valid, t_type, t_ver, K.hex_digits(), cidx, c_off, c_buf
     )
     t_nulls = int(t_valid.size - np.count_nonzero(t_valid))
-    t_arr = _string(o, buf, _bitmap(t_valid) if t_nulls else None, t_nulls)
+    # Only text with a byte >= 0x80 can be invalid UTF-8: check it then alone.
+    t_arr = _string(o, buf, _bitmap(t_valid) if t_nulls else None, t_nulls, check=K.non_ascii(buf))
     texts = pa.ListArray.from_buffers(
         pa.list_(pa.string()), n, [None, pa.py_buffer(off[2])], children=[t_arr]
     )
@@ -1136,19 +1141,23 @@ def decode_content(
     index key, typed value lists in slot order) instead of one column per element.
     """
     table = batch if isinstance(batch, pa.Table) else pa.Table.from_batches([batch])
-    table = table.combine_chunks()
+    if any(c.num_chunks > 1 for c in table.columns):
+        table = table.combine_chunks()
     n = table.num_rows
-    bcol = table.column("body")
-    body = bcol.chunk(0) if bcol.num_chunks else pa.array([], pa.binary())
     names = table.column_names
+
+    def single(name: str, t: pa.DataType) -> pa.Array:
+        col = table.column(name)
+        arr = col.chunk(0) if col.num_chunks else pa.array([], t)
+        return arr if arr.type == t or t == pa.binary() else arr.cast(t)
+
+    body = single("body", pa.binary())
     msg_keys = (
-        table.column("msg_key").combine_chunks().cast(pa.string())
+        single("msg_key", pa.string())
         if "msg_key" in names
         else pa.array([str(i) for i in range(n)], pa.string())
     )
-    if isinstance(msg_keys, pa.ChunkedArray):
-        msg_keys = msg_keys.chunk(0) if msg_keys.num_chunks else pa.array([], pa.string())
-    rkeys = table.column("routing_key").combine_chunks() if "routing_key" in names else None
+    rkeys = single("routing_key", pa.string()) if "routing_key" in names else None
     comp = compile_registry(registry)
     w = _walk_parallel(body, comp)
     ctx = _Ctx(w, comp, *_string_buffers(msg_keys), rkeys)
@@ -1297,7 +1306,7 @@ def _compact_chunk(ctx: _Ctx, rec: I64) -> tuple[pa.Table | None, set[int]]:
         return None, set(rec[K.R_MSG][failed].tolist())
     cols: dict[str, Any] = _identity(ctx, rec, None)
     cols.update(vals)
-    return pa.table(cols, schema=COMPACT_SCHEMA), set()
+    return pa.Table.from_arrays([cols[c] for c in _COMPACT_NAMES], schema=COMPACT_SCHEMA), set()
 
 
 def _concat(tables: list[pa.Table | None]) -> pa.Table:
@@ -1324,6 +1333,7 @@ def _walk_parallel(body: pa.Array, comp: CompiledRegistry) -> _Walk:
     )
 
 
+_COMPACT_NAMES = tuple(COMPACT_SCHEMA.names)
 _NO_QUARANTINE = QUARANTINE_SCHEMA.empty_table()  # Arrow tables are immutable: one serves all
 
 

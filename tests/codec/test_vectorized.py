@@ -608,3 +608,41 @@ def test_split_across_decode_threads_gives_the_same_tables(
     assert one.table.num_rows > 60
     assert split.table.equals(one.table)
     assert (split.fast_messages, split.fallback_messages) == (90, 0)
+
+
+def test_a_container_value_the_codec_rejects_sends_only_its_message_per_record() -> None:
+    """A map whose entry has an unknown type code: the kernel's grouped container
+    decode marks it, that message takes the per-record path (and its problem), the
+    other messages stay on the kernel path, in both layouts."""
+    schema = ClassSchema(
+        key=SchemaKey("org.example", "mapped", b"\x33" * 16),
+        properties=(Element("name", 6, access=1, index=True), Element("args", 15, access=1)),
+        statistics=(Element("n", 4),),
+    )
+    reg = SchemaRegistry([schema])
+
+    def body(i: int, args: TypedMap) -> bytes:
+        rec = ObjectSample(
+            dialect="AM2", opcode="g", seq=i, package="org.example", class_name="mapped",
+            schema_hash=schema.key.hash, update_ns=1000 + i, create_ns=10, delete_ns=0,
+            object_id=Am2ObjectId(0, 1, 1, 0, i), values={"name": f"o{i}", "args": args, "n": i},
+            agent="1.0",
+        )  # fmt: skip
+        return encode_records([rec], reg)
+
+    good = TypedMap([("k", "v")], {"k": 0x95})
+    bad = body(1, good)
+    at = bad.index(b"\x01k\x95")
+    bad = bad[: at + 2] + b"\xff" + bad[at + 3 :]  # no such 0-10 type code
+    table = bodies_batch([body(0, good), bad, body(2, TypedMap()), body(3, good)])
+    got = assert_same(table, reg)
+    assert (got.fast_messages, got.fallback_messages) == (3, 1)
+    compact = decode_content(table, reg.copy(), compact=True)
+    assert compact.fallback_reasons == {"container value rejected": 1}
+    assert compact.table is not None
+    assert compact.table.column("msg_key").to_pylist() == ["m0", "m2", "m3"]
+    assert [t[0] for t in compact.table.column("texts").to_pylist()] == ["o0", "o2", "o3"]
+    assert [t[1] for t in compact.table.column("texts").to_pylist()] == [
+        '{"k":"v"}', "{}", '{"k":"v"}'
+    ]
+    assert [q["msg_key"] for q in compact.quarantine.to_pylist()] == ["m1"]
