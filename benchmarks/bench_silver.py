@@ -138,7 +138,7 @@ def run(
         )
 
     out: dict[str, float] = {}
-    s, n = best(per_record, 1)
+    s, n = best(per_record, repeat)
     base = out["per_record"] = line("per-record", n, s, None)
     s, n = best(content, repeat)
     out["decode_content"] = line("decode_content", n, s, base)
