@@ -1,4 +1,8 @@
-"""Arrow-vectorized decoding of v1 content records (c/i/g) into per-class wide tables.
+"""Arrow-vectorized decoding of v1 content records (c/i/g) into Arrow tables.
+
+Two layouts: per-class wide tables (one column per element), or with
+``compact=True`` one table for every class with the values in typed lists
+(silver's ``object_samples``; see "compact layout" below).
 
 Why: the per-record codec costs microseconds per record in Python, and the
 bronze table holds millions of statistics records. Here a numba kernel
@@ -792,8 +796,9 @@ def _element_column(
 # element values in three typed lists (``ints``: integers, booleans as 0/1,
 # times; ``floats``: float and double; ``texts``: every text column above),
 # each in schema order (properties, then statistics). An element's position
-# in its list is its *slot* (``slots``). Built straight from the kernel's slot
-# matrix: one numpy transpose per list, no Arrow call per element.
+# in its list is its *slot* (``slots``). Built for the records of all classes
+# at once (``_compact_all``): kernels write the lists, format the texts and
+# build the index keys, so no Python or Arrow call is made per class or element.
 
 SLOT_INTS = "ints"
 SLOT_FLOATS = "floats"
