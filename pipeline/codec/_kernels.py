@@ -482,36 +482,12 @@ def walk(
             soff = -1
             if op != OP_I:
                 poff = p
-                p, st = _skip_group(
-                    data,
-                    p,
-                    end,
-                    p_start[k],
-                    p_count[k],
-                    el_kind,
-                    el_bit,
-                    run_len,
-                    run_bytes,
-                    presence,
-                    ver,
-                )
+                p, st = _skip_group(data, p, end, p_start[k], p_count[k], el_kind, el_bit, run_len, run_bytes, presence, ver)  # fmt: skip
                 if st != ST_OK:
                     break
             if op != OP_C:
                 soff = p
-                p, st = _skip_group(
-                    data,
-                    p,
-                    end,
-                    s_start[k],
-                    s_count[k],
-                    el_kind,
-                    el_bit,
-                    run_len,
-                    run_bytes,
-                    presence,
-                    ver,
-                )
+                p, st = _skip_group(data, p, end, s_start[k], s_count[k], el_kind, el_bit, run_len, run_bytes, presence, ver)  # fmt: skip
                 if st != ST_OK:
                     break
             if nrec >= rec.shape[1]:

@@ -10,7 +10,9 @@ connections, never single links. Every wait has a deadline.
 
 from __future__ import annotations
 
+import contextlib
 import itertools
+import logging
 import time
 import uuid
 from collections.abc import Callable, Iterable, Sequence
@@ -24,6 +26,8 @@ from pipeline.codec.message import decode_message
 from pipeline.codec.records import Record
 from pipeline.codec.schema import SchemaRegistry
 from receivers.publisher import APP_ID_PROPERTY
+
+log = logging.getLogger(__name__)
 
 CREDIT = 64
 
@@ -162,18 +166,58 @@ class Request:
 
 
 class CommandListener:
-    """The agents' side: one receiver per (address, key) their requests come on."""
+    """The agents' side: one receiver per (address, key) their requests come on.
+
+    The simulator services this connection only between intervals, so a busy
+    one (10,000 queues) can miss the broker's heartbeats and be closed: a lost
+    connection is reopened on the next poll (at most every ``retry_s``), and
+    requests sent while it was down are lost, as with a restarted agent
+    (consoles ask again).
+    """
 
     def __init__(
-        self, url: str, addresses: Iterable[tuple[str, str]], registry: SchemaRegistry
+        self,
+        url: str,
+        addresses: Iterable[tuple[str, str]],
+        registry: SchemaRegistry,
+        retry_s: float = 1.0,
     ) -> None:
+        self.url = url
         self.addresses = dict(addresses)  # address -> key
         self.registry = registry
-        self.sub = Subscriber(url, list(self.addresses))
+        self.retry_s = retry_s
+        self.reconnects = 0
+        self._next_try = 0.0
+        self.sub: Subscriber | None = Subscriber(url, list(self.addresses))
+
+    def _messages(self, timeout_s: float) -> list[tuple[str, Received]]:
+        """This poll's messages; [] (after waiting) while the connection is down."""
+        if self.sub is None:
+            if time.monotonic() < self._next_try:
+                time.sleep(max(0.0, timeout_s))
+                return []
+            try:
+                self.sub = Subscriber(self.url, list(self.addresses))
+            except Exception as exc:
+                self._next_try = time.monotonic() + self.retry_s
+                log.warning("simulator: request listener reconnect failed (%s)", exc)
+                time.sleep(max(0.0, timeout_s))
+                return []
+            self.reconnects += 1
+            log.warning("simulator: request listener reconnected (%d so far)", self.reconnects)
+        try:
+            return self.sub.poll(timeout_s)
+        except Exception as exc:  # ConnectionException, LinkDetached, ...: the broker closed it
+            log.warning("simulator: request listener lost its connection (%s)", exc)
+            with contextlib.suppress(Exception):
+                self.sub.close()
+            self.sub = None
+            self._next_try = 0.0
+            return []
 
     def poll(self, timeout_s: float) -> list[Request]:
         out: list[Request] = []
-        for address, m in self.sub.poll(timeout_s):
+        for address, m in self._messages(timeout_s):
             res = decode_message(
                 m.body,
                 registry=self.registry,
@@ -187,7 +231,8 @@ class CommandListener:
         return out
 
     def close(self) -> None:
-        self.sub.close()
+        if self.sub is not None:
+            self.sub.close()
 
 
 @dataclass

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import random
+import time
 from collections.abc import Callable
 from dataclasses import replace
 from typing import Any
@@ -492,3 +493,42 @@ def test_v2_console_locate_query_and_methods(broker: Any, tmp_path: Any) -> None
         assert isinstance(r, ObjectSample) and r.update_ns == START_NS + 2 * NS
         assert jsonable(r.values) == latest[r.object_id.object_name]  # type: ignore[union-attr]
     assert jsonable(broker_obj.values)["name"] == "amqp-broker"
+
+
+def test_request_listener_reconnects_when_the_broker_closes_its_connection(
+    isolated_broker: Any,
+) -> None:
+    """The soak's failure: RabbitMQ closed the busy simulator's request connection
+    (missed heartbeats) and its next poll raised, ending the simulator. Here a broker
+    restart closes it: polls report nothing while it is down, then reopen it, and
+    requests sent after that are answered."""
+    from pipeline import broker as qmf_broker
+    from pipeline.sim.amqp import CommandListener
+
+    url = qmf_broker.local_info(isolated_broker).url
+    key = "agent.42"
+    registry = SchemaRegistry()
+    listener = CommandListener(
+        url, [(f"/exchange/qpid.management/{key}", key)], registry, retry_s=0.2
+    )
+
+    def ask(seq: int) -> list[int]:
+        with Console(url, registry) as con:
+            con.send(key, v1.encode_record(BrokerRequest(dialect="AM2", opcode="B", seq=seq)))
+            got: list[int] = []
+            for _ in range(100):
+                got += [r.record.seq for r in listener.poll(0.1)]
+                if got:
+                    break
+            return got
+
+    try:
+        assert ask(1) == [1]
+        qmf_broker.restart_broker(cfg=isolated_broker)
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline and listener.reconnects == 0:
+            assert listener.poll(0.2) == []  # a lost connection is no error
+        assert listener.reconnects == 1
+        assert ask(2) == [2]
+    finally:
+        listener.close()
