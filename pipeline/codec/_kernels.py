@@ -256,16 +256,6 @@ def _grow2(a: Any, need: int) -> Any:
     return out
 
 
-@nb.njit(cache=True, nogil=True)
-def _grow1(a: Any, need: int) -> Any:
-    cap = a.shape[0]
-    while cap < need:
-        cap *= 2
-    out = np.empty(cap, dtype=a.dtype)
-    out[: a.shape[0]] = a
-    return out
-
-
 @nb.njit(cache=True, inline="always")
 def _skip_group(
     data: Any,
@@ -521,14 +511,6 @@ def walk(
 
 
 @nb.njit(cache=True, nogil=True)
-def gather_slots(vals: Any, base: Any, j: int, out: Any) -> None:
-    """out[i] = vals[base[i] + j] where base[i] >= 0, else 0."""
-    for i in range(base.shape[0]):
-        b = base[i]
-        out[i] = vals[b + j] if b >= 0 else 0
-
-
-@nb.njit(cache=True, nogil=True)
 def validity(base: Any, presence: Any, bit: int, out: Any) -> int:
     """Presence of one element per record; returns the null count."""
     nulls = 0
@@ -768,25 +750,6 @@ def container_column(
 def hex_digits() -> npt.NDArray[np.uint8]:
     """The lowercase hex digit table for ``uuid_column``."""
     return _HEX
-
-
-@nb.njit(cache=True, nogil=True)
-def gather_matrix(vals: Any, base: Any, width: int) -> Any:
-    """Column-major (width, n) copy of each record's ``width`` slots starting at base[i].
-
-    One pass over the records (reads sequential in ``vals``); records without
-    the group (base -1) get zeros.
-    """
-    n = base.shape[0]
-    out = np.empty((width, n), dtype=np.int64)
-    blk = 256  # records per block: the block's slots stay in L1 while it is transposed
-    for i0 in range(0, n, blk):
-        i1 = min(n, i0 + blk)
-        for j in range(width):
-            for i in range(i0, i1):
-                b = base[i]
-                out[j, i] = vals[b + j] if b >= 0 else 0
-    return out
 
 
 @nb.njit(cache=True, nogil=True)

@@ -1023,22 +1023,6 @@ def _slow_index_keys(
     return pa.array(out, pa.string())
 
 
-def _numeric_text(slots: I64, valid: npt.NDArray[np.bool_], t: int) -> pa.Array:
-    """A numeric index property as text, as the wide column's cast to string gives it.
-
-    Rare: qpid's index properties are names and references. ``slots`` hold
-    floats as float64 bits (the compact build converted float32 already).
-    """
-    vals: npt.NDArray[Any] = slots
-    if t == 11:
-        vals = slots != 0
-    elif t == 12:
-        vals = slots.view(np.float64).astype(np.float32)
-    elif t == 13:
-        vals = slots.view(np.float64)
-    return pa.array(vals, type=arrow_type(t), mask=~valid).cast(pa.string())
-
-
 def wide_to_compact(wide: pa.Table, schema: ClassSchema) -> pa.Table:
     """A per-class wide table (``sample_schema``) -> ``COMPACT_SCHEMA`` (the per-record path's way)."""
     n = wide.num_rows
