@@ -40,3 +40,36 @@ def test_local_defaults_pass_no_tls() -> None:
     opts = _receiver_options(args, "amqp://127.0.0.1:35672", Path("w"))
     assert opts == {"url": "amqp://127.0.0.1:35672", "preset": "rabbitmq", "queue": "qmf.pipeline"}
     assert config_from_options(opts).broker.tls is None
+
+
+def test_closing_summary_decodes_bronze_up_to_a_bound(tmp_path: Path, shared_dir: str) -> None:
+    """The real sample in bronze (two commits): the summary counts every record by
+    opcode, as the capture's summary file does; over ``--summary-rows`` it only
+    gives the row count from the log instead of decoding bronze again."""
+    import json
+    import os
+
+    from pipeline.codec.capture import read_capture
+    from pipeline.commands.run import SUMMARY_ROWS, _bronze_summary
+    from pipeline.silver import bronze_rows, write_bronze
+
+    msgs = list(read_capture(os.path.join(shared_dir, "samples", "qpidd-capture-20s.jsonl")))
+    bronze = tmp_path / "bronze"
+    write_bronze(str(bronze), [bronze_rows(msgs[:400]), bronze_rows(msgs[400:], first_offset=400)])
+    with open(os.path.join(shared_dir, "samples", "qpidd-capture-20s.summary.json")) as fh:
+        want = json.load(fh)
+    assert _args().summary_rows == SUMMARY_ROWS == 100_000
+    got = _bronze_summary(bronze, max_rows=863)
+    assert got["bronze_rows"] == 863 == want["messages"]
+    # Twins: six identical messages the broker sent three times each, every one a row.
+    assert got["twin_rows"] == 12
+    assert got["decode_problems"] == 0
+    ops = got["records_by_opcode"]
+    assert {k: v for k, v in ops.items() if k in want["v1_records_by_opcode"]} == want[
+        "v1_records_by_opcode"
+    ]
+    assert ops["_data_indication"] == 746
+    skipped = _bronze_summary(bronze, max_rows=862)
+    assert skipped["bronze_rows"] == 863
+    assert skipped["records_by_opcode"] is None
+    assert "over --summary-rows 862" in skipped["summary_skipped"]

@@ -151,3 +151,42 @@ class Summary:
             },
             "v2_by_opcode_content_ctype": _sorted(self.v2_by_opcode_content_ctype),
         }
+
+
+class RecordCounts:
+    """Records by opcode and decode problems of landing-shaped Arrow batches.
+
+    What ``decode_message`` per message would count, from ``decode_content``:
+    content messages are counted from the kernel's table (its ``opcode``
+    column), everything else from the per-record fallback it runs itself. So
+    ``qmf run``'s closing summary of a long run's bronze takes seconds, not the
+    minutes a Python loop over every record took (30 minutes of 10,000 queues:
+    ~18M records). Schemas met in one batch serve the next ones (``registry``
+    learns, as the per-record decoder's does).
+    """
+
+    def __init__(self, registry: Any) -> None:
+        self.registry = registry
+        self.messages = 0
+        self.by_opcode: Counter[str] = Counter()
+        self.problems = 0
+
+    def add(self, batch: Any) -> None:
+        """One batch with ``body`` (and ``msg_key``, ``routing_key``, ``app_id``,
+        ``content_type``, ``application_properties`` when present)."""
+        import pyarrow.compute as pc
+
+        from pipeline.codec.vectorized import decode_content
+
+        self.messages += batch.num_rows
+        res = decode_content(batch, self.registry, compact=True)
+        if res.table is not None and res.table.num_rows:
+            counts = pc.value_counts(res.table.column("opcode")).to_pylist()
+            for c in counts:
+                self.by_opcode[c["values"]] += c["counts"]
+        for _key, r in res.others:
+            self.by_opcode[r.opcode] += 1
+        self.problems += res.quarantine.num_rows
+
+    def records_by_opcode(self) -> dict[str, int]:
+        return _sorted(self.by_opcode)

@@ -9,6 +9,7 @@ per-message fallback) each message took.
 
 from __future__ import annotations
 
+import json
 import os
 import random
 import uuid
@@ -192,6 +193,42 @@ def test_real_sample_equals_per_record_path(
                 deleted += dl != 0
     assert opcodes == {"c": 320, "i": 575, "g": 37}
     assert deleted == 157
+
+
+def test_record_counts_equal_the_per_record_decoder(
+    sample: list[CapturedMessage], shared_dir: str
+) -> None:
+    """``qmf run``'s closing summary (``RecordCounts``, vectorized, batch by batch)
+    counts what ``decode_message`` per message counts: every record by opcode, and
+    one problem per undecodable message."""
+    from pipeline.codec.message import decode_message
+    from pipeline.codec.seed import seeded_registry
+    from pipeline.codec.summary import RecordCounts
+
+    garbage = CapturedMessage(body=b"AM2z\x00\x00\x00\x07garbage")
+    msgs = [*sample, garbage]
+    table = batch_of(msgs)
+    counts = RecordCounts(seeded_registry())
+    for a in range(0, len(msgs), 150):  # schemas of one batch serve the next
+        counts.add(table.slice(a, 150))
+    reg = seeded_registry()
+    want: dict[str, int] = {}
+    problems = 0
+    for m in msgs:
+        res = decode_message(
+            m.body, registry=reg, application_properties=m.application_properties,
+            content_type=m.content_type, app_id=m.app_id, routing_key=m.routing_key,
+        )  # fmt: skip
+        problems += len(res.problems)
+        for r in res.records:
+            want[r.opcode] = want.get(r.opcode, 0) + 1
+    assert counts.messages == len(msgs) == 864
+    assert counts.records_by_opcode() == dict(sorted(want.items()))
+    assert problems == 1
+    assert counts.problems == 1
+    with open(os.path.join(shared_dir, "samples", "qpidd-capture-20s.summary.json")) as fh:
+        v1 = json.load(fh)["v1_records_by_opcode"]
+    assert {k: v for k, v in counts.records_by_opcode().items() if k in v1} == v1
 
 
 def test_real_sample_queue_row(
