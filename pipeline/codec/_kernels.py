@@ -753,24 +753,6 @@ def hex_digits() -> npt.NDArray[np.uint8]:
 
 
 @nb.njit(cache=True, nogil=True)
-def take_strings(offsets: Any, data: Any, idx: Any) -> tuple[Any, Any]:
-    """(int32 offsets, bytes) of the strings ``idx`` of a string array given as buffers."""
-    n = idx.shape[0]
-    out_off = np.empty(n + 1, dtype=np.int32)
-    out_off[0] = 0
-    total = 0
-    for i in range(n):
-        k = idx[i]
-        total += offsets[k + 1] - offsets[k]
-        out_off[i + 1] = total
-    buf = np.empty(total, dtype=np.uint8)
-    for i in range(n):
-        k = idx[i]
-        buf[out_off[i] : out_off[i + 1]] = data[offsets[k] : offsets[k + 1]]
-    return out_off, buf
-
-
-@nb.njit(cache=True, nogil=True)
 def repeat_bytes(value: Any, n: int) -> tuple[Any, Any]:
     """(int32 offsets, bytes) of ``n`` copies of one string."""
     m = value.shape[0]

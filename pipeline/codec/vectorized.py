@@ -210,8 +210,8 @@ class CompiledRegistry:
     ix_text: I64  # an index property's position in its class's text list, -1: not a text
     ix_el: I64  # its position among the class's elements
     ix_pos: I64  # its position in its class's typed list (``el_slot``)
-    # package, class and hash per schema, as (Arrow type, offsets, data) for ``take_strings``
-    names_by_index: tuple[tuple[pa.DataType, npt.NDArray[Any], npt.NDArray[np.uint8]], ...] = ()
+    # package, class_name and schema_hash, one row per schema: records' columns are a take
+    names_by_index: pa.RecordBatch | None = None
 
 
 _PLAIN_SIZE = {1: 1, 2: 2, 3: 4, 4: 8, 8: 8, 9: 8, 12: 4, 13: 8, 16: 1, 17: 2, 18: 4, 19: 8}
@@ -352,13 +352,12 @@ def compile_registry(registry: SchemaRegistry | Iterable[ClassSchema]) -> Compil
         u64run=np.array(u64run or [0], dtype=i64),
         out_schemas=tuple(sample_schema(s) for s in schemas),
         **_compact_tables_of(schemas, el_type),
-        names_by_index=tuple(
-            (a.type, *_string_buffers(a))
-            for a in (
-                pa.array([s.key.package for s in schemas], pa.string()),
-                pa.array([s.key.name for s in schemas], pa.string()),
-                pa.array([s.key.hash for s in schemas], pa.binary()),
-            )
+        names_by_index=pa.record_batch(
+            {
+                "package": pa.array([s.key.package for s in schemas], pa.string()),
+                "class_name": pa.array([s.key.name for s in schemas], pa.string()),
+                "schema_hash": pa.array([s.key.hash for s in schemas], pa.binary()),
+            }
         ),
     )
     if len(_COMPILED) > 64:
@@ -513,8 +512,9 @@ def _string(
     return arr
 
 
-_JSON_CACHE: dict[bytes, bytes | None] = {}
+_JSON_CACHE: dict[tuple[int, bytes], bytes | None] = {}
 _JSON_CACHE_MAX = 65536
+_MISS: Any = object()
 
 
 def _container_json(raw: bytes, t: int) -> bytes | None:
@@ -524,7 +524,7 @@ def _container_json(raw: bytes, t: int) -> bytes | None:
     """
     from pipeline.codec.types import qmf_types
 
-    key = bytes([t]) + raw
+    key = (t, raw)
     cache = _JSON_CACHE
     if key in cache:
         return cache[key]
@@ -631,13 +631,12 @@ _DIALECTS = ["", "AM1", "AM2"]
 class _Ctx:
     w: _Walk
     comp: CompiledRegistry
-    key_offsets: npt.NDArray[Any]
-    key_data: npt.NDArray[np.uint8]
+    msg_keys: pa.Array
     routing_keys: pa.Array | None
 
 
 def _string_buffers(arr: pa.Array) -> tuple[npt.NDArray[Any], npt.NDArray[np.uint8]]:
-    """(offsets, data) of a string or binary array, for ``take_strings`` (no copy)."""
+    """(offsets, data) of a string or binary array, for the kernels (no copy)."""
     if arr.type not in (pa.string(), pa.binary(), pa.large_string(), pa.large_binary()):
         arr = arr.cast(pa.large_string())
     bufs = arr.buffers()
@@ -683,7 +682,7 @@ def _identity(ctx: _Ctx, sub: I64, schema: ClassSchema | None) -> dict[str, pa.A
     n2 = n - n_am1
     i32, i64 = pa.int32(), pa.int64()
     return {
-        "msg_key": _str_array(*K.take_strings(ctx.key_offsets, ctx.key_data, sub[K.R_MSG])),
+        "msg_key": ctx.msg_keys.take(_indices(sub[K.R_MSG])),
         "record_index": _prim(idx, i32, None, 0),
         "dialect": dialect,
         "opcode": _str_array(np.arange(n + 1, dtype=np.int32), sub[K.R_OP].astype(np.uint8)),
@@ -906,13 +905,20 @@ def index_key(cols: list[pa.Array], n: int) -> pa.Array:
     return pc.binary_join_element_wise(*pieces, "", null_handling="emit_null")
 
 
+def _indices(rows: npt.NDArray[np.int64]) -> pa.Array:
+    """An int64 Arrow array over record-matrix row values, for ``take`` (no copy if contiguous)."""
+    rows = np.ascontiguousarray(rows)
+    return pa.Array.from_buffers(pa.int64(), len(rows), [None, pa.py_buffer(rows)])
+
+
 def _class_columns(comp: CompiledRegistry, idx: I64) -> dict[str, pa.Array]:
-    """package, class_name, schema_hash of records of any classes (by compiled schema index)."""
-    names = ("package", "class_name", "schema_hash")
-    return {
-        name: _str_array(*K.take_strings(offsets, data, idx), t)
-        for name, (t, offsets, data) in zip(names, comp.names_by_index, strict=True)
-    }
+    """package, class_name, schema_hash of records of any classes (by compiled schema index).
+
+    Arrow's take: about twice as fast as copying the strings in a kernel.
+    """
+    assert comp.names_by_index is not None
+    taken = comp.names_by_index.take(_indices(idx))
+    return {name: taken.column(name) for name in taken.schema.names}
 
 
 def _compact_all(ctx: _Ctx, rec: I64) -> tuple[dict[str, pa.Array] | None, npt.NDArray[np.bool_]]:
@@ -954,14 +960,18 @@ def _compact_all(ctx: _Ctx, rec: I64) -> tuple[dict[str, pa.Array] | None, npt.N
     texts_json: list[bytes] = []
     if len(todo):
         cidx[todo] = inv
-        bad = np.zeros(len(rep), np.bool_)
         mv = memoryview(w.data)  # type: ignore[arg-type]
-        for u, r in enumerate(rep.tolist()):
-            slot = int(todo[r])
-            p = int(t_pos[slot])
-            text = _container_json(mv[p : p + int(_sizes[r])].tobytes(), int(t_type[slot]))
-            bad[u] = text is None
-            texts_json.append(text or b"")
+        first = todo[rep]  # each group's first slot
+        cache = _JSON_CACHE
+        texts: list[bytes | None] = []
+        for p, size, t in zip(
+            t_pos[first].tolist(), _sizes[rep].tolist(), t_type[first].tolist(), strict=True
+        ):
+            raw = mv[p : p + size].tobytes()
+            text = cache.get((t, raw), _MISS)  # the common case: a value seen before
+            texts.append(_container_json(raw, t) if text is _MISS else text)
+        texts_json = [x or b"" for x in texts]
+        bad = np.fromiter((x is None for x in texts), np.bool_, len(texts))
         if bad.any():  # the codec rejects these values: their messages go per record
             t_rec = np.repeat(np.arange(n, dtype=np.int64), np.diff(off[2]))
             failed[t_rec[todo[bad[inv]]]] = True
@@ -1149,7 +1159,7 @@ def decode_content(
     rkeys = single("routing_key", pa.string()) if "routing_key" in names else None
     comp = compile_registry(registry)
     w = _walk_parallel(body, comp)
-    ctx = _Ctx(w, comp, *_string_buffers(msg_keys), rkeys)
+    ctx = _Ctx(w, comp, msg_keys, rkeys)
 
     fallback: set[int] = set(np.flatnonzero(w.status != K.ST_OK).tolist())
     reasons: dict[str, int] = {}
