@@ -21,6 +21,11 @@ batch size) and ``--large`` messages. Per configuration it prints records/s
 * ``wide->Delta``     the alternative layout: ``decode_content``'s per-class wide tables,
                       one Delta table (and commit) per class.
 
+Before those, the 10x check of issue 9: the real mix at 200 messages per micro-batch,
+``decode_compact`` over 50 batches (best of 20 passes) against the per-record codec over
+2,000 of the same messages (best of 5 passes), the two passes interleaved so that a slow
+moment of the machine does not fall on one side only; ``--ratio-only`` prints just that.
+
 ``--stream`` runs the silver *streaming job* instead (``start_silver``, AvailableNow,
 ``decode_on="driver"``, one bronze file of ``--large`` messages per micro-batch), the way
 ``jobs/silver.py`` runs: offset log -> the batch's bronze files read on the driver ->
@@ -259,6 +264,32 @@ def stream_run(
     return out
 
 
+def ratio_check(bodies: list[bytes], reg: SchemaRegistry, size: int, passes: int = 20) -> float:
+    """decode_compact / per-record on the real mix at ``size`` messages per batch (issue 9: >= 10x)."""
+    tables = bronze_batches(bodies[: size * 50], size)
+    sub = bodies[:2000]
+    n_fast = sum(decode_content(b, reg, compact=True).table.num_rows for b in tables)  # type: ignore[union-attr]
+    r = reg.copy()
+    n_per = sum(len(decode_message(b, registry=r).records) for b in sub)
+    t_fast = t_per = float("inf")
+    for k in range(passes):
+        t0 = time.perf_counter()
+        for b in tables:
+            decode_content(b, reg, compact=True)
+        t_fast = min(t_fast, time.perf_counter() - t0)
+        if k % 4 == 0:  # the per-record pass is ~10x longer: 5 of them
+            r = reg.copy()
+            t0 = time.perf_counter()
+            for body in sub:
+                decode_message(body, registry=r)
+            t_per = min(t_per, time.perf_counter() - t0)
+    fast, per = n_fast / t_fast, n_per / t_per
+    print(f"\n[10x check] real mix, {len(tables)} batches of {size} messages ({n_fast:,} records): "
+          f"decode_compact {fast:,.0f} rec/s ({t_fast / len(tables) * 1e3:.3f} ms per batch), "
+          f"per-record {per:,.0f} rec/s: {fast / per:.1f}x (target 10x)")  # fmt: skip
+    return fast / per
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--records", type=int, default=60_000, help="records per stream")
@@ -267,6 +298,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--repeat", type=int, default=3)
     ap.add_argument("--no-spark", action="store_true", help="skip the Spark job figures")
     ap.add_argument("--stream", action="store_true", help="run the streaming job (see above)")
+    ap.add_argument("--ratio-only", action="store_true", help="print only the 10x check")
     ap.add_argument("--batches", type=int, default=8, help="--stream: micro-batches per stream")
     args = ap.parse_args(argv)
     tune_malloc()
@@ -278,6 +310,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         seed.add(s)
     # Warm the kernels (numba compile or cache load) outside the timings.
     decode_arrow(bronze_batches(mixed[:50], 50)[0], seed.copy(), 0, kinds)
+    if not args.stream:
+        ratio_check(mixed, seed, args.small)
+        if args.ratio_only:
+            return 0
     spark = None
     if not args.no_spark:
         from pipeline.spark import get_spark

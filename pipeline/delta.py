@@ -895,6 +895,39 @@ def iter_batches(
             yield batch.select(list(columns)).cast(wanted)
 
 
+def newest_files(path: str | os.PathLike[str], max_rows: int) -> tuple[list[str], int, int]:
+    """The newest live files (by the log's modification time) holding at most ``max_rows``
+    rows (at least one file): (local paths, their rows, the table's rows).
+
+    For summaries that must stay bounded however long the table has grown.
+    """
+    dt = _open(path, None)
+    local = {f.delta_path: f.local_path for f in _live_files(dt)}
+    adds = pa.table(dt.get_add_actions(flatten=True))
+    if adds.num_rows == 0:
+        return [], 0, 0
+    rows = adds.column("num_records").to_pylist()
+    total = sum(int(r or 0) for r in rows)
+    order = sorted(
+        zip(adds.column("modification_time").to_pylist(), adds.column("path").to_pylist(), rows,
+            strict=True),
+        key=lambda a: (a[0], a[1]),
+        reverse=True,
+    )  # fmt: skip
+    out: list[str] = []
+    taken = 0
+    for _mtime, p, n in order:
+        n = int(n or 0)
+        if out and taken + n > max_rows:
+            break
+        lp = local.get(p) or local.get(urllib.parse.unquote(p))
+        if lp is None:
+            lp = os.path.join(table_root(dt), urllib.parse.unquote(p))
+        out.append(lp)
+        taken += n
+    return out, taken, total
+
+
 def _spark_uri_key(uri: str) -> str:
     """Normalise a Hadoop file URI (``file:/x`` vs ``file:///x``) for matching."""
     if uri.startswith("file:"):
