@@ -920,10 +920,7 @@ def newest_files(path: str | os.PathLike[str], max_rows: int) -> tuple[list[str]
         n = int(n or 0)
         if out and taken + n > max_rows:
             break
-        lp = local.get(p) or local.get(urllib.parse.unquote(p))
-        if lp is None:
-            lp = os.path.join(table_root(dt), urllib.parse.unquote(p))
-        out.append(lp)
+        out.append(local[p])  # both keyed by the add action's path
         taken += n
     return out, taken, total
 

@@ -70,13 +70,20 @@ def progress_line(
     return "qmf run: " + " | ".join(parts)
 
 
+def _columns_schema(path: str, columns: list[str]) -> pa.Schema:
+    """The table's fields ``columns``, nullable (as ``delta.iter_batches`` yields them)."""
+    from pipeline import delta
+
+    return pa.schema([delta.table_schema(path).field(c).with_nullable(True) for c in columns])
+
+
 def _read(path: str, columns: list[str]) -> pa.Table | None:
     """Only ``columns`` of the table, file by file (None while it does not exist)."""
     from pipeline import delta
 
     if not delta.table_exists(path):
         return None
-    schema = pa.schema([delta.table_schema(path).field(c).with_nullable(True) for c in columns])
+    schema = _columns_schema(path, columns)
     return pa.Table.from_batches(list(delta.iter_batches(path, columns, 65_536)), schema=schema)
 
 
@@ -90,7 +97,7 @@ def _queue_rates(path: str, max_rows: int) -> tuple[pa.Table | None, int, int]:
     if not delta.table_exists(path):
         return None, 0, 0
     files, taken, total = delta.newest_files(path, max_rows)
-    schema = pa.schema([delta.table_schema(path).field(c).with_nullable(True) for c in _RATE_COLS])
+    schema = _columns_schema(path, _RATE_COLS)
     parts: list[pa.Table] = []
     for f in files:
         for b in pq.ParquetFile(f).iter_batches(batch_size=262_144, columns=_RATE_COLS):

@@ -155,7 +155,7 @@ def _bronze_summary(table: Path, max_rows: int = SUMMARY_ROWS) -> dict[str, Any]
     Vectorized (``RecordCounts``), file by file (a long run's bodies exceed what
     one Arrow array holds), and only when bronze holds at most ``max_rows``:
     the per-record loop this replaces kept a 30-minute run busy for minutes
-    after its drain, until it ran out of memory.
+    after its drain.
     """
     import pyarrow.compute as pc
 
