@@ -25,7 +25,12 @@ So each landing partition keeps, beside its segments:
 ``_indoubt/claimed/<offset>``
     created with O_EXCL by the receiver that matched a redelivery to that
     in-doubt message: one redelivery per first copy, even with several
-    receivers competing on one queue.
+    receivers competing on one queue. It holds ``<partition>:<offset> <session>``:
+    where the claimant lands the flagged copy, and which receiver session
+    claimed. A claimant that died before landing that copy leaves a *void*
+    claim (its session is over, and the row at that position is not the
+    flagged copy); the broker redelivers the message again, and the next
+    receiver takes the claim over instead of landing the message as new.
 
 A redelivered message whose key matches an unclaimed in-doubt message is a
 duplicate: it lands with ``duplicate_of = "<partition>:<offset>"`` of its
@@ -45,6 +50,7 @@ import os
 import re
 import threading
 import time
+import uuid
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -158,6 +164,7 @@ class InDoubtLedger:
         self._lock = threading.Lock()
         self._files: dict[Path, list[tuple[int, str]]] = {}
         self._by_key: dict[str, list[tuple[str, int]]] = {}
+        self.session = uuid.uuid4().hex  # written into this ledger's claims
 
     def refresh(self) -> None:
         """Seal partitions whose owner is gone, then load every ledger file."""
@@ -207,32 +214,80 @@ class InDoubtLedger:
         with self._lock:
             return sum(len(v) for v in self._by_key.values())
 
-    def _claim(self, partition: str, offset: int) -> bool:
+    def _claim(self, partition: str, offset: int, at: int | None) -> bool:
         claims = self.root / partition / LEDGER_DIR / CLAIMS_DIR
         claims.mkdir(parents=True, exist_ok=True)
+        path = claims / str(offset)
+        where = f"{self.own}:{at}" if self.own is not None and at is not None else "-"
+        for _ in range(2):
+            try:
+                fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
+            except FileExistsError:
+                if not self._void(path, f"{partition}:{offset}"):
+                    return False
+                continue  # taken over (or voided by a competitor first): try once more
+            try:
+                os.write(fd, f"{where} {self.session}".encode("ascii"))
+            finally:
+                os.close(fd)
+            return True
+        return False
+
+    def _void(self, path: Path, first: str) -> bool:
+        """Set aside a claim whose claimant died before landing its flagged copy."""
+        from receivers.landing import LandingError, LandingLog
+
         try:
-            fd = os.open(claims / str(offset), os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
-        except FileExistsError:
+            where, session = path.read_text(encoding="ascii").split()
+            part, at_text = where.split(":")
+            at = int(at_text)
+        except (OSError, ValueError):
+            return False  # no landing position (older claims, bare matches): it stands
+        if session == self.session:
             return False
-        os.close(fd)
+        if part != self.own:
+            fd = _try_lock(self.root / part)
+            if fd is None:
+                return False  # its claimant lives: it may still land the copy
+            os.close(fd)
+        log_ = LandingLog(self.root)
+        if at < log_.end_offsets().get(part, 0):
+            try:
+                dup = log_.read(part, at, at + 1).column("duplicate_of")[0].as_py()
+            except LandingError:
+                return False  # retention removed it: it landed long ago
+            if dup == first:
+                return False  # landed as claimed
+        try:
+            os.rename(path, path.with_name(f"{path.name}.void-{self.session}"))
+        except FileNotFoundError:
+            pass  # another receiver set it aside first
+        log.warning("claim of %s by a receiver that died before landing it: taken over", first)
         return True
 
-    def _match_one(self, key: str) -> str | None:
+    def _match_one(self, key: str, at: int | None) -> str | None:
         with self._lock:
             candidates = list(self._by_key.get(key, ()))
         for partition, offset in candidates:
-            if self._claim(partition, offset):
+            if self._claim(partition, offset, at):
                 return f"{partition}:{offset}"
         return None
 
-    def match(self, keys: Sequence[str]) -> list[str | None]:
+    def match(
+        self, keys: Sequence[str], at: Sequence[int] | None = None
+    ) -> list[str | None]:
         """First copies (``partition:offset``) for redelivered keys, claimed; None if new.
 
-        A key without a candidate triggers one reload (another receiver may
-        have died since the last one) before it is declared new.
+        ``at``: where in this ledger's own partition each flagged copy will land
+        (recorded in its claim). A key without a candidate triggers one reload
+        (another receiver may have died since the last one) before it is declared new.
         """
-        out = [self._match_one(k) for k in keys]
+        pos: list[int | None] = list(at) if at is not None else [None] * len(keys)
+        out = [self._match_one(k, a) for k, a in zip(keys, pos, strict=True)]
         if any(o is None for o in out):
             self.refresh()
-            out = [o if o is not None else self._match_one(k) for o, k in zip(out, keys, strict=True)]
+            out = [
+                o if o is not None else self._match_one(k, a)
+                for o, k, a in zip(out, keys, pos, strict=True)
+            ]
         return out

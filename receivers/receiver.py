@@ -341,7 +341,8 @@ class LandingSink:
         """Land ``msgs``; a redelivery matched to a landed first copy lands marked."""
         again = [i for i, m in enumerate(msgs) if m.redelivered]
         if again:
-            firsts = self.ledger.match([msgs[i].key() for i in again])
+            base = self.writer.next_offset  # each flagged copy's landing offset goes in its claim
+            firsts = self.ledger.match([msgs[i].key() for i in again], [base + i for i in again])
             out = list(msgs)
             for i, first in zip(again, firsts, strict=True):
                 if first is not None:

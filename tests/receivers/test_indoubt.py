@@ -156,3 +156,41 @@ def test_a_lost_connection_widens_the_seal_below_the_marker(tmp_path: Path) -> N
     sink.close()
     assert [r[4] for r in rows(tmp_path)[3:]] == ["r0:1", None]
     assert read_marker(tmp_path / "r0") == 3  # sealed up to the end at the time
+
+
+def test_a_claim_whose_receiver_died_before_landing_is_taken_over(tmp_path: Path) -> None:
+    """CI found it: a session claims first copies for redeliveries and is killed before it
+    lands them; the broker redelivers once more, and the next session must still flag them."""
+    sink = LandingSink(tmp_path, "r0")
+    sink.append([msg(1), msg(2)])
+    sink.close()  # killed before settling: both in doubt
+    dying = LandingSink(tmp_path, "r0")
+    base = dying.next_offset
+    assert dying.ledger.match([again(msg(1)).key(), again(msg(2)).key()], [base, base + 1]) == [
+        "r0:0", "r0:1"
+    ]
+    dying.close()  # killed between its claims and its landing
+    sink = LandingSink(tmp_path, "r0")
+    sink.append([again(msg(1)), again(msg(2))])
+    sink.close()
+    assert [r[4] for r in rows(tmp_path)] == [None, None, "r0:0", "r0:1"]
+    claims = tmp_path / "r0" / "_indoubt" / "claimed"
+    assert sorted(n for n in os.listdir(claims) if "void" not in n) == ["0", "1"]
+    assert (claims / "0").read_text().split()[0] == "r0:2"  # the flagged copy's position
+
+
+def test_a_claim_whose_copy_landed_stands(tmp_path: Path) -> None:
+    """The claimant landed its flagged copy, then died unsettled: a third copy is new."""
+    sink = LandingSink(tmp_path, "r0")
+    sink.append([msg(1)])
+    sink.close()
+    sink = LandingSink(tmp_path, "r0")
+    sink.append([again(msg(1))])  # claims r0:0, lands at r0:1 flagged
+    sink.mark_settled(2)
+    sink.close()
+    other = LandingSink(tmp_path, "r1")
+    other.append([again(msg(1))])
+    other.close()
+    assert [(r[0], r[1], r[4]) for r in rows(tmp_path)] == [
+        ("r0", 0, None), ("r0", 1, "r0:0"), ("r1", 0, None)
+    ]
