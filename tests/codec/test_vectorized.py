@@ -683,3 +683,18 @@ def test_a_container_value_the_codec_rejects_sends_only_its_message_per_record()
         '{"k":"v"}', "{}", '{"k":"v"}'
     ]
     assert [q["msg_key"] for q in compact.quarantine.to_pylist()] == ["m1"]
+
+
+def test_kernels_refuse_a_strided_array() -> None:
+    """The kernels read their inputs through unowned views (no reference counts):
+    a non-contiguous input would be read as if it were contiguous, so it is refused."""
+    from pipeline.codec import _kernels as K
+
+    data = np.zeros(16, np.uint8)
+    strided = np.zeros(8, np.int64)[::2]
+    ok = np.zeros(4, np.bool_)
+    types = np.full(4, 15, np.int64)
+    with pytest.raises(ValueError, match="contiguous"):
+        K.container_groups(data, strided, ok, types)
+    todo, sizes, rep, inv = K.container_groups(data, np.ascontiguousarray(strided), ok, types)
+    assert (len(todo), len(sizes), len(rep), len(inv)) == (0, 0, 0, 0)
