@@ -101,11 +101,16 @@ class SchemaRegistry:
         # Decode plans the codec compiles per (dialect, opcode, key); dropped
         # when a key's schema changes.
         self.plans: dict[tuple[Any, ...], Any] = {}
+        # Bumped whenever a key is added or its schema replaced, so derived views
+        # (the vectorized decoder's compiled registry) know when to rebuild.
+        self.generation = 0
         for s in schemas:
             self.add(s, origin)
 
     def add(self, schema: ClassSchema, origin: str = ORIGIN_WIRE) -> None:
         old = self._by_key.get(schema.key)
+        if old is not schema:
+            self.generation += 1
         if old is not None and old != schema:
             self.plans.clear()
             if self._origin.get(schema.key) == ORIGIN_SEED and origin == ORIGIN_WIRE:
@@ -123,6 +128,7 @@ class SchemaRegistry:
         out._by_key = dict(self._by_key)
         out._origin = dict(self._origin)
         out.differs_from_seed = set(self.differs_from_seed)
+        out.generation = self.generation
         return out
 
     def get(self, key: SchemaKey) -> ClassSchema | None:

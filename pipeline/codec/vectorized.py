@@ -291,10 +291,14 @@ def compile_registry(registry: SchemaRegistry | Iterable[ClassSchema]) -> Compil
     The cache holds the schemas it compiled, so an id in a key cannot be reused
     by another object while the entry lives; registry copies share the objects.
     """
+    last = getattr(registry, "_compiled", None)  # one registry, unchanged: its last result
+    if last is not None and last[0] == registry.generation:  # type: ignore[union-attr]
+        return last[1]  # type: ignore[no-any-return]
     schemas = tuple(s for s in registry if s.kind == KIND_TABLE)
     keys = tuple(map(id, schemas))
     hit = _COMPILED.get(keys)
     if hit is not None:
+        _remember(registry, hit)
         return hit
     hi, lo, names, name_off = [], [], bytearray(), [0]
     p_start: list[int] = []
@@ -363,7 +367,14 @@ def compile_registry(registry: SchemaRegistry | Iterable[ClassSchema]) -> Compil
     if len(_COMPILED) > 64:
         _COMPILED.clear()
     _COMPILED[keys] = out
+    _remember(registry, out)
     return out
+
+
+def _remember(registry: SchemaRegistry | Iterable[ClassSchema], comp: CompiledRegistry) -> None:
+    """Keep ``comp`` on a ``SchemaRegistry`` for its current generation (a batch's fast path)."""
+    if isinstance(registry, SchemaRegistry):
+        registry._compiled = (registry.generation, comp)  # type: ignore[attr-defined]
 
 
 # ------------------------------------------------------------------- results
@@ -625,6 +636,22 @@ def _const_str(value: str | bytes, n: int, t: pa.DataType = _STRING) -> pa.Array
 
 
 _DIALECTS = ["", "AM1", "AM2"]
+_NULL_STRINGS: list[pa.Array] = []
+_COUNTING: list[npt.NDArray[np.int32]] = []
+
+
+def _null_strings(n: int) -> pa.Array:
+    """``n`` null strings: a zero-copy slice of a cached all-null column."""
+    if not _NULL_STRINGS or len(_NULL_STRINGS[0]) < n:
+        _NULL_STRINGS[:] = [pa.nulls(max(n, 4096), pa.string())]
+    return _NULL_STRINGS[0].slice(0, n)
+
+
+def _counting(n: int) -> npt.NDArray[np.int32]:
+    """0, 1, ..., n - 1 as int32 (offsets of one-byte strings): a view of a cached array."""
+    if not _COUNTING or len(_COUNTING[0]) < n:
+        _COUNTING[:] = [np.arange(max(n, 4096), dtype=np.int32)]
+    return _COUNTING[0][:n]
 
 
 @dataclass
@@ -661,10 +688,9 @@ def _identity(ctx: _Ctx, sub: I64, schema: ClassSchema | None) -> dict[str, pa.A
     """The identity columns of kernel-decoded records: one class's, or any (``schema=None``)."""
     n = sub.shape[1]
     ver = sub[K.R_VER]
-    hi = sub[K.R_OID_HI].view(np.uint64)
-    idx, boot, bank, flags, epoch, bb, ab, obj, n_am1 = K.id_fields(sub)
+    idx, boot, bank, flags, epoch, bb, ab, obj, n_am1, ops, a_off, a_buf = K.id_fields(sub)
     if n_am1 == 0:
-        agent = _str_array(*K.agent_column(hi))
+        agent = _str_array(a_off, a_buf)
         dialect = _const_str("AM2", n)
         v1, v2 = None, None  # AM1 fields all null, AM2 fields all valid
     else:
@@ -685,7 +711,7 @@ def _identity(ctx: _Ctx, sub: I64, schema: ClassSchema | None) -> dict[str, pa.A
         "msg_key": ctx.msg_keys.take(_indices(sub[K.R_MSG])),
         "record_index": _prim(idx, i32, None, 0),
         "dialect": dialect,
-        "opcode": _str_array(np.arange(n + 1, dtype=np.int32), sub[K.R_OP].astype(np.uint8)),
+        "opcode": _str_array(_counting(n + 1), ops),
         "seq": _prim(sub[K.R_SEQ], i64, None, 0),
         "agent": agent,
         **(
@@ -707,8 +733,8 @@ def _identity(ctx: _Ctx, sub: I64, schema: ClassSchema | None) -> dict[str, pa.A
         "broker_bank": _prim(bb, i32, v2, n_am1),
         "agent_bank": _prim(ab, i32, v2, n_am1),
         "object_num": _prim(obj, i64, None, 0),
-        "agent_name": pa.nulls(n, pa.string()),
-        "object_name": pa.nulls(n, pa.string()),
+        "agent_name": _null_strings(n),
+        "object_name": _null_strings(n),
     }
 
 
@@ -955,11 +981,9 @@ def _compact_all(ctx: _Ctx, rec: I64) -> tuple[dict[str, pa.Array] | None, npt.N
         )
     floats = listed(1, flts_v.view(np.float64), flts_ok, pa.float64())
 
-    todo, _sizes, rep, inv = K.container_groups(w.data, t_pos, t_valid, t_type)
-    cidx = np.full(len(t_pos), -1, np.int64)
+    todo, _sizes, rep, inv, cidx = K.container_groups(w.data, t_pos, t_valid, t_type)
     texts_json: list[bytes] = []
     if len(todo):
-        cidx[todo] = inv
         mv = memoryview(w.data)  # type: ignore[arg-type]
         first = todo[rep]  # each group's first slot
         cache = _JSON_CACHE
@@ -970,27 +994,29 @@ def _compact_all(ctx: _Ctx, rec: I64) -> tuple[dict[str, pa.Array] | None, npt.N
             raw = mv[p : p + size].tobytes()
             text = cache.get((t, raw), _MISS)  # the common case: a value seen before
             texts.append(_container_json(raw, t) if text is _MISS else text)
-        texts_json = [x or b"" for x in texts]
-        bad = np.fromiter((x is None for x in texts), np.bool_, len(texts))
-        if bad.any():  # the codec rejects these values: their messages go per record
+        if None in texts:  # the codec rejects these values: their messages go per record
+            bad = np.fromiter((x is None for x in texts), np.bool_, len(texts))
             t_rec = np.repeat(np.arange(n, dtype=np.int64), np.diff(off[2]))
             failed[t_rec[todo[bad[inv]]]] = True
             return None, failed
-    c_off = np.zeros(len(texts_json) + 1, np.int64)
-    if texts_json:
-        np.cumsum([len(x) for x in texts_json], out=c_off[1:])
+        texts_json = texts  # type: ignore[assignment]  # no None left
+    c_off = np.fromiter(
+        itertools.accumulate(map(len, texts_json), initial=0), np.int64, len(texts_json) + 1
+    )
     joined = b"".join(texts_json)
     c_buf = np.frombuffer(joined, np.uint8) if joined else np.zeros(1, np.uint8)
     o, buf = K.text_values(
         w.data, t_pos, t_valid, t_type, t_ver, K.hex_digits(), cidx, c_off, c_buf
     )
     t_nulls = int(t_valid.size - np.count_nonzero(t_valid))
-    # Only text with a byte >= 0x80 can be invalid UTF-8: check it then alone.
-    t_arr = _string(o, buf, _bitmap(t_valid) if t_nulls else None, t_nulls, check=K.non_ascii(buf))
+    # Only text with a byte >= 0x80 can be invalid UTF-8: check it then alone
+    # (replaced text, if any, is what the index keys are then built from).
+    checked = K.non_ascii(buf)
+    t_arr = _string(o, buf, _bitmap(t_valid) if t_nulls else None, t_nulls, check=checked)
     texts = pa.ListArray.from_buffers(
         pa.list_(pa.string()), n, [None, pa.py_buffer(off[2])], children=[t_arr]
     )
-    ta_off, ta_buf = _string_buffers(t_arr)
+    ta_off, ta_buf = _string_buffers(t_arr) if checked else (o, buf)
     text_start = off[2, :-1].astype(np.int64)
     k_off, k_buf, k_ok, slow = K.index_keys(
         schema_of, text_start, ta_off, ta_buf, t_valid, comp.ix_off, comp.ix_text
@@ -1121,6 +1147,10 @@ def _agent_am1(routing_keys: pa.Array | None, rows: I64, n: int) -> list[str | N
     return [_am1_agent_of(k) for k in routing_keys.take(pa.array(rows)).to_pylist()]
 
 
+# Columns read as one Arrow array (others are read per fallback message, any chunking).
+_ONE_CHUNK = ("body", "msg_key", "routing_key")
+
+
 def decode_content(
     batch: pa.RecordBatch | pa.Table,
     registry: SchemaRegistry,
@@ -1140,10 +1170,10 @@ def decode_content(
     index key, typed value lists in slot order) instead of one column per element.
     """
     table = batch if isinstance(batch, pa.Table) else pa.Table.from_batches([batch])
-    if any(c.num_chunks > 1 for c in table.columns):
+    names = table.column_names
+    if any(table.column(c).num_chunks > 1 for c in _ONE_CHUNK if c in names):
         table = table.combine_chunks()
     n = table.num_rows
-    names = table.column_names
 
     def single(name: str, t: pa.DataType) -> pa.Array:
         col = table.column(name)
@@ -1161,7 +1191,9 @@ def decode_content(
     w = _walk_parallel(body, comp)
     ctx = _Ctx(w, comp, msg_keys, rkeys)
 
-    fallback: set[int] = set(np.flatnonzero(w.status != K.ST_OK).tolist())
+    fallback: set[int] = (
+        set(np.flatnonzero(w.status != K.ST_OK).tolist()) if w.status.any() else set()
+    )
     reasons: dict[str, int] = {}
     for m in fallback:
         name = K.STATUS_NAMES[int(w.status[m])]

@@ -626,6 +626,31 @@ def test_compact_index_keys_of_every_kind_in_one_batch() -> None:
     assert_same(bodies_batch(bodies), reg)
 
 
+def test_compact_text_that_is_not_utf8_is_replaced_in_texts_and_index_key() -> None:
+    """A str8 index value with a byte that is not UTF-8: U+FFFD in the texts list and in
+    the index key the kernel builds from them (the key is not built from the raw bytes)."""
+    named = ClassSchema(
+        key=SchemaKey("org.example", "named", b"\x23" * 16),
+        properties=(Element("name", 6, access=1, index=True),),
+        statistics=(Element("n", 4),),
+    )
+    reg = SchemaRegistry([named])
+    rec = ObjectSample(
+        dialect="AM2", opcode="g", seq=0, package="org.example", class_name="named",
+        schema_hash=named.key.hash, update_ns=1000, create_ns=10, delete_ns=0,
+        object_id=Am2ObjectId(0, 1, 1, 0, 7), values={"name": "vQx", "n": 3}, agent="1.0",
+    )  # fmt: skip
+    raw = encode_records([rec], reg)
+    assert raw.count(b"vQx") == 1
+    bad = [raw.replace(b"vQx", b"v\xffx")]
+    got = decode_content(bodies_batch(bad), reg.copy(), compact=True)
+    assert got.table is not None and got.fallback_messages == 0
+    assert got.table.column("texts").to_pylist() == [["v\ufffdx"]]
+    assert got.table.column("index_key").to_pylist() == ['["v\ufffdx"]']
+    got.table.validate(full=True)
+    assert_same(bodies_batch(bad), reg)
+
+
 def test_split_across_decode_threads_gives_the_same_tables(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
@@ -696,5 +721,33 @@ def test_kernels_refuse_a_strided_array() -> None:
     types = np.full(4, 15, np.int64)
     with pytest.raises(ValueError, match="contiguous"):
         K.container_groups(data, strided, ok, types)
-    todo, sizes, rep, inv = K.container_groups(data, np.ascontiguousarray(strided), ok, types)
+    todo, sizes, rep, inv, cidx = K.container_groups(
+        data, np.ascontiguousarray(strided), ok, types
+    )
     assert (len(todo), len(sizes), len(rep), len(inv)) == (0, 0, 0, 0)
+    assert cidx.tolist() == [-1, -1, -1, -1]
+
+
+def test_compiled_registry_follows_schemas_added_later() -> None:
+    """The compiled registry is kept on the registry per generation: an added or replaced
+    schema is seen by the next batch, an unchanged registry reuses its compilation."""
+    from pipeline.codec.vectorized import compile_registry
+
+    queue = queue_like()
+    other = ClassSchema(
+        key=SchemaKey("org.example", "other", b"\x24" * 16),
+        properties=(Element("name", 6, access=1, index=True),),
+        statistics=(),
+    )
+    reg = SchemaRegistry([queue])
+    first = compile_registry(reg)
+    assert compile_registry(reg) is first
+    assert [s.key for s in first.schemas] == [queue.key]
+    reg.add(other)
+    second = compile_registry(reg)
+    assert [s.key for s in second.schemas] == [queue.key, other.key]
+    reg.add(other)  # the same object again: nothing changed
+    assert compile_registry(reg) is second
+    changed = ClassSchema(key=other.key, properties=other.properties, statistics=(Element("n", 4),))
+    reg.add(changed)
+    assert compile_registry(reg).schemas[1] is changed
