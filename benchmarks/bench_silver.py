@@ -300,7 +300,17 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--stream", action="store_true", help="run the streaming job (see above)")
     ap.add_argument("--ratio-only", action="store_true", help="print only the 10x check")
     ap.add_argument("--batches", type=int, default=8, help="--stream: micro-batches per stream")
+    ap.add_argument("--malloc-arenas", default="1", metavar="N",
+                    help="run with MALLOC_ARENA_MAX=N (default 1: decode threads then share the "
+                         "main heap that tune_malloc keeps; 'default' leaves glibc's)")  # fmt: skip
     args = ap.parse_args(argv)
+    # glibc reads MALLOC_ARENA_MAX at start-up only (mallopt is too late once a thread
+    # has an arena): re-run this process with it set.
+    want = None if args.malloc_arenas == "default" else args.malloc_arenas
+    if want is not None and os.environ.get("MALLOC_ARENA_MAX") != want and argv is None:
+        os.environ["MALLOC_ARENA_MAX"] = want
+        os.execv(sys.executable, [sys.executable, *sys.argv])
+    print(f"malloc: tune_malloc(), MALLOC_ARENA_MAX={os.environ.get('MALLOC_ARENA_MAX', 'unset')}")
     tune_malloc()
     kinds = StatisticKinds.load()
     seed = to_registry(seed_table(kinds))
