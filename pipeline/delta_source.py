@@ -647,19 +647,42 @@ def read_batch(
     ``reads``: (table path, schema, columns) per source, in the order of the
     query's offset log. From the previous batch's entry to this batch's, each
     source's files (``read_range``). None when that cannot be known: no
-    checkpoint, a query's first batch (Spark does not log its start, the
-    sources' initial offset), or a missing entry.
+    checkpoint, a missing entry, or a query's first batch whose start cannot be
+    told from its end. Spark does not log a first batch's start (the sources'
+    initial offset), but a first batch that ends inside a starting snapshot
+    (``snapshot`` set: only an initial offset makes one) started at that
+    snapshot's beginning; that is the case whenever ``maxFilesPerTrigger`` (or
+    another limit) cuts a large table's first batch, so a backlog is not
+    collected through the JVM (a 1,000,000-sample first batch ran Spark's 2 GB
+    driver heap out, and the query then hung).
     """
-    if not checkpoint or batch_id == 0:
+    if not checkpoint:
         return None
     end = offset_log_sources(checkpoint, batch_id)
-    start = offset_log_sources(checkpoint, batch_id - 1)
+    start = (
+        offset_log_sources(checkpoint, batch_id - 1)
+        if batch_id > 0
+        else _snapshot_starts(end)
+    )
     if end is None or start is None or not len(end) == len(start) == len(reads):
         return None
     return [
         read_range(path, schema, json.loads(s), json.loads(e), columns, options)
         for (path, schema, columns), s, e in zip(reads, start, end, strict=True)
     ]
+
+
+def _snapshot_starts(ends: Sequence[str] | None) -> list[str] | None:
+    """A first batch's start per source, when every end lies in a starting snapshot."""
+    if ends is None:
+        return None
+    starts = []
+    for e in ends:
+        pos = Position.from_json(json.loads(e))
+        if not pos.snapshot:
+            return None
+        starts.append(json.dumps(Position(pos.version, 0, True).to_json()))
+    return starts
 
 
 def group_files(files: Sequence[DataFile], max_bytes: int) -> list[FileGroup]:

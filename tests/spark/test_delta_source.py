@@ -635,3 +635,19 @@ def test_many_commits_between_triggers(qmf: SparkSession, tmp_path: Path) -> Non
     assert error is None
     assert [(b, len(ids)) for b, ids in data_batches(seen)] == [(1, 40), (2, 20)]  # 0: empty
     assert sorted(i for _, ids in data_batches(seen) for i in ids) == list(range(60))
+
+
+def test_first_batch_start_is_known_only_inside_a_starting_snapshot() -> None:
+    """A first batch that ends inside a starting snapshot began at that snapshot's start
+    (only an initial offset makes snapshot positions); any other end leaves it unknown."""
+    from pipeline.delta_source import _snapshot_starts
+
+    snap = json.dumps({"version": 8, "index": 1, "snapshot": True})
+    other = json.dumps({"version": 3, "index": 2, "snapshot": True})
+    commit = json.dumps({"version": 9, "index": 0})
+    assert [json.loads(s) for s in _snapshot_starts([snap, other]) or []] == [
+        {"version": 8, "index": 0, "snapshot": True},
+        {"version": 3, "index": 0, "snapshot": True},
+    ]
+    assert _snapshot_starts([snap, commit]) is None
+    assert _snapshot_starts(None) is None
