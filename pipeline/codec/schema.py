@@ -102,8 +102,10 @@ class SchemaRegistry:
         # when a key's schema changes.
         self.plans: dict[tuple[Any, ...], Any] = {}
         # Bumped whenever a key is added or its schema replaced, so derived views
-        # (the vectorized decoder's compiled registry) know when to rebuild.
+        # (the vectorized decoder's compiled registry) know when to rebuild;
+        # ``derived`` holds them by owner, with the generation they were built at.
         self.generation = 0
+        self.derived: dict[str, tuple[int, Any]] = {}
         for s in schemas:
             self.add(s, origin)
 
