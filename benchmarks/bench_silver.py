@@ -67,6 +67,11 @@ from pipeline.silver import SilverBatchWriter, SilverSettings, append_arrow
 from pipeline.transforms.silver import decode_arrow
 from schemas.tables import BRONZE
 
+# One glibc arena (decode threads otherwise mmap their big blocks afresh every batch) and
+# mimalloc never purging freed pages (pyarrow's pool: each batch's bronze bodies, 400 MB
+# for 1M samples, otherwise page-fault in again): see docs/performance.md, session 8.
+ALLOCATOR_ENV = {"MALLOC_ARENA_MAX": "1", "MIMALLOC_PURGE_DELAY": "-1"}
+
 
 def bronze_batches(bodies: Sequence[bytes], size: int, first_batch: int = 0) -> list[pa.Table]:
     """Bronze-shaped tables of ``size`` messages (fresh offsets, distinct keys)."""
@@ -300,17 +305,20 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--stream", action="store_true", help="run the streaming job (see above)")
     ap.add_argument("--ratio-only", action="store_true", help="print only the 10x check")
     ap.add_argument("--batches", type=int, default=8, help="--stream: micro-batches per stream")
-    ap.add_argument("--malloc-arenas", default="1", metavar="N",
-                    help="run with MALLOC_ARENA_MAX=N (default 1: decode threads then share the "
-                         "main heap that tune_malloc keeps; 'default' leaves glibc's)")  # fmt: skip
+    ap.add_argument("--default-allocators", action="store_true",
+                    help="keep the allocators' environment as it is (see ALLOCATOR_ENV)")  # fmt: skip
     args = ap.parse_args(argv)
-    # glibc reads MALLOC_ARENA_MAX at start-up only (mallopt is too late once a thread
-    # has an arena): re-run this process with it set.
-    want = None if args.malloc_arenas == "default" else args.malloc_arenas
-    if want is not None and os.environ.get("MALLOC_ARENA_MAX") != want and argv is None:
-        os.environ["MALLOC_ARENA_MAX"] = want
+    # glibc and mimalloc (pyarrow's pool) read these at start-up only: re-run this
+    # process with them set, so its figures are those of a tuned job (docs/performance.md).
+    if (
+        not args.default_allocators
+        and argv is None
+        and any(os.environ.get(k) != v for k, v in ALLOCATOR_ENV.items())
+    ):
+        os.environ.update(ALLOCATOR_ENV)
         os.execv(sys.executable, [sys.executable, *sys.argv])
-    print(f"malloc: tune_malloc(), MALLOC_ARENA_MAX={os.environ.get('MALLOC_ARENA_MAX', 'unset')}")
+    print("allocators: tune_malloc(), " + ", ".join(
+        f"{k}={os.environ.get(k, 'unset')}" for k in ALLOCATOR_ENV))  # fmt: skip
     tune_malloc()
     kinds = StatisticKinds.load()
     seed = to_registry(seed_table(kinds))
