@@ -2,7 +2,9 @@
 
 Dialect is detected per message: QMF v2 when the app-id is ``qmf2`` or a
 ``qmf.opcode`` application property is present; otherwise the first three
-body bytes (``AM1`` / ``AM2``). Schema responses met while decoding are added
+body bytes (``AM1`` / ``AM2``). A V2 body whose application property
+``x-qmf-body-encoding`` (``BODY_ENCODING_PROPERTY``) is ``amqp-1.0`` is an
+AMQP 1.0 value (qpidd over AMQP 1.0), decoded by ``pipeline.codec.amqp10``. Schema responses met while decoding are added
 to the registry, so content later in the same message or in later messages
 decodes. ``decode_message`` never raises for bad input: problems are
 returned beside every record decoded before them.
@@ -14,7 +16,12 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from pipeline.codec.errors import BadMagic, Problem, Truncated
+from pipeline.codec.amqp10 import (
+    BODY_ENCODING_AMQP10,
+    BODY_ENCODING_PROPERTY,
+    BODY_ENCODING_STRING,
+)
+from pipeline.codec.errors import BadMagic, Malformed, Problem, Truncated
 from pipeline.codec.records import Record
 from pipeline.codec.schema import SchemaRegistry
 from pipeline.codec.v1 import decode_v1, encode_records
@@ -23,7 +30,16 @@ from pipeline.codec.v2 import V2Encoded, decode_v2, encode_v2
 if TYPE_CHECKING:
     from pipeline.codec.methods import MethodContext
 
-__all__ = ["DecodeResult", "decode_message", "detect_dialect", "encode_message", "routing_agent"]
+__all__ = [
+    "BODY_ENCODING_AMQP10",
+    "BODY_ENCODING_PROPERTY",
+    "BODY_ENCODING_STRING",
+    "DecodeResult",
+    "decode_message",
+    "detect_dialect",
+    "encode_message",
+    "routing_agent",
+]
 
 
 @dataclass(slots=True)
@@ -99,6 +115,13 @@ def decode_message(
         )
         return DecodeResult("V2", records, problems)
     if dialect is None:
+        encoding = (application_properties or {}).get(BODY_ENCODING_PROPERTY)
+        if encoding is not None:
+            # an amqp-value body (not a data section) without a QMF v2 marker
+            err0 = Malformed(
+                0, f"{BODY_ENCODING_PROPERTY} {encoding!r} body without qmf.opcode: not QMF"
+            )
+            return DecodeResult(None, [], [Problem.from_error(err0)])
         if len(buf) < 3 and buf in (b"AM1"[: len(buf)], b"AM2"[: len(buf)]):
             err: Truncated | BadMagic = Truncated(0, 8, len(buf), "record header")
         else:

@@ -1,7 +1,12 @@
 """QMF v2 map messages: 0-10 encoded map/list bodies, mapped onto the shared record kinds.
 
 The opcode comes from the ``qmf.opcode`` application property and the body
-kind from ``qmf.content``. Data indications and query responses of ``_data``
+kind from ``qmf.content``. The body is a 0-10 encoded map/list, unless the
+application property ``x-qmf-body-encoding`` says ``amqp-1.0`` (an AMQP 1.0
+``amqp-value`` as qpidd sends it over AMQP 1.0, landed by the receiver AMQP 1.0
+encoded: decoded by ``pipeline.codec.amqp10`` to the same Python values, so the
+same content makes the same records) or ``amqp-value:string`` (a string value,
+landed as UTF-8: kept whole as a ``V2Message`` with a ``str`` body). Data indications and query responses of ``_data``
 become ``ObjectSample`` (or ``Event`` when the schema id says ``_event``),
 ``_event`` becomes ``Event``, ``_schema_id`` ``ClassIndication``,
 ``_schema_class`` ``SchemaResponse`` (also added to the registry), heartbeats
@@ -21,6 +26,14 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from pipeline.codec import amqp10
+from pipeline.codec.amqp10 import (
+    BODY_ENCODING_AMQP10,
+    BODY_ENCODING_PROPERTY,
+    BODY_ENCODING_STRING,
+    Amqp10List,
+    Amqp10Map,
+)
 from pipeline.codec.errors import CodecError, EncodeError, Malformed, Problem
 from pipeline.codec.records import (
     ClassIndication,
@@ -217,14 +230,15 @@ def decode_v2(
     content = _s(application_properties.get("qmf.content"))
     agent = _s(application_properties.get("qmf.agent"))
     buf = bytes(body)
+    encoding = _s(application_properties.get(BODY_ENCODING_PROPERTY))
     try:
-        parsed = _parse_body(buf, content_type)
+        parsed = _parse_body(buf, content_type, encoding)
     except CodecError as exc:
         return [], [Problem.from_error(exc, opcode)]
     except RecursionError:
         return [], [Problem("Malformed", "malformed data at offset 0: nesting too deep", 0, opcode)]
     records: list[Record] = []
-    if isinstance(parsed, TypedList) and any(c != 0xA8 for c in parsed.codes):
+    if isinstance(parsed, list) and any(not isinstance(x, Mapping) for x in parsed):
         # a list of something other than maps: keep the body whole (and exact)
         records.append(
             V2Message(
@@ -316,8 +330,18 @@ def decode_v2(
     return records, []
 
 
-def _parse_body(buf: bytes, content_type: str | None) -> Any:
-    """A whole body as one 0-10 map (amqp/map) or list (amqp/list); trailing bytes are an error."""
+def _parse_body(buf: bytes, content_type: str | None, encoding: str | None = None) -> Any:
+    """A whole body as one 0-10 map (amqp/map) or list (amqp/list), or as the one AMQP 1.0
+    value the body encoding names; trailing bytes are an error."""
+    if encoding == BODY_ENCODING_AMQP10:
+        return amqp10.decode(buf)[0]
+    if encoding == BODY_ENCODING_STRING:
+        try:
+            return buf.decode("utf-8")
+        except UnicodeDecodeError as exc:
+            raise Malformed(exc.start, "amqp-value string body is not UTF-8") from None
+    if encoding is not None:
+        raise Malformed(0, f"unknown {BODY_ENCODING_PROPERTY} {encoding!r}")
     if content_type == "amqp/list":
         value: Any
         value, end = decode_list(buf, 0)
@@ -462,10 +486,40 @@ _CONTENT = {
 }
 
 
+def _as_0_10(v: Any) -> Any:
+    """A body value for the 0-10 encoder: AMQP 1.0 typed containers translated (their
+    codes are not 0-10 codes), anything else as is."""
+    if isinstance(v, Amqp10Map | Amqp10List | amqp10.Amqp10Array):
+        return amqp10.to_0_10(v)[0]
+    return v
+
+
+def _as_amqp10(v: Any) -> Any:
+    """A body value for the AMQP 1.0 encoder: decoded AMQP 1.0 values as they are, 0-10
+    typed or plain values as qpidd sends them (vbin strings as binary)."""
+    if isinstance(v, Amqp10Map | Amqp10List | amqp10.Amqp10Array):
+        return v
+    return amqp10.from_0_10(v)[0]
+
+
+ENCODINGS = ("0-10", BODY_ENCODING_AMQP10)
+
+
 def encode_v2(
-    records: Sequence[Record], *, opcode: str | None = None, agent: str | None = None
+    records: Sequence[Record],
+    *,
+    opcode: str | None = None,
+    agent: str | None = None,
+    encoding: str = "0-10",
 ) -> V2Encoded:
-    """Encode V2 records of one message (all with the same opcode) into body + headers."""
+    """Encode V2 records of one message (all with the same opcode) into body + headers.
+
+    ``encoding="amqp-1.0"`` gives the body as the receiver lands a qpidd ``amqp-value``
+    (AMQP 1.0 encoded, strings as binary) and adds ``x-qmf-body-encoding: amqp-1.0``;
+    a ``V2Message`` with a ``str`` body is landed as UTF-8 with ``amqp-value:string``.
+    """
+    if encoding not in ENCODINGS:
+        raise EncodeError(f"unknown V2 body encoding {encoding!r}, expected one of {ENCODINGS}")
     if not records:
         raise EncodeError("a V2 message needs at least one record")
     op = opcode or records[0].opcode
@@ -474,23 +528,38 @@ def encode_v2(
     first = records[0]
     content = first.content if isinstance(first, V2Message) else _CONTENT.get(type(first))
     agent = agent or getattr(first, "agent", None)
-    out = bytearray()
+    body: Any
+    built = False  # body is the list of the records' maps (not one record's whole body)
     if op in LIST_OPCODES:
         if isinstance(first, V2Message) and len(records) == 1 and isinstance(first.body, list):
-            encode_list(out, first.body)
+            body = first.body
         else:
-            encode_list(out, TypedList([v2_body_of(r) for r in records], [0xA8] * len(records)))
-        ctype = "amqp/list"
+            body, built = [v2_body_of(r) for r in records], True
     else:
         if len(records) != 1:
             raise EncodeError(f"{op} carries one map")
         body = v2_body_of(first)
-        if isinstance(body, list):
-            encode_list(out, body)
-            ctype = "amqp/list"
+    ctype = "amqp/list" if isinstance(body, list) else "amqp/map"
+    marker: str | None = None
+    if encoding == BODY_ENCODING_AMQP10:
+        if isinstance(body, str):
+            raw, marker = body.encode("utf-8"), BODY_ENCODING_STRING
+        elif built:
+            items = [_as_amqp10(x) for x in body]
+            lst = Amqp10List(items, [amqp10.infer(x) for x in items])
+            raw, marker = amqp10.encode(lst, lst.code if items else None), BODY_ENCODING_AMQP10
         else:
-            encode_map(out, body)
-            ctype = "amqp/map"
+            value = _as_amqp10(body)
+            raw, marker = amqp10.encode(value, amqp10.infer(value)), BODY_ENCODING_AMQP10
+    else:
+        out = bytearray()
+        if built:
+            encode_list(out, TypedList([_as_0_10(x) for x in body], [0xA8] * len(body)))
+        elif isinstance(body, list):
+            encode_list(out, _as_0_10(body))
+        else:
+            encode_map(out, _as_0_10(body))
+        raw = bytes(out)
     method = (
         "response"
         if op in ("_query_response", "_method_response")
@@ -501,4 +570,6 @@ def encode_v2(
         props["qmf.content"] = content
     if agent is not None:
         props["qmf.agent"] = agent
-    return V2Encoded(bytes(out), ctype, props)
+    if marker is not None:
+        props[BODY_ENCODING_PROPERTY] = marker
+    return V2Encoded(raw, ctype, props)
