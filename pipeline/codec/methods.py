@@ -156,7 +156,7 @@ class MethodContext:
         Returns the record (typed, or unchanged) and the mismatch, if the
         arguments do not fit the method the context names. Does not observe.
         """
-        from pipeline.codec.v1 import method_arguments
+        from pipeline.codec.v1 import has_method, method_arguments
 
         if type(rec) not in (MethodRequest, MethodResponse):
             return rec, None
@@ -168,8 +168,8 @@ class MethodContext:
             return rec, None
         key, method = target
         schema = registry.get(key)
-        if schema is None:
-            return rec, None
+        if schema is None or not has_method(schema, method):
+            return rec, None  # an unknown method is data: raw arguments kept, untyped
         raw = rec.raw_arguments
         direction = "I" if type(rec) is MethodRequest else "O"
         try:

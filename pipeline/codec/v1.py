@@ -1303,6 +1303,11 @@ def decode_v1(
     return records, problems
 
 
+def has_method(schema: ClassSchema, method: str) -> bool:
+    """Whether the class schema defines ``method`` (a request may name one it lacks)."""
+    return any(m.name == method for m in schema.methods)
+
+
 def method_arguments(
     dialect: str,
     schema: ClassSchema,
@@ -1330,7 +1335,9 @@ def _type_in_message(
         return rec, end
     key, method = target
     schema = ctx.registry.get(key)
-    if schema is None:
+    if schema is None or not has_method(schema, method):
+        # a method its class lacks is data (the agent answers STATUS_UNKNOWN_METHOD):
+        # kept with its raw arguments, untyped, no problem
         return rec, end
     at = end - len(rec.raw_arguments)
     direction = "I" if type(rec) is MethodRequest else "O"

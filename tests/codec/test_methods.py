@@ -169,12 +169,51 @@ def test_arguments_that_do_not_fit_stay_raw_with_a_problem() -> None:
     assert [(p.error, p.record, p.fatal, p.offset) for p in problems] == [
         ("ArgumentMismatch", 0, False, 15)
     ]
-    # a method the class does not have
+    # a method the class does not have is data, not a problem (test below)
     (req,), problems = decode_v1(
         hdr("AM1", "M", 5) + u64(OID1.to_int()) + s8("nope") + b"\x01", reg, methods=ctx
     )
     assert isinstance(req, MethodRequest) and req.arguments is None
-    assert [p.error for p in problems] == ["ArgumentMismatch"]
+    assert (req.raw_arguments, problems) == (b"\x01", [])
+
+
+def test_request_for_a_method_the_class_lacks_is_data_with_its_raw_arguments() -> None:
+    """A well-formed 'M' naming a method its class schema lacks: the agent answers it with
+    STATUS_UNKNOWN_METHOD (2), so it is a method call like any other. It decodes, with or
+    without context, to the request record with its argument bytes kept and untyped, and
+    no problem; it encodes back to the same bytes and pairs with its error response."""
+    args = u32(7) + s8("x")
+    am1 = hdr("AM1", "M", 12) + u64(OID1.to_int()) + s8("explode") + args
+    oid2 = u64((1 << 48) | (1 << 28)) + u64(20)
+    am2 = hdr("AM2", "M", 13) + oid2 + KEY + s8("explode") + args
+    want1 = MethodRequest(
+        dialect="AM1", opcode="M", seq=12, object_id=OID1, method_name="explode",
+        raw_arguments=args,
+    )  # fmt: skip
+    want2 = MethodRequest(
+        dialect="AM2", opcode="M", seq=13, object_id=OID2, method_name="explode",
+        package=PKG, class_name=CLS, schema_hash=HASH, raw_arguments=args,
+    )  # fmt: skip
+    for dialect, body, want in (("AM1", am1, want1), ("AM2", am2, want2)):
+        reg = SchemaRegistry([widget(dialect)])
+        ctx = MethodContext()
+        assert decode_v1(am1_sample(), reg, methods=ctx)[1] == []
+        for context in (ctx, None):
+            records, problems = decode_v1(body, reg, methods=context)
+            assert (records, problems) == ([want], [])
+            assert records[0].arguments is None
+            assert encode_record(records[0], reg) == body
+        # typed afterwards (the batch API): unchanged, no problem; pairs with its response
+        quirk = hdr(dialect, "m", want.seq) + u32(2) + s8("UnknownMethod: explode")
+        (resp,), problems = decode_v1(quirk, reg)
+        assert problems == [] and isinstance(resp, MethodResponse) and resp.status == 2
+        typed, problems = type_method_arguments([want, resp], reg, MethodContext())
+        assert (typed, problems) == ([want, resp], [])
+        (call,) = method_calls([want, resp], reg)
+        assert (call.method_name, call.status, call.raw_in, call.arguments_in) == (
+            "explode", 2, args, None,
+        )  # fmt: skip
+        assert (call.request, call.response) == (0, 1)
 
 
 def test_records_decoded_without_context_are_typed_afterwards_and_paired() -> None:
