@@ -86,6 +86,32 @@ ROUTING_KEY_ANNOTATIONS = ("x-opt-routing-key", "x-amqp-0-10.routing-key")
 BODY_ENCODING_PROPERTY = "x-qmf-body-encoding"
 QPIDD_TOPIC_FILTER = "apache.org:legacy-amqp-topic-binding:string"
 FATAL_CONDITIONS = ("amqp:unauthorized-access",)
+# A broker refusal with one of these conditions would be refused again on every
+# retry (a misspelt exchange, a duplicate link name, an unsupported filter): the
+# receiver stops with the broker's own words instead of reconnecting forever.
+# Losses (connection refused, amqp:connection:forced, internal errors, a broker
+# restart) are retried with back-off. See docs/receiver.md.
+REFUSAL_CONDITIONS = frozenset(
+    {
+        "amqp:invalid-field",
+        "amqp:not-found",
+        "amqp:unauthorized-access",
+        "amqp:not-implemented",
+        "amqp:decode-error",
+        "amqp:not-allowed",
+        "amqp:precondition-failed",
+    }
+)
+REFUSAL_HINTS = {
+    "amqp:invalid-field": "the broker rejected a field of our request (qpidd says this of a "
+    "duplicate link name)",
+    "amqp:not-found": "check the exchange or queue name (--bind, --queue, --source) and --preset",
+    "amqp:not-implemented": "the broker does not support this address or filter: check --preset",
+    "amqp:decode-error": "the broker could not read our request",
+    "amqp:not-allowed": "the broker does not allow this subscription for this user",
+    "amqp:precondition-failed": "the queue or exchange exists with other settings",
+}
+LINK_NAME_TEXT = re.compile(r"[^A-Za-z0-9_.:-]+")
 QUIET_RESTATE_S = 5.0
 # A group's settlement counts as seen by the broker this long after we settled
 # it (the disposition is on the wire within one reactor round); the settle
@@ -154,6 +180,23 @@ class Subscription:
 
     address: str
     binding_key: str | None = None
+
+    def describe(self) -> str:
+        """``address`` or ``address [KEY]``: how errors name the link."""
+        return self.address if self.binding_key is None else f"{self.address} [{self.binding_key}]"
+
+
+def link_name(prefix: str, index: int, sub: Subscription) -> str:
+    """A link name unique on its connection: prefix, index, address and binding key.
+
+    qpidd closes the connection on a second attach with a name already attached
+    (``amqp:invalid-field``); proton's default name (container id + address) is
+    the same for two bindings on one exchange. The index alone makes names
+    unique; address and key (runs of other characters replaced by ``_``) keep
+    them readable in the broker's management views.
+    """
+    text = sub.address if sub.binding_key is None else f"{sub.address}-{sub.binding_key}"
+    return f"{prefix}-{index}-{LINK_NAME_TEXT.sub('_', text).strip('_')}"
 
 
 def subscriptions(
@@ -518,25 +561,33 @@ class _Handler(MessagingHandler):
         link = event.link
         if link is not None:
             cond = link.remote_condition
-            where = link.source.address or link.target.address
-            self.owner._on_error(f"link {where!r} refused: {_cond(cond)}", cond, event.connection)
+            what = self.owner._describe_link(link)
+            self.owner._on_error(
+                f"broker refused the link {what}: {_cond(cond)}", cond, event.connection, True
+            )
 
     def on_session_error(self, event: Event) -> None:
         # RabbitMQ ends the session (not just the link) for a missing queue or exchange.
         sess = event.session
         cond = sess.remote_condition if sess is not None else None
-        self.owner._on_error(f"session ended by the broker: {_cond(cond)}", cond, event.connection)
+        waiting = self.owner._unattached(event.connection)
+        during = f" (while attaching {', '.join(waiting)})" if waiting else ""
+        self.owner._on_error(
+            f"broker ended the session{during}: {_cond(cond)}", cond, event.connection, True
+        )
 
     def on_connection_error(self, event: Event) -> None:
         c = event.connection
         cond = c.remote_condition if c is not None else None
-        self.owner._on_error(f"connection closed by the broker: {_cond(cond)}", cond, c)
+        self.owner._on_error(f"broker closed the connection: {_cond(cond)}", cond, c, True)
 
     def on_transport_error(self, event: Event) -> None:
         t = event.transport
         cond = t.condition if t is not None else None
         url = self.owner.config.broker.for_url(self.owner._url_index).urls[0]
-        self.owner._on_error(f"transport error ({url}): {_cond(cond)}", cond, event.connection)
+        self.owner._on_error(
+            f"transport error ({url}): {_cond(cond)}", cond, event.connection, False
+        )
 
     def on_disconnected(self, event: Event) -> None:
         self.owner._on_disconnected(event.connection)
@@ -694,6 +745,14 @@ class QmfReceiver:
         self._thread: threading.Thread | None = None
         self._tick_s = max(0.005, min(0.1, config.flush_ms / 2000))
         self.sources = [s.address for s in self._subs]
+        self.container_id = f"qmf-receiver-{uuid.uuid4()}"
+        # One name per link, unique on the connection (qpidd refuses a duplicate).
+        self.link_names = [link_name(self.container_id, i, s) for i, s in enumerate(self._subs)]
+        self._link_subs = dict(zip(self.link_names, self._subs, strict=True))
+        # The broker's own condition for the current connection's trouble (close,
+        # session end, link refusal): reported instead of the transport error that
+        # usually follows it.
+        self._cause: str | None = None
 
     # ---- lifecycle --------------------------------------------------------------------
 
@@ -702,7 +761,7 @@ class QmfReceiver:
         if self._container is not None:
             raise ReceiverError("receiver already started")
         self._container = Container(_Handler(self))
-        self._container.container_id = f"qmf-receiver-{uuid.uuid4()}"
+        self._container.container_id = self.container_id
         self._container.timeout = self._tick_s
         self._container.start()
         self._container.schedule(self._tick_s, _Tick(self))
@@ -722,7 +781,8 @@ class QmfReceiver:
         self._conn = conn
         self._links_open = 0
         self._receivers = []
-        for sub in self._subs:
+        self._cause = None
+        for name, sub in zip(self.link_names, self._subs, strict=True):
             options: Filter | None = None
             if sub.binding_key is not None:
                 options = Filter(
@@ -732,14 +792,16 @@ class QmfReceiver:
                         )
                     }
                 )
-            r = self._container.create_receiver(conn, sub.address, options=options)
+            r = self._container.create_receiver(conn, sub.address, name=name, options=options)
             r.flow(self.config.credit_window)
             self._receivers.append(r)
         self._requests.clear()
         self._request_sender = None
         if self.console is not None:
             self._request_sender = self._container.create_sender(
-                conn, target=self.console.request_target
+                conn,
+                target=self.console.request_target,
+                name=f"{self.container_id}-console-requests",
             )
 
     def run_for(self, seconds: float) -> None:
@@ -1000,10 +1062,28 @@ class QmfReceiver:
             and getattr(conn, "qmf_generation", None) == self._generation
         )
 
+    def _describe_link(self, link: Any) -> str:
+        """How a refused link is named in errors: its address and binding key."""
+        sub = self._link_subs.get(link.name)
+        if sub is not None:
+            return repr(sub.describe())
+        return repr(link.source.address or link.target.address)
+
+    def _unattached(self, conn: Connection | None) -> list[str]:
+        """Our links the broker has not answered yet: what a session end refers to."""
+        out: list[str] = []
+        if conn is None:
+            return out
+        link = conn.link_head(Endpoint.REMOTE_UNINIT)
+        while link is not None:
+            out.append(self._describe_link(link))
+            link = link.next(Endpoint.REMOTE_UNINIT)
+        return out
+
     def _on_opened(self, event: Event) -> None:
         self.stats.connects += 1
         self._attempts = 0
-        log.info("connected; subscribed to %s", ", ".join(self.sources))
+        log.info("connected; attaching %s", ", ".join(s.describe() for s in self._subs))
 
     def _on_link_opened(self, event: Event) -> None:
         link = event.link
@@ -1011,6 +1091,7 @@ class QmfReceiver:
             return
         self._links_open += 1
         if self._links_open == len(self._subs) and not self.ready.is_set():
+            log.info("subscribed to %s", ", ".join(s.describe() for s in self._subs))
             if self.console is not None:
                 self._send_requests(self.console.on_connected())
             self.ready.set()
@@ -1065,15 +1146,27 @@ class QmfReceiver:
         if self._container is not None and not self._stopped:
             self._container.schedule(self._tick_s, _Tick(self))
 
-    def _on_error(self, text: str, cond: Any, conn: Connection | None) -> None:
-        self.stats.last_error = text
+    def _on_error(
+        self, text: str, cond: Any, conn: Connection | None, from_broker: bool = False
+    ) -> None:
+        """One line per trouble, in the broker's own words when it gave any.
+
+        The broker's condition (connection close, session end, link detach) is
+        kept as the cause of this connection's loss: the transport error that
+        follows it (often just ``connection aborted``) is logged at info level
+        only. Refusals that would come again on retry are fatal.
+        """
         name = getattr(cond, "name", None)
+        current = conn is None or self._is_current(conn)
+        if from_broker and current and self._cause is None:
+            self._cause = text
+        self.stats.last_error = self._cause if current and self._cause is not None else text
+        urls = ", ".join(self.config.broker.urls)
         if name in FATAL_CONDITIONS or (
             name is not None
             and "SSL" in str(getattr(cond, "description", ""))
             and "certificate verify failed" in str(getattr(cond, "description", ""))
         ):
-            urls = ", ".join(self.config.broker.urls)
             self._fatal = text if urls in text else f"{text} [{urls}]"
             if name == "amqp:unauthorized-access":
                 self._fatal += (
@@ -1081,7 +1174,16 @@ class QmfReceiver:
                     "check QMF_BROKER_USER/QMF_BROKER_PASSWORD, --credentials-file or the URL"
                 )
             return
-        log.warning("%s", text)
+        if from_broker and name in REFUSAL_CONDITIONS and current:
+            self._fatal = (
+                f"{text} [{urls}]; not retried, the broker would refuse it again: "
+                f"{REFUSAL_HINTS.get(str(name), 'see the broker log')}"
+            )
+            return
+        if from_broker or self._cause is None or not current:
+            log.warning("%s", text)
+        else:
+            log.info("then %s", text)
         if conn is not None and self._is_current(conn) and conn.state & Endpoint.LOCAL_ACTIVE:
             conn.close()  # a refused link: drop the connection and retry the whole set
 
@@ -1121,7 +1223,10 @@ class QmfReceiver:
             self.config.backoff_initial_s * (2 ** max(0, self._attempts - 1)),
         )
         self._url_index += 1
-        log.warning("disconnected (%s); reconnecting in %.1f s", self.stats.last_error, delay)
+        why = self._cause or self.stats.last_error
+        if self._links_open < len(self._subs) and self._cause is None:
+            why = f"{why}; {self._links_open} of {len(self._subs)} links were attached"
+        log.warning("disconnected (%s); reconnecting in %.1f s", why, delay)
         self._reconnect_at = time.monotonic() + delay
 
     def _shutdown(self) -> None:

@@ -5,6 +5,8 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+import pytest
+
 from pipeline.commands.run import _receiver_options, register
 from receivers.receiver import config_from_options
 
@@ -73,3 +75,42 @@ def test_closing_summary_decodes_bronze_up_to_a_bound(tmp_path: Path, shared_dir
     assert skipped["bronze_rows"] == 863
     assert skipped["records_by_opcode"] is None
     assert "over --summary-rows 862" in skipped["summary_skipped"]
+
+
+def test_bind_reaches_the_embedded_receiver(tmp_path: Path) -> None:
+    """`qmf run --bind` subscribes like `qmf receive --bind`: with a broker of yours
+    instead of the preset's defaults, on the local node instead of the durable queue."""
+    args = _args("--url", "amqp://qpidd.example:5672", "--preset", "qpidd", "--no-sim",
+                 "--bind", "qpid.management:#", "--bind", "qmf.default.topic:agent.ind.#,"
+                 "qmf.default.topic:agent.ind.heartbeat.#")  # fmt: skip
+    opts = _receiver_options(args, args.url, tmp_path / "wants")
+    cfg = config_from_options(opts)
+    assert cfg.queue is None
+    assert cfg.bindings == (
+        ("qpid.management", "#"),
+        ("qmf.default.topic", "agent.ind.#"),
+        ("qmf.default.topic", "agent.ind.heartbeat.#"),
+    )
+    assert [(s.address, s.binding_key) for s in cfg.subscriptions()] == [
+        ("qpid.management", "#"),
+        ("qmf.default.topic", "agent.ind.#"),
+        ("qmf.default.topic", "agent.ind.heartbeat.#"),
+    ]
+    local = _args("--bind", "qpid.management:mgmt.#")
+    opts = _receiver_options(local, "amqp://127.0.0.1:35672", tmp_path / "wants")
+    assert opts == {"url": "amqp://127.0.0.1:35672", "preset": "rabbitmq",
+                    "bind": "qpid.management:mgmt.#"}  # fmt: skip
+    assert [s.address for s in config_from_options(opts).subscriptions()] == [
+        "/exchange/qpid.management/mgmt.#"
+    ]
+
+
+def test_a_bad_bind_stops_qmf_run_before_anything_starts(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from pipeline.commands.run import run
+
+    args = _args("--data", str(tmp_path / "data"), "--bind", "qpid.management:", "--no-sim")
+    assert run(args) == 2
+    assert "binding 'qpid.management:' must be EXCHANGE:KEY" in capsys.readouterr().err
+    assert not (tmp_path / "data").exists()

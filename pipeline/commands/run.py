@@ -50,6 +50,9 @@ def register(subparsers: Any) -> None:
                    help="seconds the agents publish (0: until Ctrl-C)")
     p.add_argument("--preset", choices=("rabbitmq", "qpidd"), default="rabbitmq",
                    help="receiver addressing: RabbitMQ's AMQP 1.0 plugin or a real qpidd")
+    p.add_argument("--bind", action="append", default=[], metavar="EXCHANGE:KEY",
+                   help="subscribe with this binding (repeatable, as in qmf receive) instead of "
+                        "the durable queue (local node) or the preset's default bindings (--url)")
     p.add_argument("--no-sim", action="store_true", help="do not start simulated agents")
     tls = p.add_argument_group("broker TLS and credentials (with --url; as in qmf receive)")
     tls.add_argument("--ca-file", help="CA certificate(s) to trust (amqps)")
@@ -99,7 +102,10 @@ def _sim_command(args: argparse.Namespace, url: str, manifest: Path) -> list[str
 def _receiver_options(args: argparse.Namespace, url: str, wants: Path) -> dict[str, str]:
     """Options of the source's embedded receiver (see receivers.receiver.config_from_options)."""
     opts = {"url": url, "preset": args.preset}
-    if not args.url:
+    bindings = [b.strip() for text in args.bind for b in text.split(",") if b.strip()]
+    if bindings:
+        opts["bind"] = ",".join(bindings)  # temporary subscriptions, as qmf receive --bind
+    elif not args.url:
         opts["queue"] = args.queue  # declared on the local node above
     if args.console:
         opts.update({"console": "true", "consoleDialect": args.console, "consoleWants": str(wants)})
@@ -255,8 +261,15 @@ def run(args: argparse.Namespace) -> int:
     from pipeline.silver import SilverSettings, start_silver
     from pipeline.spark import get_spark
     from pipeline.transforms.gold import LivenessRules
+    from receivers.config import ConfigError
+    from receivers.receiver import config_from_options
 
     data = Path(args.data).resolve()
+    try:  # bad --bind, --preset or TLS files: say so before starting anything
+        config_from_options(_receiver_options(args, args.url or "amqp://127.0.0.1", Path("w")))
+    except (ConfigError, ValueError) as exc:
+        print(f"qmf run: {exc}", file=sys.stderr)
+        return 2
     landing, table, checkpoint = data / "landing", data / "bronze", data / "checkpoints" / "bronze"
     for d in (landing, checkpoint.parent):
         d.mkdir(parents=True, exist_ok=True)
