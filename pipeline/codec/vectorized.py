@@ -49,6 +49,7 @@ import numpy.typing as npt
 import pyarrow as pa
 
 from pipeline.codec import _kernels as K
+from pipeline.codec import _v2kernels as V
 from pipeline.codec.schema import KIND_TABLE, ClassSchema, Element, SchemaKey, SchemaRegistry
 from schemas.tables import CONTENT_QUARANTINE, OBJECT_SAMPLE_IDENTITY
 
@@ -210,6 +211,14 @@ class CompiledRegistry:
     ix_text: I64  # an index property's position in its class's text list, -1: not a text
     ix_el: I64  # its position among the class's elements
     ix_pos: I64  # its position in its class's typed list (``el_slot``)
+    # QMF v2 (``_v2kernels``): values arrive by name, so per element its name,
+    # class and position in its typed list, and a hash table (class, name) -> element.
+    el_lpos: I64
+    el_schema: I64
+    el_names: npt.NDArray[np.uint8]
+    el_name_off: I64
+    name_table: I64
+    hash16: npt.NDArray[np.bool_]  # the class key's hash is 16 bytes (v2 hashes are uuids)
     # package, class_name and schema_hash, one row per schema: records' columns are a take
     names_by_index: pa.RecordBatch | None = None
 
@@ -260,6 +269,10 @@ def _compact_tables_of(schemas: Sequence[ClassSchema], el_type: list[int]) -> di
     slots = [_SLOT_NUMBER[slot_kind(t)] for t in el_type]
     n_slots = np.zeros((max(len(schemas), 1), 3), np.int64)
     ix_off, ix_text, ix_el, ix_pos = [0], [], [], []
+    el_lpos: list[int] = []
+    el_schema: list[int] = []
+    el_names = bytearray()
+    el_name_off = [0]
     for k, s in enumerate(schemas):
         elements = (*s.properties, *s.statistics)
         list_pos: list[int] = []
@@ -267,6 +280,10 @@ def _compact_tables_of(schemas: Sequence[ClassSchema], el_type: list[int]) -> di
             j = _SLOT_NUMBER[slot_kind(e.type_code)]
             list_pos.append(int(n_slots[k, j]))
             n_slots[k, j] += 1
+            el_schema.append(k)
+            el_names += e.name.encode()
+            el_name_off.append(len(el_names))
+        el_lpos += list_pos
         for i, p in enumerate(s.properties):
             if p.index:
                 text = slot_kind(p.type_code) == SLOT_TEXTS
@@ -274,7 +291,19 @@ def _compact_tables_of(schemas: Sequence[ClassSchema], el_type: list[int]) -> di
                 ix_el.append(i)
                 ix_pos.append(list_pos[i])
         ix_off.append(len(ix_el))
+    names_arr = (
+        np.frombuffer(bytes(el_names), np.uint8).copy() if el_names else np.zeros(1, np.uint8)
+    )
+    name_off = np.array(el_name_off, np.int64)
+    schema_of = np.array(el_schema, np.int64)
+    size = 1 << max(4, (2 * len(el_schema)).bit_length())
     return {
+        "el_lpos": np.array(el_lpos or [0], np.int64),
+        "el_schema": schema_of,
+        "el_names": names_arr,
+        "el_name_off": name_off,
+        "name_table": V.name_table(names_arr, name_off, schema_of, size),
+        "hash16": np.array([len(s.key.hash) == 16 for s in schemas] or [False], np.bool_),
         "el_type": np.array(el_type or [0], np.int64),
         "el_slot": np.array(slots or [0], np.int8),
         "n_slots": n_slots,
@@ -394,7 +423,8 @@ class ContentResult:
     ``quarantine``: messages the codec could not decode fully (msg_key, reason, body).
     ``others``: (msg_key, record) of the non-content records, from the per-record path;
     ``other_index``: each one's position in its message (parallel to ``others``).
-    ``fast_messages`` / ``fallback_messages``: how each message was decoded.
+    ``fast_messages`` / ``fallback_messages``: how each message was decoded
+    (``v2_messages`` of the fast ones were QMF v2 data indications).
     """
 
     samples: dict[SchemaKey, pa.Table]
@@ -405,6 +435,7 @@ class ContentResult:
     fallback_reasons: dict[str, int] = field(default_factory=dict)
     other_index: list[int] = field(default_factory=list)
     table: pa.Table | None = None
+    v2_messages: int = 0  # QMF v2 data indications decoded by the v2 kernel (compact only)
 
     def class_tables(self) -> dict[SchemaKey, pa.Table]:
         """Object samples per class: ``samples``, or the compact ``table`` split by class."""
@@ -1028,14 +1059,14 @@ def _compact_all(ctx: _Ctx, rec: I64) -> tuple[dict[str, pa.Array] | None, npt.N
     k_nulls = int(n - np.count_nonzero(k_ok))
     key = _string(k_off, k_buf, _bitmap(k_ok) if k_nulls else None, k_nulls, check=False)
     if slow.any():
-        key = _slow_index_keys(key, slow, rec, ints, floats, texts, comp)
+        key = _slow_index_keys(key, slow, schema_of, ints, floats, texts, comp)
     return {"index_key": key, SLOT_INTS: ints, SLOT_FLOATS: floats, SLOT_TEXTS: texts}, failed
 
 
 def _slow_index_keys(
     key: pa.Array,
     slow: npt.NDArray[np.bool_],
-    rec: I64,
+    schema_of: I64,
     ints: pa.ListArray,
     floats: pa.ListArray,
     texts: pa.ListArray,
@@ -1045,7 +1076,7 @@ def _slow_index_keys(
     out = key.to_pylist()
     lists = (ints, floats, texts)
     for i in np.flatnonzero(slow).tolist():
-        k = int(rec[K.R_SCHEMA, i])
+        k = int(schema_of[i])
         parts: list[Any] = []
         for x in range(int(comp.ix_off[k]), int(comp.ix_off[k + 1])):
             e = int(comp.p_start[k]) + int(comp.ix_el[x])
@@ -1084,6 +1115,311 @@ def wide_to_compact(wide: pa.Table, schema: ClassSchema) -> pa.Table:
     cols[SLOT_FLOATS] = packed(lay.floats, pa.float64())
     cols[SLOT_TEXTS] = packed(lay.texts, pa.string())
     return pa.table(cols, schema=COMPACT_SCHEMA)
+
+
+# ------------------------------------------------------------ QMF v2 data indications
+#
+# QMF v2 ``_data`` indications (AMQP 0-10 ``amqp/list`` bodies, or AMQP 1.0
+# ``amqp-value`` lists marked ``x-qmf-body-encoding: amqp-1.0``) are decoded by
+# ``_v2kernels.v2_walk`` straight into the compact layout. Which messages are
+# such indications is read from the application properties by Arrow compute
+# (no Python per message); the values the kernel does not format (object
+# references, maps, unusual text encodings) are decoded by the codec once per
+# distinct encoding (``_v2_cell``). Messages the kernel refuses go whole to the
+# per-record path, like every other message it does not take.
+
+_V2_OPCODES = pa.array(["_data_indication", "_query_response"], pa.string())
+_V2_KEYS = (
+    b"_schema_id", b"_object_id", b"_update_ts", b"_create_ts", b"_delete_ts", b"_values",
+    b"_package_name", b"_class_name", b"_hash", b"_type",
+    b"_agent_name", b"_agent_epoch", b"_object_name", b"_event",
+)  # fmt: skip
+_V2_LITS = np.frombuffer(b"".join(_V2_KEYS), np.uint8).copy()
+_V2_LIT_OFF = np.array([0, *itertools.accumulate(map(len, _V2_KEYS))], np.int64)
+_BODY_ENCODING = "x-qmf-body-encoding"  # pipeline.codec.amqp10.BODY_ENCODING_PROPERTY
+_AMQP10 = "amqp-1.0"
+
+
+@dataclass
+class _V2Cands:
+    rows: I64  # batch rows of the v2 data indications
+    encs: I64  # their encodings (``_v2kernels.ENC_*``)
+    opcode: pa.Array  # per batch row: qmf.opcode
+    agent: pa.Array  # per batch row: qmf.agent
+
+
+def _v2_candidates(table: pa.Table, body: pa.Array) -> _V2Cands | None:
+    """The batch rows that are QMF v2 ``_data`` indications the kernel can read, or None."""
+    import pyarrow.compute as pc
+
+    if "application_properties" not in table.column_names:
+        return None
+    ap = table.column("application_properties")
+    if not pa.types.is_map(ap.type) or not pa.types.is_string(ap.type.key_type):
+        return None
+    ap = ap.combine_chunks() if ap.num_chunks != 1 else ap.chunk(0)
+    if ap.null_count == len(ap):
+        return None
+
+    def prop(key: str) -> pa.Array:
+        # the last value of a repeated key, as dict() of the pairs gives the codec
+        v = pc.map_lookup(ap, pa.scalar(key, ap.type.key_type), "last")
+        return v if pa.types.is_string(v.type) else v.cast(pa.string())
+
+    opcode = prop("qmf.opcode")
+    data = pc.fill_null(
+        pc.and_(pc.is_in(opcode, value_set=_V2_OPCODES), pc.equal(prop("qmf.content"), "_data")),
+        False,
+    )
+    if not pc.any(data).as_py():
+        return None
+    enc = prop(_BODY_ENCODING)
+    is10 = pc.fill_null(pc.equal(enc, _AMQP10), False)
+    ctype = (
+        table.column("content_type").combine_chunks().cast(pa.string())
+        if "content_type" in table.column_names
+        else pa.nulls(len(ap), pa.string())
+    )
+    is010 = pc.and_(pc.is_null(enc), pc.fill_null(pc.equal(ctype, "amqp/list"), False))
+    sel = pc.and_(pc.and_(data, pc.or_(is10, is010)), pc.is_valid(body))
+    rows = np.flatnonzero(np.asarray(sel.to_numpy(zero_copy_only=False), np.bool_))
+    if not len(rows):
+        return None
+    flag10 = np.asarray(is10.to_numpy(zero_copy_only=False), np.bool_)[rows]
+    encs = np.where(flag10, V.ENC_10, V.ENC_010).astype(np.int64)
+    return _V2Cands(rows.astype(np.int64), encs, opcode, prop("qmf.agent"))
+
+
+_V2_CACHE: dict[tuple[int, bytes], bytes | None] = {}
+_V2_FAIL: Any = object()
+
+
+def _v2_cell(raw: bytes, tag: int) -> Any:
+    """The text (UTF-8) of one encoded v2 value for QMF type ``tag >> 2`` (0: only check it).
+
+    ``tag & 3`` is the encoding. None for a null cell; ``_V2_FAIL`` when the
+    codec rejects the value (its message then goes per record). Cached:
+    an object's references and maps repeat in every sample.
+    """
+    key = (tag, raw)
+    hit = _V2_CACHE.get(key, _MISS)
+    if hit is not _MISS:
+        return hit
+    if len(_V2_CACHE) > _JSON_CACHE_MAX:
+        _V2_CACHE.clear()
+    t, enc = tag >> 2, tag & 3
+    out: Any
+    try:
+        if enc == V.ENC_010:
+            from pipeline.codec.types import AMQP_DECODERS
+
+            value, end = AMQP_DECODERS[raw[0]](raw, 1)
+            if end != len(raw):
+                raise ValueError("value size")
+        else:
+            from pipeline.codec import amqp10
+
+            value, _code = amqp10.decode(raw)
+        text = cell(t, value) if t else ""
+        out = None if text is None else str(text).encode("utf-8")
+    except Exception:
+        out = _V2_FAIL
+    _V2_CACHE[key] = out
+    return out
+
+
+def _v2_walk(body: pa.Array, comp: CompiledRegistry, rows: I64, encs: I64) -> tuple[Any, ...]:
+    data, offs = _body_buffers(body)
+    return (data, *V.v2_walk(
+        data, offs, rows, encs, comp.hash_hi, comp.hash_lo, comp.hash16, comp.names,
+        comp.name_off, comp.name_table, comp.el_names, comp.el_name_off, comp.el_schema,
+        comp.p_start, comp.el_slot, comp.el_type, comp.el_lpos, comp.n_slots,
+        _V2_LITS, _V2_LIT_OFF,
+    ))  # fmt: skip
+
+
+def _v2_decode(
+    table: pa.Table, body: pa.Array, comp: CompiledRegistry, msg_keys: pa.Array, c: _V2Cands
+) -> tuple[tuple[pa.Table, I64], set[int], dict[str, int]]:
+    """The v2 candidates' records as one compact table: (table and message rows, rows decoded,
+    refusals by reason)."""
+    failed: dict[str, int] = {}
+    rows, encs = c.rows, c.encs
+    for _attempt in range(2):
+        (data, rec, status, ints, i_ok, flts, f_ok, tkind, tpos, tlen, ttype, chk) = _v2_walk(
+            body, comp, rows, encs
+        )
+        texts_py, late = _v2_python_values(data, rec, rows, encs, tkind, tpos, tlen, ttype, chk)
+        if not late:
+            break
+        failed["v2: value rejected"] = failed.get("v2: value rejected", 0) + len(late)
+        keep = ~np.isin(rows, np.array(sorted(late), np.int64))
+        rows, encs = rows[keep], encs[keep]
+    else:  # pragma: no cover - the second walk only has messages whose values all passed
+        raise AssertionError("v2 values rejected twice")
+    bad = status != V.V_OK
+    for code in np.unique(status[bad]).tolist():
+        name = V.V_STATUS_NAMES[code]
+        failed[name] = failed.get(name, 0) + int(np.count_nonzero(status == code))
+    ok_rows = set(rows[~bad].tolist())
+    return (_v2_table(data, rec, comp, msg_keys, c, ints, i_ok, flts, f_ok, tkind, tpos, tlen,
+                      texts_py), rec[V.W_MSG]), ok_rows, failed  # fmt: skip
+
+
+def _v2_python_values(
+    data: npt.NDArray[np.uint8],
+    rec: I64,
+    rows: I64,
+    encs: I64,
+    tkind: npt.NDArray[np.int8],
+    tpos: I64,
+    tlen: I64,
+    ttype: I64,
+    chk: I64,
+) -> tuple[tuple[I64, I64, npt.NDArray[np.uint8]], set[int]]:
+    """Texts of the values left to the codec, one decode per distinct (type, encoding, bytes).
+
+    Returns ((text index per text slot or -1, text offsets, text bytes), batch
+    rows whose values the codec rejects). Slots whose text is null become
+    ``T_NULL``.
+    """
+    n_t = len(tkind)
+    cidx = np.full(n_t, -1, np.int64)
+    py = np.flatnonzero(tkind == V.T_PY)
+    n_chk = chk.shape[1]
+    if not len(py) and not n_chk:
+        return (cidx, np.zeros(1, np.int64), np.zeros(1, np.uint8)), set()
+    enc_by_row = np.zeros(int(rows.max()) + 1 if len(rows) else 1, np.int64)
+    enc_by_row[rows] = encs
+    msg = rec[V.W_MSG]
+    t_off = np.append(rec[V.W_TOFF], n_t)
+    t_rec = np.repeat(np.arange(rec.shape[1], dtype=np.int64), np.diff(t_off))
+    py_row = msg[t_rec[py]]
+    chk_row = rows[chk[2]]
+    pos = np.concatenate([tpos[py], chk[0]])
+    ln = np.concatenate([tlen[py], chk[1]])
+    tag = np.concatenate([ttype[py] * 4 + enc_by_row[py_row], enc_by_row[chk_row]])
+    row_of = np.concatenate([py_row, chk_row])
+    rep, inv = V.raw_groups(data, pos, ln, tag)
+    mv = memoryview(data)  # type: ignore[arg-type]
+    results = [
+        _v2_cell(mv[p : p + m].tobytes(), g)
+        for p, m, g in zip(pos[rep].tolist(), ln[rep].tolist(), tag[rep].tolist(), strict=True)
+    ]
+    bad = np.fromiter((r is _V2_FAIL for r in results), np.bool_, len(results))
+    if bad.any():
+        return (cidx, np.zeros(1, np.int64), np.zeros(1, np.uint8)), set(row_of[bad[inv]].tolist())
+    null = np.fromiter((r is None for r in results), np.bool_, len(results))
+    texts = [b"" if r is None else r for r in results]
+    c_off = np.fromiter(itertools.accumulate(map(len, texts), initial=0), np.int64, len(texts) + 1)
+    joined = b"".join(texts)
+    c_buf = np.frombuffer(joined, np.uint8) if joined else np.zeros(1, np.uint8)
+    g_py = inv[: len(py)]
+    cidx[py] = g_py
+    if null.any():
+        tkind[py[null[g_py]]] = V.T_NULL
+    return (cidx, c_off, c_buf), set()
+
+
+def _v2_table(
+    data: npt.NDArray[np.uint8],
+    rec: I64,
+    comp: CompiledRegistry,
+    msg_keys: pa.Array,
+    c: _V2Cands,
+    ints: I64,
+    i_ok: npt.NDArray[np.bool_],
+    flts: I64,
+    f_ok: npt.NDArray[np.bool_],
+    tkind: npt.NDArray[np.int8],
+    tpos: I64,
+    tlen: I64,
+    texts_py: tuple[I64, I64, npt.NDArray[np.uint8]],
+) -> pa.Table:
+    """The ``COMPACT_SCHEMA`` table of the v2 kernel's records (identity, index key, lists)."""
+    import pyarrow.compute as pc
+
+    n = rec.shape[1]
+    i32, i64 = pa.int32(), pa.int64()
+
+    def offsets(row: int, total: int) -> pa.Buffer:
+        return pa.py_buffer(np.append(rec[row], total).astype(np.int32))
+
+    def listed(off: pa.Buffer, v: npt.NDArray[Any], ok: npt.NDArray[np.bool_], t: pa.DataType) -> pa.Array:  # fmt: skip
+        nulls = int(ok.size - np.count_nonzero(ok))
+        child = pa.Array.from_buffers(
+            t, ok.size, [_bitmap(ok) if nulls else None, pa.py_buffer(v)], nulls
+        )
+        return pa.ListArray.from_buffers(pa.list_(t), n, [None, off], children=[child])
+
+    ints_a = listed(offsets(V.W_IOFF, len(ints)), ints, i_ok, i64)
+    floats_a = listed(offsets(V.W_FOFF, len(flts)), flts.view(np.float64), f_ok, pa.float64())
+    cidx, c_off, c_buf = texts_py
+    o, buf = V.v2_text_values(data, tkind, tpos, tlen, cidx, c_off, c_buf, K.hex_digits())
+    t_valid = tkind != V.T_NULL
+    t_nulls = int(t_valid.size - np.count_nonzero(t_valid))
+    checked = K.non_ascii(buf)
+    t_arr = _string(o, buf, _bitmap(t_valid) if t_nulls else None, t_nulls, check=checked)
+    texts_a = pa.ListArray.from_buffers(
+        pa.list_(pa.string()), n, [None, offsets(V.W_TOFF, len(tkind))], children=[t_arr]
+    )
+    ta_off, ta_buf = _string_buffers(t_arr) if checked else (o, buf)
+    schema_of = np.ascontiguousarray(rec[V.W_SCHEMA])
+    k_off, k_buf, k_ok, slow = K.index_keys(
+        schema_of, np.ascontiguousarray(rec[V.W_TOFF]), ta_off, ta_buf, t_valid,
+        comp.ix_off, comp.ix_text,
+    )  # fmt: skip
+    k_nulls = int(n - np.count_nonzero(k_ok))
+    key = _string(k_off, k_buf, _bitmap(k_ok) if k_nulls else None, k_nulls, check=False)
+    if slow.any():
+        key = _slow_index_keys(key, slow, schema_of, ints_a, floats_a, texts_a, comp)
+
+    def text(pos_row: int, len_row: int, empty_if: I64) -> pa.Array:
+        so, sb, ok = V.gather_texts(
+            data, np.ascontiguousarray(rec[pos_row]), np.ascontiguousarray(rec[len_row]), empty_if
+        )
+        nulls = int(n - np.count_nonzero(ok))
+        return _string(so, sb, _bitmap(ok) if nulls else None, nulls)
+
+    has_oid = np.ascontiguousarray(rec[V.W_HAS_OID])
+    agent_name = text(V.W_AN_POS, V.W_AN_LEN, np.zeros(n, np.int64))
+    object_name = text(V.W_ON_POS, V.W_ON_LEN, has_oid)
+    take = _indices(rec[V.W_MSG])
+    header = c.agent.take(take)
+    agent = pc.if_else(pc.fill_null(pc.not_equal(header, ""), False), header, agent_name)
+    epoch_ok = rec[V.W_EPOCH_OK] != 0
+    e_nulls = int(n - np.count_nonzero(epoch_ok))
+    cols: dict[str, Any] = {
+        "msg_key": msg_keys.take(take),
+        "record_index": _prim(rec[V.W_IDX].astype(np.int32), i32, None, 0),
+        "dialect": _const_str("V2", n),
+        "opcode": c.opcode.take(take),
+        "seq": _prim(np.zeros(n, np.int64), i64, None, 0),
+        "agent": agent,
+        **_class_columns(comp, schema_of),
+        "update_ns": _prim(np.ascontiguousarray(rec[V.W_UPDATE]), i64, None, 0),
+        "create_ns": _prim(np.ascontiguousarray(rec[V.W_CREATE]), i64, None, 0),
+        "delete_ns": _prim(np.ascontiguousarray(rec[V.W_DELETE]), i64, None, 0),
+        "boot_seq": pa.nulls(n, i32),
+        "bank": pa.nulls(n, i32),
+        "flags": pa.nulls(n, pa.int8()),
+        "epoch": _prim(
+            np.ascontiguousarray(rec[V.W_EPOCH]),
+            i64,
+            _bitmap(epoch_ok) if e_nulls else None,
+            e_nulls,
+        ),
+        "broker_bank": pa.nulls(n, i32),
+        "agent_bank": pa.nulls(n, i32),
+        "object_num": pa.nulls(n, i64),
+        "agent_name": agent_name,
+        "object_name": object_name,
+        "index_key": key,
+        SLOT_INTS: ints_a,
+        SLOT_FLOATS: floats_a,
+        SLOT_TEXTS: texts_a,
+    }
+    return pa.Table.from_arrays([cols[name] for name in _COMPACT_NAMES], schema=COMPACT_SCHEMA)
 
 
 # ------------------------------------------------------------ per-record path
@@ -1199,9 +1535,24 @@ def decode_content(
         set(np.flatnonzero(w.status != K.ST_OK).tolist()) if w.status.any() else set()
     )
     reasons: dict[str, int] = {}
+    v2_part: tuple[pa.Table, I64] | None = None
+    v2_ok: set[int] = set()
+    if compact and fallback:
+        cands = _v2_candidates(table, body)
+        if cands is not None:
+            v2_part, v2_ok, v2_failed = _v2_decode(table, body, comp, msg_keys, cands)
+            fallback -= v2_ok
+            for name, count in v2_failed.items():
+                reasons[name] = reasons.get(name, 0) + count
     for m in fallback:
+        if m in v2_ok:
+            continue
         name = K.STATUS_NAMES[int(w.status[m])]
         reasons[name] = reasons.get(name, 0) + 1
+    if v2_part is not None and v2_failed:  # v2 failures were counted by their own reasons
+        reasons["not AM1/AM2"] -= sum(v2_failed.values())
+        if not reasons["not AM1/AM2"]:
+            del reasons["not AM1/AM2"]
 
     # Build every class table; a container value the codec rejects sends its
     # message to the per-record path, and the build runs once more without it
@@ -1279,6 +1630,8 @@ def decode_content(
                     "body": raw,
                 }
             )
+    if v2_part is not None and v2_part[0].num_rows:
+        whole.append(v2_part)
     for sk, items in per_class.items():
         sch = registry.get(sk)
         assert sch is not None
@@ -1300,6 +1653,7 @@ def decode_content(
         fallback_messages=len(fallback),
         fallback_reasons=reasons,
         other_index=other_index,
+        v2_messages=len(v2_ok),
     )
 
 
