@@ -33,13 +33,25 @@ from dataclasses import dataclass
 from types import TracebackType
 from typing import Any
 
-from proton import Condition, Delivery, Endpoint, Event, Message, Sender
+from proton import Array, Condition, Data, Delivery, Described, Endpoint, Event, Message, Sender
 from proton.handlers import MessagingHandler
 from proton.reactor import Container
 
 from receivers.config import BrokerConfig
 
 APP_ID_PROPERTY = "x-amqp-0-10.app-id"
+# How a body that is not one data section travels (the receiver's flag on landed
+# messages, receivers.receiver.BODY_ENCODING_PROPERTY): "amqp-1.0" = the bytes are
+# the AMQP 1.0 encoding of one value, sent as an amqp-value section;
+# "amqp-value:string" = UTF-8 text sent as an amqp-value string.
+BODY_ENCODINGS = ("amqp-1.0", "amqp-value:string")
+# RabbitMQ 3.x's AMQP 1.0 plugin ends the session on an amqp-value section that
+# holds a list (its decoder takes the list for a composite type's fields). An
+# amqp-sequence section holding the same list reaches a proton consumer as the
+# same body (the receiver lands the same bytes, flagged the same), so towards
+# RabbitMQ list values go as amqp-sequence; towards qpidd as amqp-value, as
+# qpidd itself sends them.
+LIST_SECTIONS = ("amqp-value", "amqp-sequence")
 ADDRESS_TEMPLATES: dict[str, str] = {
     "rabbitmq": "/exchange/{exchange}",
     "qpidd": "{exchange}",
@@ -65,17 +77,69 @@ class OutMessage:
     ttl_s: float | None = None
     durable: bool = False
     exchange: str | None = None
+    # None: ``body`` is one data section; else one of BODY_ENCODINGS (amqp-value).
+    body_encoding: str | None = None
 
 
-def build_message(m: OutMessage) -> Message:
-    """The proton Message for ``m``: body as one data section, subject = routing key."""
+def amqp_value(raw: bytes) -> Any:
+    """The one AMQP 1.0 value ``raw`` encodes, as proton's Python types.
+
+    Sent as a message body it is encoded by proton again; for what proton itself
+    encoded (the receiver's landed bodies) that gives the same bytes back.
+    """
+    d = Data()
+    try:
+        used = d.decode(raw)
+    except Exception as exc:  # proton raises DataException with a terse code
+        raise ValueError(f"body is not one AMQP 1.0 value: {exc}") from exc
+    if used != len(raw):
+        raise ValueError(f"body is not one AMQP 1.0 value: {len(raw) - used} bytes after it")
+    d.rewind()
+    d.next()
+    return _owned(d.get_object())
+
+
+def _owned(v: Any) -> Any:
+    """``v`` with every binary copied out: proton hands out memoryviews into the
+    Data object's buffer, which is freed with it."""
+    if isinstance(v, memoryview):
+        return v.tobytes()
+    if isinstance(v, dict):
+        return type(v)((_owned(k), _owned(x)) for k, x in v.items())
+    if isinstance(v, list):
+        return [_owned(x) for x in v]
+    if isinstance(v, Described):
+        return Described(_owned(v.descriptor), _owned(v.value))
+    if isinstance(v, Array):
+        return Array(v.descriptor, v.type, *(_owned(x) for x in v.elements))
+    return v
+
+
+def build_message(m: OutMessage, list_section: str = "amqp-value") -> Message:
+    """The proton Message for ``m``: subject = routing key; the body one data section
+    or, with ``body_encoding``, an amqp-value section (as qpidd sends QMF v2 maps);
+    a list value goes as ``list_section`` (see LIST_SECTIONS)."""
+    if list_section not in LIST_SECTIONS:
+        raise ValueError(f"list_section must be one of {LIST_SECTIONS}, not {list_section!r}")
     props: dict[str, Any] = dict(m.application_properties or {})
     if m.app_id is not None:
         props[APP_ID_PROPERTY] = m.app_id
+    body: Any
+    if m.body_encoding is None:
+        body = bytes(m.body)
+    elif m.body_encoding == "amqp-1.0":
+        body = amqp_value(bytes(m.body))
+    elif m.body_encoding == "amqp-value:string":
+        body = bytes(m.body).decode("utf-8")
+    else:
+        raise ValueError(f"unknown body encoding {m.body_encoding!r} (one of {BODY_ENCODINGS})")
     msg = Message(
-        body=bytes(m.body),
+        body=body,
         subject=m.routing_key,
-        inferred=True,
+        # inferred: bytes go as a data section and lists as an amqp-sequence;
+        # otherwise everything is an amqp-value
+        inferred=m.body_encoding is None
+        or (list_section == "amqp-sequence" and isinstance(body, list)),
         durable=m.durable,
         properties=props or None,
     )
@@ -176,6 +240,7 @@ class Publisher:
         *,
         exchange: str = "qpid.management",
         address_template: str = ADDRESS_TEMPLATES["rabbitmq"],
+        list_section: str | None = None,
         window: int = 1000,
         timeout_s: float = 30.0,
         connect_timeout_s: float = 10.0,
@@ -189,6 +254,13 @@ class Publisher:
         )
         self.exchange = exchange
         self.address_template = address_template
+        # None: amqp-sequence for RabbitMQ addressing, amqp-value otherwise (LIST_SECTIONS)
+        if list_section is None:
+            rabbit = address_template.startswith("/exchange/")
+            list_section = "amqp-sequence" if rabbit else "amqp-value"
+        if list_section not in LIST_SECTIONS:
+            raise ValueError(f"list_section must be one of {LIST_SECTIONS}, not {list_section!r}")
+        self.list_section = list_section
         self.window = window
         self.timeout_s = timeout_s
         self.sent = 0
@@ -322,7 +394,7 @@ class Publisher:
     def publish_message(self, m: OutMessage) -> None:
         """Queue an :class:`OutMessage` (see :meth:`publish`)."""
         self._check()
-        self._pending[self._sender(m.exchange)].append(build_message(m))
+        self._pending[self._sender(m.exchange)].append(build_message(m, self.list_section))
         self._queued += 1
         self._send_pending()
         if self.unsettled >= self.window:

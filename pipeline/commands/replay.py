@@ -5,6 +5,11 @@ message is sent with ``subject = routing key``. The exchange is chosen per
 message by routing-key prefix (``--route PREFIX=EXCHANGE``, first match wins;
 by default ``agent.`` goes to ``qmf.default.topic``, as QMF v2 agents publish
 there), else ``--exchange``.
+
+A body the receiver landed AMQP 1.0 encoded (application property
+``x-qmf-body-encoding``: qpidd's QMF v2 maps and lists arrive as an amqp-value
+section) is sent as that amqp-value again, without the property: the receiver
+then lands the same bytes and sets the flag itself, as for the original.
 """
 
 from __future__ import annotations
@@ -17,8 +22,9 @@ from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
-from receivers.publisher import OutMessage
+from receivers.publisher import BODY_ENCODINGS, OutMessage
 
+BODY_ENCODING_PROPERTY = "x-qmf-body-encoding"  # receivers.receiver's flag on landed bodies
 DEFAULT_ROUTES: tuple[tuple[str, str], ...] = (("agent.", "qmf.default.topic"),)
 
 
@@ -56,6 +62,14 @@ def register(subparsers: Any) -> None:
         default="/exchange/{exchange}/{routing_key}",
         help="address for a 0-10 reply-to {exchange, routing_key} (qpidd: "
         "'{exchange}/{routing_key}')",
+    )
+    p.add_argument(
+        "--list-section",
+        choices=("auto", "amqp-value", "amqp-sequence"),
+        default="auto",
+        help="section for an AMQP 1.0 list body (qpidd's v2 data indications): amqp-value as "
+        "qpidd sends it, or amqp-sequence (RabbitMQ 3.x drops a session on an amqp-value list; "
+        "a consumer sees the same body); auto: amqp-sequence for /exchange/ addresses",
     )
     p.add_argument("--limit", type=int, default=None, help="publish at most N messages")
     p.add_argument("--rate", type=float, default=None, help="at most R messages/s")
@@ -107,10 +121,15 @@ def to_out_message(
     key = _routing_key(rec)
     target = next((ex for prefix, ex in routes if key.startswith(prefix)), exchange)
     ttl = props.get("ttl")
+    app_props = dict(rec.get("application_properties") or {})
+    encoding = app_props.pop(BODY_ENCODING_PROPERTY, None)
+    if encoding is not None and encoding not in BODY_ENCODINGS:
+        raise ValueError(f"unknown {BODY_ENCODING_PROPERTY} {encoding!r} on {key!r}")
     return OutMessage(
         routing_key=key,
         body=base64.b64decode(rec.get("body_base64") or ""),
-        application_properties=rec.get("application_properties") or None,
+        application_properties=app_props or None,
+        body_encoding=encoding,
         content_type=rec.get("content_type") or props.get("content_type"),
         app_id=props.get("app_id"),
         message_id=_id(props.get("message_id")),
@@ -151,6 +170,7 @@ def run(args: argparse.Namespace) -> int:
             cfg,
             exchange=args.exchange,
             address_template=args.address_template,
+            list_section=None if args.list_section == "auto" else args.list_section,
             window=args.window,
         ) as pub:
             for rec in read_capture(args.input):

@@ -221,3 +221,48 @@ def test_redelivery_flag_per_broker() -> None:
     assert [to_landed(m, 1).redelivered for m in (first, again, counted)] == [False, True, True]
     assert [to_landed(m, 1, first_acquirer_flag=False).redelivered
             for m in (first, again, counted)] == [False, False, True]  # fmt: skip
+
+
+@pytest.mark.parametrize("list_section", ["amqp-value", "amqp-sequence"])
+@pytest.mark.parametrize("sample", ["default-60s", "qmf1-qmf2-60s"])
+def test_replayed_amqp10_bodies_land_as_the_same_bytes(
+    shared_dir: str, sample: str, list_section: str
+) -> None:
+    """qpidd's QMF v2 amqp-value bodies, landed AMQP 1.0 encoded and flagged: replay
+    sends each as an amqp-value section again (flag not forwarded; a list as an
+    amqp-sequence towards RabbitMQ), and the receiver's mapping gives back the captured
+    bytes and the flag; data-section bodies stay data."""
+    path = Path(shared_dir) / "samples" / "qpidd-amqp10" / f"{sample}.jsonl"
+    recs = [json.loads(line) for line in path.read_text().splitlines()]
+    flagged = 0
+    for rec in recs:
+        out = to_out_message(rec)
+        encoding = rec["application_properties"].get(BODY_ENCODING_PROPERTY)
+        assert out.body_encoding == encoding
+        assert BODY_ENCODING_PROPERTY not in (out.application_properties or {})
+        msg = build_message(out, list_section)
+        is_list = encoding is not None and rec["content_type"] == "amqp/list"
+        assert msg.inferred is (encoding is None or (is_list and list_section == "amqp-sequence"))
+        wire = Message()
+        wire.decode(msg.encode())
+        got = to_landed(wire, received_at_us=1)
+        assert got.body == base64.b64decode(rec["body_base64"])
+        assert got.application_properties == {
+            k: str(v) for k, v in rec["application_properties"].items()
+        }
+        flagged += encoding == "amqp-1.0"
+    # both captures hold 523 v2 messages (amqp-value); the rest are data sections
+    assert (flagged, len(recs)) == (523, 618 if sample == "default-60s" else 1143)
+
+
+def test_a_body_that_is_not_one_amqp10_value_is_refused() -> None:
+    rec = {"routing_key": "agent.ind.data.x", "body_base64": base64.b64encode(b"\xd1\x00").decode(),
+           "application_properties": {BODY_ENCODING_PROPERTY: "amqp-1.0"}}  # fmt: skip
+    with pytest.raises(ValueError, match="not one AMQP 1.0 value"):
+        build_message(to_out_message(rec))
+    rec["body_base64"] = base64.b64encode(b"\x40\x40").decode()  # two nulls
+    with pytest.raises(ValueError, match="1 bytes after it"):
+        build_message(to_out_message(rec))
+    rec["application_properties"] = {BODY_ENCODING_PROPERTY: "amqp-7"}
+    with pytest.raises(ValueError, match="unknown x-qmf-body-encoding 'amqp-7'"):
+        to_out_message(rec)
