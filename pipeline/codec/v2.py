@@ -100,6 +100,9 @@ def _hash_bytes(v: Any) -> bytes:
         return v.bytes
     if isinstance(v, bytes) and len(v) == 16:
         return v
+    if isinstance(v, str):  # a binary hash that happened to be valid UTF-8 decodes as text
+        raw = v.encode("utf-8")
+        return raw if len(raw) == 16 else b""
     return b""
 
 
