@@ -1015,7 +1015,8 @@ def index_keys(
     Record i's texts start at ``text_start[i]`` in (``t_off``, ``t_buf``).
     Returns (offsets, bytes, valid, slow): null where the class has no index
     or a value is absent; ``slow`` where the key needs Python (a numeric index
-    property, or a value with a quote, backslash or control character).
+    property). Quotes, backslashes and control characters are escaped as
+    ``json.dumps(..., ensure_ascii=False)`` does (QMF v2 references are JSON text).
     """
     schema_of = _unowned(schema_of)
     text_start = _unowned(text_start)
@@ -1033,7 +1034,7 @@ def index_keys(
             s = ix_text[x]
             if s >= 0:
                 e = text_start[i] + s
-                cap += t_off[e + 1] - t_off[e] + 3
+                cap += 6 * (t_off[e + 1] - t_off[e]) + 3  # every byte escaped at worst
     buf = np.empty(cap, dtype=np.uint8)
     offsets = np.empty(n + 1, dtype=np.int32)
     ok = np.zeros(n, dtype=np.bool_)
@@ -1055,7 +1056,6 @@ def index_keys(
                 good = False
                 break
         if good:
-            start = w
             buf[w] = 0x5B  # [
             w += 1
             for x in range(a, b):
@@ -1067,17 +1067,36 @@ def index_keys(
                 e = text_start[i] + ix_text[x]
                 for c in range(t_off[e], t_off[e + 1]):
                     ch = t_buf[c]
-                    if ch < 0x20 or ch == 0x22 or ch == 0x5C:
-                        good = False
-                    buf[w] = ch
-                    w += 1
+                    if ch >= 0x20 and ch != 0x22 and ch != 0x5C:
+                        buf[w] = ch
+                        w += 1
+                        continue
+                    buf[w] = 0x5C  # backslash
+                    if ch == 0x22 or ch == 0x5C:
+                        buf[w + 1] = ch
+                    elif ch == 0x0A:
+                        buf[w + 1] = 0x6E  # n
+                    elif ch == 0x0D:
+                        buf[w + 1] = 0x72  # r
+                    elif ch == 0x09:
+                        buf[w + 1] = 0x74  # t
+                    elif ch == 0x08:
+                        buf[w + 1] = 0x62  # b
+                    elif ch == 0x0C:
+                        buf[w + 1] = 0x66  # f
+                    else:  # \u00XX, lowercase hex like json.dumps
+                        buf[w + 1] = 0x75
+                        buf[w + 2] = 0x30
+                        buf[w + 3] = 0x30
+                        buf[w + 4] = 0x30 + (ch >> 4)
+                        lo = ch & 15
+                        buf[w + 5] = (0x30 + lo) if lo < 10 else (0x57 + lo)
+                        w += 4
+                    w += 2
                 buf[w] = 0x22
                 w += 1
             buf[w] = 0x5D  # ]
             w += 1
-            if not good:
-                slow[i] = True
-                w = start
         ok[i] = good
         offsets[i + 1] = w
     return offsets, buf[:w], ok, slow

@@ -1497,6 +1497,7 @@ def decode_content(
     *,
     per_record: PerRecord | None = None,
     compact: bool = False,
+    v2_kernel: bool = True,
 ) -> ContentResult:
     """Decode the object samples of a batch of raw messages (see the module docstring).
 
@@ -1507,7 +1508,9 @@ def decode_content(
     schema responses met in fallback messages are added to ``registry``.
     ``per_record`` replaces the per-message decoder (tests, instrumentation).
     ``compact=True``: every class's table has ``COMPACT_SCHEMA`` (identity,
-    index key, typed value lists in slot order) instead of one column per element.
+    index key, typed value lists in slot order) instead of one column per element;
+    then QMF v2 data indications are decoded by the v2 kernel too, unless
+    ``v2_kernel=False`` (the per-record path for them: tests' and benchmarks' baseline).
     """
     table = batch if isinstance(batch, pa.Table) else pa.Table.from_batches([batch])
     names = table.column_names
@@ -1537,7 +1540,7 @@ def decode_content(
     reasons: dict[str, int] = {}
     v2_part: tuple[pa.Table, I64] | None = None
     v2_ok: set[int] = set()
-    if compact and fallback:
+    if compact and v2_kernel and fallback:
         cands = _v2_candidates(table, body)
         if cands is not None:
             v2_part, v2_ok, v2_failed = _v2_decode(table, body, comp, msg_keys, cands)
