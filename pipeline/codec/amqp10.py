@@ -372,21 +372,56 @@ class _Tables:
                 raise Malformed(off, f"{what} count {count} cannot fit in {end - p} bytes")
             result = Amqp10Map(code=own)
             codes, kcodes = result.codes, result.key_codes
+            value = self.value
+            binary_text = self.binary_text
+            key: Any
+            v: Any
             for _ in range(count // 2):
                 if p >= end:
                     raise Malformed(p, f"{what} entry overruns the map end at {end}")
-                key, kc, q = self.value(buf, p, "map key")
-                if q >= end:
-                    raise Malformed(p, f"{what} key overruns the map end at {end}")
+                # fast path: a str8 key wholly inside the map (QMF's keys); else the general one
+                kc = buf[p]
+                q = p + 2 + buf[p + 1] if kc == STR8 and p + 1 < end else end
+                if q < end:
+                    raw = buf[p + 2 : q]
+                    try:
+                        key = raw.decode("utf-8")
+                    except UnicodeDecodeError:
+                        key = raw
+                else:
+                    key, kc, q = value(buf, p, "map key")
+                    if q >= end:
+                        raise Malformed(p, f"{what} key overruns the map end at {end}")
                 try:
                     dup = key in kcodes
                 except TypeError as exc:  # a list or map as a key
                     raise Malformed(p, f"{what} key of type {type(key).__name__}") from exc
                 if dup:
                     raise Malformed(p, f"duplicate map key {key!r}")
-                v, vc, r = self.value(buf, q, "map value")
+                # fast paths for the common values, when wholly inside the map
+                vc = buf[q]
+                simple = _SIMPLE.get(vc)
+                r = end + 1
+                if simple is not None:
+                    unpack, width = simple
+                    r = q + 1 + width
+                    if r <= end:
+                        v = unpack(buf, q + 1)[0]
+                elif vc in _CONSTS:
+                    v, r = _CONSTS[vc], q + 1
+                elif (vc == VBIN8 or vc == STR8) and q + 1 < end:
+                    r = q + 2 + buf[q + 1]
+                    if r <= end:
+                        v = buf[q + 2 : r]
+                        if vc == STR8 or binary_text:
+                            try:
+                                v = v.decode("utf-8")
+                            except UnicodeDecodeError:
+                                pass
                 if r > end:
-                    raise Malformed(q, f"{what} value overruns the map end at {end}")
+                    v, vc, r = value(buf, q, "map value")
+                    if r > end:
+                        raise Malformed(q, f"{what} value overruns the map end at {end}")
                 result[key] = v
                 kcodes[key] = kc
                 codes[key] = vc
@@ -495,6 +530,16 @@ class _Tables:
 def _const_list(buf: bytes, off: int) -> tuple[Any, int]:
     return Amqp10List((), (), LIST0), off
 
+
+# Values the map decoder reads inline (fixed width, no validation needed), and constants.
+_SIMPLE: dict[int, tuple[Callable[[bytes, int], tuple[Any, ...]], int]] = {
+    UBYTE: (U8.unpack_from, 1), USHORT: (U16.unpack_from, 2), UINT: (U32.unpack_from, 4),
+    SMALLUINT: (U8.unpack_from, 1), ULONG: (U64.unpack_from, 8), SMALLULONG: (U8.unpack_from, 1),
+    BYTE: (I8.unpack_from, 1), SHORT: (I16.unpack_from, 2), INT: (I32.unpack_from, 4),
+    SMALLINT: (I8.unpack_from, 1), LONG: (I64.unpack_from, 8), SMALLLONG: (I8.unpack_from, 1),
+    DOUBLE: (F64.unpack_from, 8), TIMESTAMP: (I64.unpack_from, 8),
+}  # fmt: skip
+_CONSTS: dict[int, Any] = {NULL: None, TRUE: True, FALSE: False, UINT0: 0, ULONG0: 0}
 
 # Fixed widths in octets (variable-width and compound codes are absent).
 FIXED_WIDTH: dict[int, int] = {
