@@ -940,3 +940,31 @@ def test_batch_decode_gives_the_same_tables_from_both_encodings(
         assert sum(t.num_rows for t in a.samples.values()) == n_samples
         assert all(a.samples[k].equals(b.samples[k]) for k in a.samples)
     assert len(a.others) == n_others and [r for _, r in a.others] == [r for _, r in b.others]
+
+
+def test_prefixes_and_byte_flips_of_a_real_body_are_errors_or_exact(shared_dir: str) -> None:
+    """A real qpidd data indication (maps of str8 keys: the decoder's inline path): every
+    strict prefix is a codec error; every one-byte change decodes to something that
+    re-encodes to exactly the changed bytes, or is a codec error."""
+    body = next(
+        m.body
+        for m in read_capture(os.path.join(samples_dir(shared_dir), "default-60s.jsonl"))
+        if m.application_properties.get("qmf.content") == "_data"
+    )
+    for n in range(len(body)):
+        with pytest.raises(CodecError):
+            A.decode(body[:n])
+    outcomes: collections.Counter[str] = collections.Counter()
+    for i in range(len(body)):
+        for delta in (1, 0x80):
+            changed = bytearray(body)
+            changed[i] = (changed[i] + delta) & 0xFF
+            try:
+                value, code = A.decode(bytes(changed))
+            except CodecError:
+                outcomes["error"] += 1
+                continue
+            assert A.encode(value, code) == bytes(changed)
+            outcomes["exact"] += 1
+    assert sum(outcomes.values()) == 2 * len(body) and outcomes["error"] > 0
+    assert outcomes["exact"] > 0
