@@ -248,12 +248,11 @@ def _dec_uuid(buf: bytes, off: int) -> tuple[Any, int]:
     return uuid.UUID(bytes=buf[off:end]), end
 
 
-def _var(size_st: struct.Struct, what: str, mode: str) -> Decoder:
-    """Size-prefixed bytes. mode "text": UTF-8 text, else bytes (exact re-encoding);
-    "utf8-or-bytes" is the same; "bytes": always bytes."""
+def _var(size_st: struct.Struct, what: str, as_text: bool) -> Decoder:
+    """Size-prefixed bytes; ``as_text``: UTF-8 text when valid, else the bytes (so
+    re-encoding stays exact), as the 0-10 decoder reads vbin and str values."""
     ssize = size_st.size
     unpack = size_st.unpack_from
-    as_text = mode != "bytes"
 
     def dec(buf: bytes, off: int) -> tuple[Any, int]:
         p = off + ssize
@@ -479,7 +478,6 @@ class _Tables:
         return dec
 
     def build(self) -> dict[int, Decoder]:
-        bmode = "text" if self.binary_text else "bytes"
         t = self.table
         t.update(
             {
@@ -509,10 +507,10 @@ class _Tables:
                 CHAR: _dec_char,
                 TIMESTAMP: _fixed(I64, "timestamp"),
                 UUID: _dec_uuid,
-                VBIN8: _var(U8, "vbin8", bmode),
-                VBIN32: _var(U32, "vbin32", bmode),
-                STR8: _var(U8, "str8-utf8", "text"),
-                STR32: _var(U32, "str32-utf8", "text"),
+                VBIN8: _var(U8, "vbin8", self.binary_text),
+                VBIN32: _var(U32, "vbin32", self.binary_text),
+                STR8: _var(U8, "str8-utf8", True),
+                STR32: _var(U32, "str32-utf8", True),
                 SYM8: _dec_symbol(U8, "sym8"),
                 SYM32: _dec_symbol(U32, "sym32"),
                 LIST0: _const_list,
