@@ -250,7 +250,7 @@ def _as_text(value: Any) -> str | None:
     return str(value)
 
 
-def _body_bytes(body: Any) -> tuple[bytes, str | None]:
+def landed_body(body: Any) -> tuple[bytes, str | None]:
     """(bytes, encoding flag): a data section as is; anything else AMQP 1.0 encoded."""
     if body is None:
         return b"", None
@@ -300,7 +300,7 @@ def to_landed(
     if type(body) is memoryview or type(body) is bytes:
         raw = bytes(body)
     else:
-        raw, encoding = _body_bytes(body)
+        raw, encoding = landed_body(body)
         if encoding is not None:
             props[BODY_ENCODING_PROPERTY] = encoding
     # RabbitMQ flags a redelivery with first-acquirer false (delivery-count stays

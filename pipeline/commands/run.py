@@ -68,7 +68,11 @@ def register(subparsers: Any) -> None:
     p.add_argument("--console", choices=("AM1", "AM2"), default=None,
                    help="the receiver also acts as a QMF v1 console in this dialect (asks for "
                         "schemas broadcast before it started; AM2 for a real qpidd)")
-    p.add_argument("--dialect", choices=("am1", "am2", "v2"), default="am1")
+    p.add_argument("--dialect", choices=("am1", "am2", "v2", "v2-amqp10"), default="am1",
+                   help="simulated agents' dialect (v2-amqp10: QMF v2 as qpidd sends it over "
+                        "AMQP 1.0, amqp-value bodies)")
+    p.add_argument("--load-intervals", type=int, default=None, metavar="N",
+                   help="simulated load stops after N intervals; the agents keep heartbeating")
     p.add_argument("--agents", type=int, default=2)
     p.add_argument("--queues", type=int, default=50, help="queues per simulated agent")
     p.add_argument("--interval", type=int, default=1, help="agents' publish interval (s)")
@@ -96,7 +100,7 @@ def _sim_command(args: argparse.Namespace, url: str, manifest: Path) -> list[str
         "--url", url, "--dialect", args.dialect, "--agents", str(args.agents),
         "--queues", str(args.queues), "--interval", str(args.interval),
         "--intervals", str(intervals), "--realtime", "--durable", "--manifest", str(manifest),
-    ]  # fmt: skip
+    ] + ([] if args.load_intervals is None else ["--load-intervals", str(args.load_intervals)])  # fmt: skip
 
 
 def _receiver_options(args: argparse.Namespace, url: str, wants: Path) -> dict[str, str]:

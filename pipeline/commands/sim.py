@@ -30,7 +30,13 @@ def register(subparsers: Any) -> None:
     out.add_argument("--output", "-o", metavar="FILE", help="write a capture file (no broker)")
     out.add_argument("--url", help="broker URL (default: the project-local broker)")
     p.add_argument("--manifest", metavar="FILE", help="ground-truth manifest (JSON lines)")
-    p.add_argument("--dialect", choices=("am1", "am2", "v2"), default="am1")
+    p.add_argument(
+        "--dialect",
+        choices=("am1", "am2", "v2", "v2-amqp10"),
+        default="am1",
+        help="am1 (M3 notes), am2 (qpidd's QMF v1), v2 (QMF v2 as AMQP 0-10 maps), v2-amqp10 "
+        "(QMF v2 as qpidd's AMQP 1.0 module sends it: amqp-value bodies)",
+    )
     p.add_argument("--agents", type=int, default=1)
     p.add_argument("--queues", type=int, default=20, help="queues per agent (load: 10000+)")
     p.add_argument("--connections", type=int, default=4)
@@ -41,6 +47,14 @@ def register(subparsers: Any) -> None:
     p.add_argument("--transients", type=int, default=1, help="short-lived queues per interval")
     p.add_argument("--events", type=int, default=1, help="random events per interval")
     p.add_argument("--interval", type=int, default=1, help="publish interval (s)")
+    p.add_argument(
+        "--load-intervals",
+        type=int,
+        default=None,
+        metavar="N",
+        help="the load stops after N intervals: queues go quiet (not republished), "
+        "heartbeats go on (default: load throughout)",
+    )
     p.add_argument("--intervals", type=int, default=10, help="number of intervals (bound)")
     p.add_argument("--duration", type=float, default=None, help="wall-clock bound (s)")
     p.add_argument("--max-messages", type=int, default=None, help="message-count bound")
@@ -115,6 +129,7 @@ def run(args: argparse.Namespace) -> int:
         serve_s=args.serve,
         first_bank=args.first_bank,
         broker_key=not args.no_broker_key,
+        load_intervals=args.load_intervals,
     )
     try:
         cfg.validate()

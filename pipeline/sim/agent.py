@@ -94,6 +94,7 @@ class SimAgent:
         boot_seq: int = 1,
         first_bank: int = 1,
         broker_key: bool = True,
+        epoch_refs: bool = False,
     ) -> None:
         if dialect not in DIALECTS:
             raise ValueError(f"unknown dialect {dialect!r} (use {', '.join(DIALECTS)})")
@@ -111,6 +112,8 @@ class SimAgent:
         self.force_all = True  # publish everything at the next interval (boot, B, 'x')
         self.booted = False  # boot events (clientConnect) published
         self.send_schema = True
+        # v2 references carry the agent epoch too (qpidd's AMQP 1.0 module sends them so)
+        self.epoch_refs = epoch_refs
 
     # ------------------------------------------------------------------ identity
 
@@ -204,6 +207,8 @@ class SimAgent:
             if self.dialect == "v2":  # qpidd: a reference is a map holding the object name
                 obj = self.model.objects.get(v.object_num)
                 name = self.object_name(obj) if obj is not None else str(v.object_num)
+                if self.epoch_refs:
+                    return {"_agent_epoch": self.boot_seq, "_object_name": name}
                 return {"_object_name": name}
             return self.oid(v.object_num)
         return v

@@ -32,15 +32,15 @@ log = logging.getLogger(__name__)
 CREDIT = 64
 
 
-def _body(m: Message) -> bytes:
+def _body(m: Message) -> tuple[bytes, str | None]:
+    """The body as the receiver lands it: a data section as is, an amqp-value (a v2
+    console or agent over AMQP 1.0) AMQP 1.0 encoded with its ``x-qmf-body-encoding``."""
+    from receivers.receiver import landed_body
+
     b = m.body
-    if isinstance(b, memoryview | bytearray):
-        return bytes(b)
-    if isinstance(b, bytes):
-        return b
-    if isinstance(b, str):
-        return b.encode("utf-8")
-    raise TypeError(f"unexpected body type {type(b).__name__}")
+    if isinstance(b, memoryview | bytearray | bytes):
+        return bytes(b), None
+    return landed_body(b)
 
 
 @dataclass
@@ -70,11 +70,16 @@ class Received:
 
 
 def to_received(m: Message) -> Received:
+    from receivers.receiver import BODY_ENCODING_PROPERTY
+
     props: dict[str, Any] = dict(m.properties or {})
     app_id = props.pop(APP_ID_PROPERTY, None)
+    body, encoding = _body(m)
+    if encoding is not None:
+        props[BODY_ENCODING_PROPERTY] = encoding
     return Received(
         routing_key=m.subject,
-        body=_body(m),
+        body=body,
         content_type=m.content_type,
         application_properties=props,
         reply_to=m.reply_to,

@@ -13,6 +13,8 @@ from typing import Any
 from pipeline.codec.capture import CapturedMessage, iso_utc
 from receivers.publisher import OutMessage
 
+BODY_ENCODING_PROPERTY = "x-qmf-body-encoding"  # as the receiver flags an amqp-value body
+
 
 def captured(msg: OutMessage, received_ns: int) -> CapturedMessage:
     props: dict[str, Any] = {"content_length": len(msg.body), "routing_key": msg.routing_key}
@@ -24,13 +26,16 @@ def captured(msg: OutMessage, received_ns: int) -> CapturedMessage:
         props["content_type"] = msg.content_type
     if msg.ttl_s is not None:
         props["ttl"] = int(msg.ttl_s * 1000)
+    app_props = dict(msg.application_properties or {})
+    if msg.body_encoding is not None:  # what the receiver lands for an amqp-value body
+        app_props[BODY_ENCODING_PROPERTY] = msg.body_encoding
     return CapturedMessage(
         body=bytes(msg.body),
         routing_key=msg.routing_key,
         subject=msg.routing_key,
         content_type=msg.content_type,
         properties=props,
-        application_properties=dict(msg.application_properties or {}),
+        application_properties=app_props,
         received_at=iso_utc(datetime.fromtimestamp(received_ns // 1000 / 1e6, tz=UTC)),
     )
 

@@ -393,8 +393,13 @@ class SimBroker:
                     changed = True
         return changed
 
-    def advance(self, now_ns: int, dt_s: float) -> None:
-        """One publish interval of traffic ending at ``now_ns``."""
+    def advance(self, now_ns: int, dt_s: float, traffic: bool = True) -> None:
+        """One publish interval of traffic ending at ``now_ns``.
+
+        ``traffic=False``: the load has stopped; nothing moves but the
+        watermarks' reset, the broker's uptime and the memory figures (qpidd
+        republishes those two every interval too).
+        """
         rng = self.rng
         for num in self.exchanges.values():
             ex = self.objects[num]
@@ -404,6 +409,8 @@ class SimBroker:
             q = self.objects[num]
             if self._reset_watermarks(q):
                 q.stat_dirty = True
+            if not traffic:
+                continue
             if q.enq_rate > 0:
                 self._traffic(q, self._draw(q.enq_rate, dt_s), self._draw(q.deq_rate, dt_s))
             if rng.random() < self.load.watermark_prob:

@@ -15,6 +15,16 @@ random events fire, then the publication: schema broadcast if due, events,
 'c' for objects whose properties changed, 'i' for objects whose statistics
 changed (everything after a Broker Request or console-added signal), and the
 heartbeat. The manifest gets a line per record once its message went out.
+
+Like qpidd, an object is published in an interval only when something in it
+changed (a new or deleted object, a property or a statistic, a watermark
+reset); a quiet object is simply absent while its agent keeps heartbeating,
+and the manifest lists exactly what was published. ``load_intervals`` ends the
+load after that many intervals (no traffic, transients, consumer blips or
+random events): the queues go quiet and the run shows what a broker whose load
+stopped sends. Dialects: ``am1``, ``am2``, ``v2`` (AMQP 0-10 encoded maps, as
+qpidd over 0-10) and ``v2-amqp10`` (the same v2 records as qpidd's AMQP 1.0
+module sends them: amqp-value bodies, ``pipeline.sim.wire``).
 """
 
 from __future__ import annotations
@@ -32,13 +42,21 @@ from pipeline.qmfxml import ManagementSchema, default_schema
 from pipeline.sim.agent import Published, SimAgent, V2Requests
 from pipeline.sim.manifest import Manifest, jsonable, record_row
 from pipeline.sim.model import NS, EventSpec, LoadConfig, SimObject
-from pipeline.sim.wire import Packed, pack, reply_messages, v2_reply_messages
+from pipeline.sim.wire import BODY_ENCODING, Packed, pack, reply_messages, v2_reply_messages
 from receivers.publisher import OutMessage
 
 if TYPE_CHECKING:
     from pipeline.sim.amqp import Request
 
 MAX_INTERVALS = 1_000_000
+DIALECTS = ("am1", "am2", "v2", "v2-amqp10")
+# dialect -> (the agents' record dialect, body encoding of v2 messages)
+_DIALECT_PARTS: dict[str, tuple[str, str | None]] = {
+    "am1": ("am1", None),
+    "am2": ("am2", None),
+    "v2": ("v2", None),
+    "v2-amqp10": ("v2", BODY_ENCODING),
+}
 
 
 @dataclass
@@ -61,8 +79,23 @@ class SimConfig:
     serve_s: float = 0.0  # after the last interval, keep answering requests this long
     first_bank: int = 1  # agent bank of agent 0 (command key agent.<bank>)
     broker_key: bool = True  # agent 0 also answers the well-known key "broker"
+    load_intervals: int | None = None  # the load stops after this many intervals (None: never)
+
+    @property
+    def agent_dialect(self) -> str:
+        """The records' dialect: ``v2-amqp10`` agents are ``v2`` agents."""
+        return _DIALECT_PARTS[self.dialect][0]
+
+    @property
+    def body_encoding(self) -> str | None:
+        """``amqp-1.0`` when v2 bodies go as amqp-value sections (``v2-amqp10``)."""
+        return _DIALECT_PARTS[self.dialect][1]
 
     def validate(self) -> None:
+        if self.dialect not in DIALECTS:
+            raise ValueError(f"unknown dialect {self.dialect!r} (use {', '.join(DIALECTS)})")
+        if self.load_intervals is not None and self.load_intervals < 0:
+            raise ValueError("load_intervals >= 0")
         if self.agents < 1 or self.intervals < 0 or self.interval_s < 1 or self.batch < 1:
             raise ValueError("agents >= 1, intervals >= 0, interval_s >= 1, batch >= 1")
         if self.intervals > MAX_INTERVALS:
@@ -179,12 +212,13 @@ class Simulation:
         self.agents = [
             SimAgent(
                 i,
-                config.dialect,
+                config.agent_dialect,
                 self.schema,
                 config.load,
                 config.seed,
                 first_bank=config.first_bank,
                 broker_key=config.broker_key,
+                epoch_refs=config.body_encoding is not None,
             )
             for i in range(config.agents)
         ]
@@ -242,7 +276,11 @@ class Simulation:
     # ------------------------------------------------------------------ steps
 
     def _events_for(
-        self, agent: SimAgent, created: list[SimObject], interval_start: int
+        self,
+        agent: SimAgent,
+        created: list[SimObject],
+        interval_start: int,
+        random_events: bool = True,
     ) -> list[EventSpec]:
         specs: list[EventSpec] = []
         find = self.schema.find
@@ -290,7 +328,7 @@ class Simulation:
                 )
         rng = agent.rng
         queues = agent.model.queue_nums
-        for _ in range(agent.model.load.events_per_interval):
+        for _ in range(agent.model.load.events_per_interval if random_events else 0):
             if not queues:
                 break
             q = agent.model.objects[queues[rng.randrange(len(queues))]]
@@ -427,7 +465,10 @@ class Simulation:
     def _answer(self, agent: SimAgent, req: Request, now_ns: int) -> list[Packed]:
         if agent.dialect == "v2":
             replies = V2Requests(agent).handle(req.record, now_ns)
-            return v2_reply_messages(replies, req.reply_to, req.correlation_id, agent.v2_name)
+            return v2_reply_messages(
+                replies, req.reply_to, req.correlation_id, agent.v2_name,
+                self.registry, self.config.body_encoding,
+            )  # fmt: skip
         return reply_messages(agent.handle(req.record, now_ns), self.registry, req.reply_to)
 
     def _answer_error(self, agent: SimAgent, req: Request, exc: Exception) -> list[Packed]:
@@ -435,7 +476,10 @@ class Simulation:
         text = f"Exception: {type(exc).__name__}: {exc}"[:200]
         if agent.dialect == "v2":
             err = QmfException(dialect="V2", opcode="_exception", code=7, text=text, values={})
-            return v2_reply_messages([err], req.reply_to, req.correlation_id, agent.v2_name)
+            return v2_reply_messages(
+                [err], req.reply_to, req.correlation_id, agent.v2_name,
+                self.registry, self.config.body_encoding,
+            )  # fmt: skip
         z = agent.complete(req.record.seq, 7, text)
         return reply_messages([z], self.registry, req.reply_to)
 
@@ -482,15 +526,16 @@ class Simulation:
             elif not self.serve_requests(0.0, i):
                 break
             ok = True
+            loaded = cfg.load_intervals is None or i < cfg.load_intervals
             for agent in self.agents:
                 if (agent.index, i) in restarts:
                     self._restart(agent, t0 + interval_ns // 2, i)
                 else:
-                    agent.model.advance(t1, float(cfg.interval_s))
+                    agent.model.advance(t1, float(cfg.interval_s), traffic=loaded)
                 created: list[SimObject] = []
-                for _ in range(agent.model.load.transient_per_interval):
+                for _ in range(agent.model.load.transient_per_interval if loaded else 0):
                     created.extend(agent.model.transient_queue(t0, interval_ns))
-                events = self._events_for(agent, created, t0)
+                events = self._events_for(agent, created, t0, random_events=loaded)
                 pubs = self._publication(agent, t1, events)
                 packed = pack(
                     pubs,
@@ -498,6 +543,7 @@ class Simulation:
                     dialect=agent.dialect,
                     agent_name=agent.v2_name,
                     batch=cfg.batch,
+                    encoding=cfg.body_encoding,
                 )
                 ok = self._send(packed, i, agent, "publish")
                 if ok:

@@ -7,18 +7,31 @@ Consecutive records with the same routing key share one message, up to
 dialect's real sender puts on them: nothing for v1 (qpidd sets no
 content-type or app-id), and for v2 ``app-id qmf2``, ``qmf.opcode``,
 ``qmf.agent``, ``qmf.content`` and ``method`` application properties.
+
+The ``v2-amqp10`` dialect sends what qpidd's AMQP 1.0 module sends instead
+(read off ``../shared/samples/qpidd-amqp10``): the v2 list or map as one
+amqp-value section (``OutMessage.body`` holds its AMQP 1.0 encoding,
+``body_encoding="amqp-1.0"``), map keys as AMQP strings, every other string as
+binary, values typed by their schema element as qpidd's Variant carries them
+(uint64 -> ulong, uint32 -> uint, uint16 -> ushort, int32 -> int, absTime ->
+long, ...), the schema hash as a uuid, object ids and references as
+``{_agent_epoch: ulong, _object_name: binary}``, every map sorted by key, and no
+app-id (qpidd sets none on 1.0).
 """
 
 from __future__ import annotations
 
+import uuid
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from proton import Data, byte, float32, int32, short, ubyte, uint, ulong, ushort
+
 from pipeline.codec import v1
 from pipeline.codec.records import Event, Heartbeat, ObjectSample, Record
-from pipeline.codec.schema import Element, SchemaRegistry
-from pipeline.codec.types import qmf_types
+from pipeline.codec.schema import Element, SchemaKey, SchemaRegistry
+from pipeline.codec.types import TypedArray, TypedList, TypedMap, V2ObjectId, qmf_types
 from pipeline.sim.agent import Published
 from receivers.publisher import OutMessage
 
@@ -54,16 +67,222 @@ def decode_arguments(dialect: str, elems: Sequence[Element], raw: bytes) -> dict
     return out
 
 
+# --------------------------------------------------------------- AMQP 1.0 (qpidd's 1.0 module)
+
+BODY_ENCODING = "amqp-1.0"  # OutMessage.body_encoding of the v2-amqp10 dialect
+TEXT_CODES = frozenset({6, 7})  # sstr, lstr
+MAP_CODES = frozenset({15})
+LIST_CODES = frozenset({21, 22})
+# QMF element type code -> how qpidd's Variant of that element travels over AMQP 1.0
+_INT_TYPES: dict[int, Any] = {
+    1: ubyte, 2: ushort, 3: uint, 4: ulong, 9: ulong,  # unsigned, deltaTime
+    16: byte, 17: short, 18: int32, 19: int, 8: int,  # signed, absTime (int64 = long)
+}  # fmt: skip
+# AMQP 0-10 type code (a decoded v2 body's TypedMap codes) -> AMQP 1.0
+_CODE_INT_TYPES: dict[int, Any] = {
+    0x02: ubyte, 0x12: ushort, 0x22: uint, 0x32: ulong,
+    0x01: byte, 0x11: short, 0x21: int32, 0x31: int, 0x38: int,
+}  # fmt: skip
+_BINARY_CODES = frozenset({0x80, 0x84, 0x90, 0x94, 0xA0})  # vbin and latin strings: binary
+_UTF8_CODES = frozenset({0x85, 0x95})
+
+
+def _binary(v: Any) -> bytes:
+    return v.encode("utf-8") if isinstance(v, str) else bytes(v)
+
+
+def _ref(v: Any, epoch: int) -> dict[str, Any]:
+    """An object id or reference as qpidd's 1.0 module sends it: epoch and name."""
+    if isinstance(v, V2ObjectId):
+        name: Any = v.object_name
+        epoch = v.epoch if v.epoch is not None else epoch
+    else:
+        name = v.get("_object_name", "")
+        epoch = int(v.get("_agent_epoch", epoch))
+    return {"_agent_epoch": ulong(epoch), "_object_name": _binary(name)}
+
+
+def _plain(v: Any, epoch: int) -> Any:
+    """A value without a schema type (map entries, list items): as qpidd's Variant."""
+    if isinstance(v, TypedMap | TypedList | TypedArray):
+        return _coded(v, None, epoch)
+    if isinstance(v, V2ObjectId):
+        return _ref(v, epoch)
+    if isinstance(v, str):
+        return v.encode("utf-8")
+    if isinstance(v, Mapping):
+        return {str(k): _plain(v[k], epoch) for k in sorted(v, key=str)}
+    if isinstance(v, list | tuple):
+        return [_plain(x, epoch) for x in v]
+    return v  # bool, int (long), float (double), uuid, bytes, None
+
+
+def _coded(v: Any, code: int | None, epoch: int) -> Any:
+    """A value of a decoded AMQP 0-10 body (its wire type code known) in AMQP 1.0."""
+    if isinstance(v, TypedMap):
+        return {k: _coded(v[k], v.codes.get(k), epoch) for k in sorted(v)}
+    if isinstance(v, TypedList):
+        codes: list[int | None] = list(v.codes) if v.codes else [None] * len(v)
+        return [_coded(x, c, epoch) for x, c in zip(v, codes, strict=False)]
+    if isinstance(v, TypedArray):
+        return [_coded(x, v.code, epoch) for x in v]
+    if code in _CODE_INT_TYPES and isinstance(v, int) and not isinstance(v, bool):
+        return _in_range(_CODE_INT_TYPES[code], v)
+    if code in _BINARY_CODES and isinstance(v, str | bytes):
+        return _binary(v)
+    if code in _UTF8_CODES and isinstance(v, str):
+        return v
+    if code == 0x23 and isinstance(v, float):
+        return float32(v)
+    return _plain(v, epoch)
+
+
+def _in_range(kind: Any, v: int) -> Any:
+    """``kind(v)``, or a plain long if ``v`` does not fit (a simulated value out of range)."""
+    if kind is int:
+        return v
+    try:
+        return kind(v)
+    except (AssertionError, ValueError, OverflowError):
+        return v
+
+
+def _typed(v: Any, e: Element | None, epoch: int) -> Any:
+    """One element value, typed by its schema element as qpidd's agent types it."""
+    if e is None or v is None:
+        return _plain(v, epoch)
+    t = e.type_code
+    if t in _INT_TYPES and isinstance(v, int) and not isinstance(v, bool):
+        return _in_range(_INT_TYPES[t], v)
+    if t in TEXT_CODES and isinstance(v, str | bytes):
+        return _binary(v)
+    if t == 10 and isinstance(v, V2ObjectId | Mapping):
+        return _ref(v, epoch)
+    if t == 11:
+        return bool(v)
+    if t == 12 and isinstance(v, float | int):
+        return float32(v)
+    if t == 13 and isinstance(v, float | int):
+        return float(v)
+    if t == 14 and isinstance(v, str):
+        return uuid.UUID(v)
+    return _plain(v, epoch)
+
+
+def _typed_values(
+    values: Mapping[str, Any], elems: Sequence[Element], epoch: int
+) -> dict[str, Any]:
+    by_name = {e.name: e for e in elems}
+    return {k: _typed(values[k], by_name.get(k), epoch) for k in sorted(values)}
+
+
+def _schema_id(package: str, name: str, h: bytes, typ: str) -> dict[str, Any]:
+    out: dict[str, Any] = {"_class_name": _binary(name)}
+    if len(h) == 16:
+        out["_hash"] = uuid.UUID(bytes=h)
+    out["_package_name"] = _binary(package)
+    out["_type"] = _binary(typ)
+    return out
+
+
+def amqp10_body_of(r: Record, registry: SchemaRegistry, epoch: int = 1) -> Any:
+    """The AMQP 1.0 value (proton types) qpidd's 1.0 module sends for one v2 record."""
+    if isinstance(r, ObjectSample):
+        schema = registry.get(SchemaKey(r.package, r.class_name, r.schema_hash))
+        elems = () if schema is None else schema.properties + schema.statistics
+        oid = r.object_id if isinstance(r.object_id, V2ObjectId) else None
+        if oid is not None and oid.epoch is not None:
+            epoch = oid.epoch
+        body: dict[str, Any] = {
+            "_create_ts": ulong(r.create_ns),
+            "_delete_ts": ulong(r.delete_ns),
+        }
+        if oid is not None:
+            body["_object_id"] = _ref(oid, epoch)
+        body["_schema_id"] = _schema_id(r.package, r.class_name, r.schema_hash, "_data")
+        body["_update_ts"] = ulong(r.update_ns)
+        body["_values"] = _typed_values(r.values, elems, epoch)
+        return body
+    if isinstance(r, Event):
+        schema = registry.get(SchemaKey(r.package, r.event_name, r.schema_hash))
+        return {
+            "_schema_id": _schema_id(r.package, r.event_name, r.schema_hash, "_event"),
+            "_severity": ubyte(r.severity),
+            "_timestamp": ulong(r.timestamp_ns),
+            "_values": _typed_values(
+                r.arguments, () if schema is None else schema.arguments, epoch
+            ),
+        }
+    if isinstance(r, Heartbeat):
+        attrs = dict(r.attributes or {})
+        attrs.setdefault("_timestamp", r.timestamp_ns)
+        if r.agent is not None:
+            attrs.setdefault("_name", r.agent)
+        kinds = {"_epoch": ushort, "_heartbeat_interval": ushort, "_timestamp": ulong}
+        values = {
+            k: _in_range(kinds[k], attrs[k]) if k in kinds else _plain(attrs[k], epoch)
+            for k in sorted(attrs)
+        }
+        return {"_values": values}
+    from pipeline.codec import v2  # replies: the 0-10 body's wire types, carried over
+
+    return _coded(v2.v2_body_of(r), None, epoch)
+
+
+def amqp10_encode(value: Any) -> bytes:
+    """The AMQP 1.0 encoding of one value, as proton (and so the receiver) writes it."""
+    d = Data()
+    d.put_object(value)
+    return bytes(d.encode())
+
+
+def _v2_amqp10_message(
+    records: Sequence[Record], registry: SchemaRegistry, agent_name: str
+) -> tuple[bytes, str, dict[str, Any]]:
+    """(AMQP 1.0 body, content type, application properties) of a v2 message."""
+    from pipeline.codec import v2
+
+    enc = v2.encode_v2(records, agent=agent_name)  # properties and content type as over 0-10
+    first = records[0]
+    epoch = 1
+    oid = getattr(first, "object_id", None)
+    if isinstance(oid, V2ObjectId) and oid.epoch is not None:
+        epoch = oid.epoch
+    value: Any
+    if len(records) > 1 or isinstance(first, ObjectSample | Event):
+        value = [amqp10_body_of(r, registry, epoch) for r in records]  # one list of maps
+    else:  # a heartbeat or reply map, or a request/reply whose body is itself a list
+        value = amqp10_body_of(first, registry, epoch)
+    return amqp10_encode(value), enc.content_type, dict(enc.application_properties)
+
+
 def _v2_message(
-    agent_name: str, routing_key: str, records: Sequence[Record], exchange: str
+    agent_name: str,
+    routing_key: str,
+    records: Sequence[Record],
+    exchange: str,
+    registry: SchemaRegistry | None = None,
+    encoding: str | None = None,
 ) -> OutMessage:
     from pipeline.codec import v2
 
-    enc = v2.encode_v2(records, agent=agent_name)
     first = records[0]
     ttl: float | None = None
     if isinstance(first, Heartbeat):  # qpidd: ttl of about two heartbeat intervals
         ttl = 2.0 * max(1, int((first.attributes or {}).get("_heartbeat_interval", 1)))
+    if encoding == BODY_ENCODING:
+        assert registry is not None
+        body, ctype, props = _v2_amqp10_message(records, registry, agent_name)
+        return OutMessage(
+            routing_key=routing_key,
+            body=body,
+            application_properties=props,
+            content_type=ctype,
+            exchange=exchange,
+            ttl_s=ttl,
+            body_encoding=BODY_ENCODING,
+        )
+    enc = v2.encode_v2(records, agent=agent_name)
     return OutMessage(
         routing_key=routing_key,
         body=enc.body,
@@ -82,8 +301,12 @@ def pack(
     dialect: str,
     agent_name: str,
     batch: int,
+    encoding: str | None = None,
 ) -> list[Packed]:
-    """Group consecutive same-key records into messages of at most ``batch`` records."""
+    """Group consecutive same-key records into messages of at most ``batch`` records.
+
+    ``encoding="amqp-1.0"``: v2 bodies as qpidd's AMQP 1.0 module sends them.
+    """
     if batch < 1:
         raise ValueError("batch must be >= 1")
     default_ex = V2_EXCHANGE if dialect == "v2" else V1_EXCHANGE
@@ -104,7 +327,7 @@ def pack(
             j += 1
         recs = tuple(p.record for p in published[i:j])
         if dialect == "v2" and isinstance(recs[0], ObjectSample | Event | Heartbeat):
-            msg = _v2_message(agent_name, key, recs, ex)
+            msg = _v2_message(agent_name, key, recs, ex, registry, encoding)
         else:
             msg = OutMessage(routing_key=key, body=v1.encode_records(recs, registry), exchange=ex)
         out.append(Packed(msg, recs))
@@ -144,7 +367,12 @@ def reply_messages(
 
 
 def v2_reply_messages(
-    records: Sequence[Record], reply_to: str | None, correlation_id: Any, agent_name: str
+    records: Sequence[Record],
+    reply_to: str | None,
+    correlation_id: Any,
+    agent_name: str,
+    registry: SchemaRegistry | None = None,
+    encoding: str | None = None,
 ) -> list[Packed]:
     """A v2 reply: query results in one ``_query_response`` list, anything else one map each.
 
@@ -164,17 +392,24 @@ def v2_reply_messages(
             groups.append([r])
     out: list[Packed] = []
     for g in groups:
-        enc = v2.encode_v2(g, agent=agent_name)
-        props = dict(enc.application_properties)
+        if encoding == BODY_ENCODING:
+            assert registry is not None
+            body, ctype, props = _v2_amqp10_message(g, registry, agent_name)
+            app_id = None
+        else:
+            enc = v2.encode_v2(g, agent=agent_name)
+            body, ctype, props = enc.body, enc.content_type, dict(enc.application_properties)
+            app_id = "qmf2"
         props["method"] = "response" if g[0].opcode != "_exception" else "indication"
         msg = OutMessage(
             routing_key=key,
-            body=enc.body,
+            body=body,
             application_properties=props,
-            content_type=enc.content_type,
-            app_id="qmf2",
+            content_type=ctype,
+            app_id=app_id,
             correlation_id=correlation_id,
             exchange=ex,
+            body_encoding=encoding if encoding == BODY_ENCODING else None,
         )
         out.append(Packed(msg, tuple(g)))
     return out

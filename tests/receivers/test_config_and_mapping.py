@@ -258,7 +258,7 @@ def test_replayed_amqp10_bodies_land_as_the_same_bytes(
 def test_a_body_that_is_not_one_amqp10_value_is_refused() -> None:
     rec = {"routing_key": "agent.ind.data.x", "body_base64": base64.b64encode(b"\xd1\x00").decode(),
            "application_properties": {BODY_ENCODING_PROPERTY: "amqp-1.0"}}  # fmt: skip
-    with pytest.raises(ValueError, match="not one AMQP 1.0 value"):
+    with pytest.raises(ValueError, match=r"not one AMQP 1\.0 value"):
         build_message(to_out_message(rec))
     rec["body_base64"] = base64.b64encode(b"\x40\x40").decode()  # two nulls
     with pytest.raises(ValueError, match="1 bytes after it"):
