@@ -114,3 +114,13 @@ def test_a_bad_bind_stops_qmf_run_before_anything_starts(
     assert run(args) == 2
     assert "binding 'qpid.management:' must be EXCHANGE:KEY" in capsys.readouterr().err
     assert not (tmp_path / "data").exists()
+
+
+def test_dialect_and_load_intervals_reach_the_simulator(tmp_path: Path) -> None:
+    from pipeline.commands.run import _sim_command
+
+    args = _args("--dialect", "v2-amqp10", "--load-intervals", "30", "--duration", "60")
+    cmd = _sim_command(args, "amqp://h:1", tmp_path / "m.jsonl")
+    assert cmd[cmd.index("--dialect") + 1] == "v2-amqp10"
+    assert cmd[cmd.index("--load-intervals") + 1] == "30"
+    assert "--load-intervals" not in _sim_command(_args(), "amqp://h:1", tmp_path / "m.jsonl")

@@ -208,3 +208,40 @@ def test_receiver_fetches_schemas_an_agent_broadcast_before_it_started(
     assert ops["s"] == ops["q"] == len(q_keys)
     assert {k.package for k in q_keys} == console.packages_asked
     assert json.loads(out.read_text().splitlines()[0])["ready"] is True
+
+
+@pytest.mark.parametrize("sample", ["default-60s", "qmf1-qmf2-60s"])
+def test_console_on_real_qpidd_amqp10_traffic_knows_every_v2_schema(
+    shared_dir: str, sample: str
+) -> None:
+    """The qpidd preset's console against what a real qpidd answered (captured with
+    --console), QMF v1 off in the first sample: B, P, Q per package and S per class go
+    out, the 45 schema responses come back, the v2 amqp-value messages ask for nothing,
+    and every schema id in the v2 data and events is among the schemas fetched."""
+    from pipeline.codec.capture import read_capture
+    from receivers.publisher import amqp_value
+
+    c = ConsoleRole(ConsoleConfig(), "qpidd")
+    assert (c.reply_source, c.request_target) == ("amq.direct", "qpid.management")
+    sent = [b for _, b in c.on_connected()]
+    v2_keys: set[SchemaKey] = set()
+    v2_requests = 0
+    path = Path(shared_dir) / "samples" / "qpidd-amqp10" / f"{sample}.jsonl"
+    for m in read_capture(path):
+        props = {k: str(v) for k, v in m.application_properties.items()}
+        asked = c.observe(LandedMessage(m.body, m.routing_key, application_properties=props), 0.0)
+        sent += [b for _, b in asked]
+        if props.get("x-qmf-body-encoding") == "amqp-1.0":
+            v2_requests += len(asked)
+            value = amqp_value(m.body)
+            for item in value if isinstance(value, list) else [value]:
+                sid = item.get("_schema_id")
+                if sid is not None:
+                    v2_keys.add(SchemaKey(sid["_package_name"].decode(),
+                                          sid["_class_name"].decode(), sid["_hash"].bytes))  # fmt: skip
+    assert v2_requests == 0
+    assert c.sent == {"B": 1, "P": 1, "Q": 2, "S": 45}
+    assert c.replies == {"b": 1, "p": 2, "q": 45, "s": 45, "z": 3}
+    assert len(sent) == 49 and not c.asked
+    assert len(c.known) == 45 and len(v2_keys) == 20
+    assert v2_keys <= c.known
