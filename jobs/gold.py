@@ -45,9 +45,14 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--timeout", type=float, default=None,
                    help="seconds: run time for processingTime, upper bound for availableNow")
     p.add_argument("--min-interval", type=float, default=1.0, metavar="SECONDS",
-                   help="shorter intervals are skipped (the baseline stays)")
+                   help="shorter intervals are not made: the sample waits (the baseline stays) "
+                        "until a later one or the series goes quiet")
+    p.add_argument("--min-interval-jitter", type=float, default=0.1, metavar="SECONDS",
+                   help="the agents' publish jitter: intervals down to --min-interval minus "
+                        "this are kept")
     p.add_argument("--max-gap", type=float, default=300.0, metavar="SECONDS",
-                   help="longer intervals are resets (reason gap)")
+                   help="longer intervals of objects without a create time are resets "
+                        "(reason gap)")
     p.add_argument("--state-ttl", type=float, default=86400.0, metavar="SECONDS",
                    help="series idle this long (sample time) leave the rate state")
     p.add_argument("--missed-heartbeats", type=int, default=3)
@@ -77,7 +82,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         max_files_per_trigger=args.max_files_per_trigger,
         max_rows_per_trigger=args.max_rows_per_trigger or None,
         read_on_driver=not args.read_through_spark,
-        rates=RateRules(args.min_interval, args.max_gap, args.state_ttl),
+        rates=RateRules(args.min_interval, args.max_gap, args.state_ttl, args.min_interval_jitter),
         liveness=LivenessRules(args.missed_heartbeats, args.v1_agent, args.v1_interval),
     )
 

@@ -32,7 +32,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
-from schemas.gold import OBJECT_LIFECYCLES, STATISTIC_RATES
+from schemas.gold import AGENT_LIVENESS, OBJECT_LIFECYCLES, STATISTIC_RATES
 from schemas.silver import EVENTS
 
 NS = 1_000_000_000
@@ -50,6 +50,11 @@ EVENT_COLUMNS = (
 )  # fmt: skip
 EVENT_ID = ("partition", "offset", "record_index")
 LIFECYCLE_COLUMNS = ("agent", "object_id", "create_ns", "state", "last_seen_ns", "batch_id")
+LIVENESS_COLUMNS = ("agent", "up_start_ns", "last_heartbeat_ns", "heartbeats", "interval_s")
+# A counter's rate ages to 0 once its agent was seen this many publish cycles after the
+# rate's end without a newer sample of it: one cycle, plus half a cycle of tolerance
+# (for the agent's jitter and a cycle landing over two gold batches).
+QUIET_CYCLES = 1.5
 SEVERITIES = ("emerg", "alert", "crit", "error", "warn", "notice", "info", "debug")
 # AM2 index keys hold object references carrying the agent's epoch: blanked so a
 # queue's series survives a restart (as gold's series_key does).
@@ -258,6 +263,7 @@ class QueueRow:
     depth: float | None
     consumers: float | None
     end_ns: int
+    quiet: bool = False  # not republished for over a publish cycle: counters unchanged (0/s)
 
     def as_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -285,6 +291,10 @@ class LiveView:
         self.lifecycles_tail = DeltaTail(
             self.root / "gold" / "object_lifecycles", OBJECT_LIFECYCLES, LIFECYCLE_COLUMNS
         )
+        self.liveness_tail = DeltaTail(
+            self.root / "gold" / "agent_liveness", AGENT_LIVENESS, LIVENESS_COLUMNS
+        )
+        self._liveness = self.liveness_tail.schema.empty_table()
         self.latest = rate_schema.empty_table().append_column("series", pa.array([], pa.string()))
         self.events = self.events_tail.schema.empty_table()
         self._lifecycles = self.lifecycles_tail.schema.empty_table()
@@ -321,17 +331,67 @@ class LiveView:
                 both, ("agent", "object_id", "create_ns"), ("batch_id", "last_seen_ns")
             )
             self.ended = _ended(self._lifecycles)
+        beats = self.liveness_tail.read()
+        if beats is not None:
+            changed = True
+            both = beats.rows if beats.reset else pa.concat_tables([self._liveness, beats.rows])
+            self._liveness = _last_per_key(
+                both, ("agent", "up_start_ns"), ("last_heartbeat_ns", "heartbeats")
+            )
         return changed
+
+    @property
+    def versions(self) -> tuple[int | None, ...]:
+        """The versions read of every table the current rows depend on."""
+        return (self.rates_version, self.lifecycles_tail.version, self.liveness_tail.version)
+
+    def agents(self) -> dict[str, tuple[int, int]]:
+        """Per agent: (the latest time it was seen, its publish cycle), both in ns.
+
+        Seen: its latest heartbeat (gold ``agent_liveness``) or the latest sample of any
+        of its objects (the rates' ``end_ns``). Cycle: the spacing of its heartbeats over
+        its open up interval (the agent's own clock), else the interval it declares
+        (V2 ``_heartbeat_interval``), else the median length of its latest intervals.
+        """
+        seen: dict[str, int] = {}
+        cycle: dict[str, int] = {}
+        t = self.latest
+        if t.num_rows:
+            by = t.group_by("agent").aggregate([("end_ns", "max")])
+            seen.update(zip(by["agent"].to_pylist(), by["end_ns_max"].to_pylist(), strict=True))
+            ok = t.filter(pc.is_null(t.column("reset")))
+            length = pc.subtract(ok.column("end_ns"), ok.column("start_ns"))
+            med = pa.table({"agent": ok.column("agent"), "n": length}).group_by("agent").aggregate(
+                [("n", "approximate_median")]
+            )
+            for a, n in zip(med["agent"].to_pylist(), med["n_approximate_median"].to_pylist(), strict=True):
+                if n:
+                    cycle[a] = int(n)
+        newest = _last_per_key(self._liveness, ("agent",), ("up_start_ns",))
+        for r in newest.to_pylist():
+            a, last = r["agent"], r["last_heartbeat_ns"]
+            seen[a] = max(seen.get(a, last), last)
+            n = r["heartbeats"] or 0
+            if n >= 2:
+                cycle[a] = (last - r["up_start_ns"]) // (n - 1)
+            elif r["interval_s"]:
+                cycle[a] = int(r["interval_s"] * NS)
+        return {a: (s, cycle[a]) for a, s in seen.items() if a in cycle}
 
     def current(self) -> pa.Table:
         """The latest row per series and statistic, without objects that have ended
-        (deleted, or lost with their agent) by the lifecycle table."""
+        (deleted, or lost with their agent) by the lifecycle table, quiet counters at 0.
+
+        An agent that publishes on change (qpidd) leaves an object out of a cycle when
+        nothing in it changed: once the agent was seen more than ``QUIET_CYCLES`` publish
+        cycles after a counter's latest interval ended, that counter's rate is 0 (column
+        ``quiet`` true); gauges and other values keep their last value (unchanged)."""
         t = self.latest
-        if not self.ended or t.num_rows == 0:
-            return t
-        ids = _key(t, ("agent", "object_id"))
-        ended = {f"{a}\x1f{o}" for a, o in self.ended}
-        return t.filter(pa.array([i not in ended for i in ids]))
+        if self.ended and t.num_rows:
+            ids = _key(t, ("agent", "object_id"))
+            ended = {f"{a}\x1f{o}" for a, o in self.ended}
+            t = t.filter(pa.array([i not in ended for i in ids]))
+        return with_quiet(t, self.agents())
 
     def queues(self, sort: str = "enqueue", limit: int | None = None) -> list[QueueRow]:
         """Queues with their current enqueue/dequeue rates, depth and consumers."""
@@ -341,10 +401,12 @@ class LiveView:
         t = t.filter(pc.is_in(t.column("statistic"), wanted))
         by: dict[tuple[str, str, str], dict[str, Any]] = {}
         for r in t.to_pylist():
-            q = by.setdefault((r["agent"], r["package"], r["series"]), {"end_ns": -1})
+            q = by.setdefault((r["agent"], r["package"], r["series"]), {"end_ns": -1, "quiet": True})
             if r["end_ns"] > q["end_ns"]:
                 q.update(end_ns=r["end_ns"], object_id=r["object_id"], index_key=r["index_key"])
             q[r["statistic"]] = r["rate"] if r["kind"] == "counter" else r["value"]
+            if r["kind"] == "counter" and r["statistic"] in (ENQUEUES, DEQUEUES):
+                q["quiet"] = q["quiet"] and r["quiet"]
         rows = [
             QueueRow(
                 agent=agent,
@@ -357,6 +419,7 @@ class LiveView:
                 depth=q.get(DEPTH),
                 consumers=q.get(CONSUMERS),
                 end_ns=q["end_ns"],
+                quiet=q["quiet"] and (ENQUEUES in q or DEQUEUES in q),
             )
             for (agent, package, _series), q in by.items()
         ]
@@ -373,6 +436,30 @@ class LiveView:
         """The newest events first (event time, then delivery order)."""
         rows: list[dict[str, Any]] = self.events.to_pylist()
         return rows if n is None else rows[:n]
+
+
+def with_quiet(rows: pa.Table, agents: dict[str, tuple[int, int]]) -> pa.Table:
+    """``rows`` + ``quiet``: a counter whose agent (``agents``: latest time seen, publish
+    cycle) was seen more than ``QUIET_CYCLES`` cycles after the row's end; its ``rate`` is
+    then 0. Event time only (the agents' clocks), so a replayed lake shows the same."""
+    n = rows.num_rows
+    seen = np.full(n, -1, np.int64)
+    cycle = np.zeros(n, np.int64)
+    names = rows.column("agent").to_pylist()
+    for i, a in enumerate(names):
+        if a in agents:
+            seen[i], cycle[i] = agents[a]
+    end = np.asarray(rows.column("end_ns").to_numpy(zero_copy_only=False), np.int64)
+    counter = np.asarray(
+        pc.fill_null(pc.equal(rows.column("kind"), "counter"), False).to_numpy(zero_copy_only=False),
+        np.bool_,
+    )
+    quiet = counter & (cycle > 0) & (seen - end > (QUIET_CYCLES * cycle).astype(np.int64))
+    rate = pc.if_else(pa.array(quiet), pa.scalar(0.0), rows.column("rate"))
+    out = rows.set_column(rows.schema.get_field_index("rate"), "rate", rate)
+    if "quiet" in out.column_names:
+        return out.set_column(out.schema.get_field_index("quiet"), "quiet", pa.array(quiet))
+    return out.append_column("quiet", pa.array(quiet))
 
 
 def _ended(lifecycles: pa.Table) -> set[tuple[str, str]]:

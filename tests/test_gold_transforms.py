@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Any
 
 import numpy as np
 import polars as pl
@@ -85,3 +86,127 @@ def test_rate_is_the_correctly_rounded_quotient(dt: int, delta: float) -> None:
     r = tg.rates_from_pairs(p.rates, 0)
     assert r["length_s"].to_list() == [float(dt)]
     assert r["rate"].to_list() == [((100.0 + delta) - 100.0) / float(dt)]
+
+
+# ------------------------------------------------------------------ short intervals, jitter, deletes
+
+
+def samples(
+    rows: Sequence[tuple[str, float, float]], deleted_at: float | None = None, agent: str = "1.0"
+) -> pl.DataFrame:
+    """msgTotalDequeues of queue series: (series, t seconds, value); ``deleted_at``: the
+    sample at that time reports its object deleted."""
+    v = values([(s, "deq", t, x) for s, t, x in rows])
+    return v.with_columns(
+        agent=pl.lit(agent),
+        deleted=pl.Series([deleted_at is not None and t == deleted_at for _, t, _ in rows]),
+        # Distinct arrival positions, as silver gives them.
+        offset=pl.Series(range(len(rows)), dtype=pl.Int64),
+    )
+
+
+def activity(times: Sequence[float], agent: str = "1.0", *, beats: Sequence[float] = ()) -> pl.DataFrame:
+    """When the agent was seen: samples of other objects at ``times``, heartbeats at ``beats``."""
+    ts = [*times, *beats]
+    return pl.DataFrame({
+        "agent": [agent] * len(ts), "t_ns": [T0 + round(t * S) for t in ts],
+        "is_sample": [True] * len(times) + [False] * len(beats),
+    })  # fmt: skip
+
+
+def intervals(p: tg.Pairs) -> list[tuple[float, float, float | None, float | None]]:
+    """(start s, end s, delta, rate) by end time."""
+    r = tg.rates_from_pairs(p.rates, 0).sort("index_key", "end_ns")
+    return [
+        ((a - T0) / S, (b - T0) / S, d, rate)
+        for a, b, d, rate in r.select("start_ns", "end_ns", "delta", "rate").iter_rows()
+    ]
+
+
+def test_a_delete_closes_the_interval_however_short() -> None:
+    """(a) A queue deleted 0.6 s after its first statistics sample: its 24 dequeues reach gold."""
+    p = tg.pair_values(samples([("tq", 0.0, 0.0), ("tq", 0.6, 24.0)], deleted_at=0.6), tg.RateRules())
+    assert intervals(p) == [(0.0, 0.6, 24.0, 24.0 / 0.6)]
+    assert p.state.height == 0  # the series ended
+    # A delete sample at the time of a kept-back sample (its twin) closes the series with it.
+    p = tg.pair_values(
+        samples([("tq", 0.0, 0.0), ("tq", 0.5, 10.0), ("tq", 0.5, 10.0)], deleted_at=0.5).with_columns(
+            deleted=pl.Series([False, False, True])
+        ),
+        tg.RateRules(),
+    )
+    assert intervals(p) == [(0.0, 0.5, 10.0, 20.0)]
+
+
+def test_b_a_kept_back_last_sample_is_emitted_once_its_agent_moved_on() -> None:
+    """(b) The last sample came 0.5 s after the one before: kept back (pending) while nothing
+    newer is known, emitted once the agent published a later cycle (first seen 0.9 s or more
+    after it) without the series, and that cycle is over (a sample of the agent 0.1 s on)."""
+    rows = [("q", 0.0, 0.0), ("q", 1.0, 10.0), ("q", 1.5, 15.0)]
+    rules = tg.RateRules()
+
+    def run(*act: pl.DataFrame, extra: Sequence[tuple[str, float, float]] = ()) -> list[Any]:
+        return intervals(tg.pair_values(samples([*rows, *extra]), rules, pl.concat(act)))
+
+    first = [(0.0, 1.0, 10.0, 10.0)]
+    flushed = [*first, (1.0, 1.5, 5.0, 10.0)]
+    # Nothing after: both samples stay in the state, no interval is made for 1.5 yet.
+    p = tg.pair_values(samples(rows), rules, activity([0.0, 1.0, 1.5]))
+    assert intervals(p) == first
+    assert sorted((p.state["update_ns"] - T0) / S) == [1.0, 1.5]
+    assert run(activity([2.3, 3.0])) == first  # 2.3 is 0.8 s after it: no cycle seen after 2.4
+    assert run(activity([2.4])) == first  # that cycle may still hold the series
+    assert run(activity([2.4, 2.5])) == flushed  # ... now it is over
+    assert run(activity([], beats=[2.4, 3.0, 4.0])) == first  # heartbeats ahead of samples
+    assert run(activity([2.6], beats=[2.4])) == flushed
+    assert run(activity([5.0, 6.0], agent="other")) == first  # another agent's cycles
+    # A later sample of the series takes the pending one's place: after the agent was
+    # seen, but in the same cycle (within 0.1 s) ...
+    assert run(activity([2.4, 2.5]), extra=[("q", 2.45, 24.5)]) == [*first, (1.0, 2.45, 14.5, 14.5 / 1.45)]
+    # ... and not once a whole cycle went by without it.
+    assert run(activity([2.4, 2.5]), extra=[("q", 2.55, 25.5)]) == [*flushed, (1.5, 2.55, 10.5, 10.5 / 1.05)]
+    p = tg.pair_values(samples([*rows, ("q", 2.2, 22.0)]), rules, activity([2.2, 2.5]))
+    assert intervals(p) == [*first, (1.0, 2.2, 12.0, 10.0)]
+    # Across two micro-batches the pending sample rides in the state: the same rows.
+    later = samples([("q", 4.0, 35.0)])
+    one = tg.pair_values(samples(rows), rules, activity([1.5]))
+    two = tg.pair_values(pl.concat([later, tg.state_values(one.state)]), rules, activity([2.4, 4.0]))
+    assert intervals(one) + intervals(two) == [*flushed, (1.5, 4.0, 20.0, 8.0)]
+    both = tg.pair_values(pl.concat([samples(rows), later]), rules, activity([2.4, 4.0]))
+    assert intervals(both) == intervals(one) + intervals(two)
+
+
+def test_b_a_reset_after_a_kept_back_sample_emits_its_counts_first() -> None:
+    rows = [("q", 0.0, 0.0), ("q", 0.5, 5.0), ("q", 2.0, 1.0)]  # then the counter went down
+    p = tg.pair_values(samples(rows), tg.RateRules())
+    r = tg.rates_from_pairs(p.rates, 0).sort("end_ns")
+    assert [((a - T0) / S, (b - T0) / S, d, why) for a, b, d, why in r.select(
+        "start_ns", "end_ns", "delta", "reset").iter_rows()] == [
+        (0.0, 0.5, 5.0, None), (0.5, 2.0, None, "counter_decreased")
+    ]  # fmt: skip
+
+
+def test_c_the_minimum_interval_tolerates_the_agents_jitter() -> None:
+    """(c) qpidd's 1 s publishes 0.999-1.001 s apart: every one makes an interval."""
+    ts = [0.0, 0.999, 2.0, 2.999, 4.001, 4.902]
+    p = tg.pair_values(samples([("q", t, 10.0 * i) for i, t in enumerate(ts)]), tg.RateRules())
+    assert [(a, b) for a, b, _, _ in intervals(p)] == [
+        (0.0, 0.999), (0.999, 2.0), (2.0, 2.999), (2.999, 4.001), (4.001, 4.902)
+    ]  # fmt: skip
+    assert tg.RateRules().min_ns == 900_000_000
+    # Without the tolerance every other interval merges (the old rule).
+    strict = tg.pair_values(samples([("q", t, 10.0 * i) for i, t in enumerate(ts)]),
+                            tg.RateRules(jitter_s=0.0))  # fmt: skip
+    assert [(a, b) for a, b, _, _ in intervals(strict)] == [(0.0, 2.0), (2.0, 4.001)]
+
+
+def test_a_long_quiet_interval_of_one_object_keeps_its_counts() -> None:
+    """An agent that publishes on change leaves a quiet object out: 10 minutes without a
+    sample of the same instance is an interval with its exact average, not a ``gap``;
+    without a create time the identity is unsure and it stays a gap."""
+    rows = [("q", 0.0, 0.0), ("q", 600.0, 60.0)]
+    p = tg.pair_values(samples(rows), tg.RateRules())
+    assert intervals(p) == [(0.0, 600.0, 60.0, 0.1)]
+    p = tg.pair_values(samples(rows).with_columns(create_ns=pl.lit(0, pl.Int64)), tg.RateRules())
+    r = tg.rates_from_pairs(p.rates, 0)
+    assert r.select("delta", "reset").rows() == [(None, "gap")]

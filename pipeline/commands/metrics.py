@@ -2,8 +2,10 @@
 
 An HTTP endpoint (``/metrics``) existing dashboards scrape: for every object
 and counter statistic the rate of its latest gold interval
-(``qmf_statistic_rate_per_second``), for every other statistic (gauges,
-watermarks, min/max/average) its latest value (``qmf_statistic_value``).
+(``qmf_statistic_rate_per_second``; 0 once its agent published a later cycle
+without the object: unchanged, ``pipeline.live.with_quiet``), for every other
+statistic (gauges, watermarks, min/max/average) its latest value
+(``qmf_statistic_value``).
 Labels: agent, package, class, object_id, name (from the index key),
 statistic. Each scrape reads what the tables gained since the previous one
 (``pipeline.live``). A client that accepts ``application/openmetrics-text``
@@ -34,7 +36,8 @@ VALUE_METRIC = "qmf_statistic_value"
 LABELS = ("agent", "package", "class", "object_id", "name", "statistic")
 VERSION_METRIC = "qmf_live_rates_version"
 HELP = {
-    RATE_METRIC: "Rate of a QMF counter statistic over its latest gold interval (per second).",
+    RATE_METRIC: "Rate of a QMF counter statistic over its latest gold interval (per second); "
+    "0 once its agent published a later cycle without the object (unchanged).",
     VALUE_METRIC: "Latest value of a QMF gauge, watermark or min/max/average statistic.",
     VERSION_METRIC: "Delta version of gold statistic_rates this exposition was read at.",
 }
@@ -142,13 +145,13 @@ class MetricsState:
     def __init__(self, data: Path) -> None:
         self.view = LiveView(data)
         self.lock = threading.Lock()
-        self._cache: dict[bool, tuple[tuple[int | None, int | None], str]] = {}
+        self._cache: dict[bool, tuple[tuple[int | None, ...], str]] = {}
 
     def scrape(self, openmetrics: bool) -> str:
         """The exposition now; the same text again while the tables have not changed."""
         with self.lock:
             self.view.refresh()
-            key = (self.view.rates_version, self.view.lifecycles_tail.version)
+            key = self.view.versions
             cached = self._cache.get(openmetrics)
             if cached is None or cached[0] != key:
                 text = exposition(self.view.current(), openmetrics, self.view.rates_version)

@@ -5,7 +5,9 @@ writes (``--data``, its layout): per queue the latest enqueue and dequeue
 rates (the last gold interval of msgTotalEnqueues/msgTotalDequeues), depth
 (msgDepth) and consumers (consumerCount), then the latest events. Each
 refresh reads only what the tables gained (``pipeline.live``). Queues whose
-object has ended (deleted, or lost with its agent) leave the table.
+object has ended (deleted, or lost with its agent) leave the table. A queue
+its agent stopped republishing (qpidd publishes an object only when it
+changed) shows 0 msg/s once the agent published a later cycle without it.
 """
 
 from __future__ import annotations

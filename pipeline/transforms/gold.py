@@ -14,10 +14,13 @@ Rates pair each sample of a (series, statistic) with the *baseline*: the
 previous sample that was kept (``pair_values``). Samples are ordered by sample
 time (``update_ns``), never by receive time; a sample at or before the
 baseline (a twin, a duplicate, a late one) makes no interval; an interval
-shorter than ``min_interval_s`` is skipped and the baseline stays (so no
-delta is lost: the next interval is longer, as qpid-queue-stats does);
-resets (agent restart, object re-created, gap, counter decrease) give a row
-with a NULL rate and the reason. The baseline of each series is the state
+shorter than ``min_interval_s`` less the agent's jitter is not made: the
+sample waits (pending) and the baseline stays, so no delta is lost: a later
+sample makes a longer interval (as qpid-queue-stats does), and a series that
+went quiet (its agent published a later cycle without it) emits the pending
+sample by itself; a delete closes its interval however short. Resets (agent
+restart, object re-created, gap, counter decrease) give a row with a NULL
+rate and the reason. The baseline of each series is the state
 carried between micro-batches (table ``rate_state``): the state rows enter
 the same sequential scan first, so a stream and one batch over the same
 samples give the same rows.
@@ -46,11 +49,20 @@ _TS = pl.Datetime("us", "UTC")
 
 @dataclass(frozen=True)
 class RateRules:
-    """Pairing rules. ``state_ttl_s``: a series idle this long (sample time) leaves the state."""
+    """Pairing rules. An interval shorter than ``min_interval_s - jitter_s`` is not made (the
+    agent's own publish jitter: qpidd's 1 s publishes come 0.999-1.001 s apart, and a 2 s
+    interval from merging two would halve the resolution). ``state_ttl_s``: a series idle
+    this long (sample time) leaves the state."""
 
     min_interval_s: float = 1.0
     max_gap_s: float = 300.0
     state_ttl_s: float = 86400.0
+    jitter_s: float = 0.1
+
+    @property
+    def min_ns(self) -> int:
+        """The shortest interval made, in ns."""
+        return max(0, round((self.min_interval_s - self.jitter_s) * NS))
 
 
 def frame(table: pa.Table) -> pl.DataFrame:
@@ -282,6 +294,54 @@ def state_values(state: pl.DataFrame) -> pl.DataFrame:
 
 
 @njit(cache=True)
+def _first_active(code: int, lo: int, act_off: np.ndarray, act_t: np.ndarray) -> int:
+    """The first time agent ``code`` was seen (a sample of any object, a heartbeat) at or
+    after ``lo``; -1 if none."""
+    if code < 0:
+        return -1
+    a = act_off[code]
+    b = act_off[code + 1]
+    j = a + np.searchsorted(act_t[a:b], lo)
+    return int(act_t[j]) if j < b else -1
+
+
+@njit(cache=True)
+def _went_quiet(
+    p: int, nxt: int, t: np.ndarray, agent: np.ndarray, act_off: np.ndarray, act_t: np.ndarray,
+    sample_max: np.ndarray, min_ns: int, burst_ns: int,
+) -> bool:  # fmt: skip
+    """Whether the series of pending sample ``p`` went quiet before its next sample ``nxt``
+    (-1: none known): its agent published a cycle (first seen at ``a1``, at least a minimum
+    interval after ``p``) that did not hold the series. Without a next sample, that cycle
+    must be over in what is known: a sample of the agent ``burst_ns`` or more after ``a1``
+    (samples of one agent land in order; a heartbeat table read ahead proves nothing)."""
+    a1 = _first_active(agent[p], t[p] + min_ns, act_off, act_t)
+    if a1 < 0:
+        return False
+    if nxt >= 0:
+        return bool(a1 < t[nxt] - burst_ns)
+    return bool(sample_max[agent[p]] >= a1 + burst_ns)
+
+
+@njit(cache=True)
+def _reason(i: int, base: int, t: np.ndarray, val: np.ndarray, gen: np.ndarray, create: np.ndarray,
+            obj: np.ndarray, is_counter: np.ndarray, gap_ns: int) -> int:  # fmt: skip
+    """Why the interval base -> i has no rate (index into RESETS; 0: it has one)."""
+    if gen[i] >= 0 and gen[base] >= 0 and gen[i] != gen[base]:
+        return 3
+    if create[i] != create[base] or obj[i] != obj[base]:
+        return 2
+    # A long interval of one object instance (known create time) keeps its counts: an agent
+    # that publishes on change leaves a quiet object unpublished, and one instance's
+    # counters only grow. Without a create time the identity across the gap is unsure.
+    if t[i] - t[base] > gap_ns and create[i] == 0:
+        return 4
+    if is_counter[i] and val[i] < val[base]:
+        return 1
+    return 0
+
+
+@njit(cache=True)
 def _pair_kernel(
     newgrp: np.ndarray,
     t: np.ndarray,
@@ -291,9 +351,21 @@ def _pair_kernel(
     obj: np.ndarray,
     is_counter: np.ndarray,
     deleted: np.ndarray,
+    agent: np.ndarray,
+    act_off: np.ndarray,
+    act_t: np.ndarray,
+    sample_max: np.ndarray,
     min_ns: int,
+    burst_ns: int,
     gap_ns: int,
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """Pairs each series' samples (sorted: state first, then sample time) with the baseline.
+
+    ``pend``: the newest sample when it came less than ``min_ns`` after the baseline. It is
+    superseded by a later sample of the series (whose interval then holds its counts), and
+    emitted (flushed) when the series went quiet (``_went_quiet``), when a reset or a delete
+    follows, or else kept in the state.
+    """
     n = len(t)
     base_out = np.empty(n, np.int64)
     cur_out = np.empty(n, np.int64)
@@ -301,36 +373,52 @@ def _pair_kernel(
     keep = np.zeros(n, np.bool_)
     k = 0
     base = -1
-    for i in range(n):
-        if newgrp[i]:
+    pend = -1
+    for i in range(n + 1):
+        if i == n or newgrp[i]:
+            if pend >= 0 and _went_quiet(pend, -1, t, agent, act_off, act_t, sample_max, min_ns, burst_ns):
+                base_out[k], cur_out[k], reason[k] = base, pend, 0
+                k += 1
+                base, pend = pend, -1
             if base >= 0:
                 keep[base] = True
-            base = -1
+            if pend >= 0:
+                keep[pend] = True
+            base = pend = -1
+            if i == n:
+                break
         if base < 0:
             if not deleted[i]:
                 base = i
             continue
-        if t[i] <= t[base]:
-            continue  # twin, duplicate, or older than the baseline
-        dt = t[i] - t[base]
-        r = 0
-        if gen[i] >= 0 and gen[base] >= 0 and gen[i] != gen[base]:
-            r = 3
-        elif create[i] != create[base] or obj[i] != obj[base]:
-            r = 2
-        elif dt > gap_ns:
-            r = 4
-        elif is_counter[i] and val[i] < val[base]:
-            r = 1
-        if r == 0 and dt < min_ns:
+        if pend >= 0 and t[i] > t[pend] and _went_quiet(
+            pend, i, t, agent, act_off, act_t, sample_max, min_ns, burst_ns
+        ):
+            base_out[k], cur_out[k], reason[k] = base, pend, 0  # the series went quiet
+            k += 1
+            base, pend = pend, -1
+        newest = pend if pend >= 0 else base
+        if t[i] <= t[newest]:  # twin, duplicate, or older than the newest kept sample
+            if deleted[i] and pend >= 0:  # the series ends: the pending sample closes it
+                base_out[k], cur_out[k], reason[k] = base, pend, 0
+                k += 1
+                base = pend = -1
             continue
-        base_out[k] = base
-        cur_out[k] = i
-        reason[k] = r
+        r = _reason(i, base, t, val, gen, create, obj, is_counter, gap_ns)
+        if pend >= 0 and (r != 0 or _reason(i, pend, t, val, gen, create, obj, is_counter, gap_ns) != 0):
+            # A reset after the pending sample (e.g. the counter fell below it): the pending
+            # sample's counts first, then the reset.
+            base_out[k], cur_out[k], reason[k] = base, pend, 0
+            k += 1
+            base, pend = pend, -1
+            r = _reason(i, base, t, val, gen, create, obj, is_counter, gap_ns)
+        if r == 0 and t[i] - t[base] < min_ns and not deleted[i]:
+            pend = i
+            continue
+        base_out[k], cur_out[k], reason[k] = base, i, r
         k += 1
+        pend = -1
         base = -1 if deleted[i] else i
-    if base >= 0:
-        keep[base] = True
     return base_out[:k], cur_out[:k], reason[:k], keep
 
 
@@ -382,9 +470,41 @@ def _boundaries(t: pl.DataFrame, keys: tuple[str, ...]) -> np.ndarray:
     return out
 
 
-def pair_values(values: pl.DataFrame, rules: RateRules) -> Pairs:
+def _activity_index(
+    agents: pl.Series, activity: pl.DataFrame | None
+) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """Each value's agent as a code into (offsets, times, sample_max): every agent's
+    activity times (``activity``: agent, t_ns, is_sample) sorted, and its latest sample
+    time (-1: none), so the kernel can ask "first seen after t?"."""
+    if activity is None or activity.height == 0:
+        none = np.zeros(0, np.int64)
+        return np.full(len(agents), -1, np.int64), np.zeros(1, np.int64), none, none
+    act = activity.select("agent", pl.col("t_ns").cast(pl.Int64), "is_sample").drop_nulls()
+    per = act.group_by("agent").agg(
+        pl.col("t_ns").unique().sort().alias("times"),
+        pl.col("t_ns").filter(pl.col("is_sample")).max().fill_null(-1).alias("sample_max"),
+    ).sort("agent")  # fmt: skip
+    counts = per["times"].list.len().to_numpy()
+    offsets = np.zeros(per.height + 1, np.int64)
+    offsets[1:] = np.cumsum(counts)
+    codes = agents.replace_strict(
+        per["agent"], pl.Series(np.arange(per.height)), default=-1, return_dtype=pl.Int64
+    )
+    times = per["times"].explode().cast(pl.Int64).to_numpy()
+    return (
+        np.ascontiguousarray(codes.to_numpy()), offsets, np.ascontiguousarray(times),
+        np.ascontiguousarray(per["sample_max"].cast(pl.Int64).to_numpy()),
+    )  # fmt: skip
+
+
+def pair_values(values: pl.DataFrame, rules: RateRules, activity: pl.DataFrame | None = None) -> Pairs:
     """Statistic values (new samples and state baselines) -> intervals and new baselines,
-    in one numba scan over the values sorted by series, state first, then sample time."""
+    in one numba scan over the values sorted by series, state first, then sample time.
+
+    ``activity`` (agent, t_ns, is_sample): when each agent was seen (samples of any
+    object, heartbeats), so a sample kept back by the minimum interval is emitted once
+    its agent published a later cycle without the series (``_went_quiet``).
+    """
     names = RATE_STATE.names
     if values.height == 0:
         return Pairs(values.select(names).with_columns(
@@ -402,10 +522,12 @@ def pair_values(values: pl.DataFrame, rules: RateRules) -> Pairs:
         pl.col("deleted").fill_null(False),
     )
     ns, val = num["update_ns"].to_numpy(), num["value"].to_numpy()
+    agent, act_off, act_t, sample_max = _activity_index(t["agent"], activity)
     base, cur, reason, keep = _pair_kernel(
         newgrp, ns, val, num["generation"].to_numpy(), num["create_ns"].to_numpy(),
         num["obj"].to_numpy(), num["counter"].to_numpy(), num["deleted"].to_numpy(),
-        int(rules.min_interval_s * NS), int(rules.max_gap_s * NS),
+        agent, act_off, act_t, sample_max, rules.min_ns, round(rules.jitter_s * NS),
+        int(rules.max_gap_s * NS),
     )  # fmt: skip
     reset_names = np.array([None, *RESETS[1:]], dtype=object)[reason.astype(np.int64)]
     rates = t.select(names)[cur].with_columns(
@@ -725,6 +847,25 @@ def latest_liveness(liveness: pl.DataFrame) -> pl.DataFrame:
 # ------------------------------------------------------------------ the batch
 
 
+def agent_activity(
+    identified: pl.DataFrame, beats: pl.DataFrame, lifecycles: pl.DataFrame, liveness: pl.DataFrame
+) -> pl.DataFrame:
+    """(agent, t_ns, is_sample): when each agent was seen. The batch's samples (any object)
+    and heartbeats, and each agent's latest times of earlier batches."""
+    parts = [
+        (identified.select("agent", pl.col("update_ns").alias("t_ns")), True),
+        (beats.select("agent", pl.col("ts_ns").alias("t_ns")), False),
+        (lifecycles.group_by("agent").agg(pl.col("last_seen_ns").max().alias("t_ns")), True),
+        (liveness.group_by("agent").agg(pl.col("last_heartbeat_ns").max().alias("t_ns")), False),
+    ]
+    return pl.concat(
+        [
+            p.select(pl.col("agent").cast(pl.Utf8), pl.col("t_ns").cast(pl.Int64), is_sample=pl.lit(s))
+            for p, s in parts
+        ]
+    ).filter(pl.col("agent").is_not_null() & (pl.col("t_ns") > 0))
+
+
 @dataclass(frozen=True)
 class GoldRows:
     """One gold micro-batch's output: rows to append / upsert, and the new rate state."""
@@ -764,7 +905,7 @@ def gold_batch(
     values = pl.concat(
         [statistic_values(ident, statistic_defs(registry)), state_values(rekey_state(state, ident))]
     )
-    pairs = pair_values(values, rate_rules)
+    pairs = pair_values(values, rate_rules, agent_activity(ident, hb, lifecycles, liveness))
     return GoldRows(
         rates=rates_from_pairs(pairs.rates, batch_id),
         lifecycles=changed_rows(merged, lifecycles),

@@ -50,7 +50,7 @@ class Silver:
         self.offset = 0
 
     def sample(
-        self, t: float, enq: int | None, *, obj: int = 1, epoch: int = 1, create: float = -100.0,
+        self, t: float, enq: int | None, *, obj: int = 1, epoch: int = 1, create: float | None = -100.0,
         name: str = "q1", props: bool = False, delete: float | None = None, depth: int = 0,
         agent: str = "1.0",
     ) -> dict[str, Any]:  # fmt: skip
@@ -68,7 +68,7 @@ class Silver:
             "msg_key": f"k{self.offset}", "dialect": "AM2", "opcode": "g" if props else "i",
             "seq": 0, "agent": agent, "package": PKG, "class_name": "queue",
             "schema_hash": self.hash, "update_ns": T0 + int(t * S),
-            "create_ns": T0 + int(create * S), "delete_ns": 0 if delete is None else T0 + int(delete * S),
+            "create_ns": 0 if create is None else T0 + int(create * S), "delete_ns": 0 if delete is None else T0 + int(delete * S),
             "flags": 0, "epoch": epoch, "broker_bank": 1, "agent_bank": 0, "object_num": obj,
             "index_key": json.dumps(["vh", name]) if props else None,
             "ints": ints, "floats": [], "texts": texts,
@@ -137,8 +137,11 @@ def test_resets_duplicates_and_short_intervals(spark: SparkSession, setup: tuple
         sv.sample(40, 60, create=35),  # new create time
         sv.sample(50, 70, obj=2, create=35, props=True),  # new object id for the same index key
         sv.sample(60, 80, obj=2, epoch=2, create=35, props=True),  # agent restart
-        sv.sample(1000, 90, obj=2, epoch=2, create=35),  # gap (> 300 s)
+        sv.sample(1000, 90, obj=2, epoch=2, create=35),  # 940 s quiet: same instance, counts kept
         sv.sample(1010, 100, obj=2, epoch=2, create=35),
+        sv.sample(1020, 0, obj=3, epoch=2, create=None, props=True),  # no create time given
+        sv.sample(1400, 50, obj=3, epoch=2, create=None),  # gap (> 300 s): identity unsure
+        sv.sample(1410, 60, obj=3, epoch=2, create=None),
     ]
     GoldBatchWriter(s, app_id="t")(batch(spark, rows[::-1]), 0)  # order of arrival is irrelevant
     want = expected(spark, [
@@ -148,8 +151,11 @@ def test_resets_duplicates_and_short_intervals(spark: SparkSession, setup: tuple
         (30, 40, None, None, "recreated"),
         (40, 50, None, None, "recreated"),
         (50, 60, None, None, "agent_restart"),
-        (60, 1000, None, None, "gap"),
+        (60, 1000, 10.0, 10.0 / 940, None),
         (1000, 1010, 10.0, 1.0, None),
+        (1010, 1020, None, None, "recreated"),
+        (1020, 1400, None, None, "gap"),
+        (1400, 1410, 10.0, 1.0, None),
     ])  # fmt: skip
     assert_df_equality(enqueue_rates(spark, s), want, ignore_nullable=True)
 
@@ -167,7 +173,7 @@ def test_resets_duplicates_and_short_intervals(spark: SparkSession, setup: tuple
     assert [r[0] for r in keys] == [json.dumps(["vh", "q1"])]
     # State: one baseline per statistic of the series, at the last sample.
     state = delta.read_arrow(s.path("rate_state"))
-    assert set(state.column("update_ns").to_pylist()) == {T0 + 1010 * S}
+    assert set(state.column("update_ns").to_pylist()) == {T0 + 1410 * S}
     assert state.num_rows == len(set(state.column("statistic").to_pylist()))
 
 
