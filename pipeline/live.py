@@ -442,13 +442,11 @@ def with_quiet(rows: pa.Table, agents: dict[str, tuple[int, int]]) -> pa.Table:
     """``rows`` + ``quiet``: a counter whose agent (``agents``: latest time seen, publish
     cycle) was seen more than ``QUIET_CYCLES`` cycles after the row's end; its ``rate`` is
     then 0. Event time only (the agents' clocks), so a replayed lake shows the same."""
-    n = rows.num_rows
-    seen = np.full(n, -1, np.int64)
-    cycle = np.zeros(n, np.int64)
-    names = rows.column("agent").to_pylist()
-    for i, a in enumerate(names):
-        if a in agents:
-            seen[i], cycle[i] = agents[a]
+    names = list(agents)
+    at = pc.index_in(rows.column("agent"), value_set=pa.array(names, pa.string()))
+    pos = np.asarray(pc.fill_null(at, len(names)).to_numpy(zero_copy_only=False), np.int64)
+    seen = np.array([agents[a][0] for a in names] + [-1], np.int64)[pos]
+    cycle = np.array([agents[a][1] for a in names] + [0], np.int64)[pos]
     end = np.asarray(rows.column("end_ns").to_numpy(zero_copy_only=False), np.int64)
     counter = np.asarray(
         pc.fill_null(pc.equal(rows.column("kind"), "counter"), False).to_numpy(zero_copy_only=False),

@@ -16,6 +16,7 @@ import time
 import urllib.request
 import uuid
 from collections.abc import Iterator
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -433,3 +434,52 @@ def test_top_and_metrics_follow_a_running_pipeline(broker: Any, tmp_path: Path) 
     output = (tmp_path / "run.log").read_text()
     assert rc == 0, output[-3000:]
     assert "qmf run: done." in output
+
+
+# ------------------------------------------------------------------ quiet objects
+
+
+def test_a_counter_ages_to_zero_one_and_a_half_cycles_after_its_end() -> None:
+    """Counters of an object its agent did not republish: 0 once the agent was seen more than
+    1.5 publish cycles after the rate's end; gauges keep their value; other agents' rows and
+    agents never seen since are left alone."""
+    from pipeline.live import with_quiet
+
+    end, cycle = 1_000 * 10**9, 2 * 10**9
+    rows = pa.table({
+        "agent": ["A", "A", "A", "B", "C"],
+        "kind": ["counter", "counter", "gauge", "counter", "counter"],
+        "end_ns": [end, end + 1, end, end, end],
+        "rate": [4.49, 1.5, None, 7.0, None],
+        "value": [10.0, 20.0, 2982.0, 1.0, 5.0],
+    })  # fmt: skip
+    seen = end + 3 * 10**9  # exactly 1.5 cycles after the first row's end
+    out = with_quiet(rows, {"A": (seen + 1, cycle), "B": (seen, cycle), "C": (end + 10**12, cycle)})
+    assert out.column("quiet").to_pylist() == [True, False, False, False, True]
+    assert out.column("rate").to_pylist() == [0.0, 1.5, None, 7.0, 0.0]  # C: a reset row, now 0
+    assert out.column("value").to_pylist() == [10.0, 20.0, 2982.0, 1.0, 5.0]
+    assert with_quiet(rows, {}).column("rate").to_pylist() == [4.49, 1.5, None, 7.0, None]
+
+
+def test_the_publish_cycle_is_measured_from_the_agents_heartbeats(tmp_path: Path) -> None:
+    """An AM2 agent declares no interval (gold assumes 10 s); its heartbeats 2 s apart say 2 s."""
+    from schemas.gold import AGENT_LIVENESS
+
+    t0 = 1_800_000_000 * 10**9
+    rows = [{
+        "agent": "1.0", "dialect": "AM2", "epoch": None, "up_start_ns": t0,
+        "up_start": None, "last_heartbeat_ns": t0 + 36 * 10**9, "last_heartbeat": None,
+        "heartbeats": 19, "interval_s": 10.0, "state": "up", "started_by": "first",
+        "down_at": None, "next_up": None, "batch_id": 0,
+    }]  # fmt: skip
+    for r in rows:
+        r["up_start"] = r["last_heartbeat"] = datetime.fromtimestamp(r["up_start_ns"] / 1e9, UTC)
+    write_deltalake(str(tmp_path / "gold" / "agent_liveness"), pa.Table.from_pylist(rows, schema=AGENT_LIVENESS))
+    view = LiveView(tmp_path)
+    view.refresh()
+    assert view.agents() == {"1.0": (t0 + 36 * 10**9, 2 * 10**9)}
+    view.latest = pa.table({
+        "agent": ["1.0"], "kind": ["counter"], "start_ns": [t0], "end_ns": [t0 + 30 * 10**9],
+        "rate": [5.0], "reset": pa.array([None], pa.string()),
+    })  # fmt: skip
+    assert view.current().column("rate").to_pylist() == [0.0]  # 36 - 30 > 1.5 x 2

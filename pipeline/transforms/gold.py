@@ -324,19 +324,22 @@ def _went_quiet(
 
 
 @njit(cache=True)
-def _reason(i: int, base: int, t: np.ndarray, val: np.ndarray, gen: np.ndarray, create: np.ndarray,
-            obj: np.ndarray, is_counter: np.ndarray, gap_ns: int) -> int:  # fmt: skip
-    """Why the interval base -> i has no rate (index into RESETS; 0: it has one)."""
-    if gen[i] >= 0 and gen[base] >= 0 and gen[i] != gen[base]:
+def _reason(
+    dt: int, gen_i: int, gen_b: int, create_i: int, create_b: int, obj_i: int, obj_b: int,
+    decreased: bool, gap_ns: int,
+) -> int:  # fmt: skip
+    """Why an interval has no rate (index into RESETS; 0: it has one). Scalars only:
+    numba counts references on every array passed to a call."""
+    if gen_i >= 0 and gen_b >= 0 and gen_i != gen_b:
         return 3
-    if create[i] != create[base] or obj[i] != obj[base]:
+    if create_i != create_b or obj_i != obj_b:
         return 2
     # A long interval of one object instance (known create time) keeps its counts: an agent
     # that publishes on change leaves a quiet object unpublished, and one instance's
     # counters only grow. Without a create time the identity across the gap is unsure.
-    if t[i] - t[base] > gap_ns and create[i] == 0:
+    if dt > gap_ns and create_i == 0:
         return 4
-    if is_counter[i] and val[i] < val[base]:
+    if decreased:
         return 1
     return 0
 
@@ -404,14 +407,16 @@ def _pair_kernel(
                 k += 1
                 base = pend = -1
             continue
-        r = _reason(i, base, t, val, gen, create, obj, is_counter, gap_ns)
-        if pend >= 0 and (r != 0 or _reason(i, pend, t, val, gen, create, obj, is_counter, gap_ns) != 0):
+        r = _reason(t[i] - t[base], gen[i], gen[base], create[i], create[base], obj[i], obj[base],
+                    is_counter[i] and val[i] < val[base], gap_ns)  # fmt: skip
+        if pend >= 0 and (r != 0 or (is_counter[i] and val[i] < val[pend])):
             # A reset after the pending sample (e.g. the counter fell below it): the pending
             # sample's counts first, then the reset.
             base_out[k], cur_out[k], reason[k] = base, pend, 0
             k += 1
             base, pend = pend, -1
-            r = _reason(i, base, t, val, gen, create, obj, is_counter, gap_ns)
+            r = _reason(t[i] - t[base], gen[i], gen[base], create[i], create[base], obj[i],
+                        obj[base], is_counter[i] and val[i] < val[base], gap_ns)  # fmt: skip
         if r == 0 and t[i] - t[base] < min_ns and not deleted[i]:
             pend = i
             continue
