@@ -26,7 +26,7 @@ _OBJ = [
 
 # One row per (series, statistic) and pair of consecutive samples (by sample
 # time). Counters: ``delta`` and ``rate`` (per second; NULL on a reset, with
-# ``reset`` saying why). Other kinds carry values: ``value`` (as given at the
+# ``reset`` saying why; ``gap`` only for objects without a create time). Other kinds carry values: ``value`` (as given at the
 # end), ``prev_value`` and, for gauges, ``value_min``/``value_max`` of the two.
 STATISTIC_RATES = pa.schema(
     [
@@ -49,7 +49,9 @@ STATISTIC_RATES = pa.schema(
     ]
 )
 
-# The baseline sample per (series, statistic): what the next sample pairs with.
+# The baseline sample per (series, statistic): what the next sample pairs with;
+# beside it, a later sample that came less than the minimum interval after it
+# and waits (pending) until a later sample or the series going quiet.
 # Rewritten whole by every gold batch (one file); deleted objects and series
 # idle longer than the state TTL leave it.
 RATE_STATE = pa.schema(
