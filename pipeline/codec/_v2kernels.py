@@ -606,6 +606,8 @@ def v2_walk(
     ttype = np.empty(est * 4, dtype=np.int64)
     chk = np.empty((3, 16), dtype=np.int64)
     stamp = np.full(max(el_schema.shape[0], 1), -1, dtype=np.int64)
+    succ = np.full(max(el_schema.shape[0], 1), -1, dtype=np.int64)  # see the values loop
+    first = np.full(max(hash_hi.shape[0], 1), -1, dtype=np.int64)
     status = np.zeros(nc, dtype=np.uint8)
     xk = np.empty((2, 64), dtype=np.int64)  # a record's keys that are not in its schema
     bits = np.empty(1, dtype=np.int64)  # float bit casts
@@ -848,6 +850,7 @@ def v2_walk(
                     break
                 n_pairs = n_entries if enc == ENC_010 else n_entries // 2
                 n_extra = 0
+                prev = -1
                 for _e in range(n_pairs):
                     st, kp, kn, vp = _key(data, q, vals_end, enc)
                     if st != V_OK:
@@ -856,7 +859,28 @@ def v2_walk(
                     if cls == C_BAD:
                         st = V_MALFORMED
                         break
-                    e = _lookup(data, kp, kn, k, table, el_names, el_name_off, el_schema)
+                    # first guess: the key that followed the previous one last time (an
+                    # agent writes its maps in one order), checked byte for byte; else the
+                    # hash table, and the guess is learnt
+                    e = first[k] if prev < 0 else succ[prev]
+                    if e >= 0:
+                        a = el_name_off[e]
+                        if el_name_off[e + 1] - a != kn:
+                            e = -1
+                        else:
+                            for b in range(kn):
+                                if el_names[a + b] != data[kp + b]:
+                                    e = -1
+                                    break
+                    if e < 0:
+                        e = _lookup(data, kp, kn, k, table, el_names, el_name_off, el_schema)
+                        if e >= 0:
+                            if prev < 0:
+                                first[k] = e
+                            else:
+                                succ[prev] = e
+                    if e >= 0:
+                        prev = e
                     if e < 0:  # not in the schema: ignored, but checked like any value
                         # (a key twice is a codec error: compare with the other such keys)
                         if n_extra >= xk.shape[1]:
