@@ -1138,3 +1138,117 @@ def raw_groups(data: Any, pos: Any, ln: Any, tag: Any) -> tuple[Any, Any]:
         if not same:
             return np.arange(n), np.arange(n)
     return rep, inv
+
+
+_P_OPCODE = 0
+_P_CONTENT = 1
+_P_ENCODING = 2
+_P_AGENT = 3
+
+
+@nb.njit(cache=True, inline="always")
+def _same_bytes(buf: Any, a: Any, n: Any, lit: Any) -> Any:
+    if n != lit.shape[0]:
+        return False
+    for j in range(n):
+        if buf[a + j] != lit[j]:
+            return False
+    return True
+
+
+@nb.njit(cache=True, nogil=True)
+def v2_props(
+    row_ok: Any,
+    m_off: Any,
+    k_off: Any,
+    k_buf: Any,
+    i_off: Any,
+    i_buf: Any,
+    i_ok: Any,
+    lits: Any,
+    lit_off: Any,
+) -> tuple[Any, Any, Any, Any]:
+    """Which messages are v2 data indications, from their application properties (an Arrow map).
+
+    ``lits`` holds the names qmf.opcode, qmf.content, x-qmf-body-encoding,
+    qmf.agent, then the values _data_indication, _query_response, _data,
+    amqp-1.0, amqp/list. A key given twice counts with its last value (as a
+    dict of the pairs does). Returns per message the opcode (0: not a data
+    indication, 1: _data_indication, 2: _query_response), the body encoding
+    (0: none marked, 2: AMQP 1.0, -1: another one) and the position and length
+    of the qmf.agent value in ``i_buf`` (length -1: none).
+    """
+    n = row_ok.shape[0]
+    opcode = np.zeros(n, dtype=np.int64)
+    enc = np.zeros(n, dtype=np.int64)
+    a_pos = np.zeros(n, dtype=np.int64)
+    a_len = np.full(n, -1, dtype=np.int64)
+    for m in range(n):
+        if not row_ok[m]:
+            continue
+        op = 0
+        content = False
+        en = 0
+        for x in range(m_off[m], m_off[m + 1]):
+            ka = k_off[x]
+            kn = k_off[x + 1] - ka
+            which = -1
+            for L in range(4):
+                if _same_bytes(k_buf, ka, kn, lits[lit_off[L] : lit_off[L + 1]]):
+                    which = L
+                    break
+            if which < 0:
+                continue
+            va = i_off[x]
+            vn = i_off[x + 1] - va
+            valid = i_ok[x]
+            if which == _P_OPCODE:
+                op = 0
+                if valid:
+                    if _same_bytes(i_buf, va, vn, lits[lit_off[4] : lit_off[5]]):
+                        op = 1
+                    elif _same_bytes(i_buf, va, vn, lits[lit_off[5] : lit_off[6]]):
+                        op = 2
+            elif which == _P_CONTENT:
+                content = valid and _same_bytes(i_buf, va, vn, lits[lit_off[6] : lit_off[7]])
+            elif which == _P_ENCODING:
+                en = 0
+                if valid:
+                    en = 2 if _same_bytes(i_buf, va, vn, lits[lit_off[7] : lit_off[8]]) else -1
+            else:
+                a_pos[m] = va
+                a_len[m] = vn if valid else -1
+        opcode[m] = op if content else 0
+        enc[m] = en
+    return opcode, enc, a_pos, a_len
+
+
+@nb.njit(cache=True, nogil=True)
+def agent_texts(
+    msg: Any, h_pos: Any, h_len: Any, h_buf: Any, data: Any, an_pos: Any, an_len: Any
+) -> tuple[Any, Any, Any]:
+    """Each record's agent: its message's qmf.agent header unless null or empty, else the
+    object id's agent name (null when that is absent too): (int32 offsets, bytes, valid)."""
+    n = msg.shape[0]
+    offsets = np.empty(n + 1, dtype=np.int32)
+    valid = np.empty(n, dtype=np.bool_)
+    offsets[0] = 0
+    total = 0
+    for i in range(n):
+        hl = h_len[msg[i]]
+        total += hl if hl > 0 else max(an_len[i], 0)
+        offsets[i + 1] = total
+    buf = np.empty(total, dtype=np.uint8)
+    for i in range(n):
+        m = msg[i]
+        hl = h_len[m]
+        o = offsets[i]
+        if hl > 0:
+            buf[o : o + hl] = h_buf[h_pos[m] : h_pos[m] + hl]
+            valid[i] = True
+        else:
+            ln = an_len[i]
+            valid[i] = ln >= 0
+            if ln > 0:
+                buf[o : o + ln] = data[an_pos[i] : an_pos[i] + ln]
+    return offsets, buf, valid

@@ -1140,54 +1140,76 @@ _BODY_ENCODING = "x-qmf-body-encoding"  # pipeline.codec.amqp10.BODY_ENCODING_PR
 _AMQP10 = "amqp-1.0"
 
 
+_V2_PROPS = (
+    b"qmf.opcode", b"qmf.content", b"x-qmf-body-encoding", b"qmf.agent",
+    b"_data_indication", b"_query_response", b"_data", b"amqp-1.0",
+)  # fmt: skip
+_V2_PROP_LITS = np.frombuffer(b"".join(_V2_PROPS), np.uint8).copy()
+_V2_PROP_OFF = np.array([0, *itertools.accumulate(map(len, _V2_PROPS))], np.int64)
+_V2_OPCODE_NAMES = pa.array(["", "_data_indication", "_query_response"], pa.string())
+
+
 @dataclass
 class _V2Cands:
     rows: I64  # batch rows of the v2 data indications
     encs: I64  # their encodings (``_v2kernels.ENC_*``)
-    opcode: pa.Array  # per batch row: qmf.opcode
-    agent: pa.Array  # per batch row: qmf.agent
+    opcode: I64  # per batch row: 1 _data_indication, 2 _query_response (``_V2_OPCODE_NAMES``)
+    agent_pos: I64  # per batch row: the qmf.agent value in ``agent_buf`` (length -1: none)
+    agent_len: I64
+    agent_buf: npt.NDArray[np.uint8]
 
 
 def _v2_candidates(table: pa.Table, body: pa.Array) -> _V2Cands | None:
-    """The batch rows that are QMF v2 ``_data`` indications the kernel can read, or None."""
-    import pyarrow.compute as pc
+    """The batch rows that are QMF v2 ``_data`` indications the kernel can read, or None.
 
+    Read from the application properties (an Arrow map of strings) by one
+    kernel (``v2_props``); AMQP 0-10 bodies are taken only as ``amqp/list``,
+    the content type ``decode_v2`` then reads as a list.
+    """
     if "application_properties" not in table.column_names:
         return None
     ap = table.column("application_properties")
-    if not pa.types.is_map(ap.type) or not pa.types.is_string(ap.type.key_type):
+    if not (
+        pa.types.is_map(ap.type)
+        and pa.types.is_string(ap.type.key_type)
+        and pa.types.is_string(ap.type.item_type)
+    ):
         return None
     ap = ap.combine_chunks() if ap.num_chunks != 1 else ap.chunk(0)
-    if ap.null_count == len(ap):
+    n = len(ap)
+    if ap.null_count == n:
         return None
-
-    def prop(key: str) -> pa.Array:
-        # the last value of a repeated key, as dict() of the pairs gives the codec
-        v = pc.map_lookup(ap, pa.scalar(key, ap.type.key_type), "last")
-        return v if pa.types.is_string(v.type) else v.cast(pa.string())
-
-    opcode = prop("qmf.opcode")
-    data = pc.fill_null(
-        pc.and_(pc.is_in(opcode, value_set=_V2_OPCODES), pc.equal(prop("qmf.content"), "_data")),
-        False,
+    row_ok = np.asarray(ap.is_valid().to_numpy(zero_copy_only=False), np.bool_)
+    if body.null_count:
+        row_ok &= np.asarray(body.is_valid().to_numpy(zero_copy_only=False), np.bool_)
+    m_off = np.asarray(ap.offsets.to_numpy(), np.int64)
+    k_off, k_buf = _string_buffers(ap.keys)
+    i_off, i_buf = _string_buffers(ap.items)
+    items = ap.items
+    i_ok = (
+        np.asarray(items.is_valid().to_numpy(zero_copy_only=False), np.bool_)
+        if items.null_count
+        else np.ones(len(items), np.bool_)
     )
-    if not pc.any(data).as_py():
+    opcode, enc, a_pos, a_len = V.v2_props(
+        row_ok, m_off, k_off, k_buf, i_off, i_buf, i_ok, _V2_PROP_LITS, _V2_PROP_OFF
+    )
+    data = opcode > 0
+    if not data.any():
         return None
-    enc = prop(_BODY_ENCODING)
-    is10 = pc.fill_null(pc.equal(enc, _AMQP10), False)
-    ctype = (
-        table.column("content_type").combine_chunks().cast(pa.string())
-        if "content_type" in table.column_names
-        else pa.nulls(len(ap), pa.string())
-    )
-    is010 = pc.and_(pc.is_null(enc), pc.fill_null(pc.equal(ctype, "amqp/list"), False))
-    sel = pc.and_(pc.and_(data, pc.or_(is10, is010)), pc.is_valid(body))
-    rows = np.flatnonzero(np.asarray(sel.to_numpy(zero_copy_only=False), np.bool_))
+    if "content_type" in table.column_names:
+        import pyarrow.compute as pc
+
+        ctype = table.column("content_type")
+        as_list = pc.fill_null(pc.equal(ctype, "amqp/list"), False).to_numpy()
+        is010 = (enc == 0) & np.asarray(as_list, np.bool_)
+    else:
+        is010 = np.zeros(n, np.bool_)
+    rows = np.flatnonzero(data & ((enc == 2) | is010)).astype(np.int64)
     if not len(rows):
         return None
-    flag10 = np.asarray(is10.to_numpy(zero_copy_only=False), np.bool_)[rows]
-    encs = np.where(flag10, V.ENC_10, V.ENC_010).astype(np.int64)
-    return _V2Cands(rows.astype(np.int64), encs, opcode, prop("qmf.agent"))
+    encs = np.where(enc[rows] == 2, V.ENC_10, V.ENC_010).astype(np.int64)
+    return _V2Cands(rows, encs, opcode, a_pos, a_len, i_buf)
 
 
 _V2_CACHE: dict[tuple[int, bytes], bytes | None] = {}
@@ -1337,8 +1359,6 @@ def _v2_table(
     texts_py: tuple[I64, I64, npt.NDArray[np.uint8]],
 ) -> pa.Table:
     """The ``COMPACT_SCHEMA`` table of the v2 kernel's records (identity, index key, lists)."""
-    import pyarrow.compute as pc
-
     n = rec.shape[1]
     i32, i64 = pa.int32(), pa.int64()
 
@@ -1384,16 +1404,21 @@ def _v2_table(
     has_oid = np.ascontiguousarray(rec[V.W_HAS_OID])
     agent_name = text(V.W_AN_POS, V.W_AN_LEN, np.zeros(n, np.int64))
     object_name = text(V.W_ON_POS, V.W_ON_LEN, has_oid)
-    take = _indices(rec[V.W_MSG])
-    header = c.agent.take(take)
-    agent = pc.if_else(pc.fill_null(pc.not_equal(header, ""), False), header, agent_name)
+    msg = np.ascontiguousarray(rec[V.W_MSG])
+    take = _indices(msg)
+    ag_off, ag_buf, ag_ok = V.agent_texts(
+        msg, c.agent_pos, c.agent_len, c.agent_buf, data,
+        np.ascontiguousarray(rec[V.W_AN_POS]), np.ascontiguousarray(rec[V.W_AN_LEN]),
+    )  # fmt: skip
+    ag_nulls = int(n - np.count_nonzero(ag_ok))
+    agent = _string(ag_off, ag_buf, _bitmap(ag_ok) if ag_nulls else None, ag_nulls)
     epoch_ok = rec[V.W_EPOCH_OK] != 0
     e_nulls = int(n - np.count_nonzero(epoch_ok))
     cols: dict[str, Any] = {
         "msg_key": msg_keys.take(take),
         "record_index": _prim(rec[V.W_IDX].astype(np.int32), i32, None, 0),
         "dialect": _const_str("V2", n),
-        "opcode": c.opcode.take(take),
+        "opcode": _V2_OPCODE_NAMES.take(_indices(c.opcode[msg])),
         "seq": _prim(np.zeros(n, np.int64), i64, None, 0),
         "agent": agent,
         **_class_columns(comp, schema_of),
