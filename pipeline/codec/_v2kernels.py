@@ -25,6 +25,8 @@ from typing import Any
 
 import numba as nb
 import numpy as np
+from numba.core import cgutils, types
+from numba.extending import intrinsic
 
 from pipeline.codec._kernels import _be2, _be4, _be8, _unowned, _write_uuid
 
@@ -110,6 +112,19 @@ def _le_name(data: Any, p: Any, n: Any, lit: Any) -> Any:
         return False
     for j in range(n):
         if data[p + j] != lit[j]:
+            return False
+    return True
+
+
+@nb.njit(cache=True, inline="always")
+def _is_lit(data: Any, p: Any, n: Any, lits: Any, a: Any, b: Any) -> Any:
+    """True when the n bytes at p spell ``lits[a:b]``; length and second byte tried first."""
+    if b - a != n:
+        return False
+    if n > 1 and lits[a + 1] != data[p + 1]:
+        return False
+    for j in range(n):
+        if data[p + j] != lits[a + j]:
             return False
     return True
 
@@ -384,8 +399,9 @@ def _header010(data: Any, p: Any, end: Any, is_map: Any) -> tuple[Any, ...]:
 def _key(data: Any, p: Any, end: Any, enc: Any) -> tuple[Any, ...]:
     """A map key at p: (status, key bytes position, length, position of its value).
 
-    0-10 keys are str8 (the codec requires UTF-8: only ASCII is taken here);
-    1.0 keys must be str or sym with ASCII bytes.
+    0-10 keys are str8, 1.0 keys str or sym (sym only with ASCII bytes, which the
+    decoder makes text). Whether the codec takes the bytes as text is left to the
+    caller: a key equal to a name it knows is UTF-8; any other must be ASCII.
     """
     if enc == ENC_010:
         if p >= end:
@@ -393,8 +409,6 @@ def _key(data: Any, p: Any, end: Any, enc: Any) -> tuple[Any, ...]:
         n = np.int64(data[p])
         if p + 1 + n >= end:
             return V_MALFORMED, 0, 0, 0
-        if not _ascii(data, p + 1, n):
-            return V_UNSUPPORTED, 0, 0, 0
         return V_OK, p + 1, n, p + 1 + n
     if p + 2 > end:
         return V_MALFORMED, 0, 0, 0
@@ -411,7 +425,7 @@ def _key(data: Any, p: Any, end: Any, enc: Any) -> tuple[Any, ...]:
         return V_UNSUPPORTED, 0, 0, 0
     if kp + n > end:
         return V_MALFORMED, 0, 0, 0
-    if not _ascii(data, kp, n):
+    if (c == 0xA3 or c == 0xB3) and not _ascii(data, kp, n):
         return V_UNSUPPORTED, 0, 0, 0
     return V_OK, kp, n, kp + n
 
@@ -663,7 +677,7 @@ def v2_walk(
                     break
                 flag = 0
                 for L in range(6):
-                    if _le_name(data, kp, kn, lits[lit_off[L] : lit_off[L + 1]]):
+                    if _is_lit(data, kp, kn, lits, lit_off[L], lit_off[L + 1]):
                         flag = 1 << L
                         break
                 if flag == 0 or seen & flag:  # another key, or one twice: the codec decides
@@ -720,7 +734,7 @@ def v2_walk(
                     break
                 which = -1
                 for L in range(L_PKG, L_TYPE + 1):
-                    if _le_name(data, kp, kn, lits[lit_off[L] : lit_off[L + 1]]):
+                    if _is_lit(data, kp, kn, lits, lit_off[L], lit_off[L + 1]):
                         which = L
                         break
                 if which < 0:
@@ -785,7 +799,7 @@ def v2_walk(
                         break
                     which = -1
                     for L in range(L_AGENT, L_OBJNAME + 1):
-                        if _le_name(data, kp, kn, lits[lit_off[L] : lit_off[L + 1]]):
+                        if _is_lit(data, kp, kn, lits, lit_off[L], lit_off[L + 1]):
                             which = L
                             break
                     if which < 0:
@@ -883,7 +897,7 @@ def v2_walk(
                         prev = e
                     if e < 0:  # not in the schema: ignored, but checked like any value
                         # (a key twice is a codec error: compare with the other such keys)
-                        if n_extra >= xk.shape[1]:
+                        if n_extra >= xk.shape[1] or not _ascii(data, kp, kn):
                             st = V_UNSUPPORTED
                             break
                         for y in range(n_extra):
@@ -1028,6 +1042,28 @@ def _encoded10(data: Any, vp: Any) -> tuple[Any, Any]:
     return vp, q - vp
 
 
+@intrinsic
+def _memcpy(typingctx: Any, dst: Any, src: Any, n: Any) -> Any:
+    """memcpy between two addresses (LLVM's, so it stays cacheable, unlike a ctypes call)."""
+    sig = types.void(types.int64, types.int64, types.int64)
+
+    def codegen(context: Any, builder: Any, signature: Any, args: Any) -> Any:
+        d = builder.inttoptr(args[0], cgutils.voidptr_t)
+        s = builder.inttoptr(args[1], cgutils.voidptr_t)
+        cgutils.raw_memcpy(builder, d, s, args[2], 1)  # type: ignore[no-untyped-call]
+        return context.get_dummy_value()
+
+    return sig, codegen
+
+
+@nb.njit(cache=True, inline="always")
+def _copy(dst: Any, d: Any, src: Any, s: Any, n: Any) -> None:
+    """dst[d:d + n] = src[s:s + n] by memcpy: a byte loop or numba's slice assignment
+    copies about 1 byte per ns, and v2 object names are long (about 100 bytes)."""
+    if n > 0:
+        _memcpy(dst.ctypes.data + d, src.ctypes.data + s, np.int64(n))  # type: ignore[call-arg]
+
+
 @nb.njit(cache=True, nogil=True)
 def v2_text_values(
     data: Any, kind: Any, pos: Any, ln: Any, cidx: Any, c_off: Any, c_buf: Any, hexd: Any
@@ -1060,7 +1096,7 @@ def v2_text_values(
         kd = kind[i]
         if kd == T_RAW:
             m = ln[i]
-            buf[w : w + m] = data[pos[i] : pos[i] + m]
+            _copy(buf, w, data, pos[i], m)
             w += m
         elif kd == T_UUID:
             w = _write_uuid(buf, w, data, pos[i], hexd)
@@ -1068,7 +1104,7 @@ def v2_text_values(
             c = cidx[i]
             if c >= 0:
                 m = c_off[c + 1] - c_off[c]
-                buf[w : w + m] = c_buf[c_off[c] : c_off[c + 1]]
+                _copy(buf, w, c_buf, c_off[c], m)
                 w += m
         offsets[i + 1] = w
     return offsets, buf[:w]
@@ -1077,6 +1113,10 @@ def v2_text_values(
 @nb.njit(cache=True, nogil=True)
 def gather_texts(data: Any, pos: Any, ln: Any, empty_if: Any) -> tuple[Any, Any, Any]:
     """(int32 offsets, bytes, valid) of byte ranges; length -1: "" where ``empty_if``, else null."""
+    data = _unowned(data)
+    pos = _unowned(pos)
+    ln = _unowned(ln)
+    empty_if = _unowned(empty_if)
     n = pos.shape[0]
     offsets = np.empty(n + 1, dtype=np.int32)
     valid = np.empty(n, dtype=np.bool_)
@@ -1091,7 +1131,7 @@ def gather_texts(data: Any, pos: Any, ln: Any, empty_if: Any) -> tuple[Any, Any,
         m = ln[i]
         valid[i] = m >= 0 or empty_if[i] != 0
         if m > 0:
-            buf[offsets[i] : offsets[i] + m] = data[pos[i] : pos[i] + m]
+            _copy(buf, offsets[i], data, pos[i], m)
     return offsets, buf, valid
 
 
@@ -1102,6 +1142,10 @@ def raw_groups(data: Any, pos: Any, ln: Any, tag: Any) -> tuple[Any, Any]:
     A 64-bit hash groups them; each group is then checked byte for byte, and
     on a collision every range is its own group.
     """
+    data = _unowned(data)
+    pos = _unowned(pos)
+    ln = _unowned(ln)
+    tag = _unowned(tag)
     n = pos.shape[0]
     hashes = np.empty(n, dtype=np.uint64)
     prime = np.uint64(0x100000001B3)
@@ -1178,6 +1222,15 @@ def v2_props(
     (0: none marked, 2: AMQP 1.0, -1: another one) and the position and length
     of the qmf.agent value in ``i_buf`` (length -1: none).
     """
+    row_ok = _unowned(row_ok)
+    m_off = _unowned(m_off)
+    k_off = _unowned(k_off)
+    k_buf = _unowned(k_buf)
+    i_off = _unowned(i_off)
+    i_buf = _unowned(i_buf)
+    i_ok = _unowned(i_ok)
+    lits = _unowned(lits)
+    lit_off = _unowned(lit_off)
     n = row_ok.shape[0]
     opcode = np.zeros(n, dtype=np.int64)
     enc = np.zeros(n, dtype=np.int64)
@@ -1229,6 +1282,13 @@ def agent_texts(
 ) -> tuple[Any, Any, Any]:
     """Each record's agent: its message's qmf.agent header unless null or empty, else the
     object id's agent name (null when that is absent too): (int32 offsets, bytes, valid)."""
+    data = _unowned(data)
+    h_buf = _unowned(h_buf)
+    msg = _unowned(msg)
+    h_pos = _unowned(h_pos)
+    h_len = _unowned(h_len)
+    an_pos = _unowned(an_pos)
+    an_len = _unowned(an_len)
     n = msg.shape[0]
     offsets = np.empty(n + 1, dtype=np.int32)
     valid = np.empty(n, dtype=np.bool_)
@@ -1244,11 +1304,11 @@ def agent_texts(
         hl = h_len[m]
         o = offsets[i]
         if hl > 0:
-            buf[o : o + hl] = h_buf[h_pos[m] : h_pos[m] + hl]
+            _copy(buf, o, h_buf, h_pos[m], hl)
             valid[i] = True
         else:
             ln = an_len[i]
             valid[i] = ln >= 0
             if ln > 0:
-                buf[o : o + ln] = data[an_pos[i] : an_pos[i] + ln]
+                _copy(buf, o, data, an_pos[i], ln)
     return offsets, buf, valid
