@@ -25,6 +25,7 @@ from typing import Any
 
 import numba as nb
 import numpy as np
+from llvmlite import ir
 from numba.core import cgutils, types
 from numba.extending import intrinsic
 
@@ -879,13 +880,8 @@ def v2_walk(
                     e = first[k] if prev < 0 else succ[prev]
                     if e >= 0:
                         a = el_name_off[e]
-                        if el_name_off[e + 1] - a != kn:
+                        if el_name_off[e + 1] - a != kn or not _same(el_names, a, data, kp, kn):
                             e = -1
-                        else:
-                            for b in range(kn):
-                                if el_names[a + b] != data[kp + b]:
-                                    e = -1
-                                    break
                     if e < 0:
                         e = _lookup(data, kp, kn, k, table, el_names, el_name_off, el_schema)
                         if e >= 0:
@@ -1054,6 +1050,36 @@ def _memcpy(typingctx: Any, dst: Any, src: Any, n: Any) -> Any:
         return context.get_dummy_value()
 
     return sig, codegen
+
+
+@intrinsic
+def _load8(typingctx: Any, addr: Any) -> Any:
+    """The 8 bytes at an address as a uint64, any alignment (one load)."""
+    sig = types.uint64(types.int64)
+
+    def codegen(context: Any, builder: Any, signature: Any, args: Any) -> Any:
+        ptr = builder.inttoptr(args[0], ir.IntType(64).as_pointer())
+        return builder.load(ptr, align=1)
+
+    return sig, codegen
+
+
+@nb.njit(cache=True, inline="always")
+def _same(a: Any, pa: Any, b: Any, pb: Any, n: Any) -> Any:
+    """a[pa:pa + n] == b[pb:pb + n], 8 bytes at a time (the last word may overlap)."""
+    if n < 8:
+        for j in range(n):
+            if a[pa + j] != b[pb + j]:
+                return False
+        return True
+    aa = a.ctypes.data + pa
+    bb = b.ctypes.data + pb
+    j = 0
+    while j + 8 < n:
+        if _load8(aa + j) != _load8(bb + j):  # type: ignore[call-arg]
+            return False
+        j += 8
+    return _load8(aa + n - 8) == _load8(bb + n - 8)  # type: ignore[call-arg]
 
 
 @nb.njit(cache=True, inline="always")
