@@ -17,7 +17,10 @@ What goes where (one call, ``decode_content``):
 
 * messages made only of AM1/AM2 c/i/g records of known classes: decoded by
   the kernel;
-* every other message (QMF v2, events, heartbeats, schema traffic, unknown
+* with ``compact=True``, QMF v2 ``_data`` indications (AMQP 0-10 lists and
+  AMQP 1.0 ``amqp-value`` lists) of known classes: decoded by the v2 kernel
+  (``_v2kernels``; see "QMF v2 data indications" below);
+* every other message (other QMF v2, events, heartbeats, schema traffic, unknown
   schema, truncated or otherwise bad bytes, type 20 values, ...): decoded
   *whole* by the per-record path (``pipeline.codec.message``), never record by
   record, so the result is the same as if the per-record path had done all of
