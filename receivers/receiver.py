@@ -1180,9 +1180,9 @@ class QmfReceiver:
                 f"{REFUSAL_HINTS.get(str(name), 'see the broker log')}"
             )
             return
-        if from_broker or self._cause is None or not current:
+        if from_broker or (current and self._cause is None):
             log.warning("%s", text)
-        else:
+        else:  # after the broker's own condition, or a connection already given up
             log.info("then %s", text)
         if conn is not None and self._is_current(conn) and conn.state & Endpoint.LOCAL_ACTIVE:
             conn.close()  # a refused link: drop the connection and retry the whole set
@@ -1195,9 +1195,19 @@ class QmfReceiver:
         if self._is_current(conn) and not self._stop_requested:
             self._lost_connection()
 
+    def _transport_text(self) -> str | None:
+        """The current connection's transport condition (set before its error event)."""
+        t = self._conn.transport if self._conn is not None else None
+        cond = t.condition if t is not None else None
+        return None if cond is None else f"transport error: {_cond(cond)}"
+
     def _lost_connection(self) -> None:
         if self._conn is None:
             return
+        # this loss's reason: the broker's condition, else this transport's
+        reason = self._cause or self._transport_text()
+        if reason is not None:
+            self.stats.last_error = reason
         self.stats.disconnects += 1
         self._lost_at = time.monotonic()
         self.ready.clear()
@@ -1223,7 +1233,7 @@ class QmfReceiver:
             self.config.backoff_initial_s * (2 ** max(0, self._attempts - 1)),
         )
         self._url_index += 1
-        why = self._cause or self.stats.last_error
+        why = reason or self.stats.last_error or "connection lost"
         if self._links_open < len(self._subs) and self._cause is None:
             why = f"{why}; {self._links_open} of {len(self._subs)} links were attached"
         log.warning("disconnected (%s); reconnecting in %.1f s", why, delay)

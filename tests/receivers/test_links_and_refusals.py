@@ -141,3 +141,28 @@ def test_qmf_receive_on_a_missing_queue_exits_1_naming_the_condition(
         f"amqp:not-found: NOT_FOUND - no queue '{queue}' in vhost '/'"
     ), out.stderr
     assert "reconnecting" not in out.stderr
+
+
+@pytest.mark.broker
+def test_a_deleted_queue_ends_the_receiver_after_one_reconnect(
+    broker: Any, tmp_path: Path
+) -> None:
+    """RabbitMQ drops the connection of a consumer whose queue is deleted (a transient
+    loss: reconnect); the reconnect is refused with amqp:not-found: that ends it."""
+    from pipeline import broker as qmf_broker
+
+    queue = f"qmf-test-deleted-{uuid.uuid4().hex[:8]}"
+    qmf_broker.declare_queue(queue, [("qpid.management", f"mgmt.{queue}.#")])
+    cfg = ReceiverConfig(broker=BrokerConfig(urls=(broker.url,)), queue=queue)
+    r = run_receiver_thread(cfg, LandingSink(tmp_path / "landing", "p0"))
+    try:
+        qmf_broker.delete_queue(queue)
+        wait_for(lambda: r.error is not None, 60, "the receiver to give up")
+    finally:
+        r.stop()  # the thread ended on the error: nothing left to stop
+    assert isinstance(r.error, ReceiverError)
+    assert str(r.error).startswith(
+        f"broker ended the session (while attaching '/amq/queue/{queue}'): amqp:not-found: "
+        f"NOT_FOUND - no queue '{queue}' in vhost '/' ["
+    )
+    assert (r.stats.connects, r.stats.disconnects) == (2, 1)
