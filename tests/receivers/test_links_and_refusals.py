@@ -166,3 +166,13 @@ def test_a_deleted_queue_ends_the_receiver_after_one_reconnect(
         f"NOT_FOUND - no queue '{queue}' in vhost '/' ["
     )
     assert (r.stats.connects, r.stats.disconnects) == (2, 1)
+
+
+@pytest.mark.broker
+def test_embedded_receiver_start_raises_on_a_refused_binding(broker: Any, tmp_path: Path) -> None:
+    """The Spark source's entry point (what `qmf run --bind` feeds) fails at once."""
+    from receivers.receiver import start_embedded
+
+    missing = f"no-such-exchange-{uuid.uuid4().hex[:8]}"
+    with pytest.raises(ReceiverError, match=f"no exchange '{missing}'"):
+        start_embedded(str(tmp_path / "l"), {"url": broker.url, "bind": f"{missing}:k.#"})
