@@ -629,6 +629,7 @@ def v2_walk(
     bits_f = bits.view(np.float64)
     bits32 = np.empty(1, dtype=np.uint32)
     bits32_f = bits32.view(np.float32)
+    last_sid_p, last_sid_n, last_k = 0, -1, -1
     nrec = 0
     ni = 0
     nf = 0
@@ -722,63 +723,69 @@ def v2_walk(
             if st != V_OK:
                 st = V_UNSUPPORTED if st == V_NOT_DATA else st
                 break
-            n_pairs = n_entries if enc == ENC_010 else n_entries // 2
-            pp, pn, cp, cn, hp = -1, 0, -1, 0, -1
-            sseen = 0
-            for _e in range(n_pairs):
-                st, kp, kn, vp = _key(data, q, sid_end, enc)
+            # the same schema id bytes as the last record's: the same class (checked then)
+            sid_n = sid_end - sid_p
+            if sid_n == last_sid_n and _same(data, last_sid_p, data, sid_p, sid_n):
+                k = last_k
+            else:
+                n_pairs = n_entries if enc == ENC_010 else n_entries // 2
+                pp, pn, cp, cn, hp = -1, 0, -1, 0, -1
+                sseen = 0
+                for _e in range(n_pairs):
+                    st, kp, kn, vp = _key(data, q, sid_end, enc)
+                    if st != V_OK:
+                        break
+                    cls, iv, vpos, vlen, q = _value(data, vp, sid_end, enc)
+                    if cls == C_BAD:
+                        st = V_MALFORMED
+                        break
+                    which = -1
+                    for L in range(L_PKG, L_TYPE + 1):
+                        if _is_lit(data, kp, kn, lits, lit_off[L], lit_off[L + 1]):
+                            which = L
+                            break
+                    if which < 0:
+                        if cls == C_OTHER:
+                            st = V_UNSUPPORTED
+                            break
+                        continue
+                    if sseen & (1 << which):
+                        st = V_UNSUPPORTED
+                        break
+                    sseen |= 1 << which
+                    if which == L_HASH:
+                        if cls != C_UUID:
+                            st = V_UNSUPPORTED
+                            break
+                        hp = vpos
+                    elif which == L_TYPE:
+                        if cls == C_OTHER:
+                            st = V_UNSUPPORTED
+                            break
+                        if cls == C_TEXT and _le_name(data, vpos, vlen, lits[lit_off[L_EVENT] : lit_off[L_EVENT + 1]]):  # fmt: skip
+                            st = V_NOT_DATA
+                            break
+                    elif cls != C_TEXT:
+                        st = V_UNSUPPORTED
+                        break
+                    elif which == L_PKG:
+                        pp, pn = vpos, vlen
+                    else:
+                        cp, cn = vpos, vlen
                 if st != V_OK:
                     break
-                cls, iv, vpos, vlen, q = _value(data, vp, sid_end, enc)
-                if cls == C_BAD:
+                if q != sid_end:
                     st = V_MALFORMED
                     break
-                which = -1
-                for L in range(L_PKG, L_TYPE + 1):
-                    if _is_lit(data, kp, kn, lits, lit_off[L], lit_off[L + 1]):
-                        which = L
-                        break
-                if which < 0:
-                    if cls == C_OTHER:
-                        st = V_UNSUPPORTED
-                        break
-                    continue
-                if sseen & (1 << which):
-                    st = V_UNSUPPORTED
+                if pp < 0 or cp < 0 or hp < 0:
+                    st = V_UNKNOWN_SCHEMA
                     break
-                sseen |= 1 << which
-                if which == L_HASH:
-                    if cls != C_UUID:
-                        st = V_UNSUPPORTED
-                        break
-                    hp = vpos
-                elif which == L_TYPE:
-                    if cls == C_OTHER:
-                        st = V_UNSUPPORTED
-                        break
-                    if cls == C_TEXT and _le_name(data, vpos, vlen, lits[lit_off[L_EVENT] : lit_off[L_EVENT + 1]]):  # fmt: skip
-                        st = V_NOT_DATA
-                        break
-                elif cls != C_TEXT:
-                    st = V_UNSUPPORTED
+                k = _find(data, pp, pn, cp, cn, hp, hash_hi, hash_lo, hash16, names, name_off, hint)
+                if k < 0:
+                    st = V_UNKNOWN_SCHEMA
                     break
-                elif which == L_PKG:
-                    pp, pn = vpos, vlen
-                else:
-                    cp, cn = vpos, vlen
-            if st != V_OK:
-                break
-            if q != sid_end:
-                st = V_MALFORMED
-                break
-            if pp < 0 or cp < 0 or hp < 0:
-                st = V_UNKNOWN_SCHEMA
-                break
-            k = _find(data, pp, pn, cp, cn, hp, hash_hi, hash_lo, hash16, names, name_off, hint)
-            if k < 0:
-                st = V_UNKNOWN_SCHEMA
-                break
-            hint = k
+                hint = k
+                last_sid_p, last_sid_n, last_k = sid_p, sid_n, k
             # _object_id
             an_p, an_n, on_p, on_n = -1, -1, -1, -1
             epoch = np.int64(0)
