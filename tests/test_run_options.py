@@ -124,3 +124,33 @@ def test_dialect_and_load_intervals_reach_the_simulator(tmp_path: Path) -> None:
     assert cmd[cmd.index("--dialect") + 1] == "v2-amqp10"
     assert cmd[cmd.index("--load-intervals") + 1] == "30"
     assert "--load-intervals" not in _sim_command(_args(), "amqp://h:1", tmp_path / "m.jsonl")
+
+
+def test_v1_interval_reaches_gold_liveness() -> None:
+    """A real broker's v1 heartbeat interval is given; simulated agents' is known."""
+    from pipeline.commands.run import liveness_rules
+
+    assert liveness_rules(_args("--no-sim", "--url", "amqp://h", "--v1-interval", "2")).v1_interval_s == 2.0
+    assert liveness_rules(_args("--no-sim", "--url", "amqp://h")).v1_interval_s == 10.0
+    assert liveness_rules(_args("--interval", "3")).v1_interval_s == 3.0
+
+
+def test_warm_up_compiles_the_v2_kernels_of_both_encodings() -> None:
+    """A v2-only broker (qpidd's defaults) must not compile them in silver's first batch."""
+    from pipeline.codec import vectorized
+    from pipeline.commands.run import _warm_decoder
+
+    seen: list[int] = []
+    real = vectorized.decode_content
+
+    def counting(*a: object, **k: object) -> vectorized.ContentResult:
+        out = real(*a, **k)  # type: ignore[arg-type]
+        seen.append(out.v2_messages)
+        return out
+
+    vectorized.decode_content = counting  # type: ignore[assignment]
+    try:
+        _warm_decoder()
+    finally:
+        vectorized.decode_content = real  # type: ignore[assignment]
+    assert seen == [0, 16, 16]  # am1, then v2 over 0-10 and over AMQP 1.0: all 16 data messages

@@ -76,6 +76,10 @@ def register(subparsers: Any) -> None:
     p.add_argument("--agents", type=int, default=2)
     p.add_argument("--queues", type=int, default=50, help="queues per simulated agent")
     p.add_argument("--interval", type=int, default=1, help="agents' publish interval (s)")
+    p.add_argument("--v1-interval", type=float, default=None, metavar="SECONDS",
+                   help="seconds between QMF v1 heartbeats, for gold's agent liveness (a real "
+                   "qpidd's --mgmt-pub-interval; default: --interval of the simulated agents, "
+                   "10 with --no-sim)")  # fmt: skip
     p.add_argument("--trigger", default="processingTime=2 seconds")
     p.add_argument("--silver-decode-on", choices=("spark", "driver"), default="driver",
                    help="decode silver's micro-batches in Spark tasks or on the driver "
@@ -206,27 +210,54 @@ def _table_counts(data: Path) -> dict[str, int]:
     return out
 
 
+def liveness_rules(args: argparse.Namespace) -> Any:
+    """Gold's liveness rules: v1 heartbeats carry no interval, so it is given: the
+    simulated agents' own, else ``--v1-interval`` (a real broker's mgmt-pub-interval),
+    else gold's default (qpidd's default publish interval, 10 s)."""
+    from pipeline.transforms.gold import LivenessRules
+
+    if args.v1_interval is not None:
+        return LivenessRules(v1_interval_s=args.v1_interval)
+    return LivenessRules() if args.no_sim else LivenessRules(v1_interval_s=args.interval)
+
+
 def _warm_decoder() -> None:
     """Compile the numba decode kernels once, in this process, before silver starts.
 
     They cache to disk (``cache=True``), so Spark's Python workers load them
     instead of each compiling for ~20 s inside silver's first micro-batch (a
     fresh install shows "decoded 0 samples/s" for a whole short run otherwise).
-    A few simulated messages exercise every kernel.
+    A few simulated messages of every dialect exercise every kernel: the v2
+    kernels too (a live qpidd with its defaults sends nothing else, and a run
+    against one sat at 0 samples for two minutes while silver compiled them).
     """
     import pyarrow as pa
 
+    from pipeline.codec.amqp10 import BODY_ENCODING_PROPERTY
     from pipeline.codec.seed import seeded_registry
     from pipeline.codec.vectorized import decode_content
     from pipeline.sim.model import LoadConfig
     from pipeline.sim.runner import MemorySink, SimConfig, Simulation
 
-    sink = MemorySink()
-    cfg = SimConfig(load=LoadConfig(queues=2, connections=1), intervals=2, batch=10, seed=1)
-    Simulation(cfg, sink, None).run()
-    bodies = pa.array([m.body for m in sink.messages], pa.binary())
-    keys = pa.array([m.routing_key for m in sink.messages], pa.string())
-    decode_content(pa.table({"body": bodies, "routing_key": keys}), seeded_registry(), compact=True)
+    for dialect in ("am1", "v2", "v2-amqp10"):
+        sink = MemorySink()
+        cfg = SimConfig(dialect=dialect, load=LoadConfig(queues=2, connections=1), intervals=2,
+                        batch=10, seed=1)  # fmt: skip
+        Simulation(cfg, sink, None).run()
+        props = []
+        for m in sink.messages:
+            p = {k: str(v) for k, v in (m.application_properties or {}).items()}
+            if m.body_encoding is not None:
+                p[BODY_ENCODING_PROPERTY] = m.body_encoding
+            props.append(list(p.items()))
+        batch = pa.table({
+            "body": pa.array([m.body for m in sink.messages], pa.binary()),
+            "routing_key": pa.array([m.routing_key for m in sink.messages], pa.string()),
+            "app_id": pa.array([m.app_id for m in sink.messages], pa.string()),
+            "content_type": pa.array([m.content_type for m in sink.messages], pa.string()),
+            "application_properties": pa.array(props, pa.map_(pa.string(), pa.string())),
+        })  # fmt: skip
+        decode_content(batch, seeded_registry(), compact=True)
 
 
 def _initialized(query: Any, timeout_s: float = 120.0) -> None:
@@ -264,7 +295,6 @@ def run(args: argparse.Namespace) -> int:
     from pipeline.progress import summary as tables_summary
     from pipeline.silver import SilverSettings, start_silver
     from pipeline.spark import get_spark
-    from pipeline.transforms.gold import LivenessRules
     from receivers.config import ConfigError
     from receivers.receiver import config_from_options
 
@@ -288,7 +318,7 @@ def run(args: argparse.Namespace) -> int:
         checkpoint=str(data / "checkpoints" / "gold"), trigger=args.trigger,
         # v1 heartbeats carry no interval: the simulated agents' is known, a real
         # broker's is its mgmt-pub-interval (gold's default, 10 s).
-        liveness=LivenessRules() if args.no_sim else LivenessRules(v1_interval_s=args.interval),
+        liveness=liveness_rules(args),
     )  # fmt: skip
 
     if args.url:
@@ -349,11 +379,14 @@ def run(args: argparse.Namespace) -> int:
         if sim is not None and sim.poll() is None:
             sim.terminate()
             sim.wait(timeout=30)
-        # Drain: wait (bounded) until bronze has what was landed.
+        # Drain: wait (bounded) until bronze has what was landed when the run stopped.
+        # A live broker keeps publishing and the receiver keeps landing until the query
+        # stops, so the target is fixed here; what lands after it stays in the landing
+        # log (durable, settled) and is bronze's first input on the next run.
+        target = _landed(landing)
         drain_deadline = time.monotonic() + 120
         while query.isActive and time.monotonic() < drain_deadline:
-            landed, done = _landed(landing), _processed(query.lastProgress)
-            if done >= landed:
+            if _processed(query.lastProgress) >= target:
                 break
             time.sleep(1.0)
     finally:
