@@ -279,12 +279,12 @@ def _compact_tables_of(schemas: Sequence[ClassSchema], el_type: list[int]) -> di
     for k, s in enumerate(schemas):
         elements = (*s.properties, *s.statistics)
         list_pos: list[int] = []
-        for e in elements:
+        for e, v2_name in zip(elements, s.v2_names, strict=True):
             j = _SLOT_NUMBER[slot_kind(e.type_code)]
             list_pos.append(int(n_slots[k, j]))
             n_slots[k, j] += 1
             el_schema.append(k)
-            el_names += e.name.encode()
+            el_names += v2_name.encode()  # the v2 kernel looks `_values` keys up here
             el_name_off.append(len(el_names))
         el_lpos += list_pos
         for i, p in enumerate(s.properties):
@@ -1182,7 +1182,11 @@ def _v2_candidates(table: pa.Table, body: pa.Array) -> _V2Cands | None:
     n = len(ap)
     if ap.null_count == n:
         return None
-    row_ok = np.asarray(ap.is_valid().to_numpy(zero_copy_only=False), np.bool_)
+    row_ok = (
+        np.asarray(ap.is_valid().to_numpy(zero_copy_only=False), np.bool_)
+        if ap.null_count
+        else np.ones(n, np.bool_)
+    )
     if body.null_count:
         row_ok &= np.asarray(body.is_valid().to_numpy(zero_copy_only=False), np.bool_)
     m_off = np.asarray(ap.offsets.to_numpy(), np.int64)
@@ -1381,12 +1385,12 @@ def _v2_table(
     o, buf = V.v2_text_values(data, tkind, tpos, tlen, cidx, c_off, c_buf, K.hex_digits())
     t_valid = tkind != V.T_NULL
     t_nulls = int(t_valid.size - np.count_nonzero(t_valid))
-    checked = K.non_ascii(buf)
-    t_arr = _string(o, buf, _bitmap(t_valid) if t_nulls else None, t_nulls, check=checked)
+    # Arrow's UTF-8 check (fast) on all of it; replaced text, if any, makes the index keys
+    t_arr = _string(o, buf, _bitmap(t_valid) if t_nulls else None, t_nulls)
     texts_a = pa.ListArray.from_buffers(
         pa.list_(pa.string()), n, [None, offsets(V.W_TOFF, len(tkind))], children=[t_arr]
     )
-    ta_off, ta_buf = _string_buffers(t_arr) if checked else (o, buf)
+    ta_off, ta_buf = _string_buffers(t_arr)
     schema_of = np.ascontiguousarray(rec[V.W_SCHEMA])
     k_off, k_buf, k_ok, slow = K.index_keys(
         schema_of, np.ascontiguousarray(rec[V.W_TOFF]), ta_off, ta_buf, t_valid,
@@ -1491,6 +1495,7 @@ def records_to_table(items: Iterable[tuple[str, int, Any]], schema: ClassSchema)
     types = [
         (column_name(e.name), e.name, e.type_code) for e in (*schema.properties, *schema.statistics)
     ]
+    v2_names = schema.v2_names
     rows: list[dict[str, Any]] = []
     for msg_key, index, r in items:
         row = r.row()
@@ -1500,8 +1505,9 @@ def records_to_table(items: Iterable[tuple[str, int, Any]], schema: ClassSchema)
         row["record_index"] = index
         for c in ("update_ns", "create_ns", "delete_ns", "object_num"):
             row[c] = None if row[c] is None else _signed(int(row[c]), 64)
-        for col, name, t in types:
-            row[col] = cell(t, values.get(name))
+        v2 = row.get("dialect") == "V2"
+        for (col, name, t), v2_name in zip(types, v2_names, strict=True):
+            row[col] = cell(t, values.get(v2_name if v2 else name))
         rows.append(row)
     return pa.Table.from_pylist(rows, schema=out_schema)
 
