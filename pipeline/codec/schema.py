@@ -79,6 +79,24 @@ class ClassSchema:
         """Number of presence-bitmask octets in 'c'/'g' content."""
         return (len(self.optional_properties) + 7) // 8
 
+    @property
+    def v2_names(self) -> tuple[str, ...]:
+        """The key each property and statistic has in a QMF v2 ``_values`` map, in
+        schema order: its name, except for qpidd's min/max/average statistics, whose v1
+        schema says ``XSamples``/``XAverage`` where its v2 maps say ``XCount``/``XAvg``
+        (``XMin``/``XMax`` are alike): read off qpidd 1.40's generated code and traffic."""
+        elements = (*self.properties, *self.statistics)
+        names = {e.name for e in self.statistics}
+        return tuple(_v2_name(e.name, names) for e in elements)
+
+
+def _v2_name(name: str, statistics: set[str]) -> str:
+    for v1, v2 in (("Samples", "Count"), ("Average", "Avg")):
+        base = name[: -len(v1)]
+        if name.endswith(v1) and f"{base}Min" in statistics and f"{base}Max" in statistics:
+            return base + v2
+    return name
+
 
 ORIGIN_SEED = "seed"  # known before decoding (qpid's schema XML, a file, a caller's list)
 ORIGIN_WIRE = "wire"  # from a schema response decoded on the wire
