@@ -60,6 +60,8 @@ SEVERITIES = ("emerg", "alert", "crit", "error", "warn", "notice", "info", "debu
 # queue's series survives a restart (as gold's series_key does).
 _AM2_REF = r'"([0-9]+)-[0-9]+-([0-9]+)-([0-9]+)-([0-9]+)"'
 _AM2_REF_BLANK = r'"\1-*-\2-\3-\4"'
+# V2 references carry the agent epoch inside their map (gold's series_key drops it).
+V2_REF_EPOCH = r'\\"_agent_epoch\\":[0-9]+,'
 
 
 def _subschema(schema: pa.Schema, names: tuple[str, ...]) -> pa.Schema:
@@ -222,7 +224,13 @@ def with_series(rows: pa.Table, known: pa.Table | None = None) -> pa.Table:
         rows = joined.drop_columns(["_pos", "_known_key"]).select(rows.column_names)
         rows = rows.set_column(rows.schema.get_field_index("index_key"), "index_key", filled)
     am2 = pc.replace_substring_regex(rows.column("index_key"), _AM2_REF, _AM2_REF_BLANK)
-    key = pc.if_else(pc.equal(rows.column("dialect"), "AM2"), am2, rows.column("index_key"))
+    v2 = pc.replace_substring_regex(rows.column("index_key"), V2_REF_EPOCH, "")
+    dialect = rows.column("dialect")
+    key = pc.if_else(
+        pc.equal(dialect, "AM2"),
+        am2,
+        pc.if_else(pc.equal(dialect, "V2"), v2, rows.column("index_key")),
+    )
     series = pc.coalesce(key, rows.column("object_id"))
     if "series" in rows.column_names:
         return rows.set_column(rows.schema.get_field_index("series"), "series", series)

@@ -116,11 +116,25 @@ def series_key() -> pl.Expr:
     which carry the agent's epoch: after a restart the same queue's key would
     differ. The epoch part of id-shaped values is blanked, so the series
     continues and its first interval after the restart says ``agent_restart``.
+    V2 references are maps: qpidd writes ``_agent_epoch`` into those of objects
+    made after its start (a binding's queueRef) and none into start-up ones; it
+    is dropped (``V2_REF_EPOCH``) for the same reason.
     """
-    am2 = pl.col("index_key").str.replace_all(
-        r'"([0-9]+)-[0-9]+-([0-9]+)-([0-9]+)-([0-9]+)"', '"${1}-*-${2}-${3}-${4}"'
+    am2 = pl.col("index_key").str.replace_all(AM2_REF, AM2_REF_BLANK)
+    v2 = pl.col("index_key").str.replace_all(V2_REF_EPOCH, "")
+    return (
+        pl.when(pl.col("dialect") == "AM2")
+        .then(am2)
+        .when(pl.col("dialect") == "V2")
+        .then(v2)
+        .otherwise(pl.col("index_key"))
     )
-    return pl.when(pl.col("dialect") == "AM2").then(am2).otherwise(pl.col("index_key"))
+
+
+# Object references inside an index key (JSON text), and what series_key makes of them.
+AM2_REF = r'"([0-9]+)-[0-9]+-([0-9]+)-([0-9]+)-([0-9]+)"'
+AM2_REF_BLANK = r'"${1}-*-${2}-${3}-${4}"'
+V2_REF_EPOCH = r'\\"_agent_epoch\\":[0-9]+,'
 
 
 def identify(samples: pl.DataFrame, known_keys: pl.DataFrame | None = None) -> pl.DataFrame:
