@@ -142,34 +142,20 @@ def _ascii(data: Any, p: Any, n: Any) -> Any:
 def _width010(code: Any) -> Any:
     """Fixed width of a 0-10 type code, -1/-2/-4 for a size prefix, -9 for no such class."""
     hi = code >> 4
-    if hi == 0:
-        return 1
-    if hi == 1:
-        return 2
-    if hi == 2:
-        return 4
-    if hi == 3:
-        return 8
-    if hi == 4:
-        return 16
-    if hi == 5:
-        return 32
-    if hi == 6:
-        return 64
-    if hi == 7:
-        return 128
+    if hi <= 7:  # 1, 2, 4, ... 128 octets
+        return 1 << hi
+    if hi == 9:  # vbin16, str16: qpid's strings
+        return -2
+    if hi == 0xA:  # vbin32, map, list, array
+        return -4
+    if hi == 8:
+        return -1
     if hi == 0xC:
         return 5
     if hi == 0xD:
         return 9
     if hi == 0xF:
         return 0
-    if hi == 8:
-        return -1
-    if hi == 9:
-        return -2
-    if hi == 0xA:
-        return -4
     return -9
 
 
@@ -188,6 +174,8 @@ def _scalar010(data: Any, code: Any, p: Any, end: Any) -> tuple[Any, ...]:
         if p + w > end:
             return C_BAD, np.int64(0), 0, 0, p
         q = p + w
+        if code == 0x32:  # uint64: most of qpid's statistics
+            return C_UINT, _be8(data, p), 0, 0, q
         if code == 0x01:
             v = np.int64(data[p])
             return C_INT, v - 256 if v > 127 else v, 0, 0, q
@@ -1172,8 +1160,8 @@ def gather_texts(data: Any, pos: Any, ln: Any, empty_if: Any) -> tuple[Any, Any,
 def raw_groups(data: Any, pos: Any, ln: Any, tag: Any) -> tuple[Any, Any]:
     """Group equal (tag, bytes) ranges: (representative of each group, group of each range).
 
-    A 64-bit hash groups them; each group is then checked byte for byte, and
-    on a collision every range is its own group.
+    A 64-bit hash and an open-addressing table group them, equal bytes checked
+    on every hash hit (a collision makes two groups, never a wrong one).
     """
     data = _unowned(data)
     pos = _unowned(pos)
@@ -1197,32 +1185,35 @@ def raw_groups(data: Any, pos: Any, ln: Any, tag: Any) -> tuple[Any, Any]:
             h = (h ^ np.uint64(data[p + j])) * prime
             j += 1
         hashes[i] = h
-    order = np.argsort(hashes, kind="mergesort")
+    size = 16
+    while size < 2 * n:
+        size *= 2
+    slots = np.full(size, -1, dtype=np.int64)  # open addressing: slot -> group
     inv = np.empty(n, dtype=np.int64)
     rep = np.empty(n, dtype=np.int64)
-    g = -1
-    for jj in range(n):
-        i = order[jj]
-        if jj == 0 or hashes[i] != hashes[order[jj - 1]]:
-            g += 1
-            rep[g] = i
-        inv[i] = g
-    rep = rep[: g + 1]
+    g = 0
     for i in range(n):
-        r = rep[inv[i]]
-        if r == i:
-            continue
-        same = ln[i] == ln[r] and tag[i] == tag[r]
-        if same:
-            a = pos[i]
-            b = pos[r]
-            for j in range(ln[i]):
-                if data[a + j] != data[b + j]:
-                    same = False
-                    break
-        if not same:
-            return np.arange(n), np.arange(n)
-    return rep, inv
+        h = hashes[i]
+        at = np.int64(h & np.uint64(size - 1))
+        while True:
+            grp = slots[at]
+            if grp < 0:  # a new encoding
+                slots[at] = g
+                rep[g] = i
+                inv[i] = g
+                g += 1
+                break
+            r = rep[grp]
+            if (
+                hashes[r] == h
+                and ln[r] == ln[i]
+                and tag[r] == tag[i]
+                and _same(data, pos[i], data, pos[r], ln[i])
+            ):
+                inv[i] = grp
+                break
+            at = (at + 1) & (size - 1)
+    return rep[:g], inv
 
 
 _P_OPCODE = 0
