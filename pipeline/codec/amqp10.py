@@ -34,7 +34,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from pipeline.codec.errors import EncodeError, Malformed, Truncated, UnknownType
-from pipeline.codec.types import TypedArray, TypedList, TypedMap, infer_code
+from pipeline.codec.types import TypedArray, TypedList, TypedMap, fixed_decoder, infer_code
 
 __all__ = [
     "BODY_ENCODING_AMQP10",
@@ -182,19 +182,6 @@ class Float32(float):
 
 
 # ----------------------------------------------------------------- primitive decoders
-
-
-def _fixed(st: struct.Struct, what: str) -> Decoder:
-    size = st.size
-    unpack = st.unpack_from
-
-    def dec(buf: bytes, off: int) -> tuple[Any, int]:
-        end = off + size
-        if end > len(buf):
-            raise Truncated(off, size, max(len(buf) - off, 0), what)
-        return unpack(buf, off)[0], end
-
-    return dec
 
 
 def _const(value: Any) -> Decoder:
@@ -485,27 +472,27 @@ class _Tables:
                 TRUE: _const(True),
                 FALSE: _const(False),
                 BOOLEAN: _dec_boolean,
-                UBYTE: _fixed(U8, "ubyte"),
-                USHORT: _fixed(U16, "ushort"),
-                UINT: _fixed(U32, "uint"),
-                SMALLUINT: _fixed(U8, "smalluint"),
+                UBYTE: fixed_decoder(U8, "ubyte"),
+                USHORT: fixed_decoder(U16, "ushort"),
+                UINT: fixed_decoder(U32, "uint"),
+                SMALLUINT: fixed_decoder(U8, "smalluint"),
                 UINT0: _const(0),
-                ULONG: _fixed(U64, "ulong"),
-                SMALLULONG: _fixed(U8, "smallulong"),
+                ULONG: fixed_decoder(U64, "ulong"),
+                SMALLULONG: fixed_decoder(U8, "smallulong"),
                 ULONG0: _const(0),
-                BYTE: _fixed(I8, "byte"),
-                SHORT: _fixed(I16, "short"),
-                INT: _fixed(I32, "int"),
-                SMALLINT: _fixed(I8, "smallint"),
-                LONG: _fixed(I64, "long"),
-                SMALLLONG: _fixed(I8, "smalllong"),
+                BYTE: fixed_decoder(I8, "byte"),
+                SHORT: fixed_decoder(I16, "short"),
+                INT: fixed_decoder(I32, "int"),
+                SMALLINT: fixed_decoder(I8, "smallint"),
+                LONG: fixed_decoder(I64, "long"),
+                SMALLLONG: fixed_decoder(I8, "smalllong"),
                 FLOAT: _dec_float,
-                DOUBLE: _fixed(F64, "double"),
+                DOUBLE: fixed_decoder(F64, "double"),
                 DECIMAL32: _raw(4, "decimal32"),
                 DECIMAL64: _raw(8, "decimal64"),
                 DECIMAL128: _raw(16, "decimal128"),
                 CHAR: _dec_char,
-                TIMESTAMP: _fixed(I64, "timestamp"),
+                TIMESTAMP: fixed_decoder(I64, "timestamp"),
                 UUID: _dec_uuid,
                 VBIN8: _var(U8, "vbin8", self.binary_text),
                 VBIN32: _var(U32, "vbin32", self.binary_text),

@@ -189,7 +189,8 @@ def need(buf: bytes, off: int, n: int, what: str = "value") -> int:
     return end
 
 
-def _fixed(st: struct.Struct, what: str) -> Decoder:
+def fixed_decoder(st: struct.Struct, what: str) -> Decoder:
+    """A decoder of one big-endian fixed-size value (shared with ``amqp10``)."""
     size = st.size
     unpack = st.unpack_from
 
@@ -367,10 +368,10 @@ def _enc_bit(out: bytearray, v: Any) -> None:
         raise EncodeError(f"bit needs True, got {v!r}")
 
 
-_dec_u8 = _fixed(U8, "uint8")
-_dec_u16 = _fixed(U16, "uint16")
-_dec_u32 = _fixed(U32, "uint32")
-_dec_u64 = _fixed(U64, "uint64")
+_dec_u8 = fixed_decoder(U8, "uint8")
+_dec_u16 = fixed_decoder(U16, "uint16")
+_dec_u32 = fixed_decoder(U32, "uint32")
+_dec_u64 = fixed_decoder(U64, "uint64")
 
 # ------------------------------------------------------------------ containers
 
@@ -635,20 +636,20 @@ def _var_raw(st: struct.Struct, what: str) -> Decoder:
 
 def _build_amqp_table() -> dict[int, AmqpType]:
     known: list[tuple[int, str, Decoder, Encoder]] = [
-        (0x01, "int8", _fixed(I8, "int8"), _fixed_enc(I8, "int8")),
+        (0x01, "int8", fixed_decoder(I8, "int8"), _fixed_enc(I8, "int8")),
         (0x02, "uint8", _dec_u8, _fixed_enc(U8, "uint8")),
         (0x04, "char", _dec_char, _enc_char),
         (0x08, "boolean", _dec_bool, _enc_bool),
-        (0x11, "int16", _fixed(I16, "int16"), _fixed_enc(I16, "int16")),
+        (0x11, "int16", fixed_decoder(I16, "int16"), _fixed_enc(I16, "int16")),
         (0x12, "uint16", _dec_u16, _fixed_enc(U16, "uint16")),
-        (0x21, "int32", _fixed(I32, "int32"), _fixed_enc(I32, "int32")),
+        (0x21, "int32", fixed_decoder(I32, "int32"), _fixed_enc(I32, "int32")),
         (0x22, "uint32", _dec_u32, _fixed_enc(U32, "uint32")),
-        (0x23, "float", _fixed(F32, "float"), _fixed_enc(F32, "float")),
+        (0x23, "float", fixed_decoder(F32, "float"), _fixed_enc(F32, "float")),
         (0x27, "char-utf32", _dec_char32, _enc_char32),
-        (0x31, "int64", _fixed(I64, "int64"), _fixed_enc(I64, "int64")),
+        (0x31, "int64", fixed_decoder(I64, "int64"), _fixed_enc(I64, "int64")),
         (0x32, "uint64", _dec_u64, _fixed_enc(U64, "uint64")),
-        (0x33, "double", _fixed(F64, "double"), _fixed_enc(F64, "double")),
-        (0x38, "datetime", _fixed(I64, "datetime"), _fixed_enc(I64, "datetime")),
+        (0x33, "double", fixed_decoder(F64, "double"), _fixed_enc(F64, "double")),
+        (0x38, "datetime", fixed_decoder(I64, "datetime"), _fixed_enc(I64, "datetime")),
         (0x48, "uuid", _dec_uuid, _enc_uuid),
         (0x80, "vbin8", _var(U8, None, "vbin8"), _var_enc(U8, None, "vbin8")),
         (
@@ -794,7 +795,7 @@ def _dec_qbool(buf: bytes, off: int) -> tuple[Any, int]:
 def _qmf_table(dialect: str) -> dict[int, tuple[Decoder, Encoder]]:
     ref = (_dec_ref_am2, _enc_ref_am2) if dialect == "AM2" else (_dec_ref_am1, _enc_ref_am1)
     abstime = (
-        (_fixed(I64, "absTime"), _fixed_enc(I64, "absTime"))
+        (fixed_decoder(I64, "absTime"), _fixed_enc(I64, "absTime"))
         if dialect == "AM2"
         else (_dec_u64, _fixed_enc(U64, "absTime"))
     )
@@ -809,14 +810,14 @@ def _qmf_table(dialect: str) -> dict[int, tuple[Decoder, Encoder]]:
         9: (_dec_u64, _fixed_enc(U64, "deltaTime")),
         10: ref,
         11: (_dec_qbool, _enc_bool),
-        12: (_fixed(F32, "float"), _fixed_enc(F32, "float")),
-        13: (_fixed(F64, "double"), _fixed_enc(F64, "double")),
+        12: (fixed_decoder(F32, "float"), _fixed_enc(F32, "float")),
+        13: (fixed_decoder(F64, "double"), _fixed_enc(F64, "double")),
         14: (_dec_uuid, _enc_uuid),
         15: (decode_map, _enc_map),
-        16: (_fixed(I8, "int8"), _fixed_enc(I8, "int8")),
-        17: (_fixed(I16, "int16"), _fixed_enc(I16, "int16")),
-        18: (_fixed(I32, "int32"), _fixed_enc(I32, "int32")),
-        19: (_fixed(I64, "int64"), _fixed_enc(I64, "int64")),
+        16: (fixed_decoder(I8, "int8"), _fixed_enc(I8, "int8")),
+        17: (fixed_decoder(I16, "int16"), _fixed_enc(I16, "int16")),
+        18: (fixed_decoder(I32, "int32"), _fixed_enc(I32, "int32")),
+        19: (fixed_decoder(I64, "int64"), _fixed_enc(I64, "int64")),
         21: (decode_list, _enc_list),
         22: (decode_array, _enc_array),
     }
