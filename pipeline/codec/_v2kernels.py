@@ -732,11 +732,9 @@ def v2_walk(
                         if _is_lit(data, kp, kn, lits, lit_off[L], lit_off[L + 1]):
                             which = L
                             break
-                    if which < 0:
-                        if cls == C_OTHER:
-                            st = V_UNSUPPORTED
-                            break
-                        continue
+                    if which < 0:  # another key (maybe not UTF-8, maybe twice): the codec's
+                        st = V_UNSUPPORTED
+                        break
                     if sseen & (1 << which):
                         st = V_UNSUPPORTED
                         break
@@ -798,11 +796,9 @@ def v2_walk(
                         if _is_lit(data, kp, kn, lits, lit_off[L], lit_off[L + 1]):
                             which = L
                             break
-                    if which < 0:
-                        if cls == C_OTHER:
-                            st = V_UNSUPPORTED
-                            break
-                        continue
+                    if which < 0:  # another key (maybe not UTF-8, maybe twice): the codec's
+                        st = V_UNSUPPORTED
+                        break
                     if oseen & (1 << which):
                         st = V_UNSUPPORTED
                         break
