@@ -1503,7 +1503,7 @@ def records_to_table(items: Iterable[tuple[str, int, Any]], schema: ClassSchema)
         values = row.pop("values") or {}
         row["msg_key"] = msg_key
         row["record_index"] = index
-        for c in ("update_ns", "create_ns", "delete_ns", "object_num"):
+        for c in ("update_ns", "create_ns", "delete_ns", "object_num", "epoch"):
             row[c] = None if row[c] is None else _signed(int(row[c]), 64)
         v2 = row.get("dialect") == "V2"
         for (col, name, t), v2_name in zip(types, v2_names, strict=True):

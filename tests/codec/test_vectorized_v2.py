@@ -51,21 +51,16 @@ def registry_of(msgs: Sequence[CapturedMessage]) -> SchemaRegistry:
     return reg
 
 
-def same_or_raises(
+def same_output(
     table: pa.Table, registry: SchemaRegistry
-) -> tuple[ContentResult, ContentResult] | None:
+) -> tuple[ContentResult, ContentResult]:
     """Fast and per-record decode of one batch; asserts every output is the same.
 
-    Where the per-record path raises (values its table cannot hold, e.g. an
-    agent epoch >= 2**63 from a damaged byte), the fast path must raise alike:
-    the kernel leaves such values to it.
+    Neither may raise: whatever the bytes, a message decodes or goes to
+    quarantine (an agent epoch >= 2**63 from a damaged byte keeps its bit
+    pattern, as the uint64 times do).
     """
-    try:
-        want = decode_content(table, registry.copy(), compact=True, v2_kernel=False)
-    except (OverflowError, pa.ArrowException) as exc:
-        with pytest.raises(type(exc)):
-            decode_content(table, registry.copy(), compact=True)
-        return None
+    want = decode_content(table, registry.copy(), compact=True, v2_kernel=False)
     got = decode_content(table, registry.copy(), compact=True)
     assert got.table is not None and want.table is not None
     if not got.table.equals(want.table):  # show the first differing row and column
@@ -86,10 +81,8 @@ def same_or_raises(
 
 
 def same(table: pa.Table, registry: SchemaRegistry) -> tuple[ContentResult, ContentResult]:
-    """``same_or_raises`` for input the per-record path decodes."""
-    out = same_or_raises(table, registry)
-    assert out is not None
-    return out
+    """(fast, per-record) results of one batch, asserted equal."""
+    return same_output(table, registry)
 
 
 # ------------------------------------------------------------------ real qpidd traffic
@@ -347,7 +340,7 @@ def v2_record(draw: Any) -> TypedMap:
         oid["_agent_name"] = "apache.org:qpidd:x"
         oid.codes["_agent_name"] = 0x90
     if draw(st.booleans()):
-        oid["_agent_epoch"] = draw(st.integers(0, 1 << 40))
+        oid["_agent_epoch"] = draw(st.one_of(st.integers(0, 1 << 40), st.integers(0, (1 << 64) - 1)))
         oid.codes["_agent_epoch"] = 0x32
     rec = TypedMap()
     parts: list[tuple[str, Any, int]] = [
@@ -401,7 +394,7 @@ def generated_registry() -> SchemaRegistry:
 def test_generated_v2_data_indications_equal_the_per_record_path(
     msgs: list[CapturedMessage],
 ) -> None:
-    same_or_raises(batch_of(msgs), generated_registry())
+    same_output(batch_of(msgs), generated_registry())
 
 
 def test_generated_clean_indications_take_the_kernel() -> None:
@@ -511,3 +504,45 @@ def test_refused_v2_messages_go_whole_per_record(damage: str) -> None:
         assert got.quarantine.num_rows == 1
         assert got.quarantine.column("msg_key").to_pylist() == ["m1"]
         assert got.quarantine.column("body").to_pylist() == [msgs[1].body]
+
+
+def test_an_agent_epoch_beyond_int64_keeps_its_bit_pattern() -> None:
+    """Silver must not fail a batch on it (it raised in the table conversion before)."""
+    oid = TypedMap({"_agent_epoch": (1 << 63) + 5, "_object_name": "q"},
+                   {"_agent_epoch": 0x32, "_object_name": 0x90})  # fmt: skip
+    sid = TypedMap(
+        {"_class_name": THING.key.name, "_hash": uuid.UUID(bytes=THING.key.hash),
+         "_package_name": THING.key.package},
+        {"_class_name": 0x90, "_hash": 0x48, "_package_name": 0x90},
+    )  # fmt: skip
+    rec = TypedMap({"_object_id": oid, "_schema_id": sid, "_update_ts": 7},
+                   {"_object_id": 0xA8, "_schema_id": 0xA8, "_update_ts": 0x32})  # fmt: skip
+    body = bytearray()
+    encode_list(body, TypedList([rec], [0xA8]))
+    msg = CapturedMessage(
+        body=bytes(body), content_type="amqp/list", routing_key="agent.ind.data.x",
+        application_properties={"qmf.opcode": "_data_indication", "qmf.content": "_data"},
+    )  # fmt: skip
+    fast, _ = same(batch_of([msg]), generated_registry())
+    assert fast.quarantine.num_rows == 0
+    assert fast.table.column("epoch").to_pylist() == [(1 << 63) + 5 - (1 << 64)]
+
+
+def test_a_non_utf8_key_in_the_object_id_goes_to_quarantine_as_per_record() -> None:
+    """Found by the generated test: the kernel ignored an unknown key of ``_object_id``
+    whose bytes are not UTF-8, where the codec refuses the message; both must refuse."""
+    body = (
+        b"\x00\x00\x00\xe9\x00\x00\x00\x01\xa8\x00\x00\x00\xe0\x00\x00\x00\x05"
+        b"\n_create_ts2" + bytes(8) + b"\n_delete_ts2" + bytes(8)
+        + b"\n_object_id\xa8\x00\x00\x005\x00\x00\x00\x02\x0c_object_name\x90\x00\x00"
+        b"\x0b\x80agent_name\x90\x00\x12apache.org:qpidd:x"
+        b"\n_schema_id\xa8\x00\x00\x00K\x00\x00\x00\x03\r_package_name\x90\x00\x0borg.example"
+        b"\x0b_class_name\x90\x00\x05thing\x05_hashH" + bytes(range(16))
+        + b"\n_update_ts2" + bytes(8)
+    )  # fmt: skip
+    msg = CapturedMessage(
+        body=body, content_type="amqp/list", routing_key="agent.ind.data.org_example.thing",
+        application_properties={"qmf.opcode": "_data_indication", "qmf.content": "_data"},
+    )  # fmt: skip
+    fast, _ = same(batch_of([msg]), generated_registry())
+    assert (fast.v2_messages, fast.quarantine.num_rows, fast.table.num_rows) == (0, 1, 0)
