@@ -1131,7 +1131,6 @@ def wide_to_compact(wide: pa.Table, schema: ClassSchema) -> pa.Table:
 # distinct encoding (``_v2_cell``). Messages the kernel refuses go whole to the
 # per-record path, like every other message it does not take.
 
-_V2_OPCODES = pa.array(["_data_indication", "_query_response"], pa.string())
 _V2_KEYS = (
     b"_schema_id", b"_object_id", b"_update_ts", b"_create_ts", b"_delete_ts", b"_values",
     b"_package_name", b"_class_name", b"_hash", b"_type",
@@ -1139,8 +1138,6 @@ _V2_KEYS = (
 )  # fmt: skip
 _V2_LITS = np.frombuffer(b"".join(_V2_KEYS), np.uint8).copy()
 _V2_LIT_OFF = np.array([0, *itertools.accumulate(map(len, _V2_KEYS))], np.int64)
-_BODY_ENCODING = "x-qmf-body-encoding"  # pipeline.codec.amqp10.BODY_ENCODING_PROPERTY
-_AMQP10 = "amqp-1.0"
 
 
 _V2_PROPS = (
@@ -1486,6 +1483,25 @@ def _is_sample(r: Any) -> bool:
     return getattr(r, "kind", None) == "object"
 
 
+def _sample_tables(
+    samples: Mapping[SchemaKey, list[tuple[str, int, Any]]], registry: SchemaRegistry
+) -> dict[SchemaKey, pa.Table] | str:
+    """One message's samples as one wide table per class, or why they cannot be rows.
+
+    A value whose type does not fit its element (text in an integer statistic, a
+    uuid that is not 16 bytes) would make ``records_to_table`` raise for the whole
+    batch; the message is quarantined instead, with its raw bytes."""
+    out: dict[SchemaKey, pa.Table] = {}
+    for sk, items in samples.items():
+        schema = registry.get(sk)
+        assert schema is not None
+        try:
+            out[sk] = records_to_table(items, schema)
+        except (ValueError, TypeError, OverflowError, pa.ArrowException) as exc:
+            return f"ValueRejected: {sk.package}:{sk.name}: {type(exc).__name__}: {exc}"
+    return out
+
+
 def records_to_table(items: Iterable[tuple[str, int, Any]], schema: ClassSchema) -> pa.Table:
     """Per-record object samples (msg_key, record_index, record) of one class -> its wide table.
 
@@ -1636,7 +1652,7 @@ def decode_content(
     quarantine: list[dict[str, Any]] = []
     others: list[tuple[str, Any]] = []
     other_index: list[int] = []
-    per_class: dict[SchemaKey, list[tuple[str, int, Any]]] = {}
+    per_class: dict[SchemaKey, list[pa.Table]] = {}
     fb_rows: dict[SchemaKey, list[int]] = {}
     decode_one = per_record or per_record_decode
     meta_cols = [
@@ -1649,15 +1665,23 @@ def decode_content(
         if isinstance(meta.get("application_properties"), list):  # Arrow map -> pairs
             meta["application_properties"] = dict(meta["application_properties"])
         recs, problems = decode_one(raw, registry, meta)
+        mine: dict[SchemaKey, list[tuple[str, int, Any]]] = {}
         for i, r in enumerate(recs):
             if _is_sample(r):
                 sk = SchemaKey(r.package, r.class_name, r.schema_hash)
                 if sk in registry:
-                    per_class.setdefault(sk, []).append((key, i, r))
-                    fb_rows.setdefault(sk, []).append(m)
-                    continue
-            others.append((key, r))
-            other_index.append(i)
+                    mine.setdefault(sk, []).append((key, i, r))
+        converted = _sample_tables(mine, registry)
+        if isinstance(converted, str):  # the whole message to quarantine, as a codec problem
+            quarantine.append({"msg_key": key, "reason": converted, "offset": None, "body": raw})
+            continue
+        for sk, part in converted.items():
+            per_class.setdefault(sk, []).append(part)
+            fb_rows.setdefault(sk, []).extend([m] * part.num_rows)
+        for i, r in enumerate(recs):
+            if not (_is_sample(r) and SchemaKey(r.package, r.class_name, r.schema_hash) in mine):
+                others.append((key, r))
+                other_index.append(i)
         for p in problems:
             quarantine.append(
                 {
@@ -1669,14 +1693,15 @@ def decode_content(
             )
     if v2_part is not None and v2_part[0].num_rows:
         whole.append(v2_part)
-    for sk, items in per_class.items():
+    for sk, parts in per_class.items():
         sch = registry.get(sk)
         assert sch is not None
         rows = np.array(fb_rows[sk], np.int64)
+        wide = pa.concat_tables(parts) if len(parts) > 1 else parts[0]
         if compact:
-            whole.append((wide_to_compact(records_to_table(items, sch), sch), rows))
+            whole.append((wide_to_compact(wide, sch), rows))
         else:
-            tables.setdefault(sk, []).append((records_to_table(items, sch), rows))
+            tables.setdefault(sk, []).append((wide, rows))
     return ContentResult(
         samples={k: _in_input_order(v) for k, v in tables.items()},
         table=(_in_input_order(whole) if whole else COMPACT_SCHEMA.empty_table())

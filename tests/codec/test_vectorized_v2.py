@@ -546,3 +546,34 @@ def test_a_non_utf8_key_in_the_object_id_goes_to_quarantine_as_per_record() -> N
     )  # fmt: skip
     fast, _ = same(batch_of([msg]), generated_registry())
     assert (fast.v2_messages, fast.quarantine.num_rows, fast.table.num_rows) == (0, 1, 0)
+
+
+@pytest.mark.parametrize("bad", ["abc", b"\xff\xfe", float("nan")])
+def test_a_value_that_does_not_fit_its_element_quarantines_its_message_only(bad: Any) -> None:
+    """Text in an integer element: the kernel refuses the message and the per-record
+    conversion cannot type it either; it goes to quarantine whole (raw bytes, reason)
+    instead of failing the batch, and the good message beside it is decoded."""
+    def message(n: Any, code: int) -> CapturedMessage:
+        sid = TypedMap(
+            {"_class_name": "other", "_hash": uuid.UUID(bytes=OTHER.key.hash), "_package_name": PKG},
+            {"_class_name": 0x90, "_hash": 0x48, "_package_name": 0x90},
+        )  # fmt: skip
+        oid = TypedMap({"_object_name": "o"}, {"_object_name": 0x90})
+        vals = TypedMap({"n": n, "s": "x"}, {"n": code, "s": 0x90})
+        rec = TypedMap({"_object_id": oid, "_schema_id": sid, "_update_ts": 5, "_values": vals},
+                       {"_object_id": 0xA8, "_schema_id": 0xA8, "_update_ts": 0x32,
+                        "_values": 0xA8})  # fmt: skip
+        body = bytearray()
+        encode_list(body, TypedList([rec], [0xA8]))
+        return CapturedMessage(
+            body=bytes(body), content_type="amqp/list", routing_key="agent.ind.data.x",
+            application_properties={"qmf.opcode": "_data_indication", "qmf.content": "_data"},
+        )  # fmt: skip
+
+    code = {str: 0x90, bytes: 0x90, float: 0x33}[type(bad)]
+    batch = batch_of([message(bad, code), message(7, 0x32)])
+    fast, _ = same(batch, generated_registry())
+    assert fast.quarantine.column("msg_key").to_pylist() == [batch.column("msg_key")[0].as_py()]
+    assert fast.quarantine.column("reason")[0].as_py().startswith("ValueRejected: ")
+    assert fast.quarantine.column("body")[0].as_py() == batch.column("body")[0].as_py()
+    assert fast.table.num_rows == 1 and fast.table.column("ints").to_pylist() == [[7]]
