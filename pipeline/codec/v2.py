@@ -196,16 +196,16 @@ def _schema_record(item: Any, opcode: str, registry: SchemaRegistry) -> Record:
         )
     package, name, h, typ = _schema_id(item.get("_schema_id"))
     kind = KIND_EVENT if typ == "_event" else KIND_TABLE
-    props = [_v2_element(p) for p in item.get("_properties") or () if isinstance(p, Mapping)]
+    props = [_v2_element(p) for p in _listed(item.get("_properties")) if isinstance(p, Mapping)]
     methods = tuple(
         Method(
             name=_s(m.get("_name")) or "",
             arguments=tuple(
-                _v2_element(a) for a in m.get("_arguments") or () if isinstance(a, Mapping)
+                _v2_element(a) for a in _listed(m.get("_arguments")) if isinstance(a, Mapping)
             ),
             extra={k: v for k, v in m.items() if k not in ("_name", "_arguments")},
         )
-        for m in item.get("_methods") or ()
+        for m in _listed(item.get("_methods"))
         if isinstance(m, Mapping)
     )
     key = SchemaKey(package, name, h)
@@ -215,6 +215,11 @@ def _schema_record(item: Any, opcode: str, registry: SchemaRegistry) -> Record:
         schema = ClassSchema(key=key, kind=KIND_TABLE, properties=tuple(props), methods=methods)
     registry.add(schema)
     return SchemaResponse(dialect="V2", opcode=opcode, class_kind=kind, schema=schema, source=item)
+
+
+def _listed(v: Any) -> list[Any]:
+    """A schema's element list; anything else (a damaged or foreign value) lists nothing."""
+    return list(v) if isinstance(v, list | tuple) else []
 
 
 def _items(body: Any) -> list[Any]:
@@ -240,6 +245,17 @@ def decode_v2(
         return [], [Problem.from_error(exc, opcode)]
     except RecursionError:
         return [], [Problem("Malformed", "malformed data at offset 0: nesting too deep", 0, opcode)]
+    try:
+        return _records(parsed, opcode, content, agent, registry), []
+    except (TypeError, ValueError, AttributeError) as exc:  # well-formed bytes, not QMF's shape
+        text = f"malformed data at offset 0: not a QMF v2 {opcode or 'message'} ({exc})"
+        return [], [Problem("Malformed", text, 0, opcode)]
+
+
+def _records(
+    parsed: Any, opcode: str, content: str | None, agent: str | None, registry: SchemaRegistry
+) -> list[Record]:
+    """The records of one parsed v2 body, by opcode and content."""
     records: list[Record] = []
     if isinstance(parsed, list) and any(not isinstance(x, Mapping) for x in parsed):
         # a list of something other than maps: keep the body whole (and exact)
@@ -330,7 +346,7 @@ def decode_v2(
                 source=parsed,
             )
         )
-    return records, []
+    return records
 
 
 def _parse_body(buf: bytes, content_type: str | None, encoding: str | None = None) -> Any:

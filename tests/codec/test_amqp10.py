@@ -1039,3 +1039,23 @@ def test_any_v2_message_gives_the_same_records_in_both_encodings(
     assert r10 == records and r1 == records
     assert encode_v2(r1, encoding=BODY_ENCODING_AMQP10).body == enc1.body
     assert encode_v2(r1).body == enc10.body
+
+
+@pytest.mark.parametrize("field", ["_properties", "_methods"])
+@pytest.mark.parametrize("odd", [7, {"x": 1}])
+def test_a_schema_whose_element_list_is_not_a_list_decodes_without_raising(field: str, odd: Any) -> None:
+    """Well-formed AMQP 1.0, but not QMF's shape: never an exception out of the codec."""
+    sid = {"_package_name": b"p", "_class_name": b"c", "_hash": uuid.UUID(int=1), "_type": b"_data"}
+    item = {"_schema_id": sid, "_properties": [], "_methods": []}
+    item[field] = odd
+    d = Data()
+    d.put_object([item])
+    res = decode_message(
+        bytes(d.encode()), registry=SchemaRegistry(), content_type="amqp/list",
+        application_properties={"qmf.opcode": "_query_response", "qmf.content": "_schema_class",
+                                 A.BODY_ENCODING_PROPERTY: A.BODY_ENCODING_AMQP10},
+    )  # fmt: skip
+    assert res.problems == []
+    [rec] = res.records
+    assert rec.schema.key == SchemaKey("p", "c", uuid.UUID(int=1).bytes)  # type: ignore[attr-defined]
+    assert (rec.schema.properties, rec.schema.methods) == ((), ())  # type: ignore[attr-defined]
