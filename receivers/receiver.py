@@ -215,7 +215,9 @@ def subscriptions(
     if queue:
         return [Subscription(p.queue_source.format(queue=queue))]
     out: list[Subscription] = []
-    for exchange, key in bindings or p.default_bindings:
+    # The same binding twice would be two links, so two temporary queues on RabbitMQ:
+    # every message landed twice, and counted twice downstream.
+    for exchange, key in dict.fromkeys(bindings or p.default_bindings):
         if p.topic_filter:
             out.append(Subscription(p.exchange_source.format(exchange=exchange, key=key), key))
         else:
@@ -1082,7 +1084,6 @@ class QmfReceiver:
 
     def _on_opened(self, event: Event) -> None:
         self.stats.connects += 1
-        self._attempts = 0
         log.info("connected; attaching %s", ", ".join(s.describe() for s in self._subs))
 
     def _on_link_opened(self, event: Event) -> None:
@@ -1090,6 +1091,11 @@ class QmfReceiver:
         if link is None or not link.is_receiver or not self._is_current(event.connection):
             return
         self._links_open += 1
+        if self._links_open == len(self._subs):
+            # Attempts count until every link is attached, not until the connection
+            # opens: a broker that accepts connections but refuses a link would be
+            # retried at the first back-off step forever.
+            self._attempts = 0
         if self._links_open == len(self._subs) and not self.ready.is_set():
             log.info("subscribed to %s", ", ".join(s.describe() for s in self._subs))
             if self.console is not None:
@@ -1179,6 +1185,9 @@ class QmfReceiver:
                 f"{text} [{urls}]; not retried, the broker would refuse it again: "
                 f"{REFUSAL_HINTS.get(str(name), 'see the broker log')}"
             )
+            if self._in_hand:  # other links' deliveries: land them, as a lost connection does
+                self.stats.unsettled_dropped += len(self._in_hand)
+                self._submit(settle=False)
             return
         if from_broker or (current and self._cause is None):
             log.warning("%s", text)

@@ -61,13 +61,14 @@ def test_every_default_subscription_has_its_own_link_name(preset: str, tmp_path:
 
 
 def test_bind_lists_get_distinct_link_names(tmp_path: Path) -> None:
-    """Keys that read the same once sanitized, and even the same binding twice."""
+    """Keys that read the same once sanitized get distinct names; the same binding twice
+    is one link (two would land every message twice on RabbitMQ)."""
     binds = ["qpid.management:a.#", "qpid.management:a.*", "qpid.management:a/#",
              "qpid.management:a.#", "qmf.default.topic:agent.ind.#", "x:#", "x:*"]  # fmt: skip
     for preset in sorted(PRESETS):
         cfg = ReceiverConfig(preset=preset, bindings=tuple(parse_binding(b) for b in binds))
         names = _names(cfg, tmp_path)
-        assert len(names) == len(binds) and len(set(names)) == len(binds), names
+        assert len(names) == len(binds) - 1 and len(set(names)) == len(names), names
     assert link_name("r", 3, Subscription("qpid.management", "console.#")) == (
         "r-3-qpid.management-console."
     )
