@@ -442,7 +442,9 @@ class _Tables:
             p += 1
             width = FIXED_WIDTH.get(code)
             if width == 0:
-                if count > _MAX_ZERO_WIDTH:
+                # Each element costs no bytes: bound them by the array's own size too, or
+                # nested arrays of them would expand a 1 MB body into billions of values.
+                if count > min(_MAX_ZERO_WIDTH, 8 * (end - off)):
                     raise Malformed(off, f"{what} of {count} zero-width elements")
             elif width is not None and count * width != end - p:
                 raise Malformed(off, f"{what} count {count} x {width} != {end - p} bytes")

@@ -261,6 +261,9 @@ BAD: list[tuple[str, type[CodecError], str]] = [
         Malformed,
         "malformed data at offset 1: array32 of 65537 zero-width elements",
     ),
+    # zero-width elements beyond 8 per byte of their array: nested, they would expand a
+    # small body into billions of values
+    ("e002c840", Malformed, "malformed data at offset 1: array8 of 200 zero-width elements"),
     (
         "e0020100",
         Truncated,
