@@ -230,3 +230,17 @@ def test_series_key_drops_the_agent_epoch_of_v2_references() -> None:
     rows = pa.table({"index_key": keys, "dialect": ["V2", "V2", "AM2", "AM2"], "agent": ["x"] * 4,
                      "object_id": ["a", "b", "c", "d"]})  # fmt: skip
     assert with_series(rows).column("series").to_pylist() == want
+
+
+def test_the_state_ttl_keeps_a_series_baseline_while_its_pending_sample_is_young() -> None:
+    """The TTL is judged per series: dropping an old baseline alone would turn the pending
+    sample beside it into the baseline, and the next interval would lose its counts."""
+    rules = tg.RateRules(state_ttl_s=10.0)
+    q = samples([("q", 0.0, 0.0), ("q", 1.0, 10.0), ("q", 1.5, 15.0)])
+    other = samples([("r", 11.2, 1.0)], agent="other")  # the batch's newest: horizon 1.2 s
+    p = tg.pair_values(pl.concat([q, other]), rules)
+    assert sorted((p.state.filter(pl.col("series") == "q")["update_ns"] - T0) / S) == [1.0, 1.5]
+    # a series whose newest state row is older than the horizon leaves whole
+    old = samples([("q", 0.0, 0.0), ("q", 1.0, 10.0)])
+    p = tg.pair_values(pl.concat([old, samples([("r", 20.0, 1.0)], agent="other")]), rules)
+    assert p.state.filter(pl.col("series") == "q").height == 0

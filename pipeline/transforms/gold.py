@@ -555,8 +555,10 @@ def pair_values(values: pl.DataFrame, rules: RateRules, activity: pl.DataFrame |
     )  # fmt: skip
     state = t.select(names).filter(pl.Series(keep))
     if state.height and rules.state_ttl_s > 0:
+        # Per series: a baseline older than the horizon stays while its series' pending
+        # sample is newer (dropping it alone would make the pending sample the baseline).
         horizon = int(ns.max()) - int(rules.state_ttl_s * NS)
-        state = state.filter(pl.col("update_ns") >= horizon)
+        state = state.filter(pl.col("update_ns").max().over(SERIES_KEYS) >= horizon)
     return Pairs(rates, state)
 
 
