@@ -37,6 +37,7 @@ from proton import Array, Condition, Data, Delivery, Described, Endpoint, Event,
 from proton.handlers import MessagingHandler
 from proton.reactor import Container
 
+from pipeline.codec.amqp10 import BODY_ENCODING_AMQP10, BODY_ENCODING_STRING
 from receivers.config import BrokerConfig
 
 APP_ID_PROPERTY = "x-amqp-0-10.app-id"
@@ -44,7 +45,7 @@ APP_ID_PROPERTY = "x-amqp-0-10.app-id"
 # messages, receivers.receiver.BODY_ENCODING_PROPERTY): "amqp-1.0" = the bytes are
 # the AMQP 1.0 encoding of one value, sent as an amqp-value section;
 # "amqp-value:string" = UTF-8 text sent as an amqp-value string.
-BODY_ENCODINGS = ("amqp-1.0", "amqp-value:string")
+BODY_ENCODINGS = (BODY_ENCODING_AMQP10, BODY_ENCODING_STRING)
 # RabbitMQ 3.x's AMQP 1.0 plugin ends the session on an amqp-value section that
 # holds a list (its decoder takes the list for a composite type's fields). An
 # amqp-sequence section holding the same list reaches a proton consumer as the
@@ -127,9 +128,9 @@ def build_message(m: OutMessage, list_section: str = "amqp-value") -> Message:
     body: Any
     if m.body_encoding is None:
         body = bytes(m.body)
-    elif m.body_encoding == "amqp-1.0":
+    elif m.body_encoding == BODY_ENCODING_AMQP10:
         body = amqp_value(bytes(m.body))
-    elif m.body_encoding == "amqp-value:string":
+    elif m.body_encoding == BODY_ENCODING_STRING:
         body = bytes(m.body).decode("utf-8")
     else:
         raise ValueError(f"unknown body encoding {m.body_encoding!r} (one of {BODY_ENCODINGS})")

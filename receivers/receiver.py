@@ -71,6 +71,9 @@ from proton import (
 from proton.handlers import EndpointStateHandler, MessagingHandler
 from proton.reactor import Container, Filter
 
+# Bodies that are not one data section (amqp-value / amqp-sequence) are landed
+# as their AMQP 1.0 encoding and flagged with BODY_ENCODING_PROPERTY.
+from pipeline.codec.amqp10 import BODY_ENCODING_PROPERTY
 from pipeline.codec.capture import CapturedMessage, iso_utc, write_capture
 from receivers.config import BrokerConfig, ConfigError
 from receivers.console import ConsoleConfig, ConsoleRole
@@ -81,9 +84,6 @@ from receivers.publisher import APP_ID_PROPERTY
 log = logging.getLogger("qmf.receiver")
 
 ROUTING_KEY_ANNOTATIONS = ("x-opt-routing-key", "x-amqp-0-10.routing-key")
-# Bodies that are not one data section (amqp-value / amqp-sequence) are landed
-# as their AMQP 1.0 encoding and flagged with this application property.
-BODY_ENCODING_PROPERTY = "x-qmf-body-encoding"
 QPIDD_TOPIC_FILTER = "apache.org:legacy-amqp-topic-binding:string"
 FATAL_CONDITIONS = ("amqp:unauthorized-access",)
 # A broker refusal with one of these conditions would be refused again on every

@@ -22,9 +22,9 @@ from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
+from pipeline.codec.amqp10 import BODY_ENCODING_PROPERTY
 from receivers.publisher import BODY_ENCODINGS, OutMessage
 
-BODY_ENCODING_PROPERTY = "x-qmf-body-encoding"  # receivers.receiver's flag on landed bodies
 DEFAULT_ROUTES: tuple[tuple[str, str], ...] = (("agent.", "qmf.default.topic"),)
 
 

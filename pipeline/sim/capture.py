@@ -10,10 +10,9 @@ from __future__ import annotations
 from datetime import UTC, datetime
 from typing import Any
 
+from pipeline.codec.amqp10 import BODY_ENCODING_PROPERTY
 from pipeline.codec.capture import CapturedMessage, iso_utc
 from receivers.publisher import OutMessage
-
-BODY_ENCODING_PROPERTY = "x-qmf-body-encoding"  # as the receiver flags an amqp-value body
 
 
 def captured(msg: OutMessage, received_ns: int) -> CapturedMessage:
