@@ -114,7 +114,7 @@ def _void_ptr(typingctx: Any, address: Any) -> Any:
 
 
 @nb.njit(cache=True, inline="always")
-def _unowned(a: Any) -> Any:
+def unowned(a: Any) -> Any:
     """A view of a 1-D array with no reference count of its own.
 
     numba counts references to arrays it passes into inlined helpers, and
@@ -124,7 +124,7 @@ def _unowned(a: Any) -> Any:
     caller's array keeps the memory alive.
     """
     if not a.flags.c_contiguous:
-        raise ValueError("_unowned needs a contiguous array")
+        raise ValueError("unowned needs a contiguous array")
     return nb.carray(_void_ptr(a.ctypes.data), a.shape, a.dtype)  # type: ignore[call-arg,attr-defined]
 
 
@@ -134,12 +134,12 @@ def element_kind(type_code: int) -> int:
 
 
 @nb.njit(cache=True, inline="always")
-def _be2(d: Any, p: int) -> np.int64:
+def be2(d: Any, p: int) -> np.int64:
     return (np.int64(d[p]) << 8) | np.int64(d[p + 1])
 
 
 @nb.njit(cache=True, inline="always")
-def _be4(d: Any, p: int) -> np.int64:
+def be4(d: Any, p: int) -> np.int64:
     return (
         (np.int64(d[p]) << 24)
         | (np.int64(d[p + 1]) << 16)
@@ -149,8 +149,8 @@ def _be4(d: Any, p: int) -> np.int64:
 
 
 @nb.njit(cache=True, inline="always")
-def _be8(d: Any, p: int) -> np.int64:
-    return (_be4(d, p) << 32) | _be4(d, p + 4)
+def be8(d: Any, p: int) -> np.int64:
+    return (be4(d, p) << 32) | be4(d, p + 4)
 
 
 @nb.njit(cache=True, inline="always")
@@ -178,11 +178,11 @@ def _read_value(data: Any, p: Any, end: Any, kind: Any, ver: Any) -> tuple[Any, 
     if kind == K_U64:
         if p + 8 > end:
             return np.int64(0), p, ST_TRUNCATED
-        return _be8(data, p), p + 8, ST_OK
+        return be8(data, p), p + 8, ST_OK
     if kind == K_U32:
         if p + 4 > end:
             return np.int64(0), p, ST_TRUNCATED
-        return _be4(data, p), p + 4, ST_OK
+        return be4(data, p), p + 4, ST_OK
     if kind == K_STR8:
         if p + 1 > end or p + 1 + np.int64(data[p]) > end:
             return np.int64(0), p, ST_TRUNCATED
@@ -199,21 +199,21 @@ def _read_value(data: Any, p: Any, end: Any, kind: Any, ver: Any) -> tuple[Any, 
     if kind == K_U16 or kind == K_I16:
         if p + 2 > end:
             return np.int64(0), p, ST_TRUNCATED
-        v = _be2(data, p)
+        v = be2(data, p)
         if kind == K_I16 and v > 32767:
             v -= 65536
         return v, p + 2, ST_OK
     if kind == K_I32:
         if p + 4 > end:
             return np.int64(0), p, ST_TRUNCATED
-        v = _be4(data, p)
+        v = be4(data, p)
         if v > 2147483647:
             v -= 4294967296
         return v, p + 4, ST_OK
     if kind == K_STR16:
-        if p + 2 > end or p + 2 + _be2(data, p) > end:
+        if p + 2 > end or p + 2 + be2(data, p) > end:
             return np.int64(0), p, ST_TRUNCATED
-        return np.int64(p), p + 2 + _be2(data, p), ST_OK
+        return np.int64(p), p + 2 + be2(data, p), ST_OK
     if kind == K_UUID or kind == K_REF:
         size = 16 if (kind == K_UUID or ver == 2) else 8
         if p + size > end:
@@ -222,9 +222,9 @@ def _read_value(data: Any, p: Any, end: Any, kind: Any, ver: Any) -> tuple[Any, 
             return np.int64(0), p, ST_RESERVED  # AM1 reference, bit 63 set
         return np.int64(p), p + size, ST_OK
     if kind == K_SIZED32:
-        if p + 4 > end or p + 4 + _be4(data, p) > end:
+        if p + 4 > end or p + 4 + be4(data, p) > end:
             return np.int64(0), p, ST_TRUNCATED
-        return np.int64(p), p + 4 + _be4(data, p), ST_OK
+        return np.int64(p), p + 4 + be4(data, p), ST_OK
     if kind == K_UNSUPPORTED:
         return np.int64(0), p, ST_UNSUPPORTED
     return np.int64(0), p, ST_BAD_TYPE
@@ -334,10 +334,10 @@ def fill(data: Any, pos: Any, presence: Any, ver: Any, kinds: Any, bits: Any, u6
     contiguous row. Absent values get 0 (their validity comes from presence).
     ``u64run[j]`` > 0 marks a run of that many mandatory 8-byte values at j.
     """
-    data = _unowned(data)
-    kinds = _unowned(kinds)
-    bits = _unowned(bits)
-    u64run = _unowned(u64run)
+    data = unowned(data)
+    kinds = unowned(kinds)
+    bits = unowned(bits)
+    u64run = unowned(u64run)
     n = pos.shape[0]
     w = kinds.shape[0]
     out = np.empty((w, n), dtype=np.int64)
@@ -398,21 +398,21 @@ def walk(
     columns. A message with any problem is rolled back entirely (none of its
     records stay) and gets a non-zero status.
     """
-    data = _unowned(data)
-    offs = _unowned(offs)
-    p_start = _unowned(p_start)
-    p_count = _unowned(p_count)
-    s_start = _unowned(s_start)
-    s_count = _unowned(s_count)
-    n_opt = _unowned(n_opt)
-    el_kind = _unowned(el_kind)
-    el_bit = _unowned(el_bit)
-    run_len = _unowned(run_len)
-    run_bytes = _unowned(run_bytes)
-    hash_hi = _unowned(hash_hi)
-    hash_lo = _unowned(hash_lo)
-    names = _unowned(names)
-    name_off = _unowned(name_off)
+    data = unowned(data)
+    offs = unowned(offs)
+    p_start = unowned(p_start)
+    p_count = unowned(p_count)
+    s_start = unowned(s_start)
+    s_count = unowned(s_count)
+    n_opt = unowned(n_opt)
+    el_kind = unowned(el_kind)
+    el_bit = unowned(el_bit)
+    run_len = unowned(run_len)
+    run_bytes = unowned(run_bytes)
+    hash_hi = unowned(hash_hi)
+    hash_lo = unowned(hash_lo)
+    names = unowned(names)
+    name_off = unowned(name_off)
     n_msgs = offs.shape[0] - 1
     total = offs[n_msgs] - offs[0]
     rec = np.empty((N_RFIELDS, max(16, total // 200)), dtype=np.int64)
@@ -448,7 +448,7 @@ def walk(
             if op != OP_C and op != OP_I and op != OP_G:
                 st = ST_NOT_CONTENT
                 break
-            seq = _be4(data, pos + 4)
+            seq = be4(data, pos + 4)
             p = pos + 8
             if p + 1 > end:
                 st = ST_TRUNCATED
@@ -466,8 +466,8 @@ def walk(
             if p + 16 + 24 + oid_n > end:
                 st = ST_TRUNCATED
                 break
-            h_hi = np.uint64(_be8(data, p))
-            h_lo = np.uint64(_be8(data, p + 8))
+            h_hi = np.uint64(be8(data, p))
+            h_lo = np.uint64(be8(data, p + 8))
             k = _find_schema(
                 data,
                 pkg_p,
@@ -487,17 +487,17 @@ def walk(
                 break
             hint = k
             p += 16
-            upd = _be8(data, p)
-            cre = _be8(data, p + 8)
-            dele = _be8(data, p + 16)
+            upd = be8(data, p)
+            cre = be8(data, p + 8)
+            dele = be8(data, p + 16)
             p += 24
-            oid_hi = _be8(data, p)
+            oid_hi = be8(data, p)
             if ver == 1 and oid_hi < 0:
                 st = ST_RESERVED  # AM1 id, bit 63 set: the per-record path reports it
                 break
             oid_lo = np.int64(0)
             if ver == 2:
-                oid_lo = _be8(data, p + 8)
+                oid_lo = be8(data, p + 8)
             p += oid_n
             presence = np.uint64(0)
             if op != OP_I:  # 'i' carries no presence octets (AM2 notes; the codec agrees for AM1)
@@ -602,7 +602,7 @@ _HEX = np.frombuffer(b"0123456789abcdef", dtype=np.uint8).copy()
 
 
 @nb.njit(cache=True, inline="always")
-def _write_uuid(buf: Any, o: int, data: Any, p: int, hexd: Any) -> int:
+def write_uuid(buf: Any, o: int, data: Any, p: int, hexd: Any) -> int:
     """Canonical 8-4-4-4-12 text of the 16 bytes at p, written at buf[o:]; returns o + 36."""
     w = 0
     for k in range(16):
@@ -630,7 +630,7 @@ def uuid_column(data: Any, pos: Any, valid: Any, hexd: Any) -> tuple[Any, Any]:
     buf = np.empty(total, dtype=np.uint8)
     for i in range(n):
         if valid[i]:
-            _write_uuid(buf, offsets[i], data, pos[i], hexd)
+            write_uuid(buf, offsets[i], data, pos[i], hexd)
     return offsets, buf
 
 
@@ -699,8 +699,8 @@ def container_sizes(data: Any, pos: Any, valid: Any, out: Any) -> None:
         out[i] = 0
         if valid[i]:
             p = pos[i]
-            size = _be4(data, p)
-            if not (size == 4 and _be4(data, p + 4) == 0):
+            size = be4(data, p)
+            if not (size == 4 and be4(data, p + 4) == 0):
                 out[i] = size + 4
 
 
@@ -841,12 +841,12 @@ def compact_lists(
     record's dialect (for ``text_values``). Absent values (no such group in
     the record, or an optional property left out) get slot 0, valid False.
     """
-    data = _unowned(data)
-    el_kind = _unowned(el_kind)
-    el_bit = _unowned(el_bit)
-    u64run = _unowned(u64run)
-    el_slot = _unowned(el_slot)
-    el_type = _unowned(el_type)
+    data = unowned(data)
+    el_kind = unowned(el_kind)
+    el_bit = unowned(el_bit)
+    u64run = unowned(u64run)
+    el_slot = unowned(el_slot)
+    el_type = unowned(el_type)
     n = rec.shape[1]
     off = np.empty((3, n + 1), dtype=np.int32)
     off[:, 0] = 0
@@ -941,15 +941,15 @@ def text_values(
     containers (15, 21, 22) take text ``cidx[i]`` of (``c_off``, ``c_buf``),
     their JSON made beforehand, or ``{}`` / ``[]`` where ``cidx[i]`` is -1.
     """
-    data = _unowned(data)
-    pos = _unowned(pos)
-    valid = _unowned(valid)
-    types = _unowned(types)
-    ver = _unowned(ver)
-    hexd = _unowned(hexd)
-    cidx = _unowned(cidx)
-    c_off = _unowned(c_off)
-    c_buf = _unowned(c_buf)
+    data = unowned(data)
+    pos = unowned(pos)
+    valid = unowned(valid)
+    types = unowned(types)
+    ver = unowned(ver)
+    hexd = unowned(hexd)
+    cidx = unowned(cidx)
+    c_off = unowned(c_off)
+    c_buf = unowned(c_buf)
     n = pos.shape[0]
     cap: Any = 0
     for i in range(n):
@@ -959,7 +959,7 @@ def text_values(
             if t == 6:
                 cap += np.int64(data[p])
             elif t == 7:
-                cap += _be2(data, p)
+                cap += be2(data, p)
             elif t == 14:
                 cap += 36
             elif t == 10:
@@ -976,12 +976,12 @@ def text_values(
             t = types[i]
             p = pos[i]
             if t == 6 or t == 7:
-                ln = np.int64(data[p]) if t == 6 else _be2(data, p)
+                ln = np.int64(data[p]) if t == 6 else be2(data, p)
                 p += 1 if t == 6 else 2
                 buf[w : w + ln] = data[p : p + ln]
                 w += ln
             elif t == 14:
-                w = _write_uuid(buf, w, data, p, hexd)
+                w = write_uuid(buf, w, data, p, hexd)
             elif t == 10:
                 w = _write_ref(buf, w, data, p, ver[i])
             else:
@@ -1018,13 +1018,13 @@ def index_keys(
     property). Quotes, backslashes and control characters are escaped as
     ``json.dumps(..., ensure_ascii=False)`` does (QMF v2 references are JSON text).
     """
-    schema_of = _unowned(schema_of)
-    text_start = _unowned(text_start)
-    t_off = _unowned(t_off)
-    t_buf = _unowned(t_buf)
-    t_valid = _unowned(t_valid)
-    ix_off = _unowned(ix_off)
-    ix_text = _unowned(ix_text)
+    schema_of = unowned(schema_of)
+    text_start = unowned(text_start)
+    t_off = unowned(t_off)
+    t_buf = unowned(t_buf)
+    t_valid = unowned(t_valid)
+    ix_off = unowned(ix_off)
+    ix_text = unowned(ix_text)
     n = schema_of.shape[0]
     cap = 0
     for i in range(n):
@@ -1179,10 +1179,10 @@ def container_groups(data: Any, pos: Any, valid: Any, types: Any) -> tuple[Any, 
     Groups come from a 64-bit hash and are then checked byte for byte; on a
     collision every value is its own group.
     """
-    data = _unowned(data)
-    pos = _unowned(pos)
-    valid = _unowned(valid)
-    types = _unowned(types)
+    data = unowned(data)
+    pos = unowned(pos)
+    valid = unowned(valid)
+    types = unowned(types)
     n = pos.shape[0]
     todo = np.empty(n, dtype=np.int64)
     sizes = np.empty(n, dtype=np.int64)
@@ -1194,8 +1194,8 @@ def container_groups(data: Any, pos: Any, valid: Any, types: Any) -> tuple[Any, 
         if not valid[i] or not (t == 15 or t == 21 or t == 22):
             continue
         p = pos[i]
-        size = _be4(data, p)
-        if size == 4 and _be4(data, p + 4) == 0:
+        size = be4(data, p)
+        if size == 4 and be4(data, p + 4) == 0:
             continue
         todo[m] = i
         sizes[m] = size + 4

@@ -29,7 +29,7 @@ from llvmlite import ir
 from numba.core import cgutils, types
 from numba.extending import intrinsic
 
-from pipeline.codec._kernels import _be2, _be4, _be8, _unowned, _write_uuid
+from pipeline.codec._kernels import be2, be4, be8, unowned, write_uuid
 
 ENC_010 = 1  # AMQP 0-10 list body
 ENC_10 = 2  # AMQP 1.0 amqp-value
@@ -175,7 +175,7 @@ def _scalar010(data: Any, code: Any, p: Any, end: Any) -> tuple[Any, ...]:
             return C_BAD, np.int64(0), 0, 0, p
         q = p + w
         if code == 0x32:  # uint64: most of qpid's statistics
-            return C_UINT, _be8(data, p), 0, 0, q
+            return C_UINT, be8(data, p), 0, 0, q
         if code == 0x01:
             v = np.int64(data[p])
             return C_INT, v - 256 if v > 127 else v, 0, 0, q
@@ -186,34 +186,34 @@ def _scalar010(data: Any, code: Any, p: Any, end: Any) -> tuple[Any, ...]:
                 return C_BAD, np.int64(0), 0, 0, p
             return C_BOOL, np.int64(data[p]), 0, 0, q
         if code == 0x11:
-            v = _be2(data, p)
+            v = be2(data, p)
             return C_INT, v - 65536 if v > 32767 else v, 0, 0, q
         if code == 0x12:
-            return C_UINT, _be2(data, p), 0, 0, q
+            return C_UINT, be2(data, p), 0, 0, q
         if code == 0x21:
-            v = _be4(data, p)
+            v = be4(data, p)
             return C_INT, v - 4294967296 if v > 2147483647 else v, 0, 0, q
         if code == 0x22:
-            return C_UINT, _be4(data, p), 0, 0, q
+            return C_UINT, be4(data, p), 0, 0, q
         if code == 0x23:
-            return C_F32, _be4(data, p), 0, 0, q
+            return C_F32, be4(data, p), 0, 0, q
         if code == 0x31 or code == 0x38:
-            return C_INT, _be8(data, p), 0, 0, q
+            return C_INT, be8(data, p), 0, 0, q
         if code == 0x32:
-            return C_UINT, _be8(data, p), 0, 0, q
+            return C_UINT, be8(data, p), 0, 0, q
         if code == 0x33:
-            return C_F64, _be8(data, p), 0, 0, q
+            return C_F64, be8(data, p), 0, 0, q
         if code == 0x48:
             return C_UUID, np.int64(0), p, 16, q
         if code == 0xF0:
             return C_NULL, np.int64(0), 0, 0, q
-        if code == 0x27 and _be4(data, p) > 0x10FFFF:
+        if code == 0x27 and be4(data, p) > 0x10FFFF:
             return C_BAD, np.int64(0), 0, 0, p
         return C_OTHER, np.int64(0), p - 1, w + 1, q
     ss = -w
     if p + ss > end:
         return C_BAD, np.int64(0), 0, 0, p
-    n = np.int64(data[p]) if ss == 1 else (_be2(data, p) if ss == 2 else _be4(data, p))
+    n = np.int64(data[p]) if ss == 1 else (be2(data, p) if ss == 2 else be4(data, p))
     q = p + ss + n
     if q > end:
         return C_BAD, np.int64(0), 0, 0, p
@@ -256,7 +256,7 @@ def _scalar10(data: Any, p: Any, end: Any) -> tuple[Any, ...]:
     if hi == 6:
         if p + 2 > end:
             return C_BAD, np.int64(0), 0, 0, p
-        v = _be2(data, p)
+        v = be2(data, p)
         if c == 0x60:
             return C_UINT, v, 0, 0, p + 2
         if c == 0x61:
@@ -265,7 +265,7 @@ def _scalar10(data: Any, p: Any, end: Any) -> tuple[Any, ...]:
     if hi == 7:
         if p + 4 > end:
             return C_BAD, np.int64(0), 0, 0, p
-        v = _be4(data, p)
+        v = be4(data, p)
         if c == 0x70:
             return C_UINT, v, 0, 0, p + 4
         if c == 0x71:
@@ -276,7 +276,7 @@ def _scalar10(data: Any, p: Any, end: Any) -> tuple[Any, ...]:
     if hi == 8:
         if p + 8 > end:
             return C_BAD, np.int64(0), 0, 0, p
-        v = _be8(data, p)
+        v = be8(data, p)
         if c == 0x80:
             return C_UINT, v, 0, 0, p + 8
         if c == 0x81:
@@ -294,7 +294,7 @@ def _scalar10(data: Any, p: Any, end: Any) -> tuple[Any, ...]:
         ss = 1 if hi == 0xA else 4
         if p + ss > end:
             return C_BAD, np.int64(0), 0, 0, p
-        n = np.int64(data[p]) if ss == 1 else _be4(data, p)
+        n = np.int64(data[p]) if ss == 1 else be4(data, p)
         q = p + ss + n
         if q > end:
             return C_BAD, np.int64(0), 0, 0, p
@@ -308,7 +308,7 @@ def _scalar10(data: Any, p: Any, end: Any) -> tuple[Any, ...]:
         ss = 1 if (hi == 0xC or hi == 0xE) else 4
         if p + ss > end:
             return C_BAD, np.int64(0), 0, 0, p
-        n = np.int64(data[p]) if ss == 1 else _be4(data, p)
+        n = np.int64(data[p]) if ss == 1 else be4(data, p)
         q = p + ss + n
         if q > end:
             return C_BAD, np.int64(0), 0, 0, p
@@ -357,8 +357,8 @@ def _container(data: Any, p: Any, end: Any, enc: Any, want_map: Any) -> tuple[An
     p += 1
     if p + 2 * ss > end:
         return V_MALFORMED, 0, 0, 0
-    size = np.int64(data[p]) if ss == 1 else _be4(data, p)
-    count = np.int64(data[p + 1]) if ss == 1 else _be4(data, p + 4)
+    size = np.int64(data[p]) if ss == 1 else be4(data, p)
+    count = np.int64(data[p + 1]) if ss == 1 else be4(data, p + 4)
     q = p + ss + size
     if size < ss or q > end:
         return V_MALFORMED, 0, 0, 0
@@ -374,8 +374,8 @@ def _header010(data: Any, p: Any, end: Any, is_map: Any) -> tuple[Any, ...]:
     """A 0-10 map/list after its code: (status, first entry, count, end), the codec's checks."""
     if p + 8 > end:
         return V_MALFORMED, 0, 0, 0
-    size = _be4(data, p)
-    count = _be4(data, p + 4)
+    size = be4(data, p)
+    count = be4(data, p + 4)
     q = p + 4 + size
     if q > end or size < 4:
         return V_MALFORMED, 0, 0, 0
@@ -408,7 +408,7 @@ def _key(data: Any, p: Any, end: Any, enc: Any) -> tuple[Any, ...]:
     elif c == 0xB1 or c == 0xB3:
         if p + 5 > end:
             return V_MALFORMED, 0, 0, 0
-        n = _be4(data, p + 1)
+        n = be4(data, p + 1)
         kp = p + 5
     else:
         return V_UNSUPPORTED, 0, 0, 0
@@ -484,8 +484,8 @@ def _find(
     hint: Any,
 ) -> Any:
     """Index of the class (package bytes, class bytes, 16 hash bytes at hp), or -1."""
-    h_hi = np.uint64(_be8(data, hp))
-    h_lo = np.uint64(_be8(data, hp + 8))
+    h_hi = np.uint64(be8(data, hp))
+    h_lo = np.uint64(be8(data, hp + 8))
     n = hash_hi.shape[0]
     for i in range(-1, n):
         k = hint if i == -1 else i
@@ -581,18 +581,18 @@ def v2_walk(
     ``checks`` are (position, length, candidate) of encoded values outside
     the schema's slots that the codec must also accept (nested containers).
     """
-    data = _unowned(data)
-    offs = _unowned(offs)
-    names = _unowned(names)
-    name_off = _unowned(name_off)
-    table = _unowned(table)
-    el_names = _unowned(el_names)
-    el_name_off = _unowned(el_name_off)
-    el_schema = _unowned(el_schema)
-    el_slot = _unowned(el_slot)
-    el_type = _unowned(el_type)
-    el_lpos = _unowned(el_lpos)
-    lits = _unowned(lits)
+    data = unowned(data)
+    offs = unowned(offs)
+    names = unowned(names)
+    name_off = unowned(name_off)
+    table = unowned(table)
+    el_names = unowned(el_names)
+    el_name_off = unowned(el_name_off)
+    el_schema = unowned(el_schema)
+    el_slot = unowned(el_slot)
+    el_type = unowned(el_type)
+    el_lpos = unowned(el_lpos)
+    lits = unowned(lits)
     nc = rows.shape[0]
     total = 0
     for j in range(nc):
@@ -1017,7 +1017,7 @@ def _encoded010(data: Any, vp: Any) -> tuple[Any, Any]:
     n = (
         np.int64(data[vp + 1])
         if ss == 1
-        else (_be2(data, vp + 1) if ss == 2 else _be4(data, vp + 1))
+        else (be2(data, vp + 1) if ss == 2 else be4(data, vp + 1))
     )
     return vp, 1 + ss + n
 
@@ -1086,13 +1086,13 @@ def v2_text_values(
     data: Any, kind: Any, pos: Any, ln: Any, cidx: Any, c_off: Any, c_buf: Any, hexd: Any
 ) -> tuple[Any, Any]:
     """(int32 offsets, bytes) of the texts of ``v2_walk``: raw bytes, uuids, Python's texts."""
-    data = _unowned(data)
-    kind = _unowned(kind)
-    pos = _unowned(pos)
-    ln = _unowned(ln)
-    cidx = _unowned(cidx)
-    c_off = _unowned(c_off)
-    c_buf = _unowned(c_buf)
+    data = unowned(data)
+    kind = unowned(kind)
+    pos = unowned(pos)
+    ln = unowned(ln)
+    cidx = unowned(cidx)
+    c_off = unowned(c_off)
+    c_buf = unowned(c_buf)
     n = kind.shape[0]
     cap = 0
     for i in range(n):
@@ -1116,7 +1116,7 @@ def v2_text_values(
             _copy(buf, w, data, pos[i], m)
             w += m
         elif kd == T_UUID:
-            w = _write_uuid(buf, w, data, pos[i], hexd)
+            w = write_uuid(buf, w, data, pos[i], hexd)
         elif kd == T_PY:
             c = cidx[i]
             if c >= 0:
@@ -1130,10 +1130,10 @@ def v2_text_values(
 @nb.njit(cache=True, nogil=True)
 def gather_texts(data: Any, pos: Any, ln: Any, empty_if: Any) -> tuple[Any, Any, Any]:
     """(int32 offsets, bytes, valid) of byte ranges; length -1: "" where ``empty_if``, else null."""
-    data = _unowned(data)
-    pos = _unowned(pos)
-    ln = _unowned(ln)
-    empty_if = _unowned(empty_if)
+    data = unowned(data)
+    pos = unowned(pos)
+    ln = unowned(ln)
+    empty_if = unowned(empty_if)
     n = pos.shape[0]
     offsets = np.empty(n + 1, dtype=np.int32)
     valid = np.empty(n, dtype=np.bool_)
@@ -1159,10 +1159,10 @@ def raw_groups(data: Any, pos: Any, ln: Any, tag: Any) -> tuple[Any, Any]:
     A 64-bit hash and an open-addressing table group them, equal bytes checked
     on every hash hit (a collision makes two groups, never a wrong one).
     """
-    data = _unowned(data)
-    pos = _unowned(pos)
-    ln = _unowned(ln)
-    tag = _unowned(tag)
+    data = unowned(data)
+    pos = unowned(pos)
+    ln = unowned(ln)
+    tag = unowned(tag)
     n = pos.shape[0]
     hashes = np.empty(n, dtype=np.uint64)
     prime = np.uint64(0x100000001B3)
@@ -1250,15 +1250,15 @@ def v2_props(
     (0: none marked, 2: AMQP 1.0, -1: another one) and the position and length
     of the qmf.agent value in ``i_buf`` (length -1: none).
     """
-    row_ok = _unowned(row_ok)
-    m_off = _unowned(m_off)
-    k_off = _unowned(k_off)
-    k_buf = _unowned(k_buf)
-    i_off = _unowned(i_off)
-    i_buf = _unowned(i_buf)
-    i_ok = _unowned(i_ok)
-    lits = _unowned(lits)
-    lit_off = _unowned(lit_off)
+    row_ok = unowned(row_ok)
+    m_off = unowned(m_off)
+    k_off = unowned(k_off)
+    k_buf = unowned(k_buf)
+    i_off = unowned(i_off)
+    i_buf = unowned(i_buf)
+    i_ok = unowned(i_ok)
+    lits = unowned(lits)
+    lit_off = unowned(lit_off)
     n = row_ok.shape[0]
     opcode = np.zeros(n, dtype=np.int64)
     enc = np.zeros(n, dtype=np.int64)
@@ -1310,13 +1310,13 @@ def agent_texts(
 ) -> tuple[Any, Any, Any]:
     """Each record's agent: its message's qmf.agent header unless null or empty, else the
     object id's agent name (null when that is absent too): (int32 offsets, bytes, valid)."""
-    data = _unowned(data)
-    h_buf = _unowned(h_buf)
-    msg = _unowned(msg)
-    h_pos = _unowned(h_pos)
-    h_len = _unowned(h_len)
-    an_pos = _unowned(an_pos)
-    an_len = _unowned(an_len)
+    data = unowned(data)
+    h_buf = unowned(h_buf)
+    msg = unowned(msg)
+    h_pos = unowned(h_pos)
+    h_len = unowned(h_len)
+    an_pos = unowned(an_pos)
+    an_len = unowned(an_len)
     n = msg.shape[0]
     offsets = np.empty(n + 1, dtype=np.int32)
     valid = np.empty(n, dtype=np.bool_)
