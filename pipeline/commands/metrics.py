@@ -2,8 +2,9 @@
 
 An HTTP endpoint (``/metrics``) existing dashboards scrape: for every object
 and counter statistic the rate of its latest gold interval
-(``qmf_statistic_rate_per_second``; 0 once its agent published a later cycle
-without the object: unchanged, ``pipeline.live.with_quiet``), for every other
+(``qmf_statistic_rate_per_second``; 0 once its agent was seen more than 1.5
+publish cycles after the interval's end without a new sample of the object:
+unchanged, ``pipeline.live.with_quiet``), for every other
 statistic (gauges, watermarks, min/max/average) its latest value
 (``qmf_statistic_value``).
 Labels: agent, package, class, object_id, name (from the index key),
@@ -37,7 +38,7 @@ LABELS = ("agent", "package", "class", "object_id", "name", "statistic")
 VERSION_METRIC = "qmf_live_rates_version"
 HELP = {
     RATE_METRIC: "Rate of a QMF counter statistic over its latest gold interval (per second); "
-    "0 once its agent published a later cycle without the object (unchanged).",
+    "0 once its agent was seen 1.5 publish cycles after it without the object (unchanged).",
     VALUE_METRIC: "Latest value of a QMF gauge, watermark or min/max/average statistic.",
     VERSION_METRIC: "Delta version of gold statistic_rates this exposition was read at.",
 }

@@ -7,7 +7,8 @@ rates (the last gold interval of msgTotalEnqueues/msgTotalDequeues), depth
 refresh reads only what the tables gained (``pipeline.live``). Queues whose
 object has ended (deleted, or lost with its agent) leave the table. A queue
 its agent stopped republishing (qpidd publishes an object only when it
-changed) shows 0 msg/s once the agent published a later cycle without it.
+changed) shows 0 msg/s once the agent was seen more than 1.5 publish cycles
+after the queue's latest interval (``pipeline.live.with_quiet``).
 """
 
 from __future__ import annotations

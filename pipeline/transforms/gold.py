@@ -379,9 +379,10 @@ def _pair_kernel(
     """Pairs each series' samples (sorted: state first, then sample time) with the baseline.
 
     ``pend``: the newest sample when it came less than ``min_ns`` after the baseline. It is
-    superseded by a later sample of the series (whose interval then holds its counts), and
-    emitted (flushed) when the series went quiet (``_went_quiet``), when a reset or a delete
-    follows, or else kept in the state.
+    superseded by a later sample of the series (whose interval then holds its counts; a
+    delete's too), emitted (flushed) on its own when the series went quiet
+    (``_went_quiet``), before a reset, or before a delete at its own sample time, or
+    else kept in the state.
     """
     n = len(t)
     base_out = np.empty(n, np.int64)
