@@ -1208,7 +1208,10 @@ class QmfReceiver:
         """The current connection's transport condition (set before its error event)."""
         t = self._conn.transport if self._conn is not None else None
         cond = t.condition if t is not None else None
-        return None if cond is None else f"transport error: {_cond(cond)}"
+        if cond is None:
+            return None
+        url = self.config.broker.for_url(self._url_index).urls[0]
+        return f"transport error ({url}): {_cond(cond)}"  # which URL, when several are tried
 
     def _lost_connection(self) -> None:
         if self._conn is None:

@@ -8,7 +8,7 @@ because v1 records carry no lengths. Schemas are keyed by
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Collection, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -87,10 +87,11 @@ class ClassSchema:
         (``XMin``/``XMax`` are alike): read off qpidd 1.40's generated code and traffic."""
         elements = (*self.properties, *self.statistics)
         names = {e.name for e in self.statistics}
-        return tuple(_v2_name(e.name, names) for e in elements)
+        return tuple(v2_name(e.name, names) for e in elements)
 
 
-def _v2_name(name: str, statistics: set[str]) -> str:
+def v2_name(name: str, statistics: Collection[str]) -> str:
+    """An element's key in a QMF v2 map, given its class's statistic names (``v2_names``)."""
     for v1, v2 in (("Samples", "Count"), ("Average", "Avg")):
         base = name[: -len(v1)]
         if name.endswith(v1) and f"{base}Min" in statistics and f"{base}Max" in statistics:

@@ -41,7 +41,7 @@ from pipeline.codec.records import (
     SchemaResponse,
     V2Message,
 )
-from pipeline.codec.schema import KIND_EVENT, KIND_TABLE, ClassSchema, Element
+from pipeline.codec.schema import KIND_EVENT, KIND_TABLE, ClassSchema, Element, v2_name
 from pipeline.codec.types import Am1ObjectId, Am2ObjectId, ObjectId, V2ObjectId
 from pipeline.qmfxml import ManagementSchema, XmlClass
 from pipeline.sim.model import PKG, EventSpec, LoadConfig, SimBroker, SimObject, SimRef
@@ -221,8 +221,11 @@ class SimAgent:
                 if p.name in obj.props:  # absent optional properties: presence bit clear
                     out[p.name] = self.wire_value(obj.props[p.name])
         if which in ("i", "g"):
-            for s in obj.cls.schema.statistics:
-                out[s.name] = obj.stats[s.name]
+            stats = obj.cls.schema.statistics
+            names = {s.name for s in stats}
+            for s in stats:  # v2 maps name min/max/average statistics as qpidd does
+                key = v2_name(s.name, names) if self.dialect == "v2" else s.name
+                out[key] = obj.stats[s.name]
         return out
 
     # ------------------------------------------------------------------ records

@@ -70,7 +70,7 @@ class Received:
 
 
 def to_received(m: Message) -> Received:
-    from receivers.receiver import BODY_ENCODING_PROPERTY
+    from pipeline.codec.amqp10 import BODY_ENCODING_PROPERTY
 
     props: dict[str, Any] = dict(m.properties or {})
     app_id = props.pop(APP_ID_PROPERTY, None)

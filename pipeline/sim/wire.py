@@ -30,7 +30,7 @@ from proton import Data, byte, float32, int32, short, ubyte, uint, ulong, ushort
 
 from pipeline.codec import v1
 from pipeline.codec.records import Event, Heartbeat, ObjectSample, Record
-from pipeline.codec.schema import Element, SchemaKey, SchemaRegistry
+from pipeline.codec.schema import Element, SchemaKey, SchemaRegistry, v2_name
 from pipeline.codec.types import TypedArray, TypedList, TypedMap, V2ObjectId, qmf_types
 from pipeline.sim.agent import Published
 from receivers.publisher import OutMessage
@@ -172,7 +172,9 @@ def _typed(v: Any, e: Element | None, epoch: int) -> Any:
 def _typed_values(
     values: Mapping[str, Any], elems: Sequence[Element], epoch: int
 ) -> dict[str, Any]:
+    names = {e.name for e in elems}
     by_name = {e.name: e for e in elems}
+    by_name.update({v2_name(e.name, names): e for e in elems})  # the keys qpidd's v2 maps use
     return {k: _typed(values[k], by_name.get(k), epoch) for k in sorted(values)}
 
 

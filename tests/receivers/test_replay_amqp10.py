@@ -21,7 +21,7 @@ from typing import Any
 
 import pytest
 
-from receivers.receiver import BODY_ENCODING_PROPERTY
+from pipeline.codec.amqp10 import BODY_ENCODING_PROPERTY
 from tests.receivers.test_receiver_broker import (
     REPO,
     ReceiverProcess,
