@@ -221,15 +221,25 @@ def liveness_rules(args: argparse.Namespace) -> Any:
     return LivenessRules() if args.no_sim else LivenessRules(v1_interval_s=args.interval)
 
 
-def _warm_decoder() -> None:
+def warm_dialects(args: argparse.Namespace) -> tuple[str, ...]:
+    """The simulator dialects whose traffic exercises the kernels this run will need.
+
+    The v2 kernels take one to two minutes to compile on a cold cache (first run),
+    so they are warmed only where v2 traffic comes: a real broker (qpidd's default
+    is v2 only) or a v2 simulation. One dialect covers both of their encodings."""
+    return ("am1", "v2-amqp10") if args.no_sim or args.dialect.startswith("v2") else ("am1",)
+
+
+def _warm_decoder(dialects: tuple[str, ...] = ("am1", "v2-amqp10")) -> None:
     """Compile the numba decode kernels once, in this process, before silver starts.
 
     They cache to disk (``cache=True``), so Spark's Python workers load them
     instead of each compiling for ~20 s inside silver's first micro-batch (a
     fresh install shows "decoded 0 samples/s" for a whole short run otherwise).
-    A few simulated messages of every dialect exercise every kernel: the v2
-    kernels too (a live qpidd with its defaults sends nothing else, and a run
-    against one sat at 0 samples for two minutes while silver compiled them).
+    A few simulated messages of each of ``dialects`` exercise their kernels: the
+    v2 kernels too where v2 traffic comes (a live qpidd with its defaults sends
+    nothing else, and a run against one sat at 0 samples for two minutes while
+    silver compiled them).
     """
     import pyarrow as pa
 
@@ -239,7 +249,7 @@ def _warm_decoder() -> None:
     from pipeline.sim.model import LoadConfig
     from pipeline.sim.runner import MemorySink, SimConfig, Simulation
 
-    for dialect in ("am1", "v2", "v2-amqp10"):
+    for dialect in dialects:
         sink = MemorySink()
         cfg = SimConfig(dialect=dialect, load=LoadConfig(queues=2, connections=1), intervals=2,
                         batch=10, seed=1)  # fmt: skip
@@ -340,7 +350,9 @@ def run(args: argparse.Namespace) -> int:
         retention=args.retention,
         retention_slack=args.retention_slack,
     )
-    warm = threading.Thread(target=_warm_decoder, name="qmf-warm-decoder", daemon=True)
+    warm = threading.Thread(
+        target=_warm_decoder, args=(warm_dialects(args),), name="qmf-warm-decoder", daemon=True
+    )
     warm.start()  # alongside the SparkSession's start
     spark = get_spark("qmf-run")
     stop = threading.Event()
