@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import fcntl
 import json
+import logging
 import os
 import re
 import shutil
@@ -29,11 +30,14 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 from deltalake import CommitProperties, DeltaTable, Transaction
+from deltalake import Field as DeltaField
 from deltalake.transaction import AddAction
 
 if TYPE_CHECKING:
     from pyspark.sql import Column, DataFrame, SparkSession
     from pyspark.sql.types import StructType
+
+log = logging.getLogger(__name__)
 
 STAGING_DIR = "_staging"
 FILE_COL = "__delta_file"
@@ -105,7 +109,23 @@ def create_table(
     if table_exists(path):
         dt = DeltaTable(path)
         existing = table_schema(dt)
-        problems = _schema_problems(existing, schema, check_nullability=True)
+        added = [f for f in schema if f.name not in existing.names]
+        strict = [f.name for f in added if not f.nullable]
+        if strict:
+            raise SchemaMismatchError(
+                f"table {path} lacks the non-nullable columns {strict}: existing rows would "
+                "break them (a new column must be nullable)"
+            )
+        if added:
+            # A release added nullable columns: the table gains them (older files read
+            # them as null), so a lake written before keeps working.
+            dt.alter.add_columns([DeltaField.from_arrow(f) for f in added])
+            dt = DeltaTable(path)
+            existing = table_schema(dt)
+            log.info("table %s gained columns %s", path, [f.name for f in added])
+        problems = _schema_problems(
+            existing, _in_order(schema, existing.names), check_nullability=True
+        )
         if problems:
             raise SchemaMismatchError(
                 f"table {path} exists with another schema: " + "; ".join(problems)
@@ -130,6 +150,13 @@ def create_table(
             raise
         # Another process created it first: validate theirs like any existing table.
         return create_table(path, schema, partition_by, name=name, configuration=configuration)
+
+
+def _in_order(schema: pa.Schema, names: Sequence[str]) -> pa.Schema:
+    """``schema`` with the columns in ``names`` first, in that order (an evolved table
+    has its added columns at the end)."""
+    first = [schema.field(n) for n in names if n in schema.names]
+    return pa.schema(first + [f for f in schema if f.name not in names])
 
 
 def table_schema(table: DeltaTable | str | os.PathLike[str]) -> pa.Schema:
@@ -867,7 +894,12 @@ def read_arrow(path: str | os.PathLike[str], version: int | None = None) -> pa.T
     file_names = [f.name for f in schema if f.name not in parts]
     pieces: list[pa.Table] = []
     for live in _live_files(dt):
-        t = pq.read_table(live.local_path, columns=file_names, partitioning=None)
+        pf = pq.ParquetFile(live.local_path)
+        have = set(pf.schema_arrow.names)
+        t = pf.read(columns=[n for n in file_names if n in have])
+        for name in file_names:  # columns added to the table after this file was written
+            if name not in have:
+                t = t.append_column(name, pa.nulls(t.num_rows, schema.field(name).type))
         for col in parts:
             ptype = schema.field(col).type
             raw = pa.array([live.partition_values.get(col)] * t.num_rows, pa.string())
@@ -891,8 +923,14 @@ def iter_batches(
     wanted = pa.schema([schema.field(c).with_nullable(True) for c in columns])
     for live in _live_files(dt):
         pf = pq.ParquetFile(live.local_path)
-        for batch in pf.iter_batches(batch_size=batch_size, columns=list(columns)):
-            yield batch.select(list(columns)).cast(wanted)
+        have = set(pf.schema_arrow.names)
+        present = [c for c in columns if c in have]
+        for batch in pf.iter_batches(batch_size=batch_size, columns=present):
+            arrays = [
+                batch.column(c) if c in have else pa.nulls(batch.num_rows, wanted.field(c).type)
+                for c in columns
+            ]  # columns added to the table after this file was written read null
+            yield pa.RecordBatch.from_arrays(arrays, schema=wanted)
 
 
 def newest_files(path: str | os.PathLike[str], max_rows: int) -> tuple[list[str], int, int]:

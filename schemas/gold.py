@@ -70,9 +70,15 @@ RATE_STATE = pa.schema(
 # One row per object (agent, object_id, create_ns: a V2 object re-created
 # under the same name is a new row). ``state``: live | deleted | lost;
 # ``end_reason``: deleted | agent_restart | agent_down (null while live).
+# ``name``: the object's name for a person, its index references resolved to their
+# targets' names (``pipeline.names``: a queue of the default vhost is its queue name);
+# ``broker``: its broker's identity, ``name@host:port``, the same for qpidd's AM2 and
+# V2 agents. Both are recomputed every batch (a target seen later, or renamed).
 OBJECT_LIFECYCLES = pa.schema(
     [
         *_OBJ,
+        pa.field("name", pa.string()),
+        pa.field("broker", pa.string()),
         pa.field("create_ns", pa.int64(), nullable=False),  # 0 when the agent gave none
         pa.field("generation", pa.int64()),
         pa.field("created_at", TS),

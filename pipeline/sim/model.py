@@ -148,7 +148,7 @@ class SimBroker:
             {
                 "systemId": self.system_id,
                 "osName": "Linux",
-                "nodeName": "sim-host",
+                "nodeName": f"sim-{str(self.system_id)[:8]}",  # one host per agent
                 "release": "6.1.0",
                 "version": "#1 SMP Debian",
                 "machine": "x86_64",

@@ -38,6 +38,7 @@ import polars as pl
 import pyarrow as pa
 from numba import njit
 
+from pipeline.names import ref_positions, with_names
 from schemas.gold import AGENT_LIVENESS, RATE_STATE
 
 RESETS = ("", "counter_decreased", "recreated", "agent_restart", "gap")
@@ -922,7 +923,7 @@ def gold_batch(
     known = lifecycles.filter(pl.col("index_key").is_not_null()).select("agent", "object_id", "index_key")
     ident = identify(samples, known)
     updates = object_updates(ident, property_defs(registry))
-    merged = merge_lifecycles(lifecycles, updates, live_rows, batch_id)
+    merged = with_names(merge_lifecycles(lifecycles, updates, live_rows, batch_id), ref_positions(registry))
 
     values = pl.concat(
         [statistic_values(ident, statistic_defs(registry)), state_values(rekey_state(state, ident))]

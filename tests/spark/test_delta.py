@@ -1090,3 +1090,30 @@ def test_iter_batches_reads_every_row_file_by_file(tmp_path: Path) -> None:
     got = sorted((r["id"], r["body"]) for bt in batches for r in bt.to_pylist())
     want = sorted((r["id"], r["body"]) for r in read_arrow(path).to_pylist())
     assert got == want and len(got) == 75
+
+
+def test_existing_table_gains_new_nullable_columns(spark: SparkSession, tmp_path: Path) -> None:
+    """A lake written before a release added nullable columns keeps working: the table
+    gains them (old rows read null, in delta-rs and in Spark); a new non-nullable
+    column is refused with the difference named."""
+    path = str(tmp_path / "t")
+    old = pa.schema([pa.field("k", pa.string(), nullable=False), pa.field("v", pa.int64())])
+    create_table(path, old)
+    append_arrow(pa.table({"k": ["a"], "v": [1]}, schema=old), path, app_id="app", batch_id=0)
+    new = pa.schema([*old, pa.field("name", pa.string()), pa.field("broker", pa.string())])
+    create_table(path, new)
+    assert table_schema(path).names == ["k", "v", "name", "broker"]
+    create_table(path, new)  # idempotent
+    rows = pa.table({"k": ["b"], "v": [2], "name": ["q1"], "broker": ["b@h:1"]}, schema=new)
+    append_arrow(rows, path, app_id="app", batch_id=1)
+    got = sorted(read_arrow(path).to_pylist(), key=lambda r: r["k"])
+    assert got == [
+        {"k": "a", "v": 1, "name": None, "broker": None},
+        {"k": "b", "v": 2, "name": "q1", "broker": "b@h:1"},
+    ]
+    assert sorted(tuple(r) for r in read_table(spark, path).collect()) == [
+        ("a", 1, None, None), ("b", 2, "q1", "b@h:1"),
+    ]  # fmt: skip
+    strict = pa.schema([*new, pa.field("must", pa.int64(), nullable=False)])
+    with pytest.raises(SchemaMismatchError, match="lacks the non-nullable columns \\['must'\\]"):
+        create_table(path, strict)

@@ -1,0 +1,232 @@
+"""Names a person reads: an object's name through its index references, a broker's identity.
+
+QMF names an object by its index properties, some of which reference other objects:
+a queue is ``[vhostRef, name]``, a binding ``[exchangeRef, queueRef, bindingKey]``. The
+references are object ids (AM1 ``boot-bank-number``, AM2 ``flags-epoch-banks-number``)
+or, in QMF v2, maps holding the target's ``_object_name``. A person wants
+``q-rate-50``, not ``["0-0-1-0-3","q-rate-50"]``, so a reference is replaced by the
+name of the object it points to, recursively:
+
+- a reference to the broker (or its system) is dropped: it is the ``broker`` column
+  (an object indexed by the broker alone, qpidd's ``acl``, is named by its class);
+- a reference to qpidd's default virtual host ``/`` is dropped (qpid-stat shows a
+  queue of it by its queue name alone), any other vhost prefixes ``vhost/``;
+- a reference whose target was not seen (yet) is dropped; the name is recomputed over
+  every known object on every gold batch, so it completes when the target arrives and
+  follows a target that is renamed; a deleted target keeps its last name.
+
+A broker's identity is ``<broker name>@<host>:<port>`` from its ``broker`` object and
+the ``system`` object that one references (``nodeName``). qpidd publishing both QMF v1
+(AM2 agent ``1.0``) and v2 (agent ``apache.org:qpidd:<uuid>``) describes the same
+broker and system objects in both, so both agents get the same identity. An agent with
+no broker object keeps its agent id.
+
+Pure functions over plain columns (no Spark, no I/O), called by gold on its lifecycle rows.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+
+import polars as pl
+import pyarrow as pa
+
+REF_TYPE = 10  # QMF type code of an object reference
+DEFAULT_VHOST = "/"
+SEPARATOR = "/"
+# Classes that name the broker itself: a reference to one is the broker column's business.
+BROKER_CLASSES = frozenset({"broker", "system"})
+_AM_ID = re.compile(r"^[0-9]+(?:-[0-9]+){2,4}$")
+_V2_EPOCH = re.compile(r"^[0-9]+:")
+_MAX_DEPTH = 6
+
+
+def ref_positions(registry: pa.Table) -> dict[tuple[str, str], frozenset[int]]:
+    """Per (package, class): the positions in its index key that hold references,
+    from the schema registry (index properties in declaration order, type ``ref``).
+    Every version of a class contributes (a position is a reference in any of them)."""
+    out: dict[tuple[str, str], set[int]] = {}
+    for r in registry.select(["package", "class_name", "properties"]).to_pylist():
+        index = [e for e in r["properties"] or () if e["is_index"]]
+        refs = out.setdefault((r["package"], r["class_name"]), set())
+        refs.update(i for i, e in enumerate(index) if e["type_code"] == REF_TYPE)
+    return {k: frozenset(v) for k, v in out.items()}
+
+
+def ref_key(dialect: str, object_id: str) -> str:
+    """What a reference to this object holds: the object id (AM1, AM2), the object
+    name (V2: the object id without its ``epoch:`` prefix)."""
+    return _V2_EPOCH.sub("", object_id, count=1) if dialect == "V2" else object_id
+
+
+def parse_ref(dialect: str, value: object) -> str | None:
+    """The ``ref_key`` a reference value points to; None when it is not reference-shaped."""
+    if not isinstance(value, str):
+        return None
+    if dialect == "V2":
+        if not value.startswith("{"):
+            return None
+        try:
+            m = json.loads(value)
+        except ValueError:
+            return None
+        name = m.get("_object_name") if isinstance(m, dict) else None
+        return name if isinstance(name, str) else None
+    return value if _AM_ID.match(value) else None
+
+
+def _literal(value: object) -> str:
+    if isinstance(value, str):
+        return value if value else '""'
+    return json.dumps(value, sort_keys=True)
+
+
+@dataclass(frozen=True)
+class Obj:
+    """One object as the resolver sees it."""
+
+    agent: str
+    dialect: str
+    package: str
+    class_name: str
+    object_id: str
+    index_key: str | None
+    last_seen_ns: int
+    properties: Mapping[str, str | None] | None = None
+
+
+class Resolver:
+    """Names of the objects of a set, resolved through each other's index references."""
+
+    def __init__(
+        self, objects: Sequence[Obj], refs: Mapping[tuple[str, str], frozenset[int]] | None = None
+    ) -> None:
+        self.objects = objects
+        self.refs = refs or {}
+        # (agent, ref_key) -> the object a reference means (the latest seen of equal keys:
+        # a V2 object re-created under its name has one lifecycle row per creation).
+        self.by_ref: dict[tuple[str, str], Obj] = {}
+        for o in objects:
+            k = (o.agent, ref_key(o.dialect, o.object_id))
+            cur = self.by_ref.get(k)
+            if cur is None or o.last_seen_ns >= cur.last_seen_ns:
+                self.by_ref[k] = o
+        self._names: dict[tuple[str, str], str] = {}
+        self._brokers: dict[str, str] = {}
+
+    def _values(self, o: Obj) -> list[object]:
+        if not o.index_key:
+            return []
+        try:
+            values = json.loads(o.index_key)
+        except ValueError:
+            return [o.index_key]
+        return values if isinstance(values, list) else [values]
+
+    def _target(self, o: Obj, pos: int, value: object, last: bool) -> tuple[bool, Obj | None]:
+        """(is a reference, its target if known)."""
+        key = parse_ref(o.dialect, value)
+        if key is None:
+            return False, None
+        target = self.by_ref.get((o.agent, key))
+        declared = pos in self.refs.get((o.package, o.class_name), frozenset())
+        if declared or o.dialect == "V2":
+            return True, target
+        # No schema says so: an id-shaped value is a reference when it names a known
+        # object, or when it is not the last value (names come last in qpid's indexes).
+        return (target is not None or not last), target
+
+    def name(self, o: Obj, depth: int = 0) -> str:
+        """The object's name for a person (never empty: the object id when nothing else)."""
+        k = (o.agent, o.object_id)
+        if k in self._names:
+            return self._names[k]
+        parts: list[str] = []
+        of_broker = False
+        values = self._values(o)
+        for pos, value in enumerate(values):
+            is_ref, target = self._target(o, pos, value, pos == len(values) - 1)
+            if not is_ref:
+                parts.append(_literal(value))
+                continue
+            if target is None or target is o or depth >= _MAX_DEPTH:
+                continue
+            if target.class_name in BROKER_CLASSES:
+                of_broker = True
+                continue
+            sub = self.name(target, depth + 1)
+            if target.class_name == "vhost" and sub == DEFAULT_VHOST:
+                continue
+            parts.append(sub)
+        # Indexed by the broker alone (qpidd's acl, one per broker): named by its class.
+        out = SEPARATOR.join(parts) if parts else o.class_name if of_broker else o.object_id
+        self._names[k] = out
+        return out
+
+    def broker(self, agent: str) -> str:
+        """``<name>@<host>:<port>`` of the agent's broker object, else the agent id."""
+        if agent in self._brokers:
+            return self._brokers[agent]
+        brokers = [o for o in self.objects if o.agent == agent and o.class_name == "broker"]
+        out = agent
+        if brokers:
+            b = max(brokers, key=lambda o: o.last_seen_ns)
+            props = b.properties or {}
+            host = None
+            sys_key = parse_ref(b.dialect, props.get("systemRef"))
+            system = self.by_ref.get((agent, sys_key)) if sys_key else None
+            if system is None:
+                systems = [o for o in self.objects if o.agent == agent and o.class_name == "system"]
+                system = max(systems, key=lambda o: o.last_seen_ns) if systems else None
+            if system is not None and system.properties:
+                host = system.properties.get("nodeName")
+            bname = props.get("name") or self.name(b)
+            where = ":".join(p for p in (host, props.get("port")) if p)
+            out = f"{bname}@{where}" if where else bname
+        self._brokers[agent] = out
+        return out
+
+
+def _props(value: object) -> dict[str, str | None] | None:
+    """A Map column's value (polars: list of key/value structs) as a dict."""
+    if value is None:
+        return None
+    if isinstance(value, dict):
+        return value
+    return {e["key"]: e["value"] for e in value}  # type: ignore[attr-defined]
+
+
+def objects_of(df: pl.DataFrame) -> list[Obj]:
+    """Lifecycle rows (agent, dialect, package, class_name, object_id, index_key,
+    last_seen_ns, properties) as resolver objects; properties only where names need them."""
+    cols = ("agent", "dialect", "package", "class_name", "object_id", "index_key", "last_seen_ns")
+    data = [df[c].to_list() for c in cols]
+    needs = df["class_name"].is_in(list(BROKER_CLASSES))
+    props: list[object] = [None] * df.height
+    for i in needs.arg_true().to_list():
+        props[i] = df["properties"][i]
+    out = []
+    for i, row in enumerate(zip(*data, strict=True)):
+        agent, dialect, package, cls, oid, key, seen = row
+        out.append(Obj(agent, dialect, package, cls, oid, key, int(seen or 0), _props(props[i])))
+    return out
+
+
+def with_names(
+    lifecycles: pl.DataFrame, refs: Mapping[tuple[str, str], frozenset[int]] | None = None
+) -> pl.DataFrame:
+    """Lifecycle rows + ``name`` and ``broker``, resolved over all of them."""
+    objects = objects_of(lifecycles)
+    r = Resolver(objects, refs)
+    return lifecycles.with_columns(
+        name=pl.Series([r.name(o) for o in objects], dtype=pl.Utf8),
+        broker=pl.Series([r.broker(o.agent) for o in objects], dtype=pl.Utf8),
+    )
+
+
+def agent_brokers(rows: Iterable[tuple[str, str | None]]) -> dict[str, str]:
+    """(agent, broker) pairs (e.g. lifecycle rows) -> agent -> broker, where known."""
+    return {a: b for a, b in rows if b}
