@@ -14,6 +14,8 @@ from __future__ import annotations
 
 import os
 import sys
+from collections import defaultdict
+from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -59,13 +61,114 @@ def read_polars(layer: str, name: str | None = None) -> pl.DataFrame:
     return pl.read_delta(str(path))
 
 
+def _latest(life: pl.DataFrame) -> pl.DataFrame:
+    """The latest lifecycle row of every (agent, object_id): max batch_id, then last_seen_ns."""
+    return (
+        life.sort("batch_id", "last_seen_ns")
+        .group_by("agent", "object_id", maintain_order=True)
+        .last()
+    )
 
-def object_name(alias: str = "name") -> pl.Expr:
-    """Polars expression: the object's name from ``index_key``, else its ``object_id``."""
+
+def object_names(life: pl.DataFrame) -> pl.DataFrame:
+    """One row per (agent, object_id) of gold ``object_lifecycles``: the object's current
+    ``name`` (its latest row's). Tables from before gold carried names (no ``name`` column,
+    or null) fall back to the index key's last value, then the object id, so a notebook
+    still says ``q00021`` rather than ``["1-1-3","q00021"]``."""
+    import polars as pl
+
+    latest = _latest(life)
+    given = pl.col("name") if "name" in life.columns else pl.lit(None, pl.String)
+    from_key = pl.col("index_key").map_elements(last_index_value, return_dtype=pl.String)
+    return latest.select(
+        "agent",
+        "object_id",
+        pl.coalesce(given, from_key, pl.col("object_id")).alias("name"),
+    )
+
+
+def with_names(frame: pl.DataFrame, names: pl.DataFrame, alias: str = "name") -> pl.DataFrame:
+    """``frame`` (statistic rates, which carry no names) with the object's name as ``alias``,
+    joined on (agent, object_id); a row with no lifecycle is named from its own index key,
+    else its object id."""
     import polars as pl
 
     from_key = pl.col("index_key").map_elements(last_index_value, return_dtype=pl.String)
-    return pl.coalesce(from_key, pl.col("object_id")).alias(alias)
+    joined = frame.join(
+        names.select("agent", "object_id", pl.col("name").alias("_name")),
+        on=["agent", "object_id"],
+        how="left",
+    )
+    return joined.with_columns(
+        pl.coalesce("_name", from_key, pl.col("object_id")).alias(alias)
+    ).drop("_name")
+
+
+def agent_labels(life: pl.DataFrame) -> dict[str, str]:
+    """agent id -> how a person names it: the gold ``broker`` of its latest lifecycle row
+    that has one (the agent id when no broker object was seen, or the table predates the
+    column). One broker publishing through several agents (AM2 and V2) gets the dialect
+    added, ``amqp-broker@vm:25672 (V2)``; agents that still share a label get the start of
+    their id, so no two agents read the same."""
+    import polars as pl
+
+    if "broker" in life.columns:
+        named = life.filter(pl.col("broker").is_not_null() & (pl.col("broker") != pl.col("agent")))
+        brokers = dict(_by_agent_latest(named).select("agent", "broker").iter_rows())
+    else:
+        brokers = {}
+    dialects = dict(_by_agent_latest(life).select("agent", "dialect").iter_rows())
+    labels = {agent: brokers.get(agent, agent) for agent in sorted(dialects)}
+    labels = _disambiguate(labels, lambda a: dialects[a], "({})")
+    return _disambiguate(labels, lambda a: a[:8], "[{}]")
+
+
+def _by_agent_latest(life: pl.DataFrame) -> pl.DataFrame:
+    return life.sort("batch_id", "last_seen_ns").group_by("agent", maintain_order=True).last()
+
+
+def _disambiguate(
+    labels: dict[str, str], detail: Callable[[str], str], form: str
+) -> dict[str, str]:
+    """Add ``detail`` (in ``form``) to the labels several agents share, when it tells
+    them apart (the dialect says nothing when all of them speak the same)."""
+    groups: dict[str, list[str]] = defaultdict(list)
+    for agent, text in labels.items():
+        groups[text].append(agent)
+    out = dict(labels)
+    for text, agents in groups.items():
+        if len(agents) > 1 and len({detail(a) for a in agents}) > 1:
+            out.update({a: f"{text} {form.format(detail(a))}" for a in agents})
+    return out
+
+
+def label(name: str, agent: str, agents: dict[str, str]) -> str:
+    """A plot's label for an object: ``q00021 (amqp-broker@vm:25672)``."""
+    return f"{name} ({agents.get(agent, agent)})"
+
+
+def figure_labels(fig: Figure) -> dict[str, list[str]]:
+    """What a figure names: its axes' titles, legend entries and categorical tick labels
+    (ticks set with ``set_yticklabels``/``set_xticklabels``, not numbers or dates). A check
+    reads these from the kernel instead of looking at pixels."""
+    from matplotlib.ticker import FixedFormatter, FixedLocator, FuncFormatter
+
+    out: dict[str, list[str]] = {"titles": [], "legend": [], "ticks": []}
+    for ax in fig.axes:
+        if ax.get_title():
+            out["titles"].append(ax.get_title())
+        legend = ax.get_legend()
+        if legend is not None:
+            out["legend"].extend(t.get_text() for t in legend.get_texts())
+        for axis in (ax.xaxis, ax.yaxis):
+            # set_ticklabels on fixed ticks installs a FixedFormatter (a FuncFormatter
+            # over the labels in recent matplotlib); numbers and dates have neither.
+            named = isinstance(axis.get_major_locator(), FixedLocator) and isinstance(
+                axis.get_major_formatter(), FixedFormatter | FuncFormatter
+            )
+            if named:
+                out["ticks"].extend(t.get_text() for t in axis.get_ticklabels() if t.get_text())
+    return out
 
 
 def spark_session(app_name: str = "qmf-notebook") -> SparkSession:

@@ -1,101 +1,191 @@
-"""Notebooks run top to bottom, headless, as a user would run them: bronze on a small
-table written here, the others (queues, lifecycles, health) on the simulated lake of
-``tests/lake.py``. Their results are checked against the tables and the simulator's
-manifest, their figures for data; every notebook is stored without outputs."""
+"""The notebooks run as a person runs them: in a Jupyter kernel (nbclient + ipykernel, the
+kernel being this .venv's interpreter), top to bottom, on the simulated lake of
+``tests/lake.py`` and on an empty copy of it. Any cell error fails the test.
+
+One kernel serves the whole module (a kernel and its Spark JVM cost seconds to start):
+before each notebook a setup cell clears the kernel's namespace (``%reset -f``), points
+``QMF_DATA`` and ``QMF_NOTEBOOK_OUT`` at the lake and the figure folder and starts the
+kernel's SparkSession with the test settings. After it, a probe cell sends back, as one
+JSON display output, the values the notebook computed, what its figures draw and name
+(``pipeline.notebook.figure_labels``) and the interpreter the kernel runs. The values are
+checked against the tables and the simulator's manifest; every figure must come out as a
+PNG image of the notebook, label queues by their names (``q00003``, not an index key or
+an object id) and agents by their broker. Every notebook is stored without outputs."""
 
 from __future__ import annotations
 
+import base64
+import importlib
 import json
 import os
+import sys
 from collections import Counter, defaultdict
+from collections.abc import Iterator
+from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
-import pyarrow as pa
+import polars as pl
 import pytest
-from deltalake import write_deltalake
 
 from pipeline import delta
-from pipeline.codec.message import encode_message
+from pipeline.live import key_name, last_index_value
 from pipeline.progress import SEVERITIES
 from pipeline.sim.manifest import read_manifest
-from receivers.landing import LandedMessage, to_table
-from schemas.tables import BRONZE
 from tests.lake import START_NS, Lake
 
-NOTEBOOKS = Path(__file__).resolve().parent.parent / "notebooks"
-
-
-def _code(path: Path) -> str:
-    nb = json.loads(path.read_text(encoding="utf-8"))
-    return "\n\n".join("".join(c["source"]) for c in nb["cells"] if c["cell_type"] == "code")
-
-
-def test_bronze_notebook_runs(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    from pipeline.codec.records import Heartbeat
-
-    msgs = []
-    for i in range(3):
-        hb = Heartbeat(dialect="AM1", opcode="h", seq=0, timestamp_ns=1_000_000_000 * (i + 1))
-        body = encode_message([hb])
-        assert isinstance(body, bytes)
-        msgs.append(LandedMessage(body=body, routing_key=f"mgmt.agent{i}.heartbeat"))
-    landed = to_table("p0", 0, msgs)
-    landed = landed.drop_columns(["duplicate_of"])  # bronze keeps first copies only
-    table = landed.append_column("batch_id", pa.array([0] * 3, pa.int64())).cast(BRONZE)
-    write_deltalake(str(tmp_path / "bronze"), table)
-
-    monkeypatch.setenv("QMF_DATA", str(tmp_path))
-    scope: dict[str, Any] = {}
-    exec(compile(_code(NOTEBOOKS / "bronze.ipynb"), "bronze.ipynb", "exec"), scope)
-    assert scope["bronze"].shape[0] == 3
-    assert dict(scope["by_opcode"]) == {"h": 3}
-    assert scope["problems"] == 0
-    assert os.environ["QMF_DATA"] == str(tmp_path)
-
-
-# ---------------------------------------------------------------------------
-# The lake notebooks (queues, lifecycles, health) on the simulated lake.
-
-SECOND_NS = 1_000_000_000
+ROOT = Path(__file__).resolve().parent.parent
+NOTEBOOKS = ROOT / "notebooks"
 LAKE_NOTEBOOKS = ("queues", "lifecycles", "health")
+KERNEL = "qmf-tests-venv"  # a kernelspec of our own: never a python3 found elsewhere
+PNG = b"\x89PNG\r\n\x1a\n"
+CELL_TIMEOUT_S = 300
+
+SETUP = """\
+import matplotlib.pyplot
+matplotlib.pyplot.close("all")
+%reset -f
+import os
+os.environ["QMF_DATA"] = {data!r}
+os.environ["QMF_NOTEBOOK_OUT"] = {out!r}
+from pipeline.spark import get_spark
+get_spark("qmf-notebook-tests", test=True)
+del os, get_spark
+"""
+
+PROBE = """\
+import sys as _sys
+import polars as _pl
+import polars.selectors as _cs
+from IPython.display import display as _display
+from pipeline import notebook as _nb
 
 
-def _run(name: str, lake: Lake, out: Path, monkeypatch: pytest.MonkeyPatch) -> dict[str, Any]:
-    """Execute every code cell of notebooks/<name>.ipynb in order, headless, on ``lake``."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    monkeypatch.setenv("QMF_DATA", str(lake.root))
-    monkeypatch.setenv("QMF_NOTEBOOK_OUT", str(out))
-    scope: dict[str, Any] = {}
-    exec(compile(_code(NOTEBOOKS / f"{name}.ipynb"), f"{name}.ipynb", "exec"), scope)
-    return scope
+def _plain(v):
+    if v is None or isinstance(v, (str, bool, int, float)):
+        return None if isinstance(v, float) and v != v else v
+    if hasattr(v, "item"):
+        return _plain(v.item())
+    return str(v)
 
 
-def _close(scope: dict[str, Any]) -> None:
-    import matplotlib.pyplot as plt
+def _frame(df):
+    if isinstance(df, _pl.DataFrame):
+        return df.with_columns(_cs.datetime().dt.epoch("us")).to_dicts()
+    return [[_plain(v) for v in row] for row in df.itertuples(index=False)]
 
-    for fig in scope.get("figures", {}).values():
-        plt.close(fig)
+
+def _axes(ax):
+    return {{
+        "lines": [len(line.get_xdata()) for line in ax.lines],
+        "points": [len(c.get_offsets()) for c in ax.collections],
+        "patches": len(ax.patches),
+        "red": sum(tuple(p.get_facecolor()[:3]) == (1.0, 0.0, 0.0) for p in ax.patches),
+    }}
 
 
-def _check_figures(scope: dict[str, Any], out: Path, names: set[str]) -> None:
-    """Each expected figure exists, has axes with data, and was saved as a PNG."""
-    figures = scope["figures"]
-    assert set(figures) == names
-    for name, fig in figures.items():
+_display(
+    {{
+        "application/json": {{
+            "executable": _sys.executable,
+            "figures": {{
+                k: {{"axes": [_axes(ax) for ax in f.axes], **_nb.figure_labels(f)}}
+                for k, f in figures.items()
+            }},
+            "saved": {{k: None if p is None else str(p) for k, p in saved.items()}},
+            "values": {values},
+        }}
+    }},
+    raw=True,
+)
+"""
+
+
+@dataclass(frozen=True)
+class Run:
+    """What one notebook run left: its values, its figures, its image outputs."""
+
+    values: dict[str, Any]
+    figures: dict[str, dict[str, Any]]
+    saved: dict[str, str | None]
+    images: list[bytes]  # image/png outputs of the notebook's own cells, in order
+    executable: str
+
+
+@pytest.fixture(scope="module")
+def kernel(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
+    """One ipykernel of this interpreter for the module, from a kernelspec in a temp dir."""
+    from jupyter_client.kernelspec import KernelSpecManager
+    from jupyter_client.manager import KernelManager
+
+    specs = tmp_path_factory.mktemp("kernels")
+    (specs / KERNEL).mkdir()
+    (specs / KERNEL / "kernel.json").write_text(
+        json.dumps(
+            {
+                "argv": [sys.executable, "-m", "ipykernel_launcher", "-f", "{connection_file}"],
+                "display_name": "qmf tests (.venv)",
+                "language": "python",
+            }
+        )
+    )
+    ksm = KernelSpecManager(kernel_dirs=[str(specs)], ensure_native_kernel=False)
+    km = KernelManager(kernel_spec_manager=ksm, kernel_name=KERNEL, transport="ipc")
+    km.ip = str(specs / "ipc")  # unix sockets under the temp dir, no TCP port
+    # MPLBACKEND would override the kernel's inline backend: no figure would be shown.
+    env = {k: v for k, v in os.environ.items() if k != "MPLBACKEND"}
+    env.update(PYSPARK_PYTHON=sys.executable, PYSPARK_DRIVER_PYTHON=sys.executable)
+    km.start_kernel(env=env, cwd=str(ROOT))
+    try:
+        yield km
+    finally:
+        km.shutdown_kernel(now=True)
+
+
+def run_notebook(km: Any, name: str, data: Path, out: Path, values: dict[str, str]) -> Run:
+    """Execute notebooks/<name>.ipynb in ``km`` on ``data``; ``values``: name -> an
+    expression evaluated in the kernel after the last cell (``_frame(df)`` for a frame)."""
+    from nbclient import NotebookClient
+
+    nbformat: Any = importlib.import_module("nbformat")  # untyped: keep mypy --strict quiet
+    nb = nbformat.read(NOTEBOOKS / f"{name}.ipynb", as_version=4)
+    own = len(nb.cells)
+    exprs = "{" + ", ".join(f"{k!r}: {v}" for k, v in values.items()) + "}"
+    nb.cells.insert(0, nbformat.v4.new_code_cell(SETUP.format(data=str(data), out=str(out))))
+    nb.cells.append(nbformat.v4.new_code_cell(PROBE.format(values=exprs)))
+    NotebookClient(nb, km=km, timeout=CELL_TIMEOUT_S, allow_errors=False).execute()
+    images = [
+        base64.b64decode(o["data"]["image/png"])
+        for cell in nb.cells[1 : own + 1]
+        if cell.cell_type == "code"
+        for o in cell.outputs
+        if o.output_type in ("display_data", "execute_result") and "image/png" in o["data"]
+    ]
+    (probe,) = (o["data"]["application/json"] for o in nb.cells[-1].outputs)
+    return Run(probe["values"], probe["figures"], probe["saved"], images, probe["executable"])
+
+
+def check_figures(run: Run, out: Path, names: set[str]) -> None:
+    """Each expected figure is shown as a PNG output, has data, and was saved as a PNG."""
+    assert run.executable == sys.executable
+    assert set(run.figures) == names
+    assert len(run.images) == len(names)
+    assert all(img.startswith(PNG) for img in run.images)
+    for name, fig in run.figures.items():
         drawn = [
-            ax for ax in fig.axes
-            if any(len(line.get_xdata()) >= 2 for line in ax.lines)
-            or any(len(c.get_offsets()) for c in ax.collections)
-            or ax.patches
+            ax for ax in fig["axes"]
+            if any(n >= 2 for n in ax["lines"]) or any(ax["points"]) or ax["patches"]
         ]  # fmt: skip
         assert drawn, f"figure {name} has no data"
         png = out / f"{name}.png"
-        assert scope["saved"][name] == png
-        assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+        assert run.saved[name] == str(png)
+        assert png.read_bytes().startswith(PNG)
+
+
+# ---------------------------------------------------------------------------
+# Expected values, from the tables (read without polars' Delta reader or Spark)
+# and the simulator's manifest.
 
 
 def _manifest(lake: Lake) -> list[dict[str, Any]]:
@@ -107,268 +197,524 @@ def _us(t: datetime) -> int:
     return (t - datetime(1970, 1, 1, tzinfo=UTC)) // timedelta(microseconds=1)
 
 
-def _queue_names(entries: list[dict[str, Any]]) -> dict[tuple[str, str], str]:
-    """(agent, oid) -> queue name, from the manifest's property records."""
+def _latest_lifecycles(lake: Lake) -> dict[tuple[str, str], dict[str, Any]]:
+    """(agent, object_id) -> its latest gold lifecycle row (max batch_id, last_seen_ns)."""
+    latest: dict[tuple[str, str], dict[str, Any]] = {}
+    rows = delta.read_arrow(lake.gold / "object_lifecycles").to_pylist()
+    for r in sorted(rows, key=lambda r: (r["batch_id"], r["last_seen_ns"])):
+        latest[(r["agent"], r["object_id"])] = r
+    return latest
+
+
+def _names(lake: Lake) -> dict[tuple[str, str], str]:
+    """Gold's current name of every object; before gold carried names, its index key's."""
     return {
-        (e["agent"], e["object_id"]["oid"]): e["values"]["name"]
-        for e in entries
-        if e["kind"] == "object" and e["class_name"] == "queue" and "name" in e["values"]
+        k: r.get("name") or key_name(r["index_key"], r["object_id"])
+        for k, r in _latest_lifecycles(lake).items()
     }
 
 
+def _brokers(lake: Lake) -> dict[str, str]:
+    """agent -> gold's broker for it (latest row that names one), else the agent id."""
+    brokers: dict[str, str] = {}
+    for (agent, _), r in sorted(
+        _latest_lifecycles(lake).items(), key=lambda kv: (kv[1]["batch_id"], kv[1]["last_seen_ns"])
+    ):
+        brokers.setdefault(agent, agent)
+        if r.get("broker") and r["broker"] != agent:
+            brokers[agent] = r["broker"]
+    return brokers
+
+
+def check_agent_labels(agents: dict[str, str], lake: Lake) -> None:
+    """Agents read as their brokers; two agents never read the same."""
+    brokers = _brokers(lake)
+    assert set(agents) == set(brokers)
+    assert len(set(agents.values())) == len(agents)
+    shared = Counter(brokers.values())
+    for agent, text in agents.items():
+        assert text.startswith(brokers[agent])
+        if shared[brokers[agent]] == 1:
+            assert text == brokers[agent]
+
+
+def _created_queue_names(entries: list[dict[str, Any]]) -> dict[tuple[str, str], str]:
+    """(agent, oid) -> the queue's name, as the simulator created it (the last part of its
+    object name ``...:queue:<vhost ref>,<name>``)."""
+    return {
+        (e["agent"], e["object_id"]["oid"]): e["object_name"].rsplit(",", 1)[-1]
+        for e in entries
+        if e["kind"] == "create" and e["class_name"] == "queue"
+    }
+
+
+def _kind(routing_key: str) -> str:
+    parts = routing_key.split(".")
+    return f"mgmt.*.{parts[2]}" if parts[0] == "mgmt" else ".".join(parts[:2])
+
+
+# ---------------------------------------------------------------------------
+# The notebooks in the kernel.
+
+
 def test_notebooks_are_stored_without_outputs() -> None:
-    """Every notebook is committed clean: no outputs, no execution counts."""
+    """Every notebook is committed clean: no outputs, no execution counts; it names the
+    ``python3`` kernel, which ``bash tools/setup.sh --jupyter`` gives JupyterLab."""
     paths = sorted(NOTEBOOKS.glob("*.ipynb"))
-    assert {p.stem for p in paths} >= {"bronze", *LAKE_NOTEBOOKS}
+    assert {p.stem for p in paths} == {"bronze", *LAKE_NOTEBOOKS}
     for path in paths:
         nb = json.loads(path.read_text(encoding="utf-8"))
+        assert nb["metadata"]["kernelspec"]["name"] == "python3", path.name
         for cell in nb["cells"]:
             if cell["cell_type"] == "code":
                 assert cell["execution_count"] is None, path.name
                 assert cell["outputs"] == [], path.name
             assert "attachments" not in cell or not cell["attachments"], path.name
-        compile(_code(path), path.name, "exec")
 
 
 @pytest.mark.spark
-def test_queues_notebook(sim_lake: Lake, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    scope = _run("queues", sim_lake, tmp_path / "figs", monkeypatch)
-    try:
-        _check_figures(scope, tmp_path / "figs", {"queue_throughput", "queue_depth"})
-        # Expected from the gold table, read without polars or Spark.
-        rows = [
-            r for r in delta.read_arrow(sim_lake.gold / "statistic_rates").to_pylist()
-            if r["class_name"] == "queue"
-        ]  # fmt: skip
-        series: dict[tuple[str, str], dict[str, list[dict[str, Any]]]] = defaultdict(
-            lambda: defaultdict(list)
-        )
-        for r in rows:
-            series[(r["agent"], json.loads(r["index_key"])[-1])][r["statistic"]].append(r)
-        expected = []
-        for (agent, queue), stats in series.items():
-            enq = sorted(stats["msgTotalEnqueues"], key=lambda r: (r["end_ns"], r["object_id"]))
-            deq = sorted(stats["msgTotalDequeues"], key=lambda r: (r["end_ns"], r["object_id"]))
-            rated = [r["rate"] for r in enq if r["rate"] is not None]
-            if rated:
-                expected.append(
-                    (agent, queue, sum(rated) / len(rated), len(rated), enq[-1]["end_ns"],
-                     enq[-1]["rate"], deq[-1]["rate"])
-                )  # fmt: skip
-        expected.sort(key=lambda e: (-e[2], e[1], e[0]))
-        top = scope["top_queues"].to_dicts()
-        assert len(top) == 5
-        assert [(t["agent"], t["queue"]) for t in top] == [(e[0], e[1]) for e in expected[:5]]
-        for t, (_, _, mean, n, end_ns, last_enq, last_deq) in zip(top, expected, strict=False):
-            assert t["mean_enqueue_rate"] == pytest.approx(mean, rel=1e-12)
-            assert t["rated_intervals"] == n
-            assert _us(t["last_end_time"]) == end_ns // 1000
-            assert (t["last_enqueue_rate"], t["last_dequeue_rate"]) == (last_enq, last_deq)
-
-        # The last interval's enqueue rate from the simulator's own counters.
-        entries = _manifest(sim_lake)
-        names = _queue_names(entries)
-        samples: dict[tuple[str, str], dict[int, tuple[str, int]]] = defaultdict(dict)
-        depths: dict[tuple[str, str], dict[int, float]] = defaultdict(dict)
-        for e in entries:
-            if e["kind"] == "object" and e["class_name"] == "queue" and e["opcode"] == "i":
-                oid = e["object_id"]["oid"]
-                key = (e["agent"], names[(e["agent"], oid)])
-                samples[key][e["update_ns"]] = (oid, int(e["values"]["msgTotalEnqueues"]))
-                depths[(e["agent"], oid)][e["update_ns"] // 1000] = float(e["values"]["msgDepth"])
-        for t in top:
-            (t0, (o0, v0)), (t1, (o1, v1)) = sorted(samples[(t["agent"], t["queue"])].items())[-2:]
-            assert o0 == o1 and _us(t["last_end_time"]) == t1 // 1000
-            assert t["last_enqueue_rate"] == pytest.approx((v1 - v0) / ((t1 - t0) / 1e9), rel=1e-12)
-
-        # Spark's per-queue totals: the sums of the counter deltas; polars agrees.
-        totals = {
-            (k[0], k[1]): (
-                sum(r["delta"] or 0.0 for r in s["msgTotalEnqueues"]),
-                sum(r["delta"] or 0.0 for r in s["msgTotalDequeues"]),
-            )
-            for k, s in series.items()
-        }
-        spark_totals = scope["spark_totals"]
-        got = {
-            (a, q): (e, d)
-            for a, q, e, d in spark_totals[["agent", "queue", "enqueued", "dequeued"]]
-            .fillna(0.0)
-            .values.tolist()
-        }
-        assert got == totals
-        assert scope["spark_agrees"] is True
-
-        # Depth: every sample of every queue object with at least one pair, as published.
-        depth: dict[tuple[str, str], dict[int, float]] = defaultdict(dict)
-        for r in scope["depth"].iter_rows(named=True):
-            depth[(r["agent"], r["object_id"])][_us(r["time"])] = r["depth"]
-        assert depth == {k: v for k, v in depths.items() if len(v) >= 2}
-        lines = scope["fig_throughput"].axes[0].lines
-        assert (
-            len({line.get_label() for line in lines if not line.get_label().startswith("_")}) == 5
-        )
-    finally:
-        _close(scope)
+def test_bronze_notebook(sim_lake: Lake, kernel: Any, tmp_path: Path) -> None:
+    run = run_notebook(
+        kernel,
+        "bronze",
+        sim_lake.root,
+        tmp_path / "figs",
+        {
+            "rows": "bronze.height",
+            "by_opcode": "dict(by_opcode)",
+            "problems": "problems",
+            "kinds": "dict(kinds.group_by('kind').len().iter_rows())",
+        },
+    )
+    check_figures(run, tmp_path / "figs", {"bronze_messages"})
+    entries = _manifest(sim_lake)
+    messages = {e["message"]: e["routing_key"] for e in entries if "message" in e}
+    assert run.values["rows"] == len(messages) == 507
+    assert run.values["problems"] == 0
+    assert run.values["by_opcode"] == dict(Counter(e["opcode"] for e in entries if "opcode" in e))
+    kinds = Counter(_kind(k) for k in messages.values())
+    assert run.values["kinds"] == dict(kinds)
+    fig = run.figures["bronze_messages"]
+    assert fig["legend"] == sorted(kinds, key=lambda k: (-kinds[k], k))
+    assert {"mgmt.*.heartbeat", "mgmt.*.stat", "mgmt.*.prop"} <= set(fig["legend"])
+    assert fig["axes"][0]["patches"] > 0
 
 
 @pytest.mark.spark
-def test_lifecycles_notebook(
-    sim_lake: Lake, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    scope = _run("lifecycles", sim_lake, tmp_path / "figs", monkeypatch)
-    try:
-        _check_figures(scope, tmp_path / "figs", {"object_churn", "object_lifecycles"})
-        entries = _manifest(sim_lake)
-        start = START_NS // 1000
-        creates = [e for e in entries if e["kind"] == "create"]
-        deletes = [e for e in entries if e["kind"] == "delete"]
-        assert scope["bucket_ms"] == 1000  # the simulator's 1 s interval, inferred
+def test_queues_notebook(sim_lake: Lake, kernel: Any, tmp_path: Path) -> None:
+    run = run_notebook(
+        kernel,
+        "queues",
+        sim_lake.root,
+        tmp_path / "figs",
+        {
+            "top_queues": "_frame(top_queues)",
+            "spark_totals": "_frame(spark_totals[['agent', 'queue', 'enqueued', 'dequeued']])",
+            "spark_agrees": "spark_agrees",
+            "depth": "_frame(depth)",
+            "agents": "agents",
+        },
+    )
+    check_figures(run, tmp_path / "figs", {"queue_throughput", "queue_depth"})
+    agents: dict[str, str] = run.values["agents"]
+    check_agent_labels(agents, sim_lake)
+    names = _names(sim_lake)
+    entries = _manifest(sim_lake)
+    created = _created_queue_names(entries)
+    # Gold's queue names are the simulator's (default vhost: no prefix).
+    assert {k: v for k, v in names.items() if k in created} == created
 
-        # Churn per simulator interval and class.
-        def per_interval(es: list[dict[str, Any]]) -> Counter[tuple[int, str]]:
-            return Counter((start + e["interval"] * 1_000_000, e["class_name"]) for e in es)
-
-        churn = scope["churn"].to_dicts()
-        got_created = Counter({(_us(r["interval"]), r["class_name"]): r["created"] for r in churn})
-        got_deleted = Counter({(_us(r["interval"]), r["class_name"]): r["deleted"] for r in churn})
-        assert +got_created == per_interval(creates)
-        assert +got_deleted == per_interval(deletes)
-
-        # Transients: created and deleted within one simulator interval.
-        created_at = {(e["agent"], e["object_id"]["oid"]): e for e in creates}
-        want = {
-            (e["agent"], e["object_id"]["oid"]): (
-                created_at[(e["agent"], e["object_id"]["oid"])]["timestamp_ns"] // 1000,
-                e["timestamp_ns"] // 1000,
-            )
-            for e in deletes
-            if created_at[(e["agent"], e["object_id"]["oid"])]["interval"] == e["interval"]
-        }
-        assert len(want) == 48  # a transient queue and its binding per agent and interval
-        got = {
-            (r["agent"], r["object_id"]): (_us(r["created_at"]), _us(r["deleted_at"]))
-            for r in scope["transients"].iter_rows(named=True)
-        }
-        assert got == want
-
-        # Spark's per-class counts; the restart loses what the restarted agent had.
-        restart = next(e for e in entries if e["kind"] == "restart")
-        gone = {(e["agent"], e["object_id"]["oid"]) for e in deletes}
-        lost = Counter(
-            e["class_name"] for e in creates
-            if e["agent"] == restart["agent"] and e["timestamp_ns"] < restart["timestamp_ns"]
-            and (e["agent"], e["object_id"]["oid"]) not in gone
-        )  # fmt: skip
-        by_class = Counter(e["class_name"] for e in creates)
-        deleted = Counter(e["class_name"] for e in deletes)
-        want_classes = [
-            (c, by_class[c], by_class[c], deleted[c], lost[c]) for c in sorted(by_class)
-        ]
-        spark_rows = [tuple(r) for r in scope["spark_by_class"].values.tolist()]
-        assert spark_rows == want_classes
-        assert scope["spark_agrees"] is True
-
-        # One bar per queue object; the transient ones red.
-        ax = scope["fig_lifecycles"].axes[0]
-        queues = [e for e in creates if e["class_name"] == "queue"]
-        assert len(ax.patches) == len(queues)
-        red = [p for p in ax.patches if p.get_facecolor()[:3] == (1.0, 0.0, 0.0)]
-        assert len(red) == sum(1 for k in want if k in {
-            (e["agent"], e["object_id"]["oid"]) for e in queues
-        })  # fmt: skip
-    finally:
-        _close(scope)
-
-
-@pytest.mark.spark
-def test_health_notebook(sim_lake: Lake, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    scope = _run("health", sim_lake, tmp_path / "figs", monkeypatch)
-    try:
-        _check_figures(scope, tmp_path / "figs", {"events_timeline", "agent_health"})
-        entries = _manifest(sim_lake)
-        events = [e for e in entries if e["kind"] == "event"]
-        by_severity = Counter(SEVERITIES[e["severity"]] for e in events)
-        assert scope["events_by_severity"] == dict(by_severity)
-        assert scope["spark_events_by_severity"] == dict(by_severity)
-        assert scope["spark_agrees"] is True
-        by_name = {r["event_name"]: r["len"] for r in scope["events_by_name"].iter_rows(named=True)}
-        assert by_name == dict(Counter(e["class_name"] for e in events))
-        # Every event is a point of the timeline.
-        points = sum(len(c.get_offsets()) for c in scope["fig_events"].axes[0].collections)
-        assert points == len(events)
-
-        # Heartbeats per agent, first and last.
-        beats: dict[str, list[int]] = defaultdict(list)
-        for e in entries:
-            if e["kind"] == "heartbeat":
-                beats[e["agent"]].append(e["timestamp_ns"])
-        summary = {
-            r["agent"]: (r["heartbeats"], _us(r["first"]), _us(r["last"]), r["max_gap_s"])
-            for r in scope["heartbeat_summary"].iter_rows(named=True)
-        }
-        assert summary == {
-            a: (len(ts), min(ts) // 1000, max(ts) // 1000, 1.0) for a, ts in beats.items()
-        }
-
-        # The restart: AM1 heartbeats carry no epoch, so it shows as a new boot sequence,
-        # seen at the restarted agent's first sample after it.
-        want = []
-        for r in (e for e in entries if e["kind"] == "restart"):
-            first = min(
-                e["update_ns"] for e in entries
-                if e["kind"] == "object" and e["agent"] == r["agent"]
-                and e["update_ns"] > r["timestamp_ns"]
+    # Expected from the gold table: rates keyed by (agent, the object's name).
+    rows = [
+        r for r in delta.read_arrow(sim_lake.gold / "statistic_rates").to_pylist()
+        if r["class_name"] == "queue"
+    ]  # fmt: skip
+    series: dict[tuple[str, str], dict[str, list[dict[str, Any]]]] = defaultdict(
+        lambda: defaultdict(list)
+    )
+    for r in rows:
+        series[(r["agent"], names[(r["agent"], r["object_id"])])][r["statistic"]].append(r)
+    expected = []
+    for (agent, queue), stats in series.items():
+        enq = sorted(stats["msgTotalEnqueues"], key=lambda r: (r["end_ns"], r["object_id"]))
+        deq = sorted(stats["msgTotalDequeues"], key=lambda r: (r["end_ns"], r["object_id"]))
+        rated = [r["rate"] for r in enq if r["rate"] is not None]
+        if rated:
+            expected.append(
+                (agent, queue, sum(rated) / len(rated), len(rated), enq[-1]["end_ns"],
+                 enq[-1]["rate"], deq[-1]["rate"])
             )  # fmt: skip
-            want.append((r["agent"], r["boot_seq"], first // 1000, "objects"))
-        got = [
-            (r["agent"], r["generation"], _us(r["seen_at"]), r["source"])
-            for r in scope["restarts"].iter_rows(named=True)
-        ]
-        assert got == want and len(want) == 1
-        status = {
-            r["agent"]: (r["state_now"], r["heartbeats"], r["restarts"])
-            for r in scope["agent_status"].iter_rows(named=True)
-        }
-        assert status == {
-            a: ("up", len(ts), sum(1 for w in want if w[0] == a)) for a, ts in beats.items()
-        }
-    finally:
-        _close(scope)
+    expected.sort(key=lambda e: (-e[2], e[1], e[0]))
+    top = run.values["top_queues"]
+    assert len(top) == 5
+    assert [(t["agent"], t["queue"]) for t in top] == [(e[0], e[1]) for e in expected[:5]]
+    assert [t["broker"] for t in top] == [agents[t["agent"]] for t in top]
+    for t, (_, _, mean, n, end_ns, last_enq, last_deq) in zip(top, expected, strict=False):
+        assert t["mean_enqueue_rate"] == pytest.approx(mean, rel=1e-12)
+        assert t["rated_intervals"] == n
+        assert t["last_end_time"] == end_ns // 1000
+        assert (t["last_enqueue_rate"], t["last_dequeue_rate"]) == (last_enq, last_deq)
+
+    # The last interval's enqueue rate from the simulator's own counters.
+    samples: dict[tuple[str, str], dict[int, tuple[str, int]]] = defaultdict(dict)
+    depths: dict[tuple[str, str], dict[int, float]] = defaultdict(dict)
+    for e in entries:
+        if e["kind"] == "object" and e["class_name"] == "queue" and e["opcode"] == "i":
+            oid = e["object_id"]["oid"]
+            key = (e["agent"], created[(e["agent"], oid)])
+            samples[key][e["update_ns"]] = (oid, int(e["values"]["msgTotalEnqueues"]))
+            depths[(e["agent"], oid)][e["update_ns"] // 1000] = float(e["values"]["msgDepth"])
+    for t in top:
+        (t0, (o0, v0)), (t1, (o1, v1)) = sorted(samples[(t["agent"], t["queue"])].items())[-2:]
+        assert o0 == o1 and t["last_end_time"] == t1 // 1000
+        assert t["last_enqueue_rate"] == pytest.approx((v1 - v0) / ((t1 - t0) / 1e9), rel=1e-12)
+
+    # Spark's per-queue totals: the sums of the counter deltas; polars agrees.
+    totals = {
+        k: (
+            sum(r["delta"] or 0.0 for r in s["msgTotalEnqueues"]),
+            sum(r["delta"] or 0.0 for r in s["msgTotalDequeues"]),
+        )
+        for k, s in series.items()
+    }
+    got = {(a, q): (e or 0.0, d or 0.0) for a, q, e, d in run.values["spark_totals"]}
+    assert got == totals
+    assert run.values["spark_agrees"] is True
+
+    # Depth: every sample of every queue object with at least one pair, as published.
+    depth: dict[tuple[str, str], dict[int, float]] = defaultdict(dict)
+    for r in run.values["depth"]:
+        depth[(r["agent"], r["object_id"])][r["time"]] = r["depth"]
+    assert depth == {k: v for k, v in depths.items() if len(v) >= 2}
+
+    # Both plots name the five queues by name and broker, nothing else.
+    want = [f"{t['queue']} ({agents[t['agent']]})" for t in top]
+    assert all(t["queue"].startswith("q0000") for t in top)
+    for fig in ("queue_throughput", "queue_depth"):
+        assert run.figures[fig]["legend"] == want
+    assert run.figures["queue_throughput"]["titles"] == ["Top 5 queues by mean enqueue rate"]
 
 
 @pytest.mark.spark
-def test_lake_notebooks_run_on_empty_tables(
-    sim_lake: Lake, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
+def test_lifecycles_notebook(sim_lake: Lake, kernel: Any, tmp_path: Path) -> None:
+    run = run_notebook(
+        kernel,
+        "lifecycles",
+        sim_lake.root,
+        tmp_path / "figs",
+        {
+            "bucket_ms": "bucket_ms",
+            "churn": "_frame(churn)",
+            "transients": "_frame(transients)",
+            "spark_by_class": "_frame(spark_by_class)",
+            "spark_agrees": "spark_agrees",
+            "agents": "agents",
+        },
+    )
+    check_figures(run, tmp_path / "figs", {"object_churn", "object_lifecycles"})
+    agents: dict[str, str] = run.values["agents"]
+    check_agent_labels(agents, sim_lake)
+    entries = _manifest(sim_lake)
+    start = START_NS // 1000
+    creates = [e for e in entries if e["kind"] == "create"]
+    deletes = [e for e in entries if e["kind"] == "delete"]
+    assert run.values["bucket_ms"] == 1000  # the simulator's 1 s interval, inferred
+
+    # Churn per simulator interval and class.
+    def per_interval(es: list[dict[str, Any]]) -> Counter[tuple[int, str]]:
+        return Counter((start + e["interval"] * 1_000_000, e["class_name"]) for e in es)
+
+    churn = run.values["churn"]
+    got_created = Counter({(r["interval"], r["class_name"]): r["created"] for r in churn})
+    got_deleted = Counter({(r["interval"], r["class_name"]): r["deleted"] for r in churn})
+    assert +got_created == per_interval(creates)
+    assert +got_deleted == per_interval(deletes)
+
+    # Transients: created and deleted within one simulator interval, named as gold names them.
+    created_at = {(e["agent"], e["object_id"]["oid"]): e for e in creates}
+    want = {
+        (e["agent"], e["object_id"]["oid"]): (
+            created_at[(e["agent"], e["object_id"]["oid"])]["timestamp_ns"] // 1000,
+            e["timestamp_ns"] // 1000,
+        )
+        for e in deletes
+        if created_at[(e["agent"], e["object_id"]["oid"])]["interval"] == e["interval"]
+    }
+    assert len(want) == 48  # a transient queue and its binding per agent and interval
+    transients = run.values["transients"]
+    got = {(r["agent"], r["object_id"]): (r["created_at"], r["deleted_at"]) for r in transients}
+    assert got == want
+    names = _names(sim_lake)
+    assert {(r["agent"], r["object_id"]): r["name"] for r in transients} == {
+        k: names[k] for k in want
+    }
+    queue_names = _created_queue_names(entries)
+    assert {
+        r["name"] for r in transients if r["class_name"] == "queue"
+    } == {queue_names[k] for k in want if k in queue_names}  # fmt: skip
+    assert all(r["broker"] == agents[r["agent"]] for r in transients)
+
+    # Spark's per-class counts; the restart loses what the restarted agent had.
+    restart = next(e for e in entries if e["kind"] == "restart")
+    gone = {(e["agent"], e["object_id"]["oid"]) for e in deletes}
+    lost = Counter(
+        e["class_name"] for e in creates
+        if e["agent"] == restart["agent"] and e["timestamp_ns"] < restart["timestamp_ns"]
+        and (e["agent"], e["object_id"]["oid"]) not in gone
+    )  # fmt: skip
+    by_class = Counter(e["class_name"] for e in creates)
+    deleted = Counter(e["class_name"] for e in deletes)
+    want_classes = [[c, by_class[c], by_class[c], deleted[c], lost[c]] for c in sorted(by_class)]
+    assert run.values["spark_by_class"] == want_classes
+    assert run.values["spark_agrees"] is True
+
+    # One bar per queue object, labelled by its name and broker; the transient ones red.
+    fig = run.figures["object_lifecycles"]
+    assert fig["axes"][0]["patches"] == len(queue_names)
+    assert fig["axes"][0]["red"] == sum(1 for k in want if k in queue_names)
+    assert Counter(fig["ticks"]) == Counter(
+        f"{name} ({agents[agent]})" for (agent, _), name in queue_names.items()
+    )
+    assert any(t.startswith("tmp.") for t in fig["ticks"])
+    assert run.figures["object_churn"]["legend"] == sorted(by_class)
+
+
+@pytest.mark.spark
+def test_health_notebook(sim_lake: Lake, kernel: Any, tmp_path: Path) -> None:
+    run = run_notebook(
+        kernel,
+        "health",
+        sim_lake.root,
+        tmp_path / "figs",
+        {
+            "events_by_severity": "events_by_severity",
+            "spark_events_by_severity": "spark_events_by_severity",
+            "spark_agrees": "spark_agrees",
+            "events_by_name": "dict(events_by_name.select('event_name', 'len').iter_rows())",
+            "heartbeat_summary": "_frame(heartbeat_summary)",
+            "restarts": "_frame(restarts)",
+            "agent_status": "_frame(agent_status)",
+            "agents": "agents",
+        },
+    )
+    check_figures(run, tmp_path / "figs", {"events_timeline", "agent_health"})
+    agents: dict[str, str] = run.values["agents"]
+    check_agent_labels(agents, sim_lake)
+    entries = _manifest(sim_lake)
+    events = [e for e in entries if e["kind"] == "event"]
+    by_severity = Counter(SEVERITIES[e["severity"]] for e in events)
+    assert run.values["events_by_severity"] == dict(by_severity)
+    assert run.values["spark_events_by_severity"] == dict(by_severity)
+    assert run.values["spark_agrees"] is True
+    by_name = Counter(e["class_name"] for e in events)
+    assert run.values["events_by_name"] == dict(by_name)
+    # Every event is a point of the timeline, on the row of its name.
+    timeline = run.figures["events_timeline"]
+    assert sum(timeline["axes"][0]["points"]) == len(events)
+    assert timeline["ticks"] == sorted(by_name)
+
+    # Heartbeats per agent, first and last.
+    beats: dict[str, list[int]] = defaultdict(list)
+    for e in entries:
+        if e["kind"] == "heartbeat":
+            beats[e["agent"]].append(e["timestamp_ns"])
+    summary = {
+        r["agent"]: (r["heartbeats"], r["first"], r["last"], r["max_gap_s"], r["broker"])
+        for r in run.values["heartbeat_summary"]
+    }
+    assert summary == {
+        a: (len(ts), min(ts) // 1000, max(ts) // 1000, 1.0, agents[a]) for a, ts in beats.items()
+    }
+
+    # The restart: AM1 heartbeats carry no epoch, so it shows as a new boot sequence,
+    # seen at the restarted agent's first sample after it.
+    want = []
+    for r in (e for e in entries if e["kind"] == "restart"):
+        first = min(
+            e["update_ns"] for e in entries
+            if e["kind"] == "object" and e["agent"] == r["agent"]
+            and e["update_ns"] > r["timestamp_ns"]
+        )  # fmt: skip
+        want.append((r["agent"], r["boot_seq"], first // 1000, "objects", agents[r["agent"]]))
+    got = [
+        (r["agent"], r["generation"], r["seen_at"], r["source"], r["broker"])
+        for r in run.values["restarts"]
+    ]
+    assert got == want and len(want) == 1
+    status = {
+        r["agent"]: (r["state_now"], r["heartbeats"], r["restarts"], r["broker"])
+        for r in run.values["agent_status"]
+    }
+    assert status == {
+        a: ("up", len(ts), sum(1 for w in want if w[0] == a), agents[a]) for a, ts in beats.items()
+    }
+    # One row per agent in the health plot, named by its broker.
+    assert run.figures["agent_health"]["ticks"] == [agents[a] for a in sorted(beats)]
+
+
+@pytest.mark.spark
+def test_notebooks_run_on_empty_tables(sim_lake: Lake, kernel: Any, tmp_path: Path) -> None:
     """Right after ``qmf run`` starts the tables exist but hold nothing: no cell fails,
-    the results are empty."""
+    the results are empty, every figure is still shown and saved."""
     from deltalake import DeltaTable
 
-    empty = Lake(root=tmp_path / "empty", manifest=tmp_path / "empty" / "none.jsonl")
+    empty = tmp_path / "empty"
     tables = [sim_lake.bronze, *sorted(sim_lake.silver.iterdir()), *sorted(sim_lake.gold.iterdir())]
     for path in tables:
         dt = DeltaTable(str(path))
-        dest = empty.root / path.relative_to(sim_lake.root)
+        dest = empty / path.relative_to(sim_lake.root)
         delta.create_table(dest, delta.table_schema(dt), delta.partition_columns(dt))
+    probes = {
+        "bronze": {"rows": "bronze.height", "problems": "problems"},
+        "queues": {"top": "top_queues.height", "agrees": "spark_agrees", "agents": "agents"},
+        "lifecycles": {"transients": "transients.height", "agrees": "spark_agrees"},
+        "health": {
+            "events": "events_by_severity",
+            "restarts": "restarts.height",
+            "agrees": "spark_agrees",
+        },
+    }
+    figures = {
+        "bronze": {"bronze_messages"},
+        "queues": {"queue_throughput", "queue_depth"},
+        "lifecycles": {"object_churn", "object_lifecycles"},
+        "health": {"events_timeline", "agent_health"},
+    }
     results = {}
-    for name in LAKE_NOTEBOOKS:
-        scope = _run(name, empty, tmp_path / "figs", monkeypatch)
-        try:
-            assert scope["spark_agrees"] is True
-            assert all(p is not None and p.exists() for p in scope["saved"].values())
-            results[name] = scope
-        finally:
-            _close(scope)
-    assert results["queues"]["top_queues"].height == 0
-    assert results["lifecycles"]["transients"].height == 0
-    assert results["health"]["events_by_severity"] == {}
-    assert results["health"]["restarts"].height == 0
+    for name, values in probes.items():
+        run = run_notebook(kernel, name, empty, tmp_path / name, values)
+        assert set(run.figures) == figures[name]
+        assert len(run.images) == len(figures[name])
+        assert all(Path(str(p)).read_bytes().startswith(PNG) for p in run.saved.values())
+        results[name] = run.values
+    assert results["bronze"] == {"rows": 0, "problems": 0}
+    assert results["queues"] == {"top": 0, "agrees": True, "agents": {}}
+    assert results["lifecycles"] == {"transients": 0, "agrees": True}
+    assert results["health"] == {"events": {}, "restarts": 0, "agrees": True}
+
+
+# ---------------------------------------------------------------------------
+# pipeline.notebook's naming helpers, on small frames (no kernel, no Spark).
+
+
+def _life(rows: list[dict[str, Any]], columns: tuple[str, ...] = ()) -> pl.DataFrame:
+    """Lifecycle rows with the columns the helpers read; ``columns`` adds name/broker."""
+    base = {"agent": pl.String, "object_id": pl.String, "index_key": pl.String,
+            "dialect": pl.String, "batch_id": pl.Int64, "last_seen_ns": pl.Int64}  # fmt: skip
+    schema = {**base, **{c: pl.String for c in columns}}
+    return pl.DataFrame(rows, schema=schema)
+
+
+def test_object_names_take_the_latest_row_and_fall_back_to_the_index_key() -> None:
+    from pipeline.notebook import object_names
+
+    rows: list[dict[str, Any]] = [
+        # renamed: the later batch's name wins, whatever the row order
+        {"agent": "a", "object_id": "1", "index_key": '["v","old"]', "dialect": "V2",
+         "batch_id": 2, "last_seen_ns": 5, "name": "vh/new"},
+        {"agent": "a", "object_id": "1", "index_key": '["v","old"]', "dialect": "V2",
+         "batch_id": 1, "last_seen_ns": 9, "name": "vh/old"},
+        # no name resolved yet: the index key's last value
+        {"agent": "a", "object_id": "2", "index_key": '["1-1-3","q00021"]', "dialect": "AM1",
+         "batch_id": 1, "last_seen_ns": 1, "name": None},
+        # no name, no index key: the object id
+        {"agent": "b", "object_id": "3", "index_key": None, "dialect": "AM1",
+         "batch_id": 1, "last_seen_ns": 1, "name": None},
+    ]  # fmt: skip
+    got = object_names(_life(rows, ("name",))).sort("agent", "object_id").rows()
+    assert got == [("a", "1", "vh/new"), ("a", "2", "q00021"), ("b", "3", "3")]
+    # A table from before gold carried names: no name column at all.
+    old = _life([{k: v for k, v in r.items() if k != "name"} for r in rows])
+    got = object_names(old).sort("agent", "object_id").rows()
+    assert got == [("a", "1", "old"), ("a", "2", "q00021"), ("b", "3", "3")]
+
+
+def test_with_names_joins_rates_on_agent_and_object_id() -> None:
+    from pipeline.notebook import with_names
+
+    names = pl.DataFrame(
+        {"agent": ["a", "b"], "object_id": ["1", "1"], "name": ["q-rate-50", "vh/q-b"]}
+    )
+    rates = pl.DataFrame(
+        {
+            "agent": ["a", "b", "a", "c"],
+            "object_id": ["1", "1", "9", "7"],
+            "index_key": ['["0-0-1-0-3","q-rate-50"]', None, '["x","q-new"]', None],
+            "rate": [1.0, 2.0, 3.0, 4.0],
+        }
+    )
+    got = with_names(rates, names, "queue").select("agent", "object_id", "queue", "rate").rows()
+    assert got == [
+        ("a", "1", "q-rate-50", 1.0),
+        ("b", "1", "vh/q-b", 2.0),
+        ("a", "9", "q-new", 3.0),  # no lifecycle yet: its own index key
+        ("c", "7", "7", 4.0),
+    ]
+
+
+def test_agent_labels_name_agents_by_broker_and_tell_them_apart() -> None:
+    from pipeline.notebook import agent_labels
+
+    def row(agent: str, dialect: str, broker: str | None, batch: int) -> dict[str, Any]:
+        return {"agent": agent, "object_id": f"{agent}-{batch}", "index_key": None,
+                "dialect": dialect, "batch_id": batch, "last_seen_ns": 0, "broker": broker}  # fmt: skip
+
+    life = _life(
+        [
+            # one broker, two agents (AM2 and V2); the V2 agent's first rows fell back to its id
+            row("am2-agent", "AM2", "amqp-broker@vm:25672", 1),
+            row("v2-agent-0001", "V2", "v2-agent-0001", 1),
+            row("v2-agent-0001", "V2", "amqp-broker@vm:25672", 2),
+            row("v2-agent-0001", "V2", None, 3),
+            # two AM1 agents whose brokers read the same
+            row("11111111-aaaa", "AM1", "twin@sim-host:5672", 1),
+            row("22222222-bbbb", "AM1", "twin@sim-host:5672", 1),
+            # a broker of its own; an agent that never showed its broker
+            row("solo-agent", "AM1", "solo@host2:5672", 1),
+            row("bare-agent", "AM1", None, 1),
+        ],
+        ("broker",),
+    )
+    assert agent_labels(life) == {
+        "am2-agent": "amqp-broker@vm:25672 (AM2)",
+        "v2-agent-0001": "amqp-broker@vm:25672 (V2)",
+        "11111111-aaaa": "twin@sim-host:5672 [11111111]",
+        "22222222-bbbb": "twin@sim-host:5672 [22222222]",
+        "solo-agent": "solo@host2:5672",
+        "bare-agent": "bare-agent",
+    }
+    # Before gold carried brokers: the agent ids.
+    assert agent_labels(life.drop("broker")) == {a: a for a in life["agent"].unique()}
+
+
+def test_figure_labels_read_titles_legends_and_categorical_ticks() -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from pipeline.notebook import figure_labels, label
+
+    fig, (top, bottom) = plt.subplots(2, 1)
+    try:
+        top.plot([0, 1], [2, 3], label=label("q-rate-50", "agent-1", {"agent-1": "broker@vm"}))
+        top.plot([0, 1], [1, 1], label="_hidden")
+        top.legend()
+        top.set_title("Top queues")
+        bottom.barh([0, 1], [1, 2])
+        bottom.set_yticks([0, 1])
+        bottom.set_yticklabels(["q00001 (b1)", "tmp.000008 (b1)"])
+        fig.canvas.draw()  # numeric tick labels get their texts: they must stay out
+        assert figure_labels(fig) == {
+            "titles": ["Top queues"],
+            "legend": ["q-rate-50 (broker@vm)"],
+            "ticks": ["q00001 (b1)", "tmp.000008 (b1)"],
+        }
+    finally:
+        plt.close(fig)
 
 
 def test_object_names_from_index_keys() -> None:
-    from pipeline.notebook import last_index_value
-
     assert last_index_value('["1-1-3","q00001"]') == "q00001"
     assert last_index_value('["host",5672]') == "5672"
     assert last_index_value('["x",{"k":1}]') == '{"k": 1}'
