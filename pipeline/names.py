@@ -30,6 +30,7 @@ import json
 import re
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
+from functools import lru_cache
 
 import polars as pl
 import pyarrow as pa
@@ -78,13 +79,29 @@ def parse_ref(dialect: str, value: object) -> str | None:
     return value if _AM_ID.match(value) else None
 
 
+@lru_cache(maxsize=1 << 18)
+def index_values(dialect: str, index_key: str | None) -> tuple[tuple[str, str | None], ...]:
+    """An index key's values: (its text as a name part, the ``ref_key`` it would point
+    to if a reference). Cached: gold resolves every object's key on every batch, and a
+    key never changes meaning."""
+    if not index_key:
+        return ()
+    try:
+        values = json.loads(index_key)
+    except ValueError:
+        return ((index_key, None),)
+    if not isinstance(values, list):
+        values = [values]
+    return tuple((_literal(v), parse_ref(dialect, v)) for v in values)
+
+
 def _literal(value: object) -> str:
     if isinstance(value, str):
         return value if value else '""'
     return json.dumps(value, sort_keys=True)
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class Obj:
     """One object as the resolver sees it."""
 
@@ -117,18 +134,8 @@ class Resolver:
         self._names: dict[tuple[str, str], str] = {}
         self._brokers: dict[str, str] = {}
 
-    def _values(self, o: Obj) -> list[object]:
-        if not o.index_key:
-            return []
-        try:
-            values = json.loads(o.index_key)
-        except ValueError:
-            return [o.index_key]
-        return values if isinstance(values, list) else [values]
-
-    def _target(self, o: Obj, pos: int, value: object, last: bool) -> tuple[bool, Obj | None]:
-        """(is a reference, its target if known)."""
-        key = parse_ref(o.dialect, value)
+    def _target(self, o: Obj, pos: int, key: str | None, last: bool) -> tuple[bool, Obj | None]:
+        """(is a reference, its target if known) of an index value whose ``parse_ref`` is ``key``."""
         if key is None:
             return False, None
         target = self.by_ref.get((o.agent, key))
@@ -146,11 +153,11 @@ class Resolver:
             return self._names[k]
         parts: list[str] = []
         of_broker = False
-        values = self._values(o)
-        for pos, value in enumerate(values):
-            is_ref, target = self._target(o, pos, value, pos == len(values) - 1)
+        values = index_values(o.dialect, o.index_key)
+        for pos, (text, key) in enumerate(values):
+            is_ref, target = self._target(o, pos, key, pos == len(values) - 1)
             if not is_ref:
-                parts.append(_literal(value))
+                parts.append(text)
                 continue
             if target is None or target is o or depth >= _MAX_DEPTH:
                 continue

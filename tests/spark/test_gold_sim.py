@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import itertools
 import json
+import re
 from collections import defaultdict
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -113,6 +114,11 @@ def test_gold_equals_the_simulator_manifest(
     for e in creates:
         r = lc[(e["agent"], e["object_id"]["oid"])]
         assert micros(r["created_at"]) == e["timestamp_ns"] // 1000
+    # Names: every queue by its manifest name (vhost "/" resolved and dropped), one broker.
+    for (a, oid), name in names.items():
+        assert lc[(a, oid)]["name"] == name
+    hosts = {r["broker"] for r in lc.values()}
+    assert len(hosts) == 1 and re.fullmatch(r"amqp-broker@sim-[0-9a-f]{8}:5672", hosts.pop())
     for e in deletes:
         r = lc[(e["agent"], e["object_id"]["oid"])]
         assert (r["state"], r["end_reason"]) == ("deleted", "deleted")
