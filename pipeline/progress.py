@@ -1,5 +1,11 @@
 """What a running pipeline shows its user: a live progress line and an end-of-run summary.
 
+The progress line is redrawn in place on a terminal (rich) and printed line by
+line elsewhere (a pipe, a log: ``qmf soak`` parses those lines). The summary is
+a dict (``qmf run --json`` prints it) and, for people, tables named as a person
+names things: queues and agents by the gold lifecycles' ``name`` and ``broker``
+(rates carry ids only: they are joined on ``(agent, object_id)``).
+
 Both read the Delta tables as they are on disk (no Spark): row counts come from
 the add actions' ``numRecords`` (``pipeline.delta`` writes it for every file,
 from the Parquet footer's row count, which always exists), and the summary
@@ -12,13 +18,19 @@ took 23 GB and the kernel killed ``qmf run`` at its end).
 from __future__ import annotations
 
 import os
+import sys
 import time
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from types import TracebackType
+from typing import IO, TYPE_CHECKING, Any
 
 import pyarrow as pa
 import pyarrow.compute as pc
+
+if TYPE_CHECKING:
+    from rich.console import RenderableType
+    from rich.live import Live
 
 ENQUEUE_STATISTIC = "msgTotalEnqueues"
 SUMMARY_RATE_ROWS = 5_000_000  # newest statistic_rates rows the end-of-run summary reads
@@ -54,20 +66,114 @@ class Rates:
         return (total - prev[1]) / (now - prev[0])
 
 
+@dataclass(frozen=True)
+class ProgressStats:
+    """One progress observation: totals and the rates since the previous one."""
+
+    elapsed_s: float
+    landed: int
+    bronze: int
+    counts: Mapping[str, int]
+    in_per_s: float
+    samples_per_s: float
+
+    def line(self) -> str:
+        """``qmf run:  12.3s | in 410 msg/s (4,000 landed) | bronze 4,000 (lag 80) | …``:
+        every table's rows (``qmf soak`` parses this form)."""
+        counts = self.counts
+        parts = [
+            f"{self.elapsed_s:6.1f}s",
+            f"in {self.in_per_s:,.0f} msg/s ({self.landed:,} landed)",
+            f"bronze {self.bronze:,} (lag {max(self.landed - self.bronze, 0):,})",
+            f"decoded {self.samples_per_s:,.0f} samples/s",
+            "rows " + " ".join(f"{k}={v:,}" for k, v in counts.items() if k != "quarantine"),
+            f"quarantine {counts.get('quarantine', 0):,}",
+        ]
+        return "qmf run: " + " | ".join(parts)
+
+    def compact(self) -> str:
+        """The same for a terminal line: silver and gold rows summed per layer."""
+        silver = sum(self.counts.get(k, 0) for k in SILVER_PROGRESS)
+        gold = sum(self.counts.get(k, 0) for k in GOLD_PROGRESS)
+        return (
+            f"qmf run {self.elapsed_s:5.0f}s | in {self.in_per_s:,.0f} msg/s "
+            f"({self.landed:,} landed) | bronze {self.bronze:,} "
+            f"(lag {max(self.landed - self.bronze, 0):,}) | decoded "
+            f"{self.samples_per_s:,.0f} samples/s | silver {silver:,} rows | gold {gold:,} rows"
+            f" | quarantine {self.counts.get('quarantine', 0):,}"
+        )
+
+
+SILVER_PROGRESS = ("object_samples", "events", "heartbeats")
+GOLD_PROGRESS = ("statistic_rates", "object_lifecycles", "agent_liveness")
+
+
+def progress_stats(
+    elapsed_s: float, landed: int, bronze: int, counts: Mapping[str, int], rates: Rates
+) -> ProgressStats:
+    """Totals now, with their rates since the last call (``rates`` remembers)."""
+    samples = counts.get("object_samples", 0)
+    return ProgressStats(
+        elapsed_s, landed, bronze, dict(counts),
+        rates.per_s("landed", landed), rates.per_s("samples", samples),
+    )  # fmt: skip
+
+
 def progress_line(
     elapsed_s: float, landed: int, bronze: int, counts: Mapping[str, int], rates: Rates
 ) -> str:
     """``12.3s in 410 msg/s | bronze 4,000 (lag 80) | decoded 21,000 rec/s | rows …``."""
-    samples = counts.get("object_samples", 0)
-    parts = [
-        f"{elapsed_s:6.1f}s",
-        f"in {rates.per_s('landed', landed):,.0f} msg/s ({landed:,} landed)",
-        f"bronze {bronze:,} (lag {max(landed - bronze, 0):,})",
-        f"decoded {rates.per_s('samples', samples):,.0f} samples/s",
-        "rows " + " ".join(f"{k}={v:,}" for k, v in counts.items() if k != "quarantine"),
-        f"quarantine {counts.get('quarantine', 0):,}",
-    ]
-    return "qmf run: " + " | ".join(parts)
+    return progress_stats(elapsed_s, landed, bronze, counts, rates).line()
+
+
+class ProgressDisplay:
+    """Where the progress goes: one line redrawn in place on a terminal, one printed
+    line per update elsewhere. While the live line shows, whatever else is written to
+    stdout or stderr (our warnings) is printed above it."""
+
+    def __init__(self, file: IO[str] | None = None, live: bool | None = None) -> None:
+        self.file = sys.stdout if file is None else file
+        self.live = _isatty(self.file) if live is None else live
+        self._live: Live | None = None
+
+    def __enter__(self) -> ProgressDisplay:
+        if self.live:
+            from rich.console import Console
+            from rich.live import Live
+            from rich.text import Text
+
+            console = Console(file=self.file, force_terminal=True)
+            self._live = Live(Text(""), console=console, auto_refresh=False, transient=False,
+                              redirect_stdout=True, redirect_stderr=True)  # fmt: skip
+            self._live.start()
+        return self
+
+    def update(self, stats: ProgressStats) -> None:
+        if self._live is not None:
+            from rich.text import Text
+
+            self._live.update(Text(stats.compact(), overflow="fold"), refresh=True)
+        else:
+            print(stats.line(), file=self.file, flush=True)
+
+    def close(self) -> None:
+        """End the live line (it stays on the screen as the last state)."""
+        if self._live is not None:
+            self._live.stop()
+            self._live = None
+
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:  # fmt: skip
+        self.close()
+
+
+def _isatty(file: IO[str]) -> bool:
+    try:
+        return file.isatty()
+    except (AttributeError, ValueError):
+        return False
 
 
 def _columns_schema(path: str, columns: list[str]) -> pa.Schema:
@@ -108,8 +214,63 @@ def _queue_rates(path: str, max_rows: int) -> tuple[pa.Table | None, int, int]:
     return (pa.concat_tables(parts) if parts else schema.empty_table()), taken, total
 
 
-def top_queues(rates: pa.Table, n: int = 5) -> list[dict[str, Any]]:
-    """Queues by their mean enqueue rate over the run (rated intervals only)."""
+@dataclass(frozen=True)
+class Named:
+    """An object's current name and broker (its latest lifecycle row)."""
+
+    name: str | None
+    broker: str | None
+    batch_id: int
+    last_seen_ns: int
+
+
+Names = Mapping[tuple[str, str], Named]  # (agent, object_id) -> its name and broker
+_LIFE_COLS = ["agent", "class_name", "object_id", "index_key", "created_at", "deleted_at",
+              "first_seen_ns", "last_seen_ns", "state", "batch_id"]  # fmt: skip
+_NAME_COLS = ["name", "broker"]  # gold's names; absent from tables written before them
+
+
+def lifecycle_names(life: pa.Table) -> dict[tuple[str, str], Named]:
+    """The latest row per ``(agent, object_id)`` (max ``batch_id``, then ``last_seen_ns``):
+    the name and broker an object has now. Null where the table predates the columns."""
+    cols = {c: life[c].to_pylist() for c in ("agent", "object_id", "batch_id", "last_seen_ns")}
+    names = life["name"].to_pylist() if "name" in life.column_names else None
+    brokers = life["broker"].to_pylist() if "broker" in life.column_names else None
+    out: dict[tuple[str, str], Named] = {}
+    for i, key in enumerate(zip(cols["agent"], cols["object_id"], strict=True)):
+        row = Named(
+            names[i] if names is not None else None, brokers[i] if brokers is not None else None,
+            int(cols["batch_id"][i] or 0), int(cols["last_seen_ns"][i] or 0),
+        )  # fmt: skip
+        cur = out.get(key)
+        if cur is None or (row.batch_id, row.last_seen_ns) >= (cur.batch_id, cur.last_seen_ns):
+            out[key] = row
+    return out
+
+
+def agent_brokers(names: Names) -> dict[str, str]:
+    """Each agent's broker identity: the broker of its most recently seen named object."""
+    best: dict[str, tuple[tuple[int, int], str]] = {}
+    for (agent, _), n in names.items():
+        if n.broker:
+            rank = (n.batch_id, n.last_seen_ns)
+            if agent not in best or rank >= best[agent][0]:
+                best[agent] = (rank, n.broker)
+    return {a: b for a, (_, b) in best.items()}
+
+
+def _latest(names: Names, agent: str, object_ids: Iterable[str]) -> Named | None:
+    """Of an object's series (one id per agent restart), the latest lifecycle's names."""
+    rows = [n for oid in object_ids if (n := names.get((agent, oid))) is not None]
+    return max(rows, key=lambda n: (n.batch_id, n.last_seen_ns)) if rows else None
+
+
+def top_queues(rates: pa.Table, n: int = 5, names: Names | None = None) -> list[dict[str, Any]]:
+    """Queues by their mean enqueue rate over the run (rated intervals only), named by
+    their latest lifecycle (else by their index key's last value, else the object id)
+    and their broker (else their agent)."""
+    from pipeline.live import key_name
+
     t = rates.filter(
         pc.and_(
             pc.equal(rates["class_name"], "queue"),
@@ -118,16 +279,90 @@ def top_queues(rates: pa.Table, n: int = 5) -> list[dict[str, Any]]:
     )
     if t.num_rows == 0:
         return []
-    name = pc.coalesce(t["index_key"], t["object_id"])
-    g = pa.table({"agent": t["agent"], "queue": name, "rate": t["rate"]}).group_by(
-        ["agent", "queue"]
-    ).aggregate([("rate", "mean"), ("rate", "count")])
+    queue = pc.coalesce(t["index_key"], t["object_id"])
+    g = pa.table(
+        {"agent": t["agent"], "queue": queue, "index_key": t["index_key"],
+         "object_id": t["object_id"], "rate": t["rate"]}
+    ).group_by(["agent", "queue"]).aggregate(
+        [("rate", "mean"), ("rate", "count"), ("object_id", "distinct"), ("index_key", "max")]
+    )  # fmt: skip
     g = g.sort_by([("rate_mean", "descending"), ("queue", "ascending")]).slice(0, n)
-    return [
-        {"agent": r["agent"], "queue": r["queue"], "enqueue_rate": round(r["rate_mean"], 3),
-         "intervals": r["rate_count"]}
-        for r in g.to_pylist()
-    ]  # fmt: skip
+    brokers = agent_brokers(names or {})
+    out = []
+    for r in g.to_pylist():
+        oids = sorted(r["object_id_distinct"])
+        named = _latest(names or {}, r["agent"], oids)
+        name = named.name if named is not None and named.name else None
+        out.append({
+            "agent": r["agent"], "queue": r["queue"],
+            "name": name or key_name(r["index_key_max"], oids[-1]),
+            "broker": (named.broker if named is not None else None) or brokers.get(r["agent"])
+                      or r["agent"],
+            "enqueue_rate": round(r["rate_mean"], 3), "intervals": r["rate_count"],
+        })  # fmt: skip
+    return out
+
+
+def _table_columns(path: str, wanted: Iterable[str]) -> list[str]:
+    """Those of ``wanted`` the table has (its log's schema)."""
+    from pipeline import delta
+
+    have = set(delta.table_schema(path).names)
+    return [c for c in wanted if c in have]
+
+
+def _objects(life: pa.Table) -> dict[str, Any]:
+    """Objects seen, created, deleted and transient, in all and per class."""
+    created = pc.is_valid(life["created_at"])
+    deleted = pc.is_valid(life["deleted_at"])
+    # Created and deleted between two publications: one publication shows both.
+    once = pc.equal(life["first_seen_ns"], life["last_seen_ns"])
+    transient = pc.and_(pc.and_(created, deleted), once)
+    flags = pa.table({
+        "class_name": life["class_name"], "created": pc.cast(created, pa.int64()),
+        "deleted": pc.cast(deleted, pa.int64()), "transient": pc.cast(transient, pa.int64()),
+        "live": pc.cast(pc.equal(life["state"], "live"), pa.int64()),
+    })  # fmt: skip
+    per = flags.group_by("class_name").aggregate(
+        [("class_name", "count"), ("created", "sum"), ("deleted", "sum"), ("transient", "sum"),
+         ("live", "sum")]
+    )  # fmt: skip
+    by_class = {
+        r["class_name"]: {"seen": r["class_name_count"], "created": r["created_sum"],
+                          "deleted": r["deleted_sum"], "transient": r["transient_sum"],
+                          "live": r["live_sum"]}
+        for r in per.sort_by("class_name").to_pylist()
+    }  # fmt: skip
+    return {
+        "seen": life.num_rows,
+        "created": int(pc.sum(created).as_py() or 0),
+        "deleted": int(pc.sum(deleted).as_py() or 0),
+        "transient": int(pc.sum(transient).as_py() or 0),
+        "by_state": _counts(life["state"]),
+        "by_class": by_class,
+    }
+
+
+def _agents(live: pa.Table, brokers: Mapping[str, str]) -> dict[str, Any]:
+    """Agents seen, their up intervals by state and restarts; per agent its broker and
+    its latest interval's state."""
+    rows = sorted(live.to_pylist(), key=lambda r: (r["agent"], r["up_start_ns"] or 0))
+    per: dict[str, dict[str, Any]] = {}
+    for r in rows:
+        a = per.setdefault(r["agent"], {
+            "agent": r["agent"], "broker": brokers.get(r["agent"], r["agent"]),
+            "dialect": r["dialect"], "intervals": 0, "restarts": 0, "heartbeats": 0,
+        })  # fmt: skip
+        a["intervals"] += 1
+        a["restarts"] += r["started_by"] == "restart"
+        a["heartbeats"] += int(r["heartbeats"] or 0)
+        a["state"] = r["state"]  # the latest interval's, rows being in start order
+    return {
+        "seen": len(per),
+        "intervals_by_state": _counts(live["state"]),
+        "restarts": int(pc.sum(pc.equal(live["started_by"], "restart")).as_py() or 0),
+        "by_agent": sorted(per.values(), key=lambda a: (a["broker"], a["agent"])),
+    }
 
 
 def summary(root: str | os.PathLike[str], rate_rows: int = SUMMARY_RATE_ROWS) -> dict[str, Any]:
@@ -138,40 +373,116 @@ def summary(root: str | os.PathLike[str], rate_rows: int = SUMMARY_RATE_ROWS) ->
     for name in ("object_samples", "events", "heartbeats", "agents", "quarantine", "parked"):
         out[f"silver_{name}"] = table_rows(os.path.join(silver, name))
     gold = os.path.join(root, "gold")
+    life_path = os.path.join(gold, "object_lifecycles")
+    life = None
+    if os.path.isdir(os.path.join(life_path, "_delta_log")):
+        life = _read(life_path, _table_columns(life_path, _LIFE_COLS + _NAME_COLS))
+    names = lifecycle_names(life) if life is not None else {}
     rates, taken, total = _queue_rates(os.path.join(gold, "statistic_rates"), rate_rows)
-    out["top_queues_by_enqueue_rate"] = [] if rates is None else top_queues(rates)
+    out["top_queues_by_enqueue_rate"] = [] if rates is None else top_queues(rates, names=names)
     if taken < total:
         out["top_queues_over"] = f"the newest {taken:,} of {total:,} rate rows"
-    life = _read(os.path.join(gold, "object_lifecycles"),
-                 ["created_at", "deleted_at", "first_seen_ns", "last_seen_ns", "state"])  # fmt: skip
     if life is not None:
-        created = pc.is_valid(life["created_at"])
-        deleted = pc.is_valid(life["deleted_at"])
-        # Created and deleted between two publications: one publication shows both.
-        once = pc.equal(life["first_seen_ns"], life["last_seen_ns"])
-        out["objects"] = {
-            "seen": life.num_rows,
-            "created": int(pc.sum(created).as_py() or 0),
-            "deleted": int(pc.sum(deleted).as_py() or 0),
-            "transient": int(pc.sum(pc.and_(pc.and_(created, deleted), once)).as_py() or 0),
-            "by_state": _counts(life["state"]),
-        }
+        out["objects"] = _objects(life)
     events = _read(os.path.join(silver, "events"), ["severity"])
     if events is not None:
         sev = events["severity"].to_pylist()
-        names = [SEVERITIES[s] if s is not None and 0 <= s < len(SEVERITIES) else str(s)
-                 for s in sev]  # fmt: skip
-        out["events_by_severity"] = dict(sorted(_counts(pa.array(names, pa.string())).items()))
-    live = _read(os.path.join(gold, "agent_liveness"), ["agent", "state", "started_by"])
+        labels = [SEVERITIES[s] if s is not None and 0 <= s < len(SEVERITIES) else str(s)
+                  for s in sev]  # fmt: skip
+        out["events_by_severity"] = dict(sorted(_counts(pa.array(labels, pa.string())).items()))
+    live = _read(os.path.join(gold, "agent_liveness"),
+                 ["agent", "dialect", "state", "started_by", "up_start_ns", "heartbeats"])  # fmt: skip
     if live is not None:
-        out["agents"] = {
-            "seen": len(set(live["agent"].to_pylist())),
-            "intervals_by_state": _counts(live["state"]),
-            "restarts": int(pc.sum(pc.equal(live["started_by"], "restart")).as_py() or 0),
-        }
+        out["agents"] = _agents(live, agent_brokers(names))
     return out
 
 
 def _counts(col: pa.Array | pa.ChunkedArray) -> dict[str, int]:
     vc = pc.value_counts(col)
     return {str(v["values"]): int(v["counts"]) for v in vc.to_pylist()}
+
+
+# ---------------------------------------------------------------------------- for people
+
+
+def _table(title: str, columns: Iterable[tuple[str, str]], rows: Iterable[Iterable[Any]],
+           caption: str | None = None) -> RenderableType:  # fmt: skip
+    """A rich table: ``columns`` are (header, justify)."""
+    from rich.table import Table
+
+    t = Table(title=title, title_justify="left", caption=caption, caption_justify="left")
+    for header, justify in columns:
+        t.add_column(header, justify=justify)  # type: ignore[arg-type]
+    for row in rows:
+        t.add_row(*(f"{v:,}" if isinstance(v, int) else str(v) for v in row))
+    return t
+
+
+def summary_tables(s: Mapping[str, Any]) -> list[RenderableType]:
+    """The summary as tables for people: top queues, objects, events, agents, pipeline."""
+    out: list[RenderableType] = []
+    top = s.get("top_queues_by_enqueue_rate") or []
+    if top:
+        out.append(_table(
+            "Top queues by enqueue rate",
+            [("queue", "left"), ("broker", "left"), ("msg/s (mean)", "right"),
+             ("intervals", "right")],
+            ([q["name"], q["broker"], f"{q['enqueue_rate']:,.1f}", q["intervals"]] for q in top),
+            caption=f"over {s['top_queues_over']}" if s.get("top_queues_over") else None,
+        ))  # fmt: skip
+    objects = s.get("objects")
+    if objects:
+        rows = [[cls, c["seen"], c["created"], c["deleted"], c["transient"], c["live"]]
+                for cls, c in objects.get("by_class", {}).items()]  # fmt: skip
+        live_total = objects.get("by_state", {}).get("live", 0)
+        rows.append(["all", objects["seen"], objects["created"], objects["deleted"],
+                     objects["transient"], live_total])  # fmt: skip
+        out.append(_table(
+            "Objects",
+            [("class", "left"), ("seen", "right"), ("created", "right"), ("deleted", "right"),
+             ("transient", "right"), ("live now", "right")],
+            rows,
+        ))  # fmt: skip
+    events = s.get("events_by_severity")
+    if events:
+        order = {name: i for i, name in enumerate(SEVERITIES)}
+        rows = sorted(events.items(), key=lambda kv: (order.get(kv[0], len(order)), kv[0]))
+        out.append(_table("Events by severity", [("severity", "left"), ("events", "right")],
+                          [*rows, ("all", sum(events.values()))]))  # fmt: skip
+    agents = s.get("agents")
+    if agents:
+        out.append(_table(
+            "Agents",
+            [("broker", "left"), ("agent", "left"), ("dialect", "left"), ("state", "left"),
+             ("up intervals", "right"), ("restarts", "right")],
+            ([a["broker"], a["agent"], a["dialect"], a["state"], a["intervals"], a["restarts"]]
+             for a in agents.get("by_agent", [])),
+        ))  # fmt: skip
+    out.append(_table("Pipeline", [("rows", "left"), ("", "right")], _pipeline_rows(s)))
+    return out
+
+
+def _pipeline_rows(s: Mapping[str, Any]) -> list[tuple[str, Any]]:
+    rows: list[tuple[str, Any]] = []
+    for key, label in (("landed_messages", "landed messages"),
+                       ("redeliveries_skipped", "redeliveries skipped"),
+                       ("bronze_rows", "bronze"), ("silver_object_samples", "silver object samples"),
+                       ("silver_events", "silver events"), ("silver_heartbeats", "silver heartbeats"),
+                       ("silver_agents", "silver agents"), ("silver_quarantine", "quarantine"),
+                       ("silver_parked", "parked (waiting for a schema)")):  # fmt: skip
+        if key in s:
+            rows.append((label, s[key]))
+    if s.get("records_by_opcode") is not None:
+        rows.append(("bronze decoded again: problems", s.get("decode_problems", 0)))
+    return rows
+
+
+def print_summary(s: Mapping[str, Any], file: IO[str] | None = None) -> None:
+    """The summary's tables on ``file`` (stdout)."""
+    from rich.console import Console
+
+    console = Console(file=sys.stdout if file is None else file)
+    for table in summary_tables(s):
+        console.print(table)
+    if s.get("summary_skipped"):
+        console.print(s["summary_skipped"], highlight=False)

@@ -9,16 +9,22 @@ module only fills in what is missing.
 
 from __future__ import annotations
 
+import hashlib
 import os
 import sys
 import tempfile
 from collections.abc import Mapping
+from pathlib import Path
 from typing import Any
 
 from pyspark import SparkConf, SparkContext
 from pyspark.sql import SparkSession
 
 DEFAULT_MASTER = "local[2]"
+# A file for Spark's and the JVM's output when the caller gives none (jobs run with
+# python, notebooks): see get_spark's ``log_file``.
+LOG_ENV = "QMF_SPARK_LOG"
+_log_file: Path | None = None  # where this process's JVM writes, when we launched it so
 
 # Settings every session needs; the Delta layer's timestamp handling depends on
 # the first two (see docs/delta.md).
@@ -104,8 +110,12 @@ logger.hadoop.level = error
 
 def _log4j_config(level: str) -> str:
     """A log4j2 file at the given root level (written once per level and user)."""
-    path = os.path.join(tempfile.gettempdir(), f"qmf-log4j2-{level}-{os.getuid()}.properties")
-    text = _LOG4J2.format(level=level)
+    return _write_config(f"qmf-log4j2-{level}", _LOG4J2.format(level=level))
+
+
+def _write_config(stem: str, text: str) -> str:
+    """``text`` in ``<tmp>/<stem>-<uid>.properties``, rewritten only when it differs."""
+    path = os.path.join(tempfile.gettempdir(), f"{stem}-{os.getuid()}.properties")
     try:
         with open(path, encoding="utf-8") as fh:
             if fh.read() == text:
@@ -143,17 +153,60 @@ def java_problem(env: Mapping[str, str] | None = None) -> str | None:
     return None
 
 
+def spark_log() -> Path | None:
+    """The file this process's JVM writes its output to (None: the console's)."""
+    return _log_file
+
+
+def _file_log4j_config(log_file: Path) -> str:
+    """The log4j2 configuration file that writes to ``log_file`` (one per log file)."""
+    from pipeline import sparklog
+
+    digest = hashlib.sha1(str(log_file).encode()).hexdigest()[:12]
+    return _write_config(f"qmf-log4j2-file-{digest}", sparklog.log4j2_file_config(log_file))
+
+
+def _launch_logged(options: Mapping[str, str], log_file: Path, app_name: str) -> None:
+    """Launch the JVM with ``options``, its stdout and stderr in ``log_file`` (its
+    Python children's too: they inherit them), and make it the process's gateway
+    (``getOrCreate`` then uses it as if it had launched it)."""
+    from pyspark.java_gateway import launch_gateway
+
+    from pipeline import sparklog
+
+    global _log_file
+    out = sparklog.open_log(log_file, app_name)
+    launch_conf = SparkConf(loadDefaults=False)
+    for key, value in options.items():
+        launch_conf.set(key, value)
+    os.environ[sparklog.CHILD_ENV] = "1"  # the JVM's Python children mark our records
+    try:
+        gateway = launch_gateway(  # type: ignore[no-untyped-call]
+            launch_conf, popen_kwargs={"stdout": out, "stderr": out}
+        )
+    finally:
+        out.close()  # the JVM holds its own descriptor
+    SparkContext._ensure_initialized(gateway=gateway)
+    _log_file = log_file
+    sparklog.follow(log_file)
+
+
 def get_spark(
     app_name: str,
     *,
     master: str | None = None,
     conf: Mapping[str, Any] | None = None,
     test: bool = False,
+    log_file: str | os.PathLike[str] | None = None,
 ) -> SparkSession:
     """Return the process's SparkSession, creating it with the project's settings.
 
     ``master`` and ``conf`` given here override everything; the project's
     defaults never override what spark-submit (or an existing session) set.
+    ``log_file`` (else ``$QMF_SPARK_LOG``): when this call launches the JVM, Spark's
+    log and the JVM's stdout and stderr go to that file instead of the terminal
+    (``spark_log()`` says whether they did; see ``pipeline.sparklog``). Under
+    spark-submit the JVM is spark-submit's and keeps its console.
     """
     # Workers must run this very interpreter (the venv with pyarrow etc.);
     # this has to be in the environment before the JVM starts. Under
@@ -171,31 +224,39 @@ def get_spark(
 
             raise SetupError(problem)
 
+    if log_file is None and not test:
+        log_file = os.environ.get(LOG_ENV) or None
+    logged = None
+    if log_file is not None and SparkContext._gateway is None and not _under_spark_submit():
+        logged = Path(log_file).resolve()
+
     existing = _existing_conf()
     defaults = dict(BASE_CONF)
     if test:
         defaults.update(TEST_CONF)
     if not existing and SparkContext._active_spark_context is None:
         # A JVM is about to start: quiet from its first line, not only after
-        # setLogLevel (and no "hostname resolves to a loopback address" warning).
+        # setLogLevel (and no "hostname resolves to a loopback address" warning
+        # on the terminal), or everything in the log file.
         level = "error" if test else "warn"
-        defaults["spark.driver.extraJavaOptions"] = (
-            f"-Dlog4j2.configurationFile=file:{_log4j_config(level)}"
-        )
+        config = _log4j_config(level) if logged is None else _file_log4j_config(logged)
+        defaults["spark.driver.extraJavaOptions"] = f"-Dlog4j2.configurationFile=file:{config}"
         if test:
             os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
 
-    builder = SparkSession.builder.appName(app_name)
+    options = {"spark.app.name": app_name}
     if master is not None:
-        builder = builder.master(master)
+        options["spark.master"] = master
     elif not _master_configured(existing):
-        builder = builder.master(DEFAULT_MASTER)
-    for key, value in defaults.items():
-        if key not in existing:
-            builder = builder.config(key, value)
-    for key, value in (conf or {}).items():
-        builder = builder.config(key, str(value))
+        options["spark.master"] = DEFAULT_MASTER
+    options.update({k: v for k, v in defaults.items() if k not in existing})
+    options.update({k: str(v) for k, v in (conf or {}).items()})
+    if logged is not None:
+        _launch_logged(options, logged, app_name)
 
+    builder = SparkSession.builder
+    for key, value in options.items():
+        builder = builder.config(key, value)
     session = builder.getOrCreate()
     session.sparkContext.setLogLevel("ERROR" if test else "WARN")
     return session

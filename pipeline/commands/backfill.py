@@ -1,8 +1,17 @@
-"""``qmf backfill``: re-derive silver and gold for a time range from bronze (as jobs/backfill.py)."""
+"""``qmf backfill``: re-derive silver and gold for a time range from bronze (as jobs/backfill.py).
+
+Spark's and the JVM's own output goes to a log file beside the gold folder
+(``DATA/logs/spark-backfill-<time>.log``), its path printed once on stderr; the
+backfill's report and our own log lines stay on the terminal. (``spark-submit
+jobs/backfill.py`` keeps Spark's console: spark-submit owns that JVM.)
+"""
 
 from __future__ import annotations
 
 import argparse
+import sys
+import time
+from pathlib import Path
 from typing import Any
 
 
@@ -21,7 +30,25 @@ def register(subparsers: Any) -> None:
     p.set_defaults(func=backfill)
 
 
-def backfill(args: argparse.Namespace) -> int:
-    from pipeline.backfill import run_from_args
+def log_file(gold: str, stamp: str | None = None) -> Path:
+    """The Spark log of a backfill: ``logs/`` beside the gold folder (DATA/logs)."""
+    stamp = stamp or time.strftime("%Y%m%d-%H%M%S")
+    return Path(gold).resolve().parent / "logs" / f"spark-backfill-{stamp}.log"
 
+
+def backfill(args: argparse.Namespace) -> int:
+    from pipeline.backfill import run_from_args, settings_from_args
+
+    if not args.keep_spark:
+        try:
+            settings = settings_from_args(args)
+        except ValueError:
+            settings = None  # run_from_args says what is wrong, before Spark starts
+        if settings is not None:
+            from pipeline.spark import get_spark, spark_log
+
+            get_spark("qmf-backfill", log_file=log_file(settings.gold))  # run_from_args' session
+            if spark_log() is not None:
+                print(f"qmf backfill: Spark's and the JVM's own output: {spark_log()}",
+                      file=sys.stderr, flush=True)  # fmt: skip
     return run_from_args(args, "qmf backfill", stop_spark=not args.keep_spark)

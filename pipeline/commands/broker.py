@@ -30,7 +30,12 @@ def register(subparsers: Any) -> None:
     )
     parser.add_argument(
         "--tls-dir", default=None,
-        help="for `tls`: certificate folder to create/use (default: the state dir's)",
+        help="for `tls`: certificate folder to create/use (default: the state dir's); a "
+             "folder with only some of the five PEM files is refused (see --overwrite)",
+    )
+    parser.add_argument(
+        "--overwrite", action="store_true",
+        help="for `tls --tls-dir`: generate a new set over the files already there",
     )
     parser.set_defaults(func=run)
 
@@ -41,6 +46,14 @@ def run(args: argparse.Namespace) -> int:
 
     if args.url:
         os.environ["QMF_BROKER_URL"] = args.url
+    if args.action == "tls" and args.tls_dir and not args.overwrite:
+        partial = partial_tls(args.tls_dir)
+        if partial:
+            print(f"qmf broker tls: {args.tls_dir} holds {', '.join(partial)} but not the whole "
+                  "set (ca.pem, server.pem/.key, client.pem/.key): generating one would replace "
+                  "them; --overwrite to do so, or give a folder with all five or none",
+                  file=sys.stderr)  # fmt: skip
+            return 2
     try:
         if args.action == "start":
             info = broker.ensure_broker(args.timeout)
@@ -74,6 +87,23 @@ def run(args: argparse.Namespace) -> int:
         print(f"qmf broker {args.action}: {exc}", file=sys.stderr)
         return 1
     return 0
+
+
+# What ``pipeline.broker.generate_tls`` writes into a folder (the five PEM files it is
+# about, the CA key, its serial and the openssl extensions file).
+TLS_SET = ("ca.pem", "server.pem", "server.key", "client.pem", "client.key")
+TLS_WRITES = (*TLS_SET, "ca.key", "ca.srl", "ext.cnf")
+
+
+def partial_tls(directory: str | os.PathLike[str]) -> list[str]:
+    """Files of ``directory`` that generating a TLS set there would replace: those it
+    writes, when the set is incomplete (a complete set is used as it is)."""
+    from pipeline.outputs import holds_data
+
+    d = os.fspath(directory)
+    if all(holds_data(os.path.join(d, n)) for n in TLS_SET):
+        return []
+    return [n for n in TLS_WRITES if holds_data(os.path.join(d, n))]
 
 
 def _url(broker: Any) -> str:

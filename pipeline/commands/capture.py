@@ -20,14 +20,17 @@ def register(subparsers: Any) -> None:
     p: argparse.ArgumentParser = subparsers.add_parser(
         "capture",
         help="capture QMF messages to a JSON-lines file",
-        description="Subscribe like `qmf receive` and append each message to FILE.jsonl "
-        "(capture format). Stops after --count messages, --duration seconds, or on "
-        "SIGTERM/SIGINT.",
+        description="Subscribe like `qmf receive` and write each message to FILE.jsonl "
+        "(capture format). A FILE that already holds something is refused unless --append. "
+        "Stops after --count messages, --duration seconds, or on SIGTERM/SIGINT.",
     )
     add_broker_args(p)
     add_subscription_args(p)
     add_console_args(p)
-    p.add_argument("--output", "-o", required=True, help="capture file (appended to)")
+    p.add_argument("--output", "-o", required=True,
+                   help="capture file (new, or empty; see --append)")  # fmt: skip
+    p.add_argument("--append", action="store_true",
+                   help="add to an existing capture file (without it one is refused)")  # fmt: skip
     p.add_argument("--count", type=int, default=None, help="stop once N messages are captured")
     p.add_argument("--duration", type=float, default=None, help="stop after S seconds")
     p.add_argument("-v", "--verbose", action="store_true")
@@ -36,6 +39,7 @@ def register(subparsers: Any) -> None:
 
 def run(args: argparse.Namespace) -> int:
     """Capture until the count, the duration or a signal; 1 on fatal errors."""
+    from pipeline.outputs import refusal
     from receivers.cliopts import receiver_config
     from receivers.config import ConfigError
     from receivers.receiver import CaptureSink, QmfReceiver, ReceiverError, replace_config
@@ -49,7 +53,15 @@ def run(args: argparse.Namespace) -> int:
     except (ConfigError, ValueError) as exc:
         print(f"qmf capture: {exc}", file=sys.stderr)
         return 2
-    sink = CaptureSink(args.output)
+    refused = refusal(args.output, "--append", args.append, "add to it")
+    if refused:
+        print(f"qmf capture: {refused}", file=sys.stderr)
+        return 2
+    try:
+        sink = CaptureSink(args.output)
+    except OSError as exc:
+        print(f"qmf capture: {exc}", file=sys.stderr)
+        return 2
     receiver: QmfReceiver
 
     def on_group(msgs: Any) -> None:
@@ -67,7 +79,8 @@ def run(args: argparse.Namespace) -> int:
     )
     receiver.install_signal_handlers()
     print(
-        f"capturing from {cfg.broker.describe()} [{sink.source}] into {args.output}",
+        f"capturing from {cfg.broker.describe()} [{sink.source}] into {args.output}"
+        + (" (appending)" if args.append and sink.path.stat().st_size else ""),
         file=sys.stderr,
         flush=True,
     )

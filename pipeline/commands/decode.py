@@ -70,6 +70,11 @@ def register(subparsers: Any) -> None:
         "--output", help="write decoded records: JSON lines, or Parquet if it ends .parquet"
     )
     p.add_argument(
+        "--overwrite",
+        action="store_true",
+        help="replace an existing --output file (without it one is refused)",
+    )
+    p.add_argument(
         "--schemas",
         default=SEED_XML,
         metavar="xml|none|FILE[,FILE]",
@@ -213,6 +218,12 @@ def _schemas_info(spec: str, registry: SchemaRegistry) -> dict[str, Any]:
 
 
 def run(args: argparse.Namespace) -> int:
+    from pipeline.outputs import refusal
+
+    refused = refusal(args.output, "--overwrite", args.overwrite, "replace it")
+    if refused:
+        print(f"qmf decode: {refused}", file=sys.stderr)
+        return 2
     summary = Summary() if args.summary else None
     try:
         registry = seeded_registry(args.schemas)

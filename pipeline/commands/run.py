@@ -7,9 +7,11 @@ embedded receiver, silver over bronze, gold over silver), runs simulated
 agents for ``--duration`` seconds (or until Ctrl-C) while printing a progress
 line, then stops cleanly: the agents first, bronze once it holds everything
 landed, then silver and gold each drained to the end of their input
-(AvailableNow from their checkpoints), and prints a summary of the tables.
+(AvailableNow from their checkpoints), and prints a summary of the tables
+(tables for people; ``--json``: one JSON object, also saved under DATA/logs).
 With ``--url`` it reads a broker you run instead, and ``--no-sim`` leaves the
-agents to you.
+agents to you. Spark's and the JVM's own output goes to DATA/logs/spark-<time>.log,
+not the terminal.
 """
 
 from __future__ import annotations
@@ -84,7 +86,11 @@ def register(subparsers: Any) -> None:
     p.add_argument("--silver-decode-on", choices=("spark", "driver"), default="driver",
                    help="decode silver's micro-batches in Spark tasks or on the driver "
                         "(reads the batch's bronze files with pyarrow: no Spark job per batch)")  # fmt: skip
-    p.add_argument("--progress", type=float, default=5.0, help="seconds between progress lines")
+    p.add_argument("--progress", type=float, default=5.0,
+                   help="seconds between progress updates (a line redrawn in place on a "
+                        "terminal, one line each otherwise)")
+    p.add_argument("--json", action="store_true",
+                   help="print the closing summary as one JSON object instead of tables")
     p.add_argument("--retention", choices=("none", "committed"), default="committed",
                    help="delete landing segments bronze has committed past (default)")
     p.add_argument("--retention-slack", type=int, default=RETENTION_SLACK,
@@ -104,6 +110,7 @@ def _sim_command(args: argparse.Namespace, url: str, manifest: Path) -> list[str
         "--url", url, "--dialect", args.dialect, "--agents", str(args.agents),
         "--queues", str(args.queues), "--interval", str(args.interval),
         "--intervals", str(intervals), "--realtime", "--durable", "--manifest", str(manifest),
+        "--overwrite",  # the manifest is this run's: the message that starts the sim says so
     ] + ([] if args.load_intervals is None else ["--load-intervals", str(args.load_intervals)])  # fmt: skip
 
 
@@ -293,18 +300,63 @@ def _drain(spark: Any, name: str, start: Any, settings: Any, timeout_s: float) -
     query = start(spark, dataclasses.replace(settings, trigger="availableNow"))
     rc = await_query(query, name, available_now=True, timeout_s=timeout_s)
     if rc:
-        print(f"qmf run: draining {name} failed (see the log above)", file=sys.stderr)
+        print(f"qmf run: draining {name} failed (the cause above; Spark's log: {_spark_log()})",
+              file=sys.stderr)  # fmt: skip
     return rc
 
 
+def _spark_log() -> str:
+    from pipeline.spark import spark_log
+
+    path = spark_log()
+    return str(path) if path is not None else "the console"
+
+
+def log_paths(data: Path, stamp: str | None = None) -> tuple[Path, Path]:
+    """This run's Spark log and JSON summary: DATA/logs/spark-<time>.log, summary-<time>.json."""
+    stamp = stamp or time.strftime("%Y%m%d-%H%M%S")
+    logs = data / "logs"
+    return logs / f"spark-{stamp}.log", logs / f"summary-{stamp}.json"
+
+
+def earlier_tables(data: Path) -> str | None:
+    """What the data folder already holds from earlier runs, said once: this run adds to
+    those tables and its summary covers them too (no surprise in the totals)."""
+    from pipeline.progress import table_rows
+
+    rows = table_rows(data / "bronze")
+    if rows == 0:
+        return None
+    return (f"qmf run: {data} already holds an earlier run's tables (bronze {rows:,} rows): "
+            "this run continues them and the summary counts them too (--data DIR for a new one)")  # fmt: skip
+
+
+def report(summary: dict[str, Any], as_json: bool, saved: Path | None) -> None:
+    """The closing summary on stdout: tables for people, or the JSON object (``--json``);
+    the JSON is also in ``saved`` (DATA/logs/summary-<time>.json)."""
+    from pipeline.progress import print_summary
+
+    text = json.dumps(summary, indent=1)
+    if saved is not None:
+        saved.parent.mkdir(parents=True, exist_ok=True)
+        saved.write_text(text + "\n", encoding="utf-8")
+    if as_json:
+        print(text)
+        return
+    print_summary(summary)
+    if saved is not None:
+        print(f"qmf run: the summary as JSON: {saved}")
+
+
 def run(args: argparse.Namespace) -> int:
+    from pipeline import sparklog
     from pipeline.bronze import BronzeSettings, start_bronze
     from pipeline.gold import GoldSettings, start_gold
     from pipeline.maintain import PeriodicMaintenance
-    from pipeline.progress import Rates, progress_line
+    from pipeline.progress import ProgressDisplay, Rates, progress_stats
     from pipeline.progress import summary as tables_summary
     from pipeline.silver import SilverSettings, start_silver
-    from pipeline.spark import get_spark
+    from pipeline.spark import get_spark, spark_log
     from receivers.config import ConfigError
     from receivers.receiver import config_from_options
 
@@ -339,6 +391,9 @@ def run(args: argparse.Namespace) -> int:
         url = ensure_broker().url
         declare_queue(args.queue, BINDINGS, durable=True)
     print(f"qmf run: broker ready; landing {landing}, bronze {table}", flush=True)
+    earlier = earlier_tables(data)
+    if earlier:
+        print(earlier, flush=True)
 
     settings = BronzeSettings(
         landing=str(landing),
@@ -354,7 +409,12 @@ def run(args: argparse.Namespace) -> int:
         target=_warm_decoder, args=(warm_dialects(args),), name="qmf-warm-decoder", daemon=True
     )
     warm.start()  # alongside the SparkSession's start
-    spark = get_spark("qmf-run")
+    log_file, summary_file = log_paths(data)
+    log_file.parent.mkdir(parents=True, exist_ok=True)
+    sparklog.terminal_logging(log_file)  # ours to the terminal, py4j's and pyspark's to the file
+    spark = get_spark("qmf-run", log_file=log_file)
+    if spark_log() is not None:
+        print(f"qmf run: Spark's and the JVM's own output: {spark_log()}", flush=True)
     stop = threading.Event()
     previous = {s: signal.signal(s, lambda *_: stop.set()) for s in (signal.SIGINT, signal.SIGTERM)}
     sim: subprocess.Popen[bytes] | None = None
@@ -369,7 +429,8 @@ def run(args: argparse.Namespace) -> int:
             # first requests when it has subscribed, and the agents must be up by then.
             cmd = _sim_command(args, url, data / "sim-manifest.jsonl")
             sim = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, env=os.environ.copy())
-            print(f"qmf run: {args.agents} simulated {args.dialect} agents publishing", flush=True)
+            print(f"qmf run: {args.agents} simulated {args.dialect} agents publishing (what they "
+                  f"send: {data / 'sim-manifest.jsonl'}, this run's only)", flush=True)  # fmt: skip
         _initialized(query)
         warm.join(300)
         downstream.append(start_silver(spark, silver_settings))
@@ -378,16 +439,19 @@ def run(args: argparse.Namespace) -> int:
         maintenance.start()
         deadline = None if args.duration <= 0 else t0 + args.duration
         next_line = t0
-        while not stop.is_set() and query.isActive and all(q.isActive for q in downstream):
-            now = time.monotonic()
-            if deadline is not None and now >= deadline and (sim is None or sim.poll() is not None):
-                break
-            if now >= next_line:
-                landed, done = _landed(landing), _processed(query.lastProgress)
-                counts = _table_counts(data)
-                print(progress_line(now - t0, landed, done, counts, rates), flush=True)
-                next_line = now + args.progress
-            time.sleep(0.5)
+        with ProgressDisplay() as display:
+            while not stop.is_set() and query.isActive and all(q.isActive for q in downstream):
+                now = time.monotonic()
+                if deadline is not None and now >= deadline and (
+                    sim is None or sim.poll() is not None
+                ):
+                    break
+                if now >= next_line:
+                    landed, done = _landed(landing), _processed(query.lastProgress)
+                    counts = _table_counts(data)
+                    display.update(progress_stats(now - t0, landed, done, counts, rates))
+                    next_line = now + args.progress
+                time.sleep(0.5)
         if sim is not None and sim.poll() is None:
             sim.terminate()
             sim.wait(timeout=30)
@@ -421,10 +485,12 @@ def run(args: argparse.Namespace) -> int:
             spark, "gold", start_gold, gold_settings, 600
         )
     spark.stop()
+    sparklog.flush()  # our last warnings from Spark's Python processes, before the summary
     if failed is not None:
         from pipeline.streaming import query_error
 
-        print(f"qmf run: a query failed: {query_error(failed)}", file=sys.stderr)
+        print(f"qmf run: a query failed: {query_error(failed)} (Spark's log: {_spark_log()})",
+              file=sys.stderr)  # fmt: skip
         return 1
     if rc:
         return rc
@@ -432,7 +498,7 @@ def run(args: argparse.Namespace) -> int:
     summary["landed_messages"] = _landed(landing)
     summary["redeliveries_skipped"] = _redeliveries(landing)
     summary.update(tables_summary(data))
-    print(json.dumps(summary, indent=1))
+    report(summary, args.json, summary_file)
     print(f"qmf run: done. Tables under {data}: bronze, silver/*, gold/* "
           f"(e.g. polars.read_delta({str(data / 'gold' / 'statistic_rates')!r}))")  # fmt: skip
     return 0

@@ -31,6 +31,11 @@ def register(subparsers: Any) -> None:
     out.add_argument("--url", help="broker URL (default: the project-local broker)")
     p.add_argument("--manifest", metavar="FILE", help="ground-truth manifest (JSON lines)")
     p.add_argument(
+        "--overwrite",
+        action="store_true",
+        help="replace an existing --output or --manifest file (without it one is refused)",
+    )
+    p.add_argument(
         "--dialect",
         choices=("am1", "am2", "v2", "v2-amqp10"),
         default="am1",
@@ -136,6 +141,13 @@ def run(args: argparse.Namespace) -> int:
     except ValueError as exc:
         print(f"qmf sim: {exc}", file=sys.stderr)
         return 2
+    from pipeline.outputs import refusal
+
+    for path in (args.output, args.manifest):
+        refused = refusal(path, "--overwrite", args.overwrite, "replace it")
+        if refused:
+            print(f"qmf sim: {refused}", file=sys.stderr)
+            return 2
     sink: Sink | None = None
     requests = None
     manifest = Manifest(args.manifest, keep=False)

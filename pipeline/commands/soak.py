@@ -42,6 +42,8 @@ def register(subparsers: Any) -> None:
     p.add_argument("--agents", type=int, default=2)
     p.add_argument("--sample", type=float, default=10.0, help="seconds between samples")
     p.add_argument("--out", default=None, help="report prefix (default: <data>/soak)")
+    p.add_argument("--overwrite", action="store_true",
+                   help="replace an earlier report under the same prefix (else refused)")
     p.add_argument("run_args", nargs=argparse.REMAINDER,
                    help="after --: more options for qmf run (e.g. -- --retention-slack 0)")
     p.set_defaults(func=soak)  # fmt: skip
@@ -189,6 +191,13 @@ def summarize(samples: list[Sample], batches: list[tuple[float, float]]) -> dict
 def soak(args: argparse.Namespace) -> int:
     data = Path(args.data).resolve()
     out = Path(args.out) if args.out else data / "soak"
+    from pipeline.outputs import refusal
+
+    for path in (f"{out}-samples.jsonl", f"{out}-summary.json", f"{out}.svg"):
+        refused = refusal(path, "--overwrite", args.overwrite, "replace it")
+        if refused:
+            print(f"qmf soak: {refused} (or --out PREFIX)", file=sys.stderr)
+            return 2
     out.parent.mkdir(parents=True, exist_ok=True)
     extra = [a for a in args.run_args if a != "--"]
     per_agent = max(1, args.queues // args.agents)
