@@ -800,10 +800,19 @@ class LiveView:
         rows.sort(key=order)
         return rows if limit is None else rows[:limit]
 
+    def brokers(self) -> dict[str, str]:
+        """agent -> its broker's identity (gold's), for agents whose broker is known."""
+        return dict(self._brokers.iter_rows())
+
     def latest_events(self, n: int | None = None) -> list[dict[str, Any]]:
-        """The newest events first (event time, then delivery order)."""
+        """The newest events first (event time, then delivery order), each with its
+        agent's ``broker`` (the agent id when no broker is known)."""
         rows: list[dict[str, Any]] = self.events.to_pylist()
-        return rows if n is None else rows[:n]
+        rows = rows if n is None else rows[:n]
+        brokers = self.brokers()
+        for r in rows:
+            r["broker"] = brokers.get(r["agent"], r["agent"])
+        return rows
 
 
 def collapse(rows: pl.DataFrame) -> pl.DataFrame:
