@@ -1,52 +1,76 @@
-"""``qmf serve-metrics``: the latest rate and gauge per object for Prometheus and OpenMetrics.
+"""``qmf serve-metrics``: the latest rates and gauges of the live view for Prometheus.
 
-An HTTP endpoint (``/metrics``) existing dashboards scrape: for every object
-and counter statistic the rate of its latest gold interval
-(``qmf_statistic_rate_per_second``; 0 once its agent was seen more than 1.5
-publish cycles after the interval's end without a new sample of the object:
-unchanged, ``pipeline.live.with_quiet``), for every other
-statistic (gauges, watermarks, min/max/average) its latest value
-(``qmf_statistic_value``).
-Labels: agent, package, class, object_id, name (from the index key),
-statistic. Each scrape reads what the tables gained since the previous one
-(``pipeline.live``). A client that accepts ``application/openmetrics-text``
-gets OpenMetrics 1.0 (ending in ``# EOF``), any other the Prometheus text
-format 0.0.4. ``/healthz`` answers ``ok`` with the table version read.
+An HTTP endpoint dashboards scrape. ``/metrics`` exposes what dashboards use
+(families ``queue``: every queue's depth, enqueue and dequeue rates and
+consumers; ``broker``: every statistic of the broker objects; ``objects``:
+live objects per broker and class, e.g. connections); ``/metrics/all`` (or
+``?family=all``) every statistic of every object. Query parameters select,
+as RabbitMQ's per-object endpoint does: ``family=``, ``class=``,
+``statistic=``, ``broker=`` (each repeatable or a comma list) and ``name=`` (a
+regular expression matched against the whole name, Python ``re`` syntax, as
+PromQL's ``=~`` anchors it); with a selector but no ``family`` every
+statistic is selected from. A counter's value is the rate of its latest gold
+interval (``qmf_statistic_rate_per_second``; 0 once its agent was seen more
+than 1.5 publish cycles after the interval's end without a new sample of the
+object: unchanged, ``pipeline.live.with_quiet``), any other statistic's its
+latest value (``qmf_statistic_value``). Labels: ``broker``, ``class``,
+``name`` (gold's names), ``statistic``; a broker publishing an object through
+its QMF v1 and v2 agents (qpidd) gives it once (``pipeline.live.collapse``).
+Each scrape reads what the tables gained since the previous one
+(``pipeline.live``); the first starts from gold's latest state. The
+exposition and its content negotiation (OpenMetrics or the Prometheus text
+format by the ``Accept`` header, gzip by ``Accept-Encoding``) are
+prometheus_client's. ``/healthz`` answers ``ok`` with the table version read.
 """
 
 from __future__ import annotations
 
 import argparse
-import math
+import gzip
+import re
 import sys
 import threading
-from collections.abc import Iterable
+import urllib.parse
+from collections.abc import Iterator
+from dataclasses import dataclass
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
-import pyarrow as pa
-import pyarrow.compute as pc
+import polars as pl
+from prometheus_client import CollectorRegistry
+from prometheus_client.exposition import choose_encoder, gzip_accepted
+from prometheus_client.metrics_core import GaugeMetricFamily, Metric
+from prometheus_client.samples import Sample
 
-from pipeline.live import LiveView, key_name
+from pipeline.live import CONSUMERS, DEPTH, DEQUEUES, ENQUEUES, LiveView, collapse
 
-OPENMETRICS = "application/openmetrics-text; version=1.0.0; charset=utf-8"
-PROMETHEUS = "text/plain; version=0.0.4; charset=utf-8"
 RATE_METRIC = "qmf_statistic_rate_per_second"
 VALUE_METRIC = "qmf_statistic_value"
-LABELS = ("agent", "package", "class", "object_id", "name", "statistic")
+OBJECTS_METRIC = "qmf_objects"
 VERSION_METRIC = "qmf_live_rates_version"
+LABELS = ("broker", "class", "name", "statistic")  # + agent, object_id when ambiguous
 HELP = {
     RATE_METRIC: "Rate of a QMF counter statistic over its latest gold interval (per second); "
     "0 once its agent was seen 1.5 publish cycles after it without the object (unchanged).",
     VALUE_METRIC: "Latest value of a QMF gauge, watermark or min/max/average statistic.",
+    OBJECTS_METRIC: "Live QMF objects of a class on a broker (by gold's object lifecycles).",
     VERSION_METRIC: "Delta version of gold statistic_rates this exposition was read at.",
 }
+QUEUE_STATISTICS = (DEPTH, ENQUEUES, DEQUEUES, CONSUMERS)
+FAMILIES = {
+    "queue": f"class queue, statistics {', '.join(QUEUE_STATISTICS)}",
+    "broker": "class broker, every statistic",
+    "objects": f"{OBJECTS_METRIC}: live objects per broker and class",
+    "all": "every statistic of every object, and the object counts",
+}
+DEFAULT_FAMILIES = frozenset({"queue", "broker", "objects"})
+PARAMETERS = ("family", "class", "statistic", "broker", "name")
 
 
 def register(subparsers: Any) -> None:
     p = subparsers.add_parser(
-        "serve-metrics", help="OpenMetrics/Prometheus endpoint of the latest rates and gauges",
+        "serve-metrics", help="Prometheus/OpenMetrics endpoint of the latest rates and gauges",
         description=__doc__,
     )  # fmt: skip
     p.add_argument("--data", default="data", help="folder qmf run writes (./data)")
@@ -55,109 +79,174 @@ def register(subparsers: Any) -> None:
     p.set_defaults(func=run)
 
 
-def escape_label(value: str) -> str:
-    """A label value as both text formats want it: backslash, quote and newline escaped."""
-    return value.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")
+class SelectionError(ValueError):
+    """A query the endpoint cannot answer (HTTP 400)."""
 
 
-def escape_help(text: str) -> str:
-    return text.replace("\\", "\\\\").replace("\n", "\\n")
+@dataclass(frozen=True)
+class Selection:
+    """What a scrape asks for: families, then filters (empty: any)."""
+
+    families: frozenset[str] = DEFAULT_FAMILIES
+    classes: frozenset[str] = frozenset()
+    statistics: frozenset[str] = frozenset()
+    brokers: frozenset[str] = frozenset()
+    name: str | None = None  # a regular expression the whole name matches
+
+    @classmethod
+    def parse(cls, path: str, query: str) -> Selection:
+        """The selection of a request: ``/metrics`` or ``/metrics/all`` and its query."""
+        if path not in ("/metrics", "/metrics/all"):
+            raise LookupError(path)
+        params = urllib.parse.parse_qs(query, keep_blank_values=False)
+        unknown = sorted(set(params) - set(PARAMETERS))
+        if unknown:
+            raise SelectionError(f"unknown parameters {unknown}: use {', '.join(PARAMETERS)}")
+
+        def values(key: str) -> frozenset[str]:
+            return frozenset(v for raw in params.get(key, []) for v in raw.split(",") if v)
+
+        families = values("family") | ({"all"} if path == "/metrics/all" else set())
+        bad = sorted(families - set(FAMILIES))
+        if bad:
+            raise SelectionError(f"unknown families {bad}: use {', '.join(FAMILIES)}")
+        names = params.get("name", [])
+        if len(names) > 1:
+            raise SelectionError("name= takes one regular expression (use | to combine)")
+        name = names[0] if names else None
+        if name is not None:
+            try:
+                re.compile(name)
+            except re.error as exc:
+                raise SelectionError(f"name={name!r} is not a regular expression: {exc}") from exc
+        selectors = any(values(k) for k in ("class", "statistic", "broker")) or name is not None
+        if not families:
+            families = frozenset({"all"}) if selectors else DEFAULT_FAMILIES
+        return cls(
+            families=frozenset(families), classes=values("class"),
+            statistics=values("statistic"), brokers=values("broker"), name=name,
+        )  # fmt: skip
+
+    def rows(self, current: pl.DataFrame) -> pl.DataFrame:
+        """The current rows (``LiveView.current_frame``) this selection exposes."""
+        t = current
+        if "all" not in self.families:
+            cls, stat = pl.col("class_name"), pl.col("statistic")
+            wanted = []
+            if "queue" in self.families:
+                wanted.append((cls == "queue") & stat.is_in(list(QUEUE_STATISTICS)))
+            if "broker" in self.families:
+                wanted.append(cls == "broker")
+            t = t.filter(pl.any_horizontal(wanted)) if wanted else t.head(0)
+        if self.statistics:
+            t = t.filter(pl.col("statistic").is_in(sorted(self.statistics)))
+        return self._common(t)
+
+    def objects(self, counts: pl.DataFrame) -> pl.DataFrame | None:
+        """The object counts (``LiveView.objects``) this selection exposes, if any: with
+        family ``objects``, or ``all`` unless statistics or names are selected (a count
+        is neither), filtered by class and broker."""
+        if "objects" not in self.families and (
+            "all" not in self.families or self.statistics or self.name is not None
+        ):
+            return None
+        return self._common(counts, names=False)
+
+    def _common(self, t: pl.DataFrame, names: bool = True) -> pl.DataFrame:
+        if self.classes:
+            t = t.filter(pl.col("class_name").is_in(sorted(self.classes)))
+        if self.brokers:
+            t = t.filter(pl.col("broker").is_in(sorted(self.brokers)))
+        if names and self.name is not None and t.height:
+            pattern = re.compile(self.name)
+            shown = [n for n in t["name"].unique().to_list() if pattern.fullmatch(n)]
+            t = t.filter(pl.col("name").is_in(shown))
+        return t
 
 
-def format_value(value: float) -> str:
-    if math.isnan(value):
-        return "NaN"
-    if math.isinf(value):
-        return "+Inf" if value > 0 else "-Inf"
-    return repr(float(value))
+def metric_families(
+    rows: pl.DataFrame, objects: pl.DataFrame | None, version: int | None
+) -> list[Metric]:
+    """The metric families of selected current rows (collapsed: ``pipeline.live.collapse``).
 
-
-def samples(latest: pa.Table) -> dict[str, list[tuple[dict[str, str], float]]]:
-    """Metric name -> (labels, value) of the current rows (one per series and statistic).
-
-    Counters without a rate (their latest interval was a reset) are left out:
-    their rate is unknown until the next interval. Two rows with the same
-    labels (an object's series before and after its index key was known) keep
-    the later one.
+    Counters without a rate (their latest interval was a reset) are left out: their rate is
+    unknown until the next interval. Rows of an ambiguous name (one agent has two objects
+    of it) carry ``agent`` and ``object_id`` as well.
     """
-    out: dict[str, list[tuple[dict[str, str], float]]] = {RATE_METRIC: [], VALUE_METRIC: []}
-    if latest.num_rows == 0:
-        return out
-    t = latest.sort_by([("end_ns", "ascending")])
-    counter = pc.equal(t.column("kind"), "counter")
-    value = pc.if_else(counter, t.column("rate"), t.column("value"))
-    t = t.append_column("_metric_value", value).filter(pc.is_valid(value))
-    seen: dict[tuple[str, tuple[str, ...]], int] = {}
-    for r in t.to_pylist():
-        metric = RATE_METRIC if r["kind"] == "counter" else VALUE_METRIC
-        labels = {
-            "agent": r["agent"],
-            "package": r["package"],
-            "class": r["class_name"],
-            "object_id": r["object_id"],
-            "name": key_name(r["index_key"], r["object_id"]),
-            "statistic": r["statistic"],
-        }
-        k = (metric, tuple(labels.values()))
-        entry = (labels, float(r["_metric_value"]))
-        if k in seen:  # sorted by time: the later row wins
-            out[metric][seen[k]] = entry
-        else:
-            seen[k] = len(out[metric])
-            out[metric].append(entry)
-    for rows in out.values():
-        rows.sort(key=lambda e: tuple(e[0].values()))
+    rate = GaugeMetricFamily(RATE_METRIC, HELP[RATE_METRIC])
+    value = GaugeMetricFamily(VALUE_METRIC, HELP[VALUE_METRIC])
+    if rows.height:
+        t = rows.with_columns(
+            _value=pl.when(pl.col("kind") == "counter").then("rate").otherwise("value"),
+            _counter=pl.col("kind") == "counter",
+        ).filter(pl.col("_value").is_not_null())
+        t = t.sort("class_name", "broker", "name", "statistic", "agent", "object_id")
+        cols = ("broker", "class_name", "name", "statistic", "agent", "object_id", "ambiguous",
+                "_counter", "_value")  # fmt: skip
+        data = [t[c].to_list() for c in cols]
+        for broker, cls, name, statistic, agent, oid, ambiguous, counter, v in zip(*data, strict=True):
+            labels = {"broker": broker, "class": cls, "name": name, "statistic": statistic}
+            if ambiguous:
+                labels.update(agent=agent, object_id=oid)
+            family = rate if counter else value
+            family.samples.append(Sample(family.name, labels, float(v)))
+    out: list[Metric] = [rate, value]
+    if objects is not None:
+        count = GaugeMetricFamily(OBJECTS_METRIC, HELP[OBJECTS_METRIC], labels=["broker", "class"])
+        for broker, cls, n in objects.sort("broker", "class_name").select(
+            "broker", "class_name", "count"
+        ).iter_rows():
+            count.add_metric([broker, cls], float(n))
+        out.append(count)
+    if version is not None:
+        out.append(GaugeMetricFamily(VERSION_METRIC, HELP[VERSION_METRIC], value=float(version)))
     return out
 
 
-def exposition(latest: pa.Table, openmetrics: bool, version: int | None = None) -> str:
-    """The text exposition of the current rows in either format (``version``: of the
-    gold rates table read, exposed as ``qmf_live_rates_version`` when known)."""
-    families = samples(latest)
-    if version is not None:
-        families[VERSION_METRIC] = [({}, float(version))]
-    lines: list[str] = []
-    for metric, rows in families.items():
-        lines.append(f"# HELP {metric} {escape_help(HELP[metric])}")
-        lines.append(f"# TYPE {metric} gauge")
-        lines.extend(_sample_lines(metric, rows))
-    if openmetrics:
-        lines.append("# EOF")
-    return "\n".join(lines) + "\n"
+class LiveCollector:
+    """A prometheus_client collector over the live view: the families of one selection."""
 
+    def __init__(self, view: LiveView, selection: Selection) -> None:
+        self.view = view
+        self.selection = selection
 
-def _sample_lines(metric: str, rows: Iterable[tuple[dict[str, str], float]]) -> Iterable[str]:
-    for labels, value in rows:
-        body = ",".join(f'{k}="{escape_label(v)}"' for k, v in labels.items())
-        yield (
-            f"{metric}{{{body}}} {format_value(value)}"
-            if body
-            else f"{metric} {format_value(value)}"
-        )
-
-
-def wants_openmetrics(accept: str | None) -> bool:
-    return bool(accept) and "application/openmetrics-text" in (accept or "")
+    def collect(self) -> Iterator[Metric]:
+        s = self.selection
+        rows = s.rows(collapse(self.view.current_frame()))
+        yield from metric_families(rows, s.objects(self.view.objects()), self.view.rates_version)
 
 
 class MetricsState:
-    """The live view behind the endpoint; one refresh at a time (handlers run in threads)."""
+    """The live view behind the endpoint; one refresh at a time (handlers run in threads).
+    Expositions are kept per (table versions, selection, format) until the tables change."""
 
     def __init__(self, data: Path) -> None:
-        self.view = LiveView(data)
+        self.view = LiveView(data, max_events=0)
         self.lock = threading.Lock()
-        self._cache: dict[bool, tuple[tuple[int | None, ...], str]] = {}
+        self._cache: dict[tuple[Selection, str], bytes] = {}
+        self._cache_versions: tuple[int | None, ...] | None = None
 
-    def scrape(self, openmetrics: bool) -> str:
-        """The exposition now; the same text again while the tables have not changed."""
+    def scrape(
+        self, selection: Selection | None = None, accept: str | None = None
+    ) -> tuple[bytes, str]:
+        """The exposition now (body, content type), in the format ``accept`` negotiates."""
+        selection = selection or Selection()
+        encoder, content_type = choose_encoder(accept or "")
         with self.lock:
             self.view.refresh()
-            key = self.view.versions
-            cached = self._cache.get(openmetrics)
-            if cached is None or cached[0] != key:
-                text = exposition(self.view.current(), openmetrics, self.view.rates_version)
-                self._cache[openmetrics] = cached = (key, text)
-            return cached[1]
+            if self._cache_versions != self.view.versions:
+                self._cache.clear()
+                self._cache_versions = self.view.versions
+            key = (selection, content_type)
+            body = self._cache.get(key)
+            if body is None:
+                registry = CollectorRegistry(auto_describe=False)
+                registry.register(LiveCollector(self.view, selection))
+                body = encoder(registry)
+                if len(self._cache) >= 32:
+                    self._cache.clear()
+                self._cache[key] = body
+            return body, content_type
 
     def health(self) -> str:
         with self.lock:
@@ -166,26 +255,32 @@ class MetricsState:
 
 
 def make_server(state: MetricsState, host: str, port: int) -> ThreadingHTTPServer:
-    """A threaded HTTP server answering /metrics and /healthz from ``state``."""
+    """A threaded HTTP server answering /metrics, /metrics/all and /healthz from ``state``."""
 
     class Handler(BaseHTTPRequestHandler):
         def do_GET(self) -> None:
-            path = self.path.split("?", 1)[0]
+            path, _, query = self.path.partition("?")
             try:
-                if path == "/metrics":
-                    om = wants_openmetrics(self.headers.get("Accept"))
-                    self._send(200, OPENMETRICS if om else PROMETHEUS, state.scrape(om))
-                elif path == "/healthz":
-                    self._send(200, "text/plain; charset=utf-8", state.health())
-                else:
-                    self._send(404, "text/plain; charset=utf-8", "not found: try /metrics\n")
+                if path == "/healthz":
+                    self._send(200, "text/plain; charset=utf-8", state.health().encode())
+                    return
+                selection = Selection.parse(path, query)
+                body, ctype = state.scrape(selection, self.headers.get("Accept"))
+                gz = gzip_accepted(self.headers.get("Accept-Encoding") or "")
+                self._send(200, ctype, gzip.compress(body) if gz else body, gzip_=gz)
+            except LookupError:
+                self._send(404, "text/plain; charset=utf-8",
+                           b"not found: try /metrics, /metrics/all or /healthz\n")  # fmt: skip
+            except SelectionError as exc:
+                self._send(400, "text/plain; charset=utf-8", f"bad request: {exc}\n".encode())
             except Exception as exc:  # a scrape error is an HTTP 500, not a dead server
-                self._send(500, "text/plain; charset=utf-8", f"error: {exc}\n")
+                self._send(500, "text/plain; charset=utf-8", f"error: {exc}\n".encode())
 
-        def _send(self, code: int, content_type: str, text: str) -> None:
-            body = text.encode("utf-8")
+        def _send(self, code: int, content_type: str, body: bytes, gzip_: bool = False) -> None:
             self.send_response(code)
             self.send_header("Content-Type", content_type)
+            if gzip_:
+                self.send_header("Content-Encoding", "gzip")
             self.send_header("Content-Length", str(len(body)))
             self.end_headers()
             self.wfile.write(body)
