@@ -28,6 +28,7 @@ import polars as pl
 import pyarrow as pa
 import pyarrow.compute as pc
 import pytest
+from prometheus_client.parser import text_string_to_metric_families
 
 from pipeline import delta
 from pipeline.cli import main
@@ -39,6 +40,7 @@ from pipeline.silver import SilverBatchWriter, SilverSettings, bronze_rows
 SAMPLES = "samples/qpidd-amqp10"
 LOADED = ("q-rate-5", "q-rate-20", "q-rate-50")
 V2_AGENT = re.compile(r"^apache\.org:qpidd:")
+BROKER = "amqp-broker@vm:25672"  # the broker's name @ its system's nodeName : port
 
 
 def _between(t: pa.Table, column: str, lo: int | None, hi: int | None) -> pa.Table:
@@ -51,25 +53,29 @@ def _between(t: pa.Table, column: str, lo: int | None, hi: int | None) -> pa.Tab
 
 
 def top_queues(root: Path) -> dict[tuple[str, str], dict[str, Any]]:
+    """(broker, queue name) -> the queue as ``qmf top --once --json`` shows it."""
     out = io.StringIO()
     with contextlib.redirect_stdout(out):
         assert main(["top", "--once", "--json", "--limit", "1000", "--data", str(root)]) == 0
-    return {(q["agent"], q["name"]): q for q in json.loads(out.getvalue())["queues"]}
-
-
-_LINE = re.compile(r'^qmf_statistic_rate_per_second\{(.*)\} (\S+)$')
+    queues = json.loads(out.getvalue())["queues"]
+    shown = {(q["broker"], q["name"]): q for q in queues}
+    assert len(shown) == len(queues)  # one row per (broker, queue)
+    return shown
 
 
 def metric_rates(root: Path, statistic: str) -> dict[tuple[str, str], float]:
-    """(agent, queue name) -> the exposed rate of ``statistic`` (Prometheus text format)."""
+    """(broker, queue name) -> the exposed rate of ``statistic`` (``/metrics``, parsed by
+    prometheus_client's parser)."""
+    body, _ = MetricsState(root).scrape()
     out: dict[tuple[str, str], float] = {}
-    for line in MetricsState(root).scrape(False).splitlines():
-        m = _LINE.match(line)
-        if not m:
-            continue
-        labels = dict(re.findall(r'([a-z_]+)="((?:[^"\\]|\\.)*)"', m.group(1)))
-        if labels["class"] == "queue" and labels["statistic"] == statistic:
-            out[(labels["agent"], labels["name"])] = float(m.group(2))
+    for family in text_string_to_metric_families(body.decode()):
+        for s in family.samples:
+            labels = s.labels
+            if s.name == "qmf_statistic_rate_per_second" and labels["class"] == "queue" \
+                    and labels["statistic"] == statistic:  # fmt: skip
+                key = (labels["broker"], labels["name"])
+                assert key not in out
+                out[key] = s.value
     return out
 
 
@@ -92,19 +98,21 @@ def test_idle_queues_show_zero_after_the_load_and_their_rate_during_it(
     want_agents = {"1.0", "V2"} if sample == "qmf1-qmf2-60s" else {"V2"}
     assert {"V2" if V2_AGENT.match(a) else a for a in agents} == want_agents
 
-    # While the load runs: every loaded queue at its nominal rate (within 1%), in both views.
+    # While the load runs: every loaded queue at its nominal rate (within 1%), in both views,
+    # named as qpid-stat names it, once per broker however many agents publish it.
     gold.write(gold_input_arrow(_between(samples, "update_ns", None, mid),
                                 _between(beats, "timestamp_ns", None, mid)), 0)  # fmt: skip
     top, scraped = top_queues(tmp_path), metric_rates(tmp_path, "msgTotalEnqueues")
-    for agent in agents:
-        for name in LOADED:
-            nominal = truth[name]["send_rate"]
-            q = top[(agent, name)]
-            assert not q["quiet"], q
-            assert q["enqueue_rate"] == pytest.approx(nominal, rel=0.01), q
-            assert scraped[(agent, name)] == q["enqueue_rate"]
-        q20 = top[(agent, "q-rate-20")]  # consumed as fast as it fills
-        assert q20["dequeue_rate"] == pytest.approx(truth["q-rate-20"]["send_rate"], rel=0.01), q20
+    assert {k for k in top if k[1] in LOADED} == {(BROKER, name) for name in LOADED}
+    for name in LOADED:
+        nominal = truth[name]["send_rate"]
+        q = top[(BROKER, name)]
+        assert q["agents"] == sorted(agents), q  # AM2 and V2: one row, both agents kept
+        assert q["agent"] in agents and not q["quiet"], q
+        assert q["enqueue_rate"] == pytest.approx(nominal, rel=0.01), q
+        assert scraped[(BROKER, name)] == q["enqueue_rate"]
+    q20 = top[(BROKER, "q-rate-20")]  # consumed as fast as it fills
+    assert q20["dequeue_rate"] == pytest.approx(truth["q-rate-20"]["send_rate"], rel=0.01), q20
 
     # After it: the loaded queues are idle, their agent still publishes: 0, never a stale rate.
     gold.write(gold_input_arrow(_between(samples, "update_ns", mid, None),
@@ -113,26 +121,26 @@ def test_idle_queues_show_zero_after_the_load_and_their_rate_during_it(
     top, scraped = top_queues(tmp_path), metric_rates(tmp_path, "msgTotalEnqueues")
     dequeued = metric_rates(tmp_path, "msgTotalDequeues")
     rates = delta.read_arrow(str(tmp_path / "gold" / "statistic_rates")).to_pylist()
-    for agent in agents:
-        for name in LOADED:
-            q = top[(agent, name)]
-            assert q["end_ns"] < last_sample * 1e9 + 2.1e9  # published last at the load's end
-            assert (q["quiet"], q["enqueue_rate"], q["dequeue_rate"]) == (True, 0.0, 0.0), q
-            assert scraped[(agent, name)] == 0.0 and dequeued[(agent, name)] == 0.0
-            # ... while their gauges keep the last value: unchanged is the same value.
-            depth = max(
-                (r for r in rates if r["agent"] == agent and r["statistic"] == "msgDepth"
-                 and r["index_key"] and json.loads(r["index_key"])[-1] == name),
-                key=lambda r: r["end_ns"],
-            )  # fmt: skip
-            assert q["depth"] == depth["value"]
-            # ... and gold's last interval of it still holds the rate it measured.
-            last = max(
-                (r for r in rates if r["agent"] == agent and r["statistic"] == "msgTotalEnqueues"
-                 and r["index_key"] and json.loads(r["index_key"])[-1] == name),
-                key=lambda r: r["end_ns"],
-            )  # fmt: skip
-            assert last["end_ns"] == q["end_ns"] and last["rate"] > 0
+    for name in LOADED:
+        q = top[(BROKER, name)]
+        agent = q["agent"]
+        assert q["end_ns"] < last_sample * 1e9 + 2.1e9  # published last at the load's end
+        assert (q["quiet"], q["enqueue_rate"], q["dequeue_rate"]) == (True, 0.0, 0.0), q
+        assert scraped[(BROKER, name)] == 0.0 and dequeued[(BROKER, name)] == 0.0
+        # ... while their gauges keep the last value: unchanged is the same value.
+        depth = max(
+            (r for r in rates if r["agent"] == agent and r["statistic"] == "msgDepth"
+             and r["index_key"] and json.loads(r["index_key"])[-1] == name),
+            key=lambda r: r["end_ns"],
+        )  # fmt: skip
+        assert q["depth"] == depth["value"]
+        # ... and gold's last interval of it still holds the rate it measured.
+        last = max(
+            (r for r in rates if r["agent"] == agent and r["statistic"] == "msgTotalEnqueues"
+             and r["index_key"] and json.loads(r["index_key"])[-1] == name),
+            key=lambda r: r["end_ns"],
+        )  # fmt: skip
+        assert last["end_ns"] == q["end_ns"] and last["rate"] > 0
 
 
 @pytest.mark.parametrize(("sample", "parts"), [("qmf1-qmf2-60s", 7), ("qmf1-qmf2-60s", 40), ("default-60s", 40)])
