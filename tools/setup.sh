@@ -4,6 +4,10 @@
 # the package with its test extras. A second run only checks and returns
 # (dpkg queries and one stamp file: well under a second).
 #
+# Usage: bash tools/setup.sh             # as above, from requirements.lock
+#        bash tools/setup.sh --jupyter   # and JupyterLab, from requirements-jupyter.lock
+#                                        # (kept in step by later runs once installed)
+#
 # Environment:
 #   PYTHON=/path/to/python3.11+   interpreter for .venv (default: python3)
 #   QMF_SETUP_SKIP_APT=1          never touch system packages (CI images, no root)
@@ -13,6 +17,15 @@ cd "$here"
 
 log() { echo "setup: $*"; }
 die() { echo "setup: ERROR: $*" >&2; exit 1; }
+
+jupyter=""
+for arg in "$@"; do
+  case "$arg" in
+    --jupyter) jupyter=1 ;;
+    -h|--help) sed -n '2,16p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    *) die "unknown argument '$arg' (see bash tools/setup.sh --help)" ;;
+  esac
+done
 
 SUDO=""
 if [ "$(id -u)" -ne 0 ]; then SUDO="sudo"; fi
@@ -114,11 +127,14 @@ sys.exit(0 if pathlib.Path(pipeline.__file__).resolve().is_relative_to(sys.argv[
 # hashes (bash tools/lock.sh regenerates it; docs/install.md). The stamp is a
 # hash of the lock and pyproject.toml, so a changed lock reinstalls.
 lock="requirements.lock"
+jlock="requirements-jupyter.lock"
 [ -f "$lock" ] || die "$lock is missing (bash tools/lock.sh makes it)"
 stamp=".venv/.installed-$(cat pyproject.toml "$lock" | sha1sum | cut -c1-12)"
+# JupyterLab, once installed (--jupyter), stays in step with the locks on later runs.
+if compgen -G ".venv/.jupyter-installed-*" >/dev/null; then jupyter=1; fi
+pip_install=(.venv/bin/python -m pip install -q --disable-pip-version-check)
 if [ ! -f "$stamp" ] || ! installed_here; then
   log "installing the locked dependencies ($lock) and the package into .venv"
-  pip_install=(.venv/bin/python -m pip install -q --disable-pip-version-check)
   # 1. pip/setuptools/wheel at their locked versions first: a new venv's bundled
   #    pip is older than --build-constraint (pip 25.3) needs.
   awk '/^[A-Za-z0-9]/ { keep = ($0 ~ /^(pip|setuptools|wheel)==/) } keep' "$lock" \
@@ -133,15 +149,34 @@ if [ ! -f "$stamp" ] || ! installed_here; then
   #    generic "Editable installation" warning).
   PYTHONWARNINGS="ignore::UserWarning" "${pip_install[@]}" --no-deps --no-build-isolation -e .
   installed_here || die "the package does not import from .venv; see pip's output above"
-  # An older .venv may hold packages the lock no longer lists: say so, keep them.
+  # An older .venv may hold packages the lock no longer lists: say so, keep them
+  # (JupyterLab's, from the jupyter lock, are expected).
   extra="$(comm -23 \
     <(.venv/bin/python -m pip freeze --exclude-editable | grep -v '^#' | sed 's/[=@ ].*//' \
       | tr 'A-Z_.' 'a-z--' | sort -u) \
-    <(sed 's/==.*//' .qmf/build-constraints.txt | tr 'A-Z_.' 'a-z--' | sort -u))"
+    <(cat .qmf/build-constraints.txt "$jlock" 2>/dev/null | grep -oE '^[A-Za-z0-9._-]+==' \
+      | sed 's/==$//' | tr 'A-Z_.' 'a-z--' | sort -u))"
   if [ -n "$extra" ]; then
     log "note: .venv also holds packages $lock does not list: $(echo $extra)"
   fi
   rm -f .venv/.installed-*
   touch "$stamp"
+fi
+
+# JupyterLab: requirements-jupyter.lock holds requirements.lock's pins (as constraints)
+# plus the `jupyter` extra, so this adds packages and changes none already installed.
+if [ -n "$jupyter" ]; then
+  [ -f "$jlock" ] || die "$jlock is missing (bash tools/lock.sh makes it)"
+  jstamp=".venv/.jupyter-installed-$(cat pyproject.toml "$lock" "$jlock" | sha1sum | cut -c1-12)"
+  if [ ! -f "$jstamp" ] || [ ! -x .venv/bin/jupyter-lab ]; then
+    log "installing JupyterLab ($jlock) into .venv"
+    grep -oE '^[A-Za-z0-9._-]+==[^ ]+' "$jlock" >.qmf/build-constraints-jupyter.txt
+    "${pip_install[@]}" --require-hashes --build-constraint .qmf/build-constraints-jupyter.txt \
+      -r "$jlock"
+    .venv/bin/jupyter lab --version >/dev/null || die "jupyter lab does not run from .venv"
+    rm -f .venv/.jupyter-installed-*
+    touch "$jstamp"
+  fi
+  log "$(grep -oE '^jupyterlab==[^ ]+' "$jlock"): QMF_DATA=\$PWD/data .venv/bin/jupyter lab notebooks/"
 fi
 log "ready (.venv/bin/qmf; local broker: .venv/bin/qmf broker start)"
