@@ -131,9 +131,12 @@ class ProgressDisplay:
     line per update elsewhere. While the live line shows, whatever else is written to
     stdout or stderr (our warnings) is printed above it."""
 
-    def __init__(self, file: IO[str] | None = None, live: bool | None = None) -> None:
+    def __init__(
+        self, file: IO[str] | None = None, live: bool | None = None, width: int | None = None
+    ) -> None:
         self.file = sys.stdout if file is None else file
         self.live = _isatty(self.file) if live is None else live
+        self.width = width  # None: the terminal's (a longer line folds onto the next)
         self._live: Live | None = None
 
     def __enter__(self) -> ProgressDisplay:
@@ -142,7 +145,7 @@ class ProgressDisplay:
             from rich.live import Live
             from rich.text import Text
 
-            console = Console(file=self.file, force_terminal=True)
+            console = Console(file=self.file, force_terminal=True, width=self.width)
             self._live = Live(Text(""), console=console, auto_refresh=False, transient=False,
                               redirect_stdout=True, redirect_stderr=True)  # fmt: skip
             self._live.start()
@@ -390,8 +393,8 @@ def summary(root: str | os.PathLike[str], rate_rows: int = SUMMARY_RATE_ROWS) ->
         labels = [SEVERITIES[s] if s is not None and 0 <= s < len(SEVERITIES) else str(s)
                   for s in sev]  # fmt: skip
         out["events_by_severity"] = dict(sorted(_counts(pa.array(labels, pa.string())).items()))
-    live = _read(os.path.join(gold, "agent_liveness"),
-                 ["agent", "dialect", "state", "started_by", "up_start_ns", "heartbeats"])  # fmt: skip
+    live_cols = ["agent", "dialect", "state", "started_by", "up_start_ns", "heartbeats"]
+    live = _read(os.path.join(gold, "agent_liveness"), live_cols)
     if live is not None:
         out["agents"] = _agents(live, agent_brokers(names))
     return out
@@ -405,16 +408,27 @@ def _counts(col: pa.Array | pa.ChunkedArray) -> dict[str, int]:
 # ---------------------------------------------------------------------------- for people
 
 
-def _table(title: str, columns: Iterable[tuple[str, str]], rows: Iterable[Iterable[Any]],
-           caption: str | None = None) -> RenderableType:  # fmt: skip
-    """A rich table: ``columns`` are (header, justify)."""
+def _table(
+    title: str,
+    columns: Iterable[tuple[str, str]],
+    rows: Iterable[Iterable[Any]],
+    caption: str | None = None,
+    total: Iterable[Any] | None = None,
+) -> RenderableType:
+    """A rich table: ``columns`` are (header, justify); ``total`` a last row, set apart."""
     from rich.table import Table
+
+    def cells(row: Iterable[Any]) -> list[str]:
+        return [f"{v:,}" if isinstance(v, int) else str(v) for v in row]
 
     t = Table(title=title, title_justify="left", caption=caption, caption_justify="left")
     for header, justify in columns:
         t.add_column(header, justify=justify)  # type: ignore[arg-type]
     for row in rows:
-        t.add_row(*(f"{v:,}" if isinstance(v, int) else str(v) for v in row))
+        t.add_row(*cells(row))
+    if total is not None:
+        t.add_section()
+        t.add_row(*cells(total))
     return t
 
 
@@ -434,21 +448,20 @@ def summary_tables(s: Mapping[str, Any]) -> list[RenderableType]:
     if objects:
         rows = [[cls, c["seen"], c["created"], c["deleted"], c["transient"], c["live"]]
                 for cls, c in objects.get("by_class", {}).items()]  # fmt: skip
-        live_total = objects.get("by_state", {}).get("live", 0)
-        rows.append(["all", objects["seen"], objects["created"], objects["deleted"],
-                     objects["transient"], live_total])  # fmt: skip
+        total = ["all", objects["seen"], objects["created"], objects["deleted"],
+                 objects["transient"], objects.get("by_state", {}).get("live", 0)]  # fmt: skip
         out.append(_table(
             "Objects",
             [("class", "left"), ("seen", "right"), ("created", "right"), ("deleted", "right"),
              ("transient", "right"), ("live now", "right")],
-            rows,
+            rows, total=total,
         ))  # fmt: skip
     events = s.get("events_by_severity")
     if events:
         order = {name: i for i, name in enumerate(SEVERITIES)}
         rows = sorted(events.items(), key=lambda kv: (order.get(kv[0], len(order)), kv[0]))
         out.append(_table("Events by severity", [("severity", "left"), ("events", "right")],
-                          [*rows, ("all", sum(events.values()))]))  # fmt: skip
+                          rows, total=("all", sum(events.values()))))  # fmt: skip
     agents = s.get("agents")
     if agents:
         out.append(_table(
@@ -458,30 +471,40 @@ def summary_tables(s: Mapping[str, Any]) -> list[RenderableType]:
             ([a["broker"], a["agent"], a["dialect"], a["state"], a["intervals"], a["restarts"]]
              for a in agents.get("by_agent", [])),
         ))  # fmt: skip
-    out.append(_table("Pipeline", [("rows", "left"), ("", "right")], _pipeline_rows(s)))
+    out.append(_table("Pipeline", [("what", "left"), ("count", "right")], _pipeline_rows(s)))
     return out
+
+
+_PIPELINE_ROWS = (
+    ("landed_messages", "messages landed"),
+    ("redeliveries_skipped", "redeliveries skipped"),
+    ("bronze_rows", "bronze rows"),
+    ("silver_object_samples", "silver object samples"),
+    ("silver_events", "silver events"),
+    ("silver_heartbeats", "silver heartbeats"),
+    ("silver_agents", "silver agents"),
+    ("silver_quarantine", "quarantine"),
+    ("silver_parked", "parked (waiting for a schema)"),
+)
 
 
 def _pipeline_rows(s: Mapping[str, Any]) -> list[tuple[str, Any]]:
     rows: list[tuple[str, Any]] = []
-    for key, label in (("landed_messages", "landed messages"),
-                       ("redeliveries_skipped", "redeliveries skipped"),
-                       ("bronze_rows", "bronze"), ("silver_object_samples", "silver object samples"),
-                       ("silver_events", "silver events"), ("silver_heartbeats", "silver heartbeats"),
-                       ("silver_agents", "silver agents"), ("silver_quarantine", "quarantine"),
-                       ("silver_parked", "parked (waiting for a schema)")):  # fmt: skip
+    for key, label in _PIPELINE_ROWS:
         if key in s:
             rows.append((label, s[key]))
     if s.get("records_by_opcode") is not None:
-        rows.append(("bronze decoded again: problems", s.get("decode_problems", 0)))
+        rows.append(("decode problems (bronze decoded again)", s.get("decode_problems", 0)))
     return rows
 
 
 def print_summary(s: Mapping[str, Any], file: IO[str] | None = None) -> None:
-    """The summary's tables on ``file`` (stdout)."""
+    """The summary's tables on ``file`` (stdout): as wide as the terminal, or as wide as
+    they need elsewhere (rich's 80 columns would cut broker and agent names in a log)."""
     from rich.console import Console
 
-    console = Console(file=sys.stdout if file is None else file)
+    file = sys.stdout if file is None else file
+    console = Console(file=file, width=None if _isatty(file) else 200)
     for table in summary_tables(s):
         console.print(table)
     if s.get("summary_skipped"):

@@ -327,8 +327,10 @@ def earlier_tables(data: Path) -> str | None:
     rows = table_rows(data / "bronze")
     if rows == 0:
         return None
-    return (f"qmf run: {data} already holds an earlier run's tables (bronze {rows:,} rows): "
-            "this run continues them and the summary counts them too (--data DIR for a new one)")  # fmt: skip
+    return (
+        f"qmf run: {data} already holds an earlier run's tables (bronze {rows:,} rows): this "
+        "run continues them and the summary counts them too (--data DIR for a new one)"
+    )
 
 
 def report(summary: dict[str, Any], as_json: bool, saved: Path | None) -> None:

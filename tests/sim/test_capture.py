@@ -258,3 +258,28 @@ def test_rate_and_message_bounds_from_the_command_line(
     summary = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
     assert (summary["messages"], summary["stopped_by"]) == (25, "max_messages")
     assert len(decode_file(out)) == 25
+
+
+def test_an_existing_capture_or_manifest_is_not_replaced_without_overwrite(
+    tmp_path: Any, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``qmf sim -o`` and ``--manifest`` truncated an existing file: now refused (exit 2,
+    the file as it was) unless ``--overwrite``."""
+    out, man = tmp_path / "sim.jsonl", tmp_path / "truth.jsonl"
+    args = ["sim", "-o", str(out), "--manifest", str(man), "--intervals", "1", "--queues", "2"]
+    out.write_text("an earlier capture\n")
+    assert main(args) == 2
+    err = capsys.readouterr().err
+    assert err == (f"qmf sim: {out} already exists (19 bytes) and is left as it is: "
+                   "--overwrite to replace it, or choose another file\n")  # fmt: skip
+    assert out.read_text() == "an earlier capture\n" and not man.exists()
+    out.unlink()
+    man.write_text("an earlier manifest\n")
+    assert main(args) == 2
+    assert f"qmf sim: {man} already exists (20 bytes)" in capsys.readouterr().err
+    assert man.read_text() == "an earlier manifest\n" and not out.exists()
+    out.write_text("an earlier capture\n")
+    assert main([*args, "--overwrite"]) == 0
+    capsys.readouterr()
+    assert [m.routing_key for m in read_capture(str(out))][:1] != []  # replaced by this run's
+    assert "an earlier" not in out.read_text() + man.read_text()
