@@ -20,31 +20,49 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+import polars as pl
 import pyarrow as pa
 import pytest
 from deltalake import DeltaTable, write_deltalake
 
 from pipeline import delta
 from pipeline.cli import main
-from pipeline.commands.metrics import MetricsState, exposition, make_server
+from pipeline.commands.metrics import MetricsState, Selection, make_server
 from pipeline.commands.top import format_rate
+from pipeline.gold import GoldBatchWriter
 from pipeline.live import LiveView
 from tests.lake import Lake, copy_lake
+from tests.live_lake import QPIDD_SAMPLE, build
 
-Queue = tuple[str, str]  # (agent, queue name)
+Queue = tuple[str, str]  # (broker, queue name)
 STATS = ("msgTotalEnqueues", "msgTotalDequeues", "msgDepth", "consumerCount")
 
 
 # ------------------------------------------------------------------ expectations from gold
 
 
+def object_names(root: Path) -> dict[tuple[str, str], tuple[str, str]]:
+    """(agent, object_id) -> (broker, name) of its latest gold lifecycle row."""
+    rows = delta.read_arrow(str(root / "gold" / "object_lifecycles")).to_pylist()
+    latest: dict[tuple[str, str], dict[str, Any]] = {}
+    for r in rows:
+        k = (r["agent"], r["object_id"])
+        if k not in latest or (r["batch_id"], r["last_seen_ns"]) > (
+            latest[k]["batch_id"], latest[k]["last_seen_ns"]
+        ):
+            latest[k] = r
+    return {k: (r["broker"], r["name"]) for k, r in latest.items()}
+
+
 def gold_queues(
     root: Path, version: int | None = None, ended: set[tuple[str, str]] | None = None
 ) -> dict[Queue, dict[str, Any]]:
     """Per queue of the gold table (at ``version``): its last row (greatest end_ns) of each
-    statistic: the rate of counters, the value of gauges, and the object id of that row.
-    Queues whose object is in ``ended`` (agent, object_id) are left out."""
+    statistic: the rate of counters, the value of gauges, and the object id of that row,
+    keyed by the broker and name gold's lifecycles give that object. Queues whose object
+    is in ``ended`` (agent, object_id) are left out."""
     rows = delta.read_arrow(str(root / "gold" / "statistic_rates"), version).to_pylist()
+    names = object_names(root)
     last: dict[tuple[str, str], dict[str, dict[str, Any]]] = {}
     for r in rows:
         if r["class_name"] != "queue" or r["statistic"] not in STATS or r["index_key"] is None:
@@ -53,11 +71,11 @@ def gold_queues(
         if r["statistic"] not in series or r["end_ns"] > series[r["statistic"]]["end_ns"]:
             series[r["statistic"]] = r
     out: dict[Queue, dict[str, Any]] = {}
-    for (agent, index_key), stats in last.items():
+    for (agent, _index_key), stats in last.items():
         newest = max(stats.values(), key=lambda r: r["end_ns"])
         if (agent, newest["object_id"]) in (ended or set()):
             continue
-        key = (agent, json.loads(index_key)[-1])
+        key = names[(agent, newest["object_id"])]
         assert key not in out, f"two live series named {key}"
         out[key] = {"object_id": newest["object_id"]}
         for statistic, r in stats.items():
@@ -82,7 +100,7 @@ def top_json(root: Path, *extra: str) -> dict[str, Any]:
 def shown_queues(frame: dict[str, Any]) -> dict[Queue, dict[str, Any]]:
     """The queues of a ``qmf top --json`` frame, keyed and named as ``gold_queues``."""
     return {
-        (q["agent"], q["name"]): {
+        (q["broker"], q["name"]): {
             "object_id": q["object_id"],
             "msgTotalEnqueues": q["enqueue_rate"],
             "msgTotalDequeues": q["dequeue_rate"],
@@ -101,15 +119,18 @@ def top_text(root: Path, *extra: str) -> str:
 
 
 def text_rows(frame: str) -> dict[Queue, list[str]]:
-    """The queue table of a ``qmf top`` frame: (agent prefix, name) -> the shown columns."""
+    """The queue table of a ``qmf top`` frame: (broker, name) -> the shown columns."""
     lines = frame.splitlines()
-    start = next(i for i, line in enumerate(lines) if line.startswith("AGENT"))
+    start = next(i for i, line in enumerate(lines) if line.startswith("BROKER"))
+    assert lines[start].split() == [
+        "BROKER", "QUEUE", "ENQ/S", "DEQ/S", "DEPTH", "CONSUMERS", "SAMPLE"
+    ]  # fmt: skip
     out: dict[Queue, list[str]] = {}
     for line in lines[start + 1 :]:
         if not line.strip():
             break
-        agent, name, *cols = line.split()
-        out[(agent, name)] = cols
+        broker, name, *cols = line.split()
+        out[(broker, name)] = cols
     return out
 
 
@@ -173,6 +194,10 @@ def scrape(url: str, openmetrics: bool) -> tuple[str, str]:
         return resp.headers["Content-Type"], resp.read().decode("utf-8")
 
 
+OPENMETRICS = "application/openmetrics-text; version=1.0.0; charset=utf-8; escaping=underscores"
+PROMETHEUS = "text/plain; version=0.0.4; charset=utf-8"
+
+
 def exposed_queues(
     parsed: list[tuple[str, dict[str, str], float]],
 ) -> dict[Queue, dict[str, Any]]:
@@ -180,8 +205,7 @@ def exposed_queues(
     for name, labels, value in parsed:
         if labels.get("class") != "queue" or labels["statistic"] not in STATS:
             continue
-        q = out.setdefault((labels["agent"], labels["name"]), {"object_id": labels["object_id"]})
-        assert q["object_id"] == labels["object_id"]
+        q = out.setdefault((labels["broker"], labels["name"]), {})
         counter = labels["statistic"] in ("msgTotalEnqueues", "msgTotalDequeues")
         assert name == ("qmf_statistic_rate_per_second" if counter else "qmf_statistic_value")
         q[labels["statistic"]] = value
@@ -224,8 +248,8 @@ def test_top_shows_the_last_gold_rate_depth_and_consumers(sim_lake: Lake) -> Non
     frame = top_text(sim_lake.root, "--limit", "100", "--sort", "depth")
     table = text_rows(frame)
     assert len(table) == len(expected)
-    for (agent, name), q in expected.items():
-        cols = table[(agent[:8], name)]
+    for key, q in expected.items():
+        cols = table[key]
         assert cols[0] == format_rate(q["msgTotalEnqueues"])
         assert cols[1] == format_rate(q["msgTotalDequeues"])
         assert cols[2] == f"{q['msgDepth']:,.0f}"
@@ -241,54 +265,77 @@ def test_top_shows_the_last_gold_rate_depth_and_consumers(sim_lake: Lake) -> Non
     assert newest["event_name"] in frame.split("LATEST EVENTS")[1].splitlines()[1]
 
 
+def _without_ids(queues: dict[Queue, dict[str, Any]]) -> dict[Queue, dict[str, Any]]:
+    """What the metrics expose of ``gold_queues``: not the object id (not a label)."""
+    return {k: {s: v for s, v in q.items() if s != "object_id"} for k, q in queues.items()}
+
+
 @pytest.mark.spark
 def test_metrics_endpoint_exposes_the_last_gold_rate_and_depth(sim_lake: Lake) -> None:
     expected = _expected_now(sim_lake.root)
     version = DeltaTable(str(sim_lake.gold / "statistic_rates")).version()
     with metrics_server(sim_lake.root) as base:
         ctype, om = scrape(base + "/metrics", openmetrics=True)
-        assert ctype == "application/openmetrics-text; version=1.0.0; charset=utf-8"
+        assert ctype == OPENMETRICS
         ptype, prom = scrape(base + "/metrics", openmetrics=False)
-        assert ptype == "text/plain; version=0.0.4; charset=utf-8"
+        assert ptype == PROMETHEUS
+        _, everything = scrape(base + "/metrics/all", openmetrics=True)
         with urllib.request.urlopen(base + "/healthz", timeout=30) as resp:
             assert resp.read().decode() == f"ok gold_statistic_rates_version={version}\n"
     parsed = parse_exposition(om, openmetrics=True)
     assert parse_exposition(prom, openmetrics=False) == parsed
-    assert exposed_queues(parsed) == expected
+    assert exposed_queues(parsed) == _without_ids(expected)
     assert ("qmf_live_rates_version", {}, float(version)) in parsed
-    names = {n for n, _, _ in parsed}
-    assert names == {
-        "qmf_statistic_rate_per_second",
-        "qmf_statistic_value",
+    assert {n for n, _, _ in parsed} == {
+        "qmf_statistic_rate_per_second", "qmf_statistic_value", "qmf_objects",
         "qmf_live_rates_version",
-    }
-    # Every current counter with a rate, every other statistic with a value, once.
+    }  # fmt: skip
+    # The default: queues' four statistics, every broker statistic, object counts.
     view = LiveView(sim_lake.root)
     view.refresh()
     current = view.current().to_pylist()
-    exposed = [
-        c for c in current if (c["rate"] if c["kind"] == "counter" else c["value"]) is not None
-    ]
-    assert len(parsed) == len(exposed) + 1
+    exposed = [c for c in current if (c["rate"] if c["kind"] == "counter" else c["value"]) is not None]
+    default = [c for c in exposed if c["class_name"] == "broker" or (
+        c["class_name"] == "queue" and c["statistic"] in STATS)]  # fmt: skip
+    objects = [labels for n, labels, _ in parsed if n == "qmf_objects"]
+    assert len(parsed) == len(default) + len(objects) + 1
+    # /metrics/all: every current counter with a rate, every other statistic with a value.
+    full = parse_exposition(everything, openmetrics=True)
+    assert len(full) == len(exposed) + len(objects) + 1
+    assert {(lab["broker"], lab["name"], lab["statistic"]) for n, lab, _ in full if "statistic" in lab} \
+        == {(c["broker"], c["name"], c["statistic"]) for c in exposed}  # fmt: skip
 
 
 def test_label_values_are_escaped() -> None:
+    """A name with a quote, a backslash and a newline survives both formats."""
+    from prometheus_client import CollectorRegistry
+    from prometheus_client.exposition import choose_encoder
+
+    from pipeline.commands.metrics import LABELS, metric_families
+
     odd = 'we"ird\\queue\nname'
-    latest = pa.table(
-        {
-            "agent": ["a1", "a1"], "package": ["p", "p"], "class_name": ["queue", "queue"],
-            "object_id": ["1-1-1", "1-1-1"], "index_key": [json.dumps(["vh", odd])] * 2,
-            "statistic": ["msgTotalEnqueues", "msgDepth"], "kind": ["counter", "gauge"],
-            "end_ns": [2, 2], "value": [10.0, 3.0], "rate": [2.5, None],
-        }
-    )  # fmt: skip
-    text = exposition(latest, openmetrics=True)
-    assert 'name="we\\"ird\\\\queue\\nname"' in text
-    parsed = parse_exposition(text, openmetrics=True)
-    assert [(n, lab["name"], v) for n, lab, v in parsed] == [
-        ("qmf_statistic_rate_per_second", odd, 2.5),
-        ("qmf_statistic_value", odd, 3.0),
-    ]
+    rows = pl.DataFrame({
+        "broker": ["b@h:1"] * 2, "class_name": ["queue"] * 2, "name": [odd] * 2,
+        "statistic": ["msgTotalEnqueues", "msgDepth"], "kind": ["counter", "gauge"],
+        "agent": ["a1"] * 2, "object_id": ["1-1-1"] * 2, "ambiguous": [False] * 2,
+        "value": [10.0, 3.0], "rate": [2.5, None],
+    })  # fmt: skip
+
+    class Fixed:
+        def collect(self) -> Any:
+            return metric_families(rows, None, None)
+
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(Fixed())
+    for accept, om in (("application/openmetrics-text; version=1.0.0", True), ("", False)):
+        encoder, _ = choose_encoder(accept)
+        text = encoder(registry).decode()
+        assert 'name="we\\"ird\\\\queue\\nname"' in text
+        parsed = parse_exposition(text, openmetrics=om)
+        assert [(n, tuple(lab), lab["name"], v) for n, lab, v in parsed] == [
+            ("qmf_statistic_rate_per_second", LABELS, odd, 2.5),
+            ("qmf_statistic_value", LABELS, odd, 3.0),
+        ]
 
 
 @pytest.mark.spark
@@ -321,13 +368,101 @@ def test_view_reads_only_what_the_table_gained(sim_lake: Lake, tmp_path: Path) -
     assert row.enqueue_rate == 777.0 and view.queues()[0] == row
     assert view.rates_version == first + 2  # type: ignore[operator]
     now = gold_queues(lake.root, ended=ended_objects(lake.root))
-    assert now[(busiest["agent"], name)]["msgTotalEnqueues"] == 777.0
+    assert now[object_names(lake.root)[(busiest["agent"], busiest["object_id"])]]["msgTotalEnqueues"] == 777.0
     # A rewrite (data removed): the tail reads the table whole and the view is rebuilt.
     write_deltalake(path, table, mode="overwrite")
     assert view.refresh()
     row = next(q for q in view.queues() if (q.agent, q.name) == (busiest["agent"], name))
     assert row.enqueue_rate == busiest["rate"]
     assert view.rates_version == first + 3  # type: ignore[operator]
+
+
+# ------------------------------------------------------------------ the first read
+
+
+class _NoStateWriter(GoldBatchWriter):
+    """A gold writer stopped between a batch's table writes and its state commit."""
+
+    def write_state(self, state: pa.Table, batch_id: int) -> bool:
+        return False
+
+
+def _views(root: Path) -> tuple[LiveView, LiveView]:
+    """A view started from gold's state and one that read every rates file, refreshed."""
+    fast, full = LiveView(root, max_events=0), LiveView(root, max_events=0, from_state=False)
+    assert fast.refresh() and full.refresh()
+    return fast, full
+
+
+def _shown(view: LiveView) -> tuple[pl.DataFrame, list[Any], list[Any]]:
+    """Everything the view shows: current rows, queues (top), every metric (/metrics/all)."""
+    from pipeline.commands.metrics import LiveCollector
+
+    current = view.current_frame()
+    everything = list(LiveCollector(view, Selection.parse("/metrics/all", "")).collect())
+    return current.sort(current.columns, nulls_last=True), view.queues(), everything
+
+
+def _assert_same(fast: LiveView, full: LiveView) -> None:
+    (c1, q1, m1), (c2, q2, m2) = _shown(fast), _shown(full)
+    assert c1.equals(c2, null_equal=True)
+    assert q1 == q2 and m1 == m2
+    assert c1.height > 500 and sum(len(m.samples) for m in m1) > 300  # not trivially equal
+    assert {"q-rate-5", "q-rate-20", "q-rate-50"} <= {q.name for q in q1}
+
+
+def test_the_first_read_starts_from_gold_state_and_shows_what_reading_everything_shows(
+    shared_dir: str, tmp_path: Path
+) -> None:
+    """On real qpidd traffic (AM2 and V2, queues and connections deleted) derived in 16 gold
+    batches: a view started from ``rate_state`` reads a few of the rates files, shows the
+    same rows, queues and metrics as one that read them all, and stays the same as gold
+    goes on, also when gold stopped between a batch's rates and its state."""
+    run = build(os.path.join(shared_dir, QPIDD_SAMPLE), tmp_path, batches=16, written=12)
+    rates = tmp_path / "gold" / "statistic_rates"
+    fast, full = _views(tmp_path)
+    files = len(DeltaTable(str(rates)).file_uris())
+    assert full.rates_tail.files_read == files == 11  # a batch with no interval adds no file
+    assert fast.rates_tail.files_read == 1
+    _assert_same(fast, full)
+
+    # Gold goes on: both tails read the new commits and still agree.
+    run.write(12)
+    run.write(13)
+    run.write(14, _NoStateWriter(run.settings, app_id="gold"))  # rates ahead of the state
+    assert fast.refresh() and full.refresh()
+    _assert_same(fast, full)
+    # A view started now: the rates commit after the state's batch is read as well.
+    _assert_same(*_views(tmp_path))
+    run.write(14)  # the replay commits the state (the rates were: skipped)
+    run.write(15)
+    assert fast.refresh() and full.refresh()
+    _assert_same(fast, full)
+    fresh, _ = _views(tmp_path)
+    _assert_same(fresh, full)
+    assert (fresh.rates_tail.files_read, len(DeltaTable(str(rates)).file_uris())) == (2, 15)
+    # Deleted objects with rates: their old rows were not read, and no view shows them.
+    life = pl.from_arrow(delta.read_arrow(str(tmp_path / "gold" / "object_lifecycles")))
+    all_rates = pl.from_arrow(delta.read_arrow(str(rates)))
+    assert isinstance(life, pl.DataFrame) and isinstance(all_rates, pl.DataFrame)
+    deleted = life.filter(pl.col("state") == "deleted").select("agent", "object_id")
+    assert all_rates.join(deleted, on=["agent", "object_id"]).height > 0
+    assert fresh.current_frame().join(deleted, on=["agent", "object_id"]).height == 0
+    assert fresh.latest.num_rows < full.latest.num_rows
+
+
+def test_a_rewrite_reads_from_the_state_again(shared_dir: str, tmp_path: Path) -> None:
+    """A commit removing rows (a backfill's overwrite) rebuilds the view; the rows
+    rewritten are the table's whole content, as the commit is newer than the state."""
+    build(os.path.join(shared_dir, QPIDD_SAMPLE), tmp_path, batches=6)
+    path = str(tmp_path / "gold" / "statistic_rates")
+    fast, full = _views(tmp_path)
+    _assert_same(fast, full)
+    table = delta.read_arrow(path)
+    write_deltalake(path, table, mode="overwrite")
+    assert fast.refresh() and full.refresh()
+    assert fast.rates_tail.files_read == 1
+    _assert_same(fast, full)
 
 
 # ------------------------------------------------------------------ on a running pipeline
@@ -466,7 +601,7 @@ def test_the_publish_cycle_is_measured_from_the_agents_heartbeats(tmp_path: Path
     from schemas.gold import AGENT_LIVENESS
 
     t0 = 1_800_000_000 * 10**9
-    rows = [{
+    rows: list[dict[str, Any]] = [{
         "agent": "1.0", "dialect": "AM2", "epoch": None, "up_start_ns": t0,
         "up_start": None, "last_heartbeat_ns": t0 + 36 * 10**9, "last_heartbeat": None,
         "heartbeats": 19, "interval_s": 10.0, "state": "up", "started_by": "first",
@@ -478,8 +613,13 @@ def test_the_publish_cycle_is_measured_from_the_agents_heartbeats(tmp_path: Path
     view = LiveView(tmp_path)
     view.refresh()
     assert view.agents() == {"1.0": (t0 + 36 * 10**9, 2 * 10**9)}
-    view.latest = pa.table({
-        "agent": ["1.0"], "kind": ["counter"], "start_ns": [t0], "end_ns": [t0 + 30 * 10**9],
-        "rate": [5.0], "reset": pa.array([None], pa.string()),
-    })  # fmt: skip
-    assert view.current().column("rate").to_pylist() == [0.0]  # 36 - 30 > 1.5 x 2
+    view.latest = pa.Table.from_pylist([{
+        "agent": "1.0", "dialect": "AM2", "package": "org.apache.qpid.broker",
+        "class_name": "queue", "object_id": "0-1-1-0-9", "index_key": '["0-0-1-0-3","q-rate-5"]',
+        "statistic": "msgTotalEnqueues", "kind": "counter", "start_ns": t0,
+        "end_ns": t0 + 30 * 10**9, "value": 150.0, "rate": 5.0, "series": '["0-*-1-0-3","q-rate-5"]',
+    }], schema=view.latest.schema)  # fmt: skip
+    now = view.current().to_pylist()
+    assert [(r["rate"], r["quiet"]) for r in now] == [(0.0, True)]  # 36 - 30 > 1.5 x 2
+    # No lifecycle row: named from its index key, its broker the agent id.
+    assert (now[0]["broker"], now[0]["name"]) == ("1.0", "q-rate-5")
