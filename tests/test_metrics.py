@@ -1,0 +1,213 @@
+"""``qmf serve-metrics``: what each endpoint and query selects, names for labels, AM2/V2
+duplicates collapsed, and the exposition negotiated by prometheus_client, on real qpidd
+traffic (QMF v1 and v2 of one broker) derived into gold without Spark."""
+
+from __future__ import annotations
+
+import contextlib
+import gzip
+import os
+import threading
+import urllib.error
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import polars as pl
+import pytest
+from prometheus_client.openmetrics.parser import (
+    text_string_to_metric_families as parse_openmetrics,
+)
+from prometheus_client.parser import text_string_to_metric_families as parse_text
+
+from pipeline import delta
+from pipeline.commands.metrics import MetricsState, Selection, make_server
+from pipeline.live import collapse
+from tests.live_lake import QPIDD_SAMPLE, build
+
+BROKER = "amqp-broker@vm:25672"
+PROMETHEUS_ACCEPT = (  # what Prometheus 3 sends
+    "application/openmetrics-text;version=1.0.0;escaping=allow-utf-8;q=0.5,"
+    "application/openmetrics-text;version=0.0.1;q=0.4,text/plain;version=1.0.0;"
+    "escaping=allow-utf-8;q=0.3,text/plain;version=0.0.4;q=0.2,*/*;q=0.1"
+)
+Sample = tuple[str, tuple[tuple[str, str], ...], float]
+
+
+@pytest.fixture(scope="module")
+def lake(shared_dir: str, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    root = tmp_path_factory.mktemp("qpidd-lake")
+    build(os.path.join(shared_dir, QPIDD_SAMPLE), root, batches=6)
+    return root
+
+
+@contextlib.contextmanager
+def server(root: Path) -> Iterator[str]:
+    srv = make_server(MetricsState(root), "127.0.0.1", 0)
+    thread = threading.Thread(target=srv.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield f"http://127.0.0.1:{srv.server_address[1]}"
+    finally:
+        srv.shutdown()
+        srv.server_close()
+
+
+def get(url: str, **headers: str) -> tuple[int, dict[str, str], bytes]:
+    req = urllib.request.Request(url, headers=headers)
+    try:
+        with urllib.request.urlopen(req, timeout=60) as resp:
+            return resp.status, dict(resp.headers), resp.read()
+    except urllib.error.HTTPError as exc:
+        return exc.code, dict(exc.headers), exc.read()
+
+
+def samples(body: bytes, openmetrics: bool = True) -> set[Sample]:
+    """Every sample, parsed by prometheus_client's own parser of the format (strict for
+    OpenMetrics: families, ``# EOF``); label sets must be unique."""
+    parse = parse_openmetrics if openmetrics else parse_text
+    out: list[Sample] = [
+        (s.name, tuple(sorted(s.labels.items())), s.value)
+        for family in parse(body.decode())
+        for s in family.samples
+    ]
+    keys = [(n, labels) for n, labels, _ in out]
+    assert len(keys) == len(set(keys)), "duplicate series"
+    return set(out)
+
+
+def scrape(root: Path, path: str = "/metrics", query: str = "") -> set[Sample]:
+    body, _ = MetricsState(root).scrape(Selection.parse(path, query), "application/openmetrics-text; version=1.0.0")
+    return samples(body)
+
+
+def _stat(s: Sample) -> dict[str, str]:
+    return dict(s[1])
+
+
+def test_default_exposition_is_what_dashboards_use(lake: Path) -> None:
+    everything = scrape(lake, "/metrics/all")
+    default = scrape(lake)
+    assert {s[0] for s in default} == {
+        "qmf_statistic_rate_per_second", "qmf_statistic_value", "qmf_objects",
+        "qmf_live_rates_version",
+    }  # fmt: skip
+    stats = [s for s in everything if "statistic" in _stat(s)]
+    want = {
+        s for s in stats
+        if _stat(s)["class"] == "broker" or (_stat(s)["class"] == "queue" and _stat(s)["statistic"]
+                                             in ("msgDepth", "msgTotalEnqueues", "msgTotalDequeues", "consumerCount"))
+    }  # fmt: skip
+    assert {s for s in default if "statistic" in _stat(s)} == want
+    assert {s for s in default if "statistic" not in _stat(s)} == {
+        s for s in everything if "statistic" not in _stat(s)
+    }
+    # Every label set names: broker and class, object name and statistic; no agent, no id.
+    assert {tuple(k for k, _ in s[1]) for s in stats} == {("broker", "class", "name", "statistic")}
+    assert {_stat(s)["broker"] for s in everything if s[1]} == {BROKER}
+    # The queues a person knows, once each though qpidd publishes them as AM2 and V2.
+    depth = {_stat(s)["name"]: s[2] for s in default if _stat(s).get("statistic") == "msgDepth"
+             and _stat(s)["class"] == "queue"}  # fmt: skip
+    assert {"q-rate-5", "q-rate-20", "q-rate-50"} <= set(depth)
+    # Live objects per class: one broker's, counted once (gold's lifecycles, per agent).
+    life = pl.from_arrow(delta.read_arrow(str(lake / "gold" / "object_lifecycles")))
+    assert isinstance(life, pl.DataFrame)
+    live = life.sort("batch_id", "last_seen_ns").group_by("agent", "object_id").last()
+    live = live.filter(pl.col("state") == "live")
+    per_agent = live.group_by("agent", "class_name").len()
+    assert per_agent.group_by("class_name").agg(pl.col("len").n_unique())["len"].max() == 1
+    counts = {(BROKER, c): float(n) for c, n in per_agent.select("class_name", "len").unique().iter_rows()}
+    assert {(_stat(s)["broker"], _stat(s)["class"]): s[2] for s in default if s[0] == "qmf_objects"} == counts
+    assert counts[(BROKER, "connection")] == 1.0
+
+
+@pytest.mark.parametrize(
+    ("query", "keep"),
+    [
+        ("class=exchange", lambda lab: lab["class"] == "exchange"),
+        ("class=exchange,binding", lambda lab: lab["class"] in ("exchange", "binding")),
+        ("statistic=msgDepth,consumerCount&statistic=msgTotalEnqueues",
+         lambda lab: lab.get("statistic") in ("msgDepth", "consumerCount", "msgTotalEnqueues")),
+        ("name=q-rate-.*", lambda lab: lab.get("name", "").startswith("q-rate-")),
+        ("name=rate", lambda lab: False),  # the whole name must match
+        ("name=q-rate-5|q-rate-50&statistic=msgDepth",
+         lambda lab: lab.get("name") in ("q-rate-5", "q-rate-50") and lab["statistic"] == "msgDepth"),
+        (f"broker={BROKER}&class=queue", lambda lab: lab["class"] == "queue"),
+        ("broker=other@host:1", lambda lab: False),
+        ("family=all", lambda lab: True),
+        ("family=queue&name=q-rate-20",
+         lambda lab: lab.get("name") == "q-rate-20" and lab["statistic"] in
+         ("msgDepth", "msgTotalEnqueues", "msgTotalDequeues", "consumerCount")),
+        ("family=objects", lambda lab: "statistic" not in lab),
+        ("family=broker,objects", lambda lab: lab["class"] == "broker" or "statistic" not in lab),
+    ],
+)  # fmt: skip
+def test_a_selection_is_the_matching_part_of_everything(
+    lake: Path, query: str, keep: Any
+) -> None:
+    everything = scrape(lake, "/metrics/all")
+    got = scrape(lake, "/metrics", query)
+    version = {s for s in everything if s[0] == "qmf_live_rates_version"}
+    counts = query.startswith("family=") or not ("statistic=" in query or "name=" in query)
+    want = {
+        s for s in everything
+        if s[1] and keep(_stat(s)) and (counts or s[0] != "qmf_objects")
+    }  # fmt: skip
+    assert got == want | version
+    assert scrape(lake, "/metrics", "family=all") == everything
+
+
+def test_bad_queries_are_answered_400_and_other_paths_404(lake: Path) -> None:
+    with server(lake) as base:
+        for query, says in (
+            ("?families=queue", "unknown parameters ['families']"),
+            ("?family=queues", "unknown families ['queues']"),
+            ("?name=q-(", "is not a regular expression"),
+            ("?name=a&name=b", "name= takes one regular expression"),
+        ):
+            code, _, body = get(base + "/metrics" + query)
+            assert code == 400 and says in body.decode(), (query, body)
+        code, _, body = get(base + "/metric")
+        assert code == 404 and b"/metrics/all" in body
+        code, _, body = get(base + "/healthz")
+        assert code == 200 and body.startswith(b"ok gold_statistic_rates_version=")
+
+
+def test_format_and_compression_are_negotiated(lake: Path) -> None:
+    with server(lake) as base:
+        _, om_headers, om = get(base + "/metrics", Accept=PROMETHEUS_ACCEPT)
+        assert om_headers["Content-Type"].startswith("application/openmetrics-text; version=1.0.0;")
+        assert om.endswith(b"# EOF\n")
+        _, text_headers, text = get(base + "/metrics")
+        assert text_headers["Content-Type"] == "text/plain; version=0.0.4; charset=utf-8"
+        assert b"# EOF" not in text
+        _, gz_headers, gz = get(base + "/metrics", Accept=PROMETHEUS_ACCEPT, **{"Accept-Encoding": "gzip"})
+        assert gz_headers["Content-Encoding"] == "gzip" and "Content-Encoding" not in om_headers
+        assert gzip.decompress(gz) == om and len(gz) < len(om) / 5
+    assert samples(om) == samples(text, openmetrics=False) == scrape(lake)
+
+
+def test_duplicates_of_a_broker_collapse_to_the_newest_sample_v2_on_a_tie() -> None:
+    """AM2 and V2 rows of one broker's object become one series: the newest sample's agent;
+    a tie goes to V2. Two objects of one agent with one name stay apart (``ambiguous``)."""
+
+    def row(agent: str, dialect: str, series: str, name: str, end: int) -> dict[str, Any]:
+        return {"agent": agent, "dialect": dialect, "package": "p", "class_name": "queue",
+                "series": series, "name": name, "broker": "b", "end_ns": end,
+                "statistic": "msgDepth"}  # fmt: skip
+
+    rows = pl.DataFrame([
+        row("1.0", "AM2", "s1", "newer-am2", 20), row("v2", "V2", "s1", "newer-am2", 10),
+        row("1.0", "AM2", "s2", "tie", 10), row("v2", "V2", "s2", "tie", 10),
+        row("1.0", "AM2", "s3", "twice", 10), row("1.0", "AM2", "s4", "twice", 30),
+        row("v2", "V2", "s5", "alone", 5),
+    ])  # fmt: skip
+    out = collapse(rows).sort("name", "series")
+    assert out.select("name", "agent", "series", "agents", "ambiguous").rows() == [
+        ("alone", "v2", "s5", ["v2"], False),
+        ("newer-am2", "1.0", "s1", ["1.0", "v2"], False),
+        ("tie", "v2", "s2", ["1.0", "v2"], False),
+        ("twice", "1.0", "s3", ["1.0"], True),
+        ("twice", "1.0", "s4", ["1.0"], True),
+    ]
