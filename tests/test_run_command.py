@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 import uuid
@@ -17,6 +18,7 @@ from pipeline import delta
 from pipeline.broker import delete_queue
 from pipeline.commands.run import QUEUE
 from tests.integration.e2e import decoded_messages, manifest_messages
+from tests.terminal import spark_noise
 
 pytestmark = [pytest.mark.broker, pytest.mark.spark, pytest.mark.slow]
 
@@ -27,6 +29,9 @@ def test_readme_main_command_lands_every_published_message_once(broker: Any, tmp
     Default agents, queues and message sizes (large 'i' bodies: Parquet writes
     no statistics for them), tables in ``./data`` of the working folder. Bronze
     must then hold every message the simulator's manifest lists, exactly once.
+    What a person reads: no Spark or JVM line on the terminal (they are in the log
+    file it names), the summary as tables naming the top queues by their names; the
+    JSON form of the same summary (saved beside the log) equals the manifest.
     """
     qmf = Path(sys.executable).parent / "qmf"
     env = {**os.environ, "PYSPARK_PYTHON": sys.executable}
@@ -39,6 +44,24 @@ def test_readme_main_command_lands_every_published_message_once(broker: Any, tmp
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "qmf run: done." in proc.stdout
     data = tmp_path / "data"
+
+    # A quiet terminal: Spark's and the JVM's lines went to the log file named once.
+    terminal = proc.stdout + proc.stderr
+    assert spark_noise(terminal) == []
+    ours = re.compile(r"(qmf run: |(WARNING|ERROR|CRITICAL) (pipeline|receivers|schemas|qmf)\b)")
+    assert [line for line in proc.stderr.splitlines() if not ours.match(line)] == []
+    (log,) = (data / "logs").glob("spark-*.log")
+    assert terminal.count(f"qmf run: Spark's and the JVM's own output: {log}\n") == 1
+    log_text = log.read_text()
+    assert "WARNING: Using incubator modules" in log_text  # the JVM's stderr, kept
+    assert spark_noise(log_text)  # Spark's own warnings are there, not lost
+    # The summary for people: tables, the top queues by name.
+    top = proc.stdout[proc.stdout.index("Top queues by enqueue rate") :].splitlines()[4:9]
+    names = [line.split("│")[1].strip() for line in top]
+    assert len(names) == 5 and all(re.fullmatch(r"q\d{5}", n) for n in names), top
+    for title in ("Objects", "Events by severity", "Agents", "Pipeline"):
+        assert f"\n{title}" in proc.stdout
+    assert "{" not in proc.stdout  # no JSON dump without --json
     expected, expected_records = manifest_messages(data / "sim-manifest.jsonl")
     agents = {json.loads(m)[0].split(".")[1] for m in expected}
     assert len(agents) == 2  # the default two agents
@@ -52,7 +75,9 @@ def test_readme_main_command_lands_every_published_message_once(broker: Any, tmp
     assert Counter(got) == Counter(expected)
     assert got_records == expected_records
     assert max(len(b) for b in table.column("body").to_pylist()) > 4096
-    summary = json.loads(proc.stdout[proc.stdout.index("\n{") : proc.stdout.rindex("}") + 1])
+    (saved,) = (data / "logs").glob("summary-*.json")
+    assert f"qmf run: the summary as JSON: {saved}\n" in proc.stdout
+    summary = json.loads(saved.read_text())  # what `qmf run --json` prints (test_run_report)
     assert summary["landed_messages"] - summary["redeliveries_skipped"] == summary["bronze_rows"]
     assert "qmf run: " in proc.stdout and " | bronze " in proc.stdout  # the progress line
 
@@ -72,6 +97,9 @@ def test_readme_main_command_lands_every_published_message_once(broker: Any, tmp
     assert (objects["created"], objects["deleted"]) == (len(creates), len(deletes))
     assert objects["transient"] == sum(1 for k, i in deletes.items() if creates.get(k) == i)
     assert [len(summary["top_queues_by_enqueue_rate"]), summary["agents"]["seen"]] == [5, 2]
+    assert [q["name"] for q in summary["top_queues_by_enqueue_rate"]] == names
+    brokers = {a["broker"] for a in summary["agents"]["by_agent"]}
+    assert len(brokers) == 2 and all(b.startswith("amqp-broker@") for b in brokers), brokers
 
 
 def test_qmf_run_console_asks_the_agents(broker: Any, tmp_path: Path) -> None:
@@ -80,7 +108,7 @@ def test_qmf_run_console_asks_the_agents(broker: Any, tmp_path: Path) -> None:
     queue = f"qmf.test-run-{uuid.uuid4().hex[:8]}"
     cmd = [
         sys.executable, "-m", "pipeline.cli", "run", "--data", str(data), "--queue", queue,
-        "--duration", "5", "--agents", "1", "--queues", "3", "--console", "AM1",
+        "--duration", "5", "--agents", "1", "--queues", "3", "--console", "AM1", "--json",
     ]  # fmt: skip
     env = {**os.environ, "PYSPARK_PYTHON": sys.executable}
     try:
