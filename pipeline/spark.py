@@ -179,13 +179,20 @@ def _launch_logged(options: Mapping[str, str], log_file: Path, app_name: str) ->
     launch_conf = SparkConf(loadDefaults=False)
     for key, value in options.items():
         launch_conf.set(key, value)
-    os.environ[sparklog.CHILD_ENV] = "1"  # the JVM's Python children mark our records
+    # The JVM's Python children mark our records (launch_gateway copies the environment
+    # when it starts the JVM); our own other children (qmf run's simulator) do not.
+    previous = os.environ.get(sparklog.CHILD_ENV)
+    os.environ[sparklog.CHILD_ENV] = "1"
     try:
         gateway = launch_gateway(  # type: ignore[no-untyped-call]
             launch_conf, popen_kwargs={"stdout": out, "stderr": out}
         )
     finally:
         out.close()  # the JVM holds its own descriptor
+        if previous is None:
+            del os.environ[sparklog.CHILD_ENV]
+        else:
+            os.environ[sparklog.CHILD_ENV] = previous
     SparkContext._ensure_initialized(gateway=gateway)
     _log_file = log_file
     sparklog.follow(log_file)

@@ -94,8 +94,7 @@ def test_driver_logging_ours_to_the_terminal_the_rest_to_the_file(
 
 
 WORKER_SCRIPT = """
-import logging, sys
-import pyarrow as pa
+import logging, os, sys
 from pipeline import sparklog
 from pipeline.spark import get_spark, spark_log
 
@@ -106,6 +105,7 @@ def warn_from_a_worker(batches):
 
 spark = get_spark("qmf-test-log", log_file=sys.argv[1])
 print("log:", spark_log(), flush=True)
+print("our other children mark:", os.environ.get(sparklog.CHILD_ENV), flush=True)
 rows = spark.range(0, 3, numPartitions=1).mapInArrow(warn_from_a_worker, "id long").count()
 print("rows:", rows, flush=True)
 spark.stop()
@@ -127,7 +127,7 @@ def test_a_logged_spark_session_keeps_the_terminal_quiet(tmp_path: Path) -> None
         capture_output=True, text=True, timeout=300, env=env,
     )  # fmt: skip
     assert proc.returncode == 0, proc.stderr[-3000:]
-    assert proc.stdout.splitlines() == [f"log: {log}", "rows: 3"]
+    assert proc.stdout.splitlines() == [f"log: {log}", "our other children mark: None", "rows: 3"]
     terminal = proc.stdout + proc.stderr
     assert spark_noise(terminal) == []
     assert proc.stderr.splitlines() == ["WARNING pipeline.test_worker: hello from a Spark worker"]
