@@ -70,6 +70,21 @@ def _latest(life: pl.DataFrame) -> pl.DataFrame:
     )
 
 
+def _with_key_names(frame: pl.DataFrame, missing: pl.Expr) -> pl.DataFrame:
+    """``frame`` + ``_from_key``: the last value of the index key of the rows where
+    ``missing`` holds, computed once per distinct key (rates repeat a key on millions
+    of rows)."""
+    import polars as pl
+
+    keys = frame.filter(missing).select("index_key").unique().drop_nulls()
+    keys = keys.with_columns(
+        pl.col("index_key")
+        .map_elements(last_index_value, return_dtype=pl.String)
+        .alias("_from_key")
+    )
+    return frame.join(keys, on="index_key", how="left", maintain_order="left")
+
+
 def object_names(life: pl.DataFrame) -> pl.DataFrame:
     """One row per (agent, object_id) of gold ``object_lifecycles``: the object's current
     ``name`` (its latest row's). Tables from before gold carried names (no ``name`` column,
@@ -78,12 +93,13 @@ def object_names(life: pl.DataFrame) -> pl.DataFrame:
     import polars as pl
 
     latest = _latest(life)
-    given = pl.col("name") if "name" in life.columns else pl.lit(None, pl.String)
-    from_key = pl.col("index_key").map_elements(last_index_value, return_dtype=pl.String)
+    if "name" not in latest.columns:
+        latest = latest.with_columns(pl.lit(None, pl.String).alias("name"))
+    latest = _with_key_names(latest, pl.col("name").is_null())
     return latest.select(
         "agent",
         "object_id",
-        pl.coalesce(given, from_key, pl.col("object_id")).alias("name"),
+        pl.coalesce("name", "_from_key", "object_id").alias("name"),
     )
 
 
@@ -93,15 +109,16 @@ def with_names(frame: pl.DataFrame, names: pl.DataFrame, alias: str = "name") ->
     else its object id."""
     import polars as pl
 
-    from_key = pl.col("index_key").map_elements(last_index_value, return_dtype=pl.String)
     joined = frame.join(
         names.select("agent", "object_id", pl.col("name").alias("_name")),
         on=["agent", "object_id"],
         how="left",
+        maintain_order="left",
     )
-    return joined.with_columns(
-        pl.coalesce("_name", from_key, pl.col("object_id")).alias(alias)
-    ).drop("_name")
+    joined = _with_key_names(joined, pl.col("_name").is_null())
+    return joined.with_columns(pl.coalesce("_name", "_from_key", "object_id").alias(alias)).drop(
+        "_name", "_from_key"
+    )
 
 
 def agent_labels(life: pl.DataFrame) -> dict[str, str]:
