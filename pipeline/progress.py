@@ -96,11 +96,10 @@ class ProgressStats:
         silver = sum(self.counts.get(k, 0) for k in SILVER_PROGRESS)
         gold = sum(self.counts.get(k, 0) for k in GOLD_PROGRESS)
         return (
-            f"qmf run {self.elapsed_s:5.0f}s | in {self.in_per_s:,.0f} msg/s "
-            f"({self.landed:,} landed) | bronze {self.bronze:,} "
-            f"(lag {max(self.landed - self.bronze, 0):,}) | decoded "
-            f"{self.samples_per_s:,.0f} samples/s | silver {silver:,} rows | gold {gold:,} rows"
-            f" | quarantine {self.counts.get('quarantine', 0):,}"
+            f"qmf run {self.elapsed_s:.0f}s | in {self.in_per_s:,.0f} msg/s, {self.landed:,} "
+            f"landed | bronze {self.bronze:,} (lag {max(self.landed - self.bronze, 0):,}) | "
+            f"{self.samples_per_s:,.0f} samples/s | rows: silver {silver:,}, gold {gold:,} | "
+            f"quarantine {self.counts.get('quarantine', 0):,}"
         )
 
 

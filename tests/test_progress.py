@@ -131,8 +131,8 @@ def test_progress_redraws_one_line_on_a_terminal() -> None:
     assert text.endswith("\r\x1b[2K" + stats[1].compact() + "\n\x1b[?25h")
     assert "\n" not in text.replace("a warning of ours\n", "")[: -len("\n\x1b[?25h")]
     assert stats[1].compact() == (
-        "qmf run     2s | in 0 msg/s (200 landed) | bronze 180 (lag 20) | decoded 0 samples/s"
-        " | silver 2 rows | gold 0 rows | quarantine 0"
+        "qmf run 2s | in 0 msg/s, 200 landed | bronze 180 (lag 20) | 0 samples/s | rows: "
+        "silver 2, gold 0 | quarantine 0"
     )
 
 
