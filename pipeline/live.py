@@ -34,7 +34,7 @@ import json
 import math
 import os
 import urllib.parse
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -67,12 +67,12 @@ EVENT_COLUMNS = (
 )  # fmt: skip
 EVENT_ID = ("partition", "offset", "record_index")
 LIFECYCLE_COLUMNS = (
-    "agent", "dialect", "package", "class_name", "object_id", "create_ns", "state",
+    "agent", "dialect", "package", "class_name", "object_id", "index_key", "create_ns", "state",
     "last_seen_ns", "batch_id", "name", "broker",
 )  # fmt: skip
 STATE_COLUMNS = (
     "agent", "dialect", "package", "class_name", "object_id", "index_key", "series", "statistic",
-    "update_ns",
+    "kind", "update_ns", "value",
 )  # fmt: skip
 LIVENESS_COLUMNS = ("agent", "up_start_ns", "last_heartbeat_ns", "heartbeats", "interval_s")
 # A counter's rate ages to 0 once its agent was seen this many publish cycles after the
@@ -317,95 +317,93 @@ def _txn(actions: list[dict[str, Any]]) -> tuple[str, int] | None:
     return None
 
 
-class RatesTail(DeltaTail):
-    """``statistic_rates``, whose whole reads start from gold's latest state (``rate_state``)
-    rather than all of history; ``state_path=None`` reads every file (the plain tail)."""
+class StateTail(DeltaTail):
+    """gold ``rate_state`` (rewritten whole by every gold batch: every change is read whole),
+    and the app transaction (appId, batch id) of the commit read: the batch it is from."""
 
-    def __init__(self, path: str | os.PathLike[str], state_path: str | os.PathLike[str] | None):
-        super().__init__(path, STATISTIC_RATES, RATE_COLUMNS)
-        self.state = None if state_path is None else DeltaTail(state_path, RATE_STATE, STATE_COLUMNS)
+    def __init__(self, path: str | os.PathLike[str]):
+        super().__init__(path, RATE_STATE, STATE_COLUMNS)
+        self.txn: tuple[str, int] | None = None
 
     def _read_all(self) -> Change | None:
-        if self.state is not None and self.state.exists():
+        change = super()._read_all()
+        try:
+            self.txn = None if self.version is None else _txn(_commit_actions(self._log(self.version)))
+        except FileNotFoundError:  # checkpointed and cleaned up: the batch is unknown
+            self.txn = None
+        return change
+
+
+class RatesTail(DeltaTail):
+    """``statistic_rates``, whose whole reads can start from gold's state: ``guide`` gives
+    the (appId, batch id) of the state read (None: read every file)."""
+
+    def __init__(
+        self,
+        path: str | os.PathLike[str],
+        guide: Callable[[], tuple[str, int] | None] | None = None,
+    ):
+        super().__init__(path, STATISTIC_RATES, RATE_COLUMNS)
+        self.guide = guide
+        self.unread: Unread | None = None  # files the last whole read left for read_more
+
+    def _read_all(self) -> Change | None:
+        txn = None if self.guide is None else self.guide()
+        if txn is not None:
             for _attempt in range(3):
                 try:
-                    return self._read_from_state()
+                    return self._read_newest(txn)
                 except FileNotFoundError:  # vacuumed between the snapshot and the read
                     continue
-                except _NoState:
-                    break
+        self.unread = None
         return super()._read_all()
 
-    def _read_from_state(self) -> Change:
-        """The rows that hold every state series' latest interval (and everything newer).
+    def _read_newest(self, txn: tuple[str, int]) -> Change:
+        """The rows of every commit from the newest down to the rates commit of the state's
+        batch ``txn``; the other files stay in ``unread``.
 
-        A series' intervals are appended in sample-time order, the one ending at its
-        baseline by the gold batch that wrote the state or an earlier one, and gold
-        commits a batch's rates before its state. So every commit from the newest down
-        to the rates commit of the state's batch is read (later intervals may be there),
-        then, of the older files, those whose ``end_ns`` statistics span the baseline of
-        a series not found yet (a file without statistics always): only they can hold
-        its interval. A baseline that made no interval (the series' first sample) is not
-        found there either; then no row of the series is current. Without the state's
-        batch among the commit files (log cleaned up) every file is read.
+        Gold appends a batch's rates before it replaces the state, and a series' intervals
+        in sample-time order: a row after a series' baseline (its latest sample in the
+        state) can only be in those commits. Without the state's batch among the commit
+        files (log cleaned up) every file is read.
         """
-        assert self.state is not None
-        sdt = self.state.snapshot()
-        try:
-            txn = _txn(_commit_actions(self.state._log(sdt.version())))
-        except FileNotFoundError:
-            txn = None
-        state = self.state._read_files(pa.table(sdt.get_add_actions(flatten=True))["path"].to_pylist())
-        if txn is None or state.num_rows == 0:
-            raise _NoState
         app, batch = txn
-        keys = list(SERIES_KEY)
-        want = _frame(state).group_by(keys).agg(pl.col("update_ns").min().alias("_base"))
-        known = state.select(["agent", "object_id", "index_key"]).filter(
-            pc.is_valid(state.column("index_key"))
-        )
         dt = self.snapshot()
         unread = Unread(dt, "end_ns")
-        pieces: list[pa.Table] = []
-        self.files_read = 0
-
-        def take(paths: list[str]) -> pl.DataFrame:
-            rows = with_series(self._read_files(paths), known)
-            pieces.append(rows)
-            self.files_read += len(paths)
-            got = _frame(rows.select([*keys, "end_ns"])).group_by(keys).agg(
-                pl.col("end_ns").max().alias("_end")
-            )
-            out = want.join(got, on=keys, how="left", nulls_equal=True)
-            return out.filter(pl.col("_end").is_null() | (pl.col("_end") < pl.col("_base"))).drop("_end")
-
-        passed = False
+        paths: list[str] = []
         for step in self.newest_first(dt, unread):
-            if step.paths:
-                want = take(step.paths)
+            paths += step.paths
             if any(a == app and v <= batch for a, v in step.txns):
-                passed = True
                 break
-        if passed:
-            bases = np.sort(want["_base"].to_numpy())
-            for key, f in sorted(unread.files.items(), key=lambda kv: -kv[1].high):
-                if not len(bases):
-                    break
-                i = int(np.searchsorted(bases, f.low))
-                if i < len(bases) and bases[i] <= f.high:
-                    unread.pop(key)
-                    want = take([f.path])
-                    bases = np.sort(want["_base"].to_numpy())
-        rows = pa.concat_tables(pieces) if pieces else with_series(self.schema.empty_table())
-        if pieces and rows.column("index_key").null_count:
-            # An object's key seen only in another commit's rows: as a whole read keys it.
-            rows = with_series(rows.drop_columns(["series"]), known)
+        rows = self._read_files(paths)
+        self.files_read = len(paths)
         self.version = dt.version()
+        self.unread = unread
         return Change(self.version, rows, reset=True)
 
-
-class _NoState(Exception):
-    """The state cannot guide the read (no transaction, empty): read every file."""
+    def read_more(self, times: np.ndarray) -> tuple[pa.Table, bool]:
+        """Of the files the last whole read left, every one whose ``end_ns`` statistics span
+        one of ``times`` (a file without statistics: always): only those can hold a row
+        ending then. (rows, whether they are the whole table: a file was gone).
+        """
+        if self.unread is None or not len(times):
+            return self.schema.empty_table(), False
+        times = np.sort(times)
+        paths = []
+        for key, f in list(self.unread.files.items()):
+            i = int(np.searchsorted(times, f.low))
+            if i < len(times) and times[i] <= f.high:
+                self.unread.pop(key)
+                paths.append(f.path)
+        try:
+            rows = self._read_files(paths)
+        except FileNotFoundError:  # compacted and vacuumed since: read the table whole
+            self.unread = None
+            change = super()._read_all()
+            assert change is not None
+            return change.rows, True
+        self.files_read += len(paths)
+        return rows, False
 
 
 class EventsTail(DeltaTail):
@@ -455,6 +453,13 @@ def _last_frame(df: pl.DataFrame, key: tuple[str, ...], order: tuple[str, ...]) 
     return df.unique(subset=list(key), keep="last", maintain_order=False)
 
 
+def _baselines(state: pa.Table) -> pl.DataFrame:
+    """Gold ``rate_state`` -> per series its baseline (the earliest of its rows: a pending
+    sample is later): ``_base`` its sample time, and its object, kind and value."""
+    df = _frame(state).sort("update_ns")
+    return df.group_by(list(SERIES_KEY)).first().rename({"update_ns": "_base"})
+
+
 def with_series(rows: pa.Table, known: pa.Table | None = None) -> pa.Table:
     """Rows + ``series``: the restart-proof index key, else the object id.
 
@@ -478,8 +483,10 @@ def with_series(rows: pa.Table, known: pa.Table | None = None) -> pa.Table:
         filled = pc.coalesce(joined.column("index_key"), joined.column("_known_key"))
         rows = joined.drop_columns(["_pos", "_known_key"]).select(rows.column_names)
         rows = rows.set_column(rows.schema.get_field_index("index_key"), "index_key", filled)
-    am2 = pc.replace_substring_regex(rows.column("index_key"), _AM2_REF, _AM2_REF_BLANK)
-    v2 = pc.replace_substring_regex(rows.column("index_key"), V2_REF_EPOCH, "")
+    # The regular expressions run over the distinct keys (an object's rows share one).
+    keys = pc.dictionary_encode(rows.column("index_key").combine_chunks())
+    am2 = pc.take(pc.replace_substring_regex(keys.dictionary, _AM2_REF, _AM2_REF_BLANK), keys.indices)
+    v2 = pc.take(pc.replace_substring_regex(keys.dictionary, V2_REF_EPOCH, ""), keys.indices)
     dialect = rows.column("dialect")
     key = pc.if_else(
         pc.equal(dialect, "AM2"),
@@ -557,17 +564,21 @@ class LiveView:
     from_state: bool = True
     events: pa.Table = field(init=False)
     _latest: pl.DataFrame = field(init=False)
+    _state: pl.DataFrame | None = field(init=False, default=None)
+    _rows: pl.DataFrame | None = field(init=False, default=None)
+    _agents: dict[str, tuple[int, int]] | None = field(init=False, default=None)
     _lifecycles: pl.DataFrame = field(init=False)
     _liveness: pl.DataFrame = field(init=False)
-    _names: pl.DataFrame = field(init=False)
+    _objects: pl.DataFrame = field(init=False)
     _brokers: pl.DataFrame = field(init=False)
     _ended: pl.DataFrame = field(init=False)
 
     def __post_init__(self) -> None:
         self.root = Path(self.root)
         gold = self.root / "gold"
+        self.state_tail = StateTail(gold / "rate_state")
         self.rates_tail = RatesTail(
-            gold / "statistic_rates", gold / "rate_state" if self.from_state else None
+            gold / "statistic_rates", (lambda: self.state_tail.txn) if self.from_state else None
         )
         self.events_tail = EventsTail(self.root / "silver" / "events", max(self.max_events, 1))
         self.lifecycles_tail = DeltaTail(
@@ -590,6 +601,7 @@ class LiveView:
     @latest.setter
     def latest(self, rows: pa.Table) -> None:
         self._latest = _frame(rows)
+        self._rows = self._agents = None
 
     @property
     def rates_version(self) -> int | None:
@@ -601,10 +613,12 @@ class LiveView:
         return set(self._ended.iter_rows())
 
     def _set_lifecycles(self, rows: pl.DataFrame) -> None:
+        """The lifecycle rows (latest per object and creation), and what the view derives:
+        per agent its broker, the objects that ended, and per object (``_objects``) its
+        name, broker, whether it ended and whether it is the one shown of its name
+        (``collapse``)."""
         self._lifecycles = rows
         latest = _last_frame(rows, OBJECT_KEY, ("batch_id", "last_seen_ns"))
-        self._names = latest.select("agent", "object_id", "name", "broker", "state", "package",
-                                    "class_name")  # fmt: skip
         self._brokers = (
             latest.filter(pl.col("broker").is_not_null())
             .sort("batch_id", "last_seen_ns")
@@ -614,31 +628,22 @@ class LiveView:
         live = rows.filter(pl.col("state") == "live").select(OBJECT_KEY).unique()
         gone = rows.filter(pl.col("state") != "live").select(OBJECT_KEY).unique()
         self._ended = gone.join(live, on=list(OBJECT_KEY), how="anti")
+        objs = latest.join(self._brokers, on="agent", how="left").join(
+            self._ended.with_columns(_ended=pl.lit(True)), on=list(OBJECT_KEY), how="left"
+        )
+        objs = objs.with_columns(
+            name=pl.coalesce("name", _key_names(objs["index_key"]), "object_id"),
+            broker=pl.coalesce("broker", "_agent_broker", "agent"),
+            _ended=pl.col("_ended").fill_null(False),
+        )
+        self._objects = collapse(objs)
 
     def refresh(self) -> bool:
-        """Reads what the tables gained; True when anything changed."""
+        """Reads what the tables gained; True when anything changed.
+
+        The lifecycles, liveness and state first: a start from the state reads the rates
+        of the series that are not quiet by them (``_read_recent``)."""
         changed = False
-        rates = self.rates_tail.read()
-        if rates is not None:
-            changed = True
-            new = rates.rows
-            if "series" not in new.column_names:
-                new = with_series(new, None if rates.reset else self.latest.drop_columns(["series"]))
-            df = _frame(new)
-            both = df if rates.reset else pl.concat([self._latest, df], how="vertical_relaxed")
-            self._latest = _last_frame(both, SERIES_KEY, ("end_ns",))
-        if self.max_events > 0:
-            events = self.events_tail.read()
-            if events is not None:
-                changed = True
-                both_e = (
-                    events.rows if events.reset else pa.concat_tables([self.events, events.rows])
-                )
-                both_e = _last_per_key(both_e, EVENT_ID, ())
-                both_e = both_e.sort_by(
-                    [("timestamp_ns", "descending"), *((c, "descending") for c in EVENT_ID)]
-                )
-                self.events = both_e.slice(0, self.max_events)
         life = self.lifecycles_tail.read()
         if life is not None:
             changed = True
@@ -655,62 +660,164 @@ class LiveView:
             self._liveness = _last_frame(
                 both, ("agent", "up_start_ns"), ("last_heartbeat_ns", "heartbeats")
             )
+        state = self.state_tail.read()
+        if state is not None:
+            changed = True
+            self._state = _baselines(state.rows) if state.rows.num_rows else None
+        rates = self.rates_tail.read()
+        if rates is not None:
+            changed = True
+            self._fold_rates(rates.rows, rates.reset)
+            if rates.reset and self.rates_tail.unread is not None:
+                self._read_recent()
+        if self.max_events > 0:
+            events = self.events_tail.read()
+            if events is not None:
+                changed = True
+                both_e = (
+                    events.rows if events.reset else pa.concat_tables([self.events, events.rows])
+                )
+                both_e = _last_per_key(both_e, EVENT_ID, ())
+                both_e = both_e.sort_by(
+                    [("timestamp_ns", "descending"), *((c, "descending") for c in EVENT_ID)]
+                )
+                self.events = both_e.slice(0, self.max_events)
+        if changed:
+            self._rows = self._agents = None
         return changed
+
+    def _fold_rates(self, rows: pa.Table, reset: bool) -> None:
+        """The latest row per series of ``rows`` (+ what was kept, unless ``reset``)."""
+        known = [] if reset else [_arrow(self._latest.select("agent", "object_id", "index_key"))]
+        if self._state is not None:
+            known.append(_arrow(self._state.select("agent", "object_id", "index_key")))
+        new = _frame(with_series(rows, pa.concat_tables(known) if known else None))
+        both = new if reset else pl.concat([self._latest, new], how="vertical_relaxed")
+        self._latest = _last_frame(both, SERIES_KEY, ("end_ns",))
+        self._rows = self._agents = None
+
+    def _read_recent(self) -> None:
+        """After a start from the state: the intervals ending at the latest samples of the
+        counters that are not quiet, wherever the first read left them (a row from the
+        state has no rate). A quiet counter's rate is 0 whatever its interval said, any
+        other statistic shows its latest value: the state has both."""
+        rows = self.current_frame(pl.col("from_state") & (pl.col("kind") == "counter"), named=False)
+        need = rows.filter(~pl.col("quiet"))["end_ns"]
+        more, whole = self.rates_tail.read_more(need.unique().to_numpy())
+        if more.num_rows or whole:
+            self._fold_rates(more, whole)
+        self.rates_tail.unread = None
 
     @property
     def versions(self) -> tuple[int | None, ...]:
         """The versions read of every table the current rows depend on."""
-        return (self.rates_version, self.lifecycles_tail.version, self.liveness_tail.version)
+        return (
+            self.rates_version, self.state_tail.version, self.lifecycles_tail.version,
+            self.liveness_tail.version,
+        )  # fmt: skip
 
     # -------------------------------------------------------------- what is current
 
-    def _alive(self) -> pl.DataFrame:
-        t = self._latest
-        if self._ended.height and t.height:
-            t = t.join(self._ended, on=list(OBJECT_KEY), how="anti")
-        return t
+    def rows(self) -> pl.DataFrame:
+        """One row per series of gold's state (every series, if there is no state table):
+        the rates row of its latest interval when one ends at or after its latest sample,
+        else a row made from the state (``from_state``: that sample's time and value,
+        no rate: the sample made no interval yet, or the interval was not read)."""
+        if self._rows is not None:
+            return self._rows
+        if self._state is None:
+            self._rows = self._latest.with_columns(from_state=pl.lit(False))
+            return self._rows
+        keys = list(SERIES_KEY)
+        st = self._state
+        real = self._latest.join(st.select(*keys, "_base"), on=keys, how="inner")
+        real = real.filter(pl.col("end_ns") >= pl.col("_base")).drop("_base")
+        made = st.join(real.select(keys), on=keys, how="anti").select(
+            "agent", "dialect", "package", "class_name", "object_id", "index_key", "statistic",
+            "kind", pl.lit(None, pl.Int64).alias("start_ns"), pl.col("_base").alias("end_ns"),
+            (pl.col("_base") // 1000).cast(pl.Datetime("us", "UTC")).alias("end_time"),
+            "value", pl.lit(None, pl.Float64).alias("rate"), pl.lit(None, pl.String).alias("reset"),
+            "series",
+        )  # fmt: skip
+        self._rows = pl.concat(
+            [real.with_columns(from_state=pl.lit(False)),
+             made.with_columns(from_state=pl.lit(True))],
+            how="vertical_relaxed",
+        )  # fmt: skip
+        return self._rows
 
     def agents(self) -> dict[str, tuple[int, int]]:
         """Per agent: (the latest time it was seen, its publish cycle), both in ns.
 
         Seen: its latest heartbeat (gold ``agent_liveness``) or the latest sample of any
-        of its objects that have not ended (the rates' ``end_ns``). Cycle: the spacing of
-        its heartbeats over its open up interval (the agent's own clock), else the
-        interval it declares (V2 ``_heartbeat_interval``), else the median length of the
-        latest intervals of its objects.
+        of its series (``rows``). Cycle: the spacing of its heartbeats over its open up
+        interval (the agent's own clock), else the interval it declares (V2
+        ``_heartbeat_interval``), else the median length of the latest intervals of its
+        series (those the view holds: after a start from the state, the recent ones).
         """
+        if self._agents is not None:
+            return self._agents
         seen: dict[str, int] = {}
         cycle: dict[str, int] = {}
-        t = self._alive()
-        if t.height:
-            by = t.group_by("agent").agg(pl.col("end_ns").max())
-            seen.update(by.iter_rows())
-            ok = t.filter(pl.col("reset").is_null())
-            med = ok.group_by("agent").agg((pl.col("end_ns") - pl.col("start_ns")).median())
-            for a, n in med.iter_rows():
-                if n:
-                    cycle[a] = int(n)
         newest = _last_frame(self._liveness, ("agent",), ("up_start_ns",))
         for r in newest.iter_rows(named=True):
             a, last = r["agent"], r["last_heartbeat_ns"]
-            seen[a] = max(seen.get(a, last), last)
+            seen[a] = last
             n = r["heartbeats"] or 0
             if n >= 2:
                 cycle[a] = (last - r["up_start_ns"]) // (n - 1)
             elif r["interval_s"]:
                 cycle[a] = int(r["interval_s"] * NS)
-        return {a: (s, cycle[a]) for a, s in seen.items() if a in cycle}
+        t = self.rows()
+        if t.height:
+            for a, end in t.group_by("agent").agg(pl.col("end_ns").max()).iter_rows():
+                seen[a] = max(seen.get(a, end), end)
+            missing = [a for a in seen if a not in cycle]
+            if missing:
+                ok = t.filter(
+                    pl.col("agent").is_in(missing) & pl.col("reset").is_null()
+                    & pl.col("start_ns").is_not_null()
+                )  # fmt: skip
+                med = ok.group_by("agent").agg((pl.col("end_ns") - pl.col("start_ns")).median())
+                for a, n in med.iter_rows():
+                    if n:
+                        cycle[a] = int(n)
+        self._agents = {a: (s, cycle[a]) for a, s in seen.items() if a in cycle}
+        return self._agents
 
-    def current_frame(self) -> pl.DataFrame:
-        """``current`` as polars, with every row's ``name`` and ``broker``."""
-        t = self._alive()
+    def current_frame(
+        self, where: pl.Expr | None = None, named: bool = True, collapsed: bool = False
+    ) -> pl.DataFrame:
+        """``current`` as polars, of the rows ``where`` selects (a filter on their columns:
+        ``class_name``, ``statistic``, ...), with ``name``, ``broker``, ``agents`` and
+        ``ambiguous`` (``named``); ``collapsed``: only the objects ``collapse`` keeps."""
+        t = self.rows()
+        if where is not None:
+            t = t.filter(where)
+        t = t.join(self._objects.select(*OBJECT_KEY, *_OBJECT_COLUMNS), on=list(OBJECT_KEY), how="left")
+        keep = ~pl.col("_ended").fill_null(False)
+        if collapsed:
+            keep = keep & pl.col("_keep").fill_null(True)
+        t = t.filter(keep)
         t = _frame(with_quiet(_arrow(t), self.agents()))
-        return self._named(t)
+        if not named:
+            return t.drop(*_OBJECT_COLUMNS)
+        keys = t["index_key"].unique().drop_nulls()
+        from_key = pl.col("index_key").replace_strict(
+            keys, _key_names(keys), default=None, return_dtype=pl.String
+        )
+        t = t.join(self._brokers, on="agent", how="left")
+        return t.with_columns(
+            name=pl.coalesce("_name", from_key, "object_id"),
+            broker=pl.coalesce("_broker", "_agent_broker", "agent"),
+            agents=pl.coalesce("_agents", pl.concat_list("agent")),
+            ambiguous=pl.col("_ambiguous").fill_null(False),
+        ).drop(*_OBJECT_COLUMNS, "_agent_broker")
 
     def current(self) -> pa.Table:
-        """The latest row per series and statistic, without objects that have ended
-        (deleted, or lost with their agent) by the lifecycle table, quiet counters at 0,
-        with the object's ``name`` and ``broker``.
+        """The latest row per series and statistic (``rows``), without objects that have
+        ended (deleted, or lost with their agent) by the lifecycle table, quiet counters at
+        0, with the object's ``name`` and ``broker``.
 
         An agent that publishes on change (qpidd) leaves an object out of a cycle when
         nothing in it changed: once the agent was seen more than ``QUIET_CYCLES`` publish
@@ -718,40 +825,21 @@ class LiveView:
         ``quiet`` true); gauges and other values keep their last value (unchanged)."""
         return _arrow(self.current_frame())
 
-    def _named(self, t: pl.DataFrame) -> pl.DataFrame:
-        """Rows + ``name`` (gold's, else the index key's last value, else the object id)
-        and ``broker`` (gold's for the object, else for its agent, else the agent id)."""
-        t = t.join(
-            self._names.select(*OBJECT_KEY, pl.col("name").alias("_name"),
-                               pl.col("broker").alias("_broker")),
-            on=list(OBJECT_KEY), how="left",
-        ).join(self._brokers, on="agent", how="left")  # fmt: skip
-        keys = t["index_key"].unique().drop_nulls().to_list()
-        from_key = pl.col("index_key").replace_strict(
-            keys, [last_index_value(k) for k in keys], default=None, return_dtype=pl.String
-        )
-        return t.with_columns(
-            name=pl.coalesce("_name", from_key, "object_id"),
-            broker=pl.coalesce("_broker", "_agent_broker", "agent"),
-        ).drop("_name", "_broker", "_agent_broker")
-
     def objects(self) -> pl.DataFrame:
         """Live objects per (broker, package, class_name): ``count``. A broker publishing
         through several agents (AM2 and V2) counts its objects once (the largest count)."""
-        live = self._names.filter(pl.col("state") == "live").join(
-            self._brokers, on="agent", how="left"
-        )
-        live = live.with_columns(broker=pl.coalesce("broker", "_agent_broker", "agent"))
-        per_agent = live.group_by("broker", "agent", "package", "class_name").len("count")
+        live = self._objects.filter(~pl.col("_ended") & (pl.col("state") == "live"))
+        per_agent = live.group_by(pl.col("_broker").alias("broker"), "agent", "package",
+                                  "class_name").len("count")  # fmt: skip
         return per_agent.group_by("broker", "package", "class_name").agg(pl.col("count").max())
 
     def queues(self, sort: str = "enqueue", limit: int | None = None) -> list[QueueRow]:
         """Queues with their current enqueue/dequeue rates, depth and consumers, one row per
         (broker, name) (``collapse``)."""
-        t = collapse(self.current_frame())
-        t = t.filter(
+        t = self.current_frame(
             (pl.col("class_name") == "queue")
-            & pl.col("statistic").is_in([ENQUEUES, DEQUEUES, DEPTH, CONSUMERS])
+            & pl.col("statistic").is_in([ENQUEUES, DEQUEUES, DEPTH, CONSUMERS]),
+            collapsed=True,
         )
         counter = pl.col("kind") == "counter"
         value = pl.when(counter).then(pl.col("rate")).otherwise(pl.col("value"))
@@ -815,37 +903,52 @@ class LiveView:
         return rows
 
 
-def collapse(rows: pl.DataFrame) -> pl.DataFrame:
-    """One object per (broker, package, class, name): a broker publishing an object through
-    several agents (qpidd: QMF v1 as agent ``1.0`` and v2 as ``apache.org:qpidd:<uuid>``)
-    keeps the series with the newest sample (V2 on a tie, then the agent id). ``rows``:
-    current rows with ``name``, ``broker``, ``dialect``; out: the kept series' rows +
-    ``agents`` (every agent of the object, sorted) and ``ambiguous``: one agent has two
-    objects of that name (different objects, all kept: tell them apart by agent and id).
+_OBJECT_COLUMNS = ("_name", "_broker", "_keep", "_agents", "_ambiguous", "_ended", "state")
+
+
+def _key_names(index_keys: pl.Series) -> pl.Series:
+    """``last_index_value`` of each key, computed once per distinct key."""
+    keys = index_keys.unique().drop_nulls()
+    names = [last_index_value(k) for k in keys.to_list()]
+    return index_keys.replace_strict(keys, names, default=None, return_dtype=pl.String)
+
+
+def collapse(objects: pl.DataFrame) -> pl.DataFrame:
+    """Which object shows each (broker, package, class, name): a broker publishing an object
+    through several agents (qpidd: QMF v1 as agent ``1.0`` and v2 as
+    ``apache.org:qpidd:<uuid>``) shows it once, from the agent whose object was seen last
+    (``last_seen_ns``; V2 on a tie, then the agent id).
+
+    ``objects``: one row per (agent, object_id) with ``name``, ``broker``, ``dialect``,
+    ``package``, ``class_name``, ``last_seen_ns``, ``state`` and ``_ended``. Out, per object:
+    its class, ``_name``, ``_broker``, ``_keep`` (it is shown), ``_agents`` (every agent publishing
+    the name, sorted), ``_ambiguous`` (one agent has two objects of the name: different
+    objects, all shown, told apart by agent and object id), ``_ended`` and ``state``.
+    Ended objects are not shown and take no part.
     """
-    series = ["agent", "package", "class_name", "series"]
     group = ["broker", "package", "class_name", "name"]
-    if rows.height == 0:
-        return rows.with_columns(
-            agents=pl.lit(None, pl.List(pl.String)), ambiguous=pl.lit(None, pl.Boolean)
-        )
-    objs = (
-        rows.sort("end_ns")
-        .group_by(series)
-        .agg(pl.col("end_ns").max().alias("_end"), *(pl.col(c).last() for c in ("name", "broker", "dialect")))
-    )  # fmt: skip
-    groups = objs.group_by(group).agg(
-        pl.col("agent").unique().sort().alias("agents"),
-        (pl.len() > pl.col("agent").n_unique()).alias("ambiguous"),
+    live = objects.filter(~pl.col("_ended"))
+    groups = live.group_by(group).agg(
+        pl.col("agent").unique().sort().alias("_agents"),
+        (pl.len() > pl.col("agent").n_unique()).alias("_ambiguous"),
     )
-    objs = objs.join(groups, on=group, how="left")
     v2_first = (pl.col("dialect") != "V2").cast(pl.Int8)
-    objs = objs.sort([pl.col("_end"), v2_first, pl.col("agent")], descending=[True, False, False])
-    objs = objs.with_columns(_rank=pl.int_range(pl.len()).over(group))
-    keep = objs.filter(pl.col("ambiguous") | (pl.col("_rank") == 0)).select(
-        *series, "agents", "ambiguous"
+    ranked = (
+        live.join(groups, on=group, how="left")
+        .sort([pl.col("last_seen_ns"), v2_first, pl.col("agent")], descending=[True, False, False])
+        .with_columns(_rank=pl.int_range(pl.len()).over(group))
+        .with_columns(_keep=pl.col("_ambiguous") | (pl.col("_rank") == 0))
     )
-    return rows.join(keep, on=series, how="inner")
+    out = pl.concat(
+        [ranked.drop("_rank"),
+         objects.filter(pl.col("_ended")).with_columns(
+             _agents=pl.concat_list("agent"), _ambiguous=pl.lit(False), _keep=pl.lit(False))],
+        how="diagonal_relaxed",
+    )  # fmt: skip
+    return out.select(
+        *OBJECT_KEY, "package", "class_name", pl.col("name").alias("_name"),
+        pl.col("broker").alias("_broker"), "_keep", "_agents", "_ambiguous", "_ended", "state",
+    )  # fmt: skip
 
 
 def with_quiet(rows: pa.Table, agents: dict[str, tuple[int, int]]) -> pa.Table:

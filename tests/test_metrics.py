@@ -188,26 +188,30 @@ def test_format_and_compression_are_negotiated(lake: Path) -> None:
     assert samples(om) == samples(text, openmetrics=False) == scrape(lake)
 
 
-def test_duplicates_of_a_broker_collapse_to_the_newest_sample_v2_on_a_tie() -> None:
-    """AM2 and V2 rows of one broker's object become one series: the newest sample's agent;
-    a tie goes to V2. Two objects of one agent with one name stay apart (``ambiguous``)."""
+def test_duplicates_of_a_broker_collapse_to_the_object_seen_last_v2_on_a_tie() -> None:
+    """AM2 and V2 objects of one broker with one name are shown once: the object seen last
+    (gold's ``last_seen_ns``); a tie goes to V2. Two objects of one agent with one name are
+    both shown (``ambiguous``); ended objects are not shown and do not compete."""
 
-    def row(agent: str, dialect: str, series: str, name: str, end: int) -> dict[str, Any]:
-        return {"agent": agent, "dialect": dialect, "package": "p", "class_name": "queue",
-                "series": series, "name": name, "broker": "b", "end_ns": end,
-                "statistic": "msgDepth"}  # fmt: skip
+    def obj(agent: str, dialect: str, oid: str, name: str, seen: int, ended: bool = False) -> dict[str, Any]:
+        return {"agent": agent, "object_id": oid, "dialect": dialect, "package": "p",
+                "class_name": "queue", "name": name, "broker": "b", "last_seen_ns": seen,
+                "state": "deleted" if ended else "live", "_ended": ended}  # fmt: skip
 
-    rows = pl.DataFrame([
-        row("1.0", "AM2", "s1", "newer-am2", 20), row("v2", "V2", "s1", "newer-am2", 10),
-        row("1.0", "AM2", "s2", "tie", 10), row("v2", "V2", "s2", "tie", 10),
-        row("1.0", "AM2", "s3", "twice", 10), row("1.0", "AM2", "s4", "twice", 30),
-        row("v2", "V2", "s5", "alone", 5),
+    objects = pl.DataFrame([
+        obj("1.0", "AM2", "a1", "newer-am2", 20), obj("v2", "V2", "v1", "newer-am2", 10),
+        obj("1.0", "AM2", "a2", "tie", 10), obj("v2", "V2", "v2", "tie", 10),
+        obj("1.0", "AM2", "a3", "twice", 10), obj("1.0", "AM2", "a4", "twice", 30),
+        obj("v2", "V2", "v5", "alone", 5), obj("1.0", "AM2", "a5", "alone", 9, ended=True),
     ])  # fmt: skip
-    out = collapse(rows).sort("name", "series")
-    assert out.select("name", "agent", "series", "agents", "ambiguous").rows() == [
-        ("alone", "v2", "s5", ["v2"], False),
-        ("newer-am2", "1.0", "s1", ["1.0", "v2"], False),
-        ("tie", "v2", "s2", ["1.0", "v2"], False),
-        ("twice", "1.0", "s3", ["1.0"], True),
-        ("twice", "1.0", "s4", ["1.0"], True),
+    out = collapse(objects).sort("_name", "object_id")
+    assert out.select("_name", "object_id", "_keep", "_agents", "_ambiguous").rows() == [
+        ("alone", "a5", False, ["1.0"], False),
+        ("alone", "v5", True, ["v2"], False),
+        ("newer-am2", "a1", True, ["1.0", "v2"], False),
+        ("newer-am2", "v1", False, ["1.0", "v2"], False),
+        ("tie", "a2", False, ["1.0", "v2"], False),
+        ("tie", "v2", True, ["1.0", "v2"], False),
+        ("twice", "a3", True, ["1.0"], True),
+        ("twice", "a4", True, ["1.0"], True),
     ]

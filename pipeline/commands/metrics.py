@@ -43,7 +43,7 @@ from prometheus_client.exposition import choose_encoder, gzip_accepted
 from prometheus_client.metrics_core import GaugeMetricFamily, Metric
 from prometheus_client.samples import Sample
 
-from pipeline.live import CONSUMERS, DEPTH, DEQUEUES, ENQUEUES, LiveView, collapse
+from pipeline.live import CONSUMERS, DEPTH, DEQUEUES, ENQUEUES, LiveView
 
 RATE_METRIC = "qmf_statistic_rate_per_second"
 VALUE_METRIC = "qmf_statistic_value"
@@ -127,20 +127,28 @@ class Selection:
             statistics=values("statistic"), brokers=values("broker"), name=name,
         )  # fmt: skip
 
-    def rows(self, current: pl.DataFrame) -> pl.DataFrame:
-        """The current rows (``LiveView.current_frame``) this selection exposes."""
-        t = current
-        if "all" not in self.families:
-            cls, stat = pl.col("class_name"), pl.col("statistic")
-            wanted = []
+    def where(self) -> pl.Expr:
+        """The rows (``LiveView.rows``) of the families, classes and statistics selected."""
+        cls, stat = pl.col("class_name"), pl.col("statistic")
+        if "all" in self.families:
+            out = pl.lit(True)
+        else:
+            wanted = [pl.lit(False)]
             if "queue" in self.families:
                 wanted.append((cls == "queue") & stat.is_in(list(QUEUE_STATISTICS)))
             if "broker" in self.families:
                 wanted.append(cls == "broker")
-            t = t.filter(pl.any_horizontal(wanted)) if wanted else t.head(0)
+            out = pl.any_horizontal(wanted)
         if self.statistics:
-            t = t.filter(pl.col("statistic").is_in(sorted(self.statistics)))
-        return self._common(t)
+            out = out & stat.is_in(sorted(self.statistics))
+        if self.classes:
+            out = out & cls.is_in(sorted(self.classes))
+        return out
+
+    def rows(self, current: pl.DataFrame) -> pl.DataFrame:
+        """Of current rows (``LiveView.current_frame`` of ``where``), those of the brokers
+        and names selected."""
+        return self._common(current)
 
     def objects(self, counts: pl.DataFrame) -> pl.DataFrame | None:
         """The object counts (``LiveView.objects``) this selection exposes, if any: with
@@ -212,16 +220,17 @@ class LiveCollector:
 
     def collect(self) -> Iterator[Metric]:
         s = self.selection
-        rows = s.rows(collapse(self.view.current_frame()))
+        rows = s.rows(self.view.current_frame(s.where(), collapsed=True))
         yield from metric_families(rows, s.objects(self.view.objects()), self.view.rates_version)
 
 
 class MetricsState:
     """The live view behind the endpoint; one refresh at a time (handlers run in threads).
-    Expositions are kept per (table versions, selection, format) until the tables change."""
+    Expositions are kept per (table versions, selection, format) until the tables change.
+    ``from_state=False`` starts by reading every rates file (a benchmark's baseline)."""
 
-    def __init__(self, data: Path) -> None:
-        self.view = LiveView(data, max_events=0)
+    def __init__(self, data: Path, from_state: bool = True) -> None:
+        self.view = LiveView(data, max_events=0, from_state=from_state)
         self.lock = threading.Lock()
         self._cache: dict[tuple[Selection, str], bytes] = {}
         self._cache_versions: tuple[int | None, ...] | None = None
