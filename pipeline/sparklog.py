@@ -198,3 +198,16 @@ def flush() -> None:
     """Forward what the followed log holds now (before a closing summary is printed)."""
     if _tail is not None:
         _tail.poll()
+
+
+def last_lines(log_file: Path, n: int = 5) -> list[str]:
+    """The last ``n`` lines of the log that are not our header or marked records: what the
+    JVM said when it failed to start (``Error: Could not create the Java Virtual Machine``)."""
+    try:
+        with open(log_file, "rb") as fh:
+            fh.seek(max(0, os.path.getsize(log_file) - 65_536))
+            text = fh.read().decode("utf-8", "replace")
+    except OSError:
+        return []
+    lines = [ln for ln in text.splitlines() if ln.strip() and not ln.startswith(("# ", MARKER))]
+    return lines[-n:]

@@ -76,3 +76,34 @@ def test_the_simulator_replaces_only_this_runs_manifest() -> None:
     assert isinstance(args, argparse.Namespace)
     cmd = _sim_command(args, "amqp://x", Path("/d/sim-manifest.jsonl"))
     assert cmd[cmd.index("--manifest") + 1 :] == ["/d/sim-manifest.jsonl", "--overwrite"]
+
+
+def test_a_jvm_that_does_not_start_is_reported_with_its_own_words(tmp_path: Path) -> None:
+    """The JVM's output goes to the log file, so when it fails to start, its last lines
+    are quoted on the terminal (not only pyspark's "gateway exited"). A java that
+    refuses to start stands in for a broken Java; --url: no broker is needed."""
+    import os
+    import subprocess
+    import sys
+
+    java = tmp_path / "jdk" / "bin" / "java"
+    java.parent.mkdir(parents=True)
+    java.write_text('#!/bin/sh\necho "Error: Could not create the Java Virtual Machine." >&2\n'
+                    "exit 1\n")  # fmt: skip
+    java.chmod(0o755)
+    env = {**os.environ, "JAVA_HOME": str(java.parent.parent)}
+    proc = subprocess.run(
+        [sys.executable, "-m", "pipeline.cli", "run", "--url", "amqp://127.0.0.1:1", "--no-sim",
+         "--duration", "1", "--data", str(tmp_path / "data")],
+        capture_output=True, text=True, timeout=300, env=env,
+    )  # fmt: skip
+    assert proc.returncode == 1, proc.stderr
+    err = proc.stderr.splitlines()
+    (log,) = (tmp_path / "data" / "logs").glob("spark-*.log")
+    assert err[0] == (
+        "qmf run: Spark did not start: [JAVA_GATEWAY_EXITED] Java gateway process exited "
+        "before sending its port number."
+    )
+    assert "  Error: Could not create the Java Virtual Machine." in err
+    assert err[-1] == f"  (Spark's and the JVM's output: {log})"
+    assert "Traceback" not in proc.stderr

@@ -351,6 +351,8 @@ def report(summary: dict[str, Any], as_json: bool, saved: Path | None) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from pyspark.errors import PySparkRuntimeError
+
     from pipeline import sparklog
     from pipeline.bronze import BronzeSettings, start_bronze
     from pipeline.gold import GoldSettings, start_gold
@@ -414,7 +416,14 @@ def run(args: argparse.Namespace) -> int:
     log_file, summary_file = log_paths(data)
     log_file.parent.mkdir(parents=True, exist_ok=True)
     sparklog.terminal_logging(log_file)  # ours to the terminal, py4j's and pyspark's to the file
-    spark = get_spark("qmf-run", log_file=log_file)
+    try:
+        spark = get_spark("qmf-run", log_file=log_file)
+    except PySparkRuntimeError as exc:  # the JVM did not start: why is in its output
+        print(f"qmf run: Spark did not start: {exc}", file=sys.stderr)
+        for line in sparklog.last_lines(log_file):
+            print(f"  {line}", file=sys.stderr)
+        print(f"  (Spark's and the JVM's output: {log_file})", file=sys.stderr)
+        return 1
     if spark_log() is not None:
         print(f"qmf run: Spark's and the JVM's own output: {spark_log()}", flush=True)
     stop = threading.Event()
