@@ -211,3 +211,12 @@ def last_lines(log_file: Path, n: int = 5) -> list[str]:
         return []
     lines = [ln for ln in text.splitlines() if ln.strip() and not ln.startswith(("# ", MARKER))]
     return lines[-n:]
+
+
+def report_start_failure(prog: str, exc: BaseException, log_file: Path) -> None:
+    """On stderr: the JVM did not start, in pyspark's words and then the JVM's own (the
+    last lines of its output, which went to ``log_file``), and where the rest is."""
+    print(f"{prog}: Spark did not start: {exc}", file=sys.stderr)
+    for line in last_lines(log_file):
+        print(f"  {line}", file=sys.stderr)
+    print(f"  (Spark's and the JVM's output: {log_file})", file=sys.stderr)

@@ -45,9 +45,17 @@ def backfill(args: argparse.Namespace) -> int:
         except ValueError:
             settings = None  # run_from_args says what is wrong, before Spark starts
         if settings is not None:
+            from pyspark.errors import PySparkRuntimeError
+
+            from pipeline import sparklog
             from pipeline.spark import get_spark, spark_log
 
-            get_spark("qmf-backfill", log_file=log_file(settings.gold))  # run_from_args' session
+            log = log_file(settings.gold)
+            try:
+                get_spark("qmf-backfill", log_file=log)  # the session run_from_args gets
+            except PySparkRuntimeError as exc:  # the JVM did not start: why is in its output
+                sparklog.report_start_failure("qmf backfill", exc, log)
+                return 1
             if spark_log() is not None:
                 print(f"qmf backfill: Spark's and the JVM's own output: {spark_log()}",
                       file=sys.stderr, flush=True)  # fmt: skip

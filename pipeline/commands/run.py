@@ -419,10 +419,7 @@ def run(args: argparse.Namespace) -> int:
     try:
         spark = get_spark("qmf-run", log_file=log_file)
     except PySparkRuntimeError as exc:  # the JVM did not start: why is in its output
-        print(f"qmf run: Spark did not start: {exc}", file=sys.stderr)
-        for line in sparklog.last_lines(log_file):
-            print(f"  {line}", file=sys.stderr)
-        print(f"  (Spark's and the JVM's output: {log_file})", file=sys.stderr)
+        sparklog.report_start_failure("qmf run", exc, log_file)
         return 1
     if spark_log() is not None:
         print(f"qmf run: Spark's and the JVM's own output: {spark_log()}", flush=True)
