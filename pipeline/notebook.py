@@ -121,23 +121,69 @@ def with_names(frame: pl.DataFrame, names: pl.DataFrame, alias: str = "name") ->
     )
 
 
-def agent_labels(life: pl.DataFrame) -> dict[str, str]:
-    """agent id -> how a person names it: the gold ``broker`` of its latest lifecycle row
-    that has one (the agent id when no broker object was seen, or the table predates the
-    column). One broker publishing through several agents (AM2 and V2) gets the dialect
-    added, ``amqp-broker@vm:25672 (V2)``; agents that still share a label get the start of
-    their id, so no two agents read the same."""
+def agent_brokers(life: pl.DataFrame) -> dict[str, tuple[str, str]]:
+    """agent id -> (its broker, its dialect): the gold ``broker`` of the agent's latest
+    lifecycle row that has one; the agent id when no broker object was seen or the table
+    predates the column."""
     import polars as pl
 
+    brokers: dict[str, str] = {}
     if "broker" in life.columns:
         named = life.filter(pl.col("broker").is_not_null() & (pl.col("broker") != pl.col("agent")))
         brokers = dict(_by_agent_latest(named).select("agent", "broker").iter_rows())
-    else:
-        brokers = {}
     dialects = dict(_by_agent_latest(life).select("agent", "dialect").iter_rows())
-    labels = {agent: brokers.get(agent, agent) for agent in sorted(dialects)}
-    labels = _disambiguate(labels, lambda a: dialects[a], "({})")
+    return {a: (brokers.get(a) or a, d) for a, d in sorted(dialects.items())}
+
+
+def agent_labels(life: pl.DataFrame) -> dict[str, str]:
+    """agent id -> how a person names it: its broker (``agent_brokers``). One broker
+    publishing through several agents (qpidd's QMF v1 and v2) gets the dialect added,
+    ``amqp-broker@vm:25672 (V2)``; agents that still share a label get the start of
+    their id, so no two agents read the same."""
+    brokers = agent_brokers(life)
+    labels = {a: broker for a, (broker, _) in brokers.items()}
+    labels = _disambiguate(labels, lambda a: brokers[a][1], "({})")
     return _disambiguate(labels, lambda a: a[:8], "[{}]")
+
+
+def one_agent_per_broker(frame: pl.DataFrame, life: pl.DataFrame, key: list[str]) -> pl.DataFrame:
+    """The rows of ``frame`` (with ``agent`` and ``key``, e.g. a queue's name) from one
+    agent per broker and key: qpidd publishes every object through two agents of one
+    broker (QMF v1 and v2), which would show each queue twice. The V2 agent's rows are
+    kept, else the lowest agent id's (the live view's choice on a tie)."""
+    import polars as pl
+
+    brokers = agent_brokers(life)
+    agents = pl.DataFrame(
+        {
+            "agent": list(brokers),
+            "_broker": [b for b, _ in brokers.values()],
+            "_not_v2": [d != "V2" for _, d in brokers.values()],
+        },
+        schema={"agent": pl.String, "_broker": pl.String, "_not_v2": pl.Boolean},
+    )
+    ranked = frame.join(agents, on="agent", how="left", maintain_order="left").with_columns(
+        pl.coalesce("_broker", "agent").alias("_broker"), pl.col("_not_v2").fill_null(True)
+    )
+    pick = ranked.group_by("_broker", *key).agg(
+        pl.col("agent").sort_by("_not_v2", "agent").first().alias("_pick")
+    )
+    return (
+        ranked.join(pick, on=["_broker", *key], how="left", maintain_order="left")
+        .filter(pl.col("agent") == pl.col("_pick"))
+        .drop("_broker", "_not_v2", "_pick")
+    )
+
+
+def heartbeat_agent() -> pl.Expr:
+    """Polars expression: a silver heartbeat's agent as gold's liveness names it (a QMF v1
+    heartbeat carries none: it stands for the broker's agent ``1.0``)."""
+    import polars as pl
+
+    from pipeline.transforms.gold import LivenessRules
+
+    v1 = pl.when(pl.col("dialect") != "V2").then(pl.lit(LivenessRules().v1_agent))
+    return pl.coalesce(pl.col("agent"), v1).alias("agent")
 
 
 def _by_agent_latest(life: pl.DataFrame) -> pl.DataFrame:

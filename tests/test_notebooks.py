@@ -593,6 +593,80 @@ def test_notebooks_run_on_empty_tables(sim_lake: Lake, kernel: Any, tmp_path: Pa
     assert results["health"] == {"events": {}, "restarts": 0, "agrees": True}
 
 
+@pytest.fixture(scope="module")
+def qpidd_lake(shared_dir: str, tmp_path_factory: pytest.TempPathFactory) -> Lake:
+    """silver and gold of real qpidd 1.40 traffic (QMF v1 and v2 at once: two agents of one
+    broker; queues q-rate-5/20/50, transient queues tq-1..5), built without Spark."""
+    from tests.live_lake import QPIDD_SAMPLE, build
+
+    root = tmp_path_factory.mktemp("qpidd-lake")
+    build(Path(shared_dir) / QPIDD_SAMPLE, root, 4)
+    return Lake(root=root, manifest=root / "none.jsonl")
+
+
+@pytest.mark.spark
+def test_notebooks_name_qpidd_queues_as_qpid_stat_does(
+    qpidd_lake: Lake, kernel: Any, tmp_path: Path
+) -> None:
+    """On real qpidd traffic the plots say q-rate-50 and the broker's name, each queue once
+    (from the V2 agent) although qpidd publishes it through both its agents."""
+    brokers = _brokers(qpidd_lake)
+    dialects = {r["agent"]: r["dialect"] for r in _latest_lifecycles(qpidd_lake).values()}
+    assert sorted(dialects.values()) == ["AM2", "V2"]
+    (broker,) = set(brokers.values())
+    assert broker.startswith("amqp-broker@")  # the broker object's name, then host:port
+    want_agents = {a: f"{broker} ({d})" for a, d in dialects.items()}
+    (v2,) = (a for a, d in dialects.items() if d == "V2")
+
+    queues = run_notebook(
+        kernel, "queues", qpidd_lake.root, tmp_path / "queues",
+        {"top": "_frame(top_queues)", "agents": "agents"},
+    )  # fmt: skip
+    check_figures(queues, tmp_path / "queues", {"queue_throughput", "queue_depth"})
+    assert queues.values["agents"] == want_agents
+    top = queues.values["top"]
+    assert [t["queue"] for t in top][:2] == ["q-rate-50", "q-rate-20"]
+    assert "q-rate-5" in [t["queue"] for t in top]
+    assert len({t["queue"] for t in top}) == len(top) == 5
+    assert {t["agent"] for t in top} == {v2}
+    names = _names(qpidd_lake)
+    for t in top:
+        rated = [
+            r["rate"] for r in delta.read_arrow(qpidd_lake.gold / "statistic_rates").to_pylist()
+            if r["agent"] == v2 and r["statistic"] == "msgTotalEnqueues"
+            and names[(r["agent"], r["object_id"])] == t["queue"] and r["rate"] is not None
+        ]  # fmt: skip
+        assert t["mean_enqueue_rate"] == pytest.approx(sum(rated) / len(rated), rel=1e-12)
+    legend = [f"{t['queue']} ({broker} (V2))" for t in top]
+    assert queues.figures["queue_throughput"]["legend"] == legend
+    assert queues.figures["queue_depth"]["legend"] == legend
+
+    life = run_notebook(
+        kernel, "lifecycles", qpidd_lake.root, tmp_path / "life",
+        {"bucket_ms": "bucket_ms", "agents": "agents"},
+    )  # fmt: skip
+    check_figures(life, tmp_path / "life", {"object_churn", "object_lifecycles"})
+    assert life.values["bucket_ms"] == 2000  # qpidd ran with --mgmt-pub-interval 2
+    ticks = life.figures["object_lifecycles"]["ticks"]
+    named = [f"{q} ({broker} (V2))" for q in ("q-rate-5", "q-rate-20", "q-rate-50")]
+    named += [f"tq-{i} ({broker} (V2))" for i in range(1, 6)]
+    assert Counter(t for t in ticks if t in named) == Counter(named)
+    v2_queues = [k for k, r in _latest_lifecycles(qpidd_lake).items()
+                 if k[0] == v2 and r["class_name"] == "queue"]  # fmt: skip
+    assert len(ticks) == len(v2_queues) and all(t.endswith(f"({broker} (V2))") for t in ticks)
+
+    health = run_notebook(
+        kernel, "health", qpidd_lake.root, tmp_path / "health",
+        {"beats": "dict(heartbeat_summary.select('agent', 'heartbeats').iter_rows())"},
+    )  # fmt: skip
+    check_figures(health, tmp_path / "health", {"events_timeline", "agent_health"})
+    liveness: Counter[str] = Counter()
+    for r in delta.read_arrow(qpidd_lake.gold / "agent_liveness").to_pylist():
+        liveness[r["agent"]] += r["heartbeats"]
+    assert health.values["beats"] == dict(liveness)  # QMF v1's heartbeats count for "1.0"
+    assert health.figures["agent_health"]["ticks"] == [want_agents[a] for a in sorted(dialects)]
+
+
 # ---------------------------------------------------------------------------
 # pipeline.notebook's naming helpers, on small frames (no kernel, no Spark).
 
@@ -685,6 +759,53 @@ def test_agent_labels_name_agents_by_broker_and_tell_them_apart() -> None:
     }
     # Before gold carried brokers: the agent ids.
     assert agent_labels(life.drop("broker")) == {a: a for a in life["agent"].unique()}
+
+
+def test_one_agent_per_broker_keeps_the_v2_view_of_each_object() -> None:
+    from pipeline.notebook import one_agent_per_broker
+
+    def row(agent: str, dialect: str, broker: str | None) -> dict[str, Any]:
+        return {"agent": agent, "object_id": "x", "index_key": None, "dialect": dialect,
+                "batch_id": 1, "last_seen_ns": 0, "broker": broker}  # fmt: skip
+
+    life = _life(
+        [
+            row("1.0", "AM2", "qpidd@vm:5672"),
+            row("apache.org:qpidd:1", "V2", "qpidd@vm:5672"),
+            row("b-am2", "AM2", "other@host:5672"),
+            row("c-am1", "AM1", "third@host:5672"),
+            row("d-am1", "AM1", "third@host:5672"),
+        ],
+        ("broker",),
+    )
+    rates = pl.DataFrame(
+        {
+            "agent": ["1.0", "apache.org:qpidd:1", "1.0", "b-am2", "d-am1", "c-am1", "c-am1",
+                      "unknown"],
+            "queue": ["q-rate-50", "q-rate-50", "only-v1", "q-rate-50", "q1", "q1", "q1", "q9"],
+            "rate": [1.0, 2.0, 3.0, 4.0, 5.0, 6.0, 7.0, 8.0],
+        }
+    )  # fmt: skip
+    got = one_agent_per_broker(rates, life, ["queue"]).rows()
+    assert got == [
+        ("apache.org:qpidd:1", "q-rate-50", 2.0),  # V2 over AM2 of the same broker
+        ("1.0", "only-v1", 3.0),  # only the v1 agent has it
+        ("b-am2", "q-rate-50", 4.0),  # another broker: its own view
+        ("c-am1", "q1", 6.0),  # same broker and dialect: the lowest agent id, every row
+        ("c-am1", "q1", 7.0),
+        ("unknown", "q9", 8.0),  # an agent without lifecycles stands alone
+    ]
+
+
+def test_heartbeat_agent_names_qmf_v1_heartbeats_as_gold_does() -> None:
+    from pipeline.notebook import heartbeat_agent
+
+    beats = pl.DataFrame(
+        {"agent": [None, "apache.org:qpidd:1", None, "sim-agent"],
+         "dialect": ["AM2", "V2", "V2", "AM1"]}
+    )  # fmt: skip
+    got = beats.select(heartbeat_agent())["agent"].to_list()
+    assert got == ["1.0", "apache.org:qpidd:1", None, "sim-agent"]
 
 
 def test_figure_labels_read_titles_legends_and_categorical_ticks() -> None:
