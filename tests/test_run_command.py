@@ -48,8 +48,8 @@ def test_readme_main_command_lands_every_published_message_once(broker: Any, tmp
     # A quiet terminal: Spark's and the JVM's lines went to the log file named once.
     terminal = proc.stdout + proc.stderr
     assert spark_noise(terminal) == []
-    ours = re.compile(r"(qmf run: |(WARNING|ERROR|CRITICAL) (pipeline|receivers|schemas|qmf)\b)")
-    assert [line for line in proc.stderr.splitlines() if not ours.match(line)] == []
+    our_line = re.compile(r"(qmf run: |(WARNING|ERROR|CRITICAL) (pipeline|receivers|schemas|qmf)\b)")
+    assert [line for line in proc.stderr.splitlines() if not our_line.match(line)] == []
     (log,) = (data / "logs").glob("spark-*.log")
     assert terminal.count(f"qmf run: Spark's and the JVM's own output: {log}\n") == 1
     log_text = log.read_text()
