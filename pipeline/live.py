@@ -453,11 +453,42 @@ def _last_frame(df: pl.DataFrame, key: tuple[str, ...], order: tuple[str, ...]) 
     return df.unique(subset=list(key), keep="last", maintain_order=False)
 
 
+def _keyed(df: pl.DataFrame) -> pl.DataFrame:
+    """``df`` + ``_k``: a 64-bit hash of its series key (``SERIES_KEY``). Sorting, joining
+    and deduplicating on it is several times faster than on the five strings; the
+    functions using it check that equal hashes have equal keys (a collision falls back to
+    the strings), so a collision costs time, never a wrong row."""
+    return df.with_columns(_k=pl.struct(list(SERIES_KEY)).hash())
+
+
+def _same_keys(left: pl.DataFrame, right: pl.DataFrame) -> bool:
+    """Whether two frames' rows, taken pairwise, have equal series keys."""
+    return bool(
+        pl.DataFrame([(left[k] == right[k]).alias(k) for k in SERIES_KEY]).select(
+            pl.all_horizontal(pl.all()).all()
+        ).item()
+    )
+
+
+def _one_per_series(df: pl.DataFrame, order: str, last: bool) -> pl.DataFrame:
+    """The row with the greatest (``last``) or least ``order`` of each series (``_k`` set)."""
+    t = df.sort(["_k", order], maintain_order=True)
+    k = t["_k"]
+    run_end = (k != k.shift(-1)).fill_null(True) if last else (k != k.shift(1)).fill_null(True)
+    same = ~(k != k.shift(1)).fill_null(True)
+    if same.any():
+        pairs = same.arg_true()
+        if not _same_keys(t[pairs], t[pairs - 1]):  # a collision: by the strings
+            t = df.sort(order, maintain_order=True)
+            return t.unique(subset=list(SERIES_KEY), keep="last" if last else "first")
+    return t.filter(run_end)
+
+
 def _baselines(state: pa.Table) -> pl.DataFrame:
     """Gold ``rate_state`` -> per series its baseline (the earliest of its rows: a pending
     sample is later): ``_base`` its sample time, and its object, kind and value."""
-    df = _frame(state).sort("update_ns")
-    return df.group_by(list(SERIES_KEY)).first().rename({"update_ns": "_base"})
+    df = _keyed(_frame(state))
+    return _one_per_series(df, "update_ns", last=False).rename({"update_ns": "_base"})
 
 
 def with_series(rows: pa.Table, known: pa.Table | None = None) -> pa.Table:
@@ -467,11 +498,11 @@ def with_series(rows: pa.Table, known: pa.Table | None = None) -> pa.Table:
     take the key their object has on other rows (of ``rows`` or ``known``), so
     an object's series moves to its index key once that is known, as in gold.
     """
-    sources = [rows] if known is None else [rows, known]
-    keyed = pa.concat_tables(
-        [s.select(["agent", "object_id", "index_key"]).cast(_KEY_SCHEMA) for s in sources]
-    )
-    if rows.column("index_key").null_count and keyed.num_rows:
+    if rows.column("index_key").null_count:
+        sources = [rows] if known is None else [rows, known]
+        keyed = pa.concat_tables(
+            [s.select(["agent", "object_id", "index_key"]).cast(_KEY_SCHEMA) for s in sources]
+        )
         keyed = keyed.filter(pc.is_valid(keyed.column("index_key")))
         keys = keyed.group_by(["agent", "object_id"]).aggregate([("index_key", "max")])
         keys = keys.rename_columns(["agent", "object_id", "_known_key"])
@@ -484,9 +515,9 @@ def with_series(rows: pa.Table, known: pa.Table | None = None) -> pa.Table:
         rows = joined.drop_columns(["_pos", "_known_key"]).select(rows.column_names)
         rows = rows.set_column(rows.schema.get_field_index("index_key"), "index_key", filled)
     # The regular expressions run over the distinct keys (an object's rows share one).
-    keys = pc.dictionary_encode(rows.column("index_key").combine_chunks())
-    am2 = pc.take(pc.replace_substring_regex(keys.dictionary, _AM2_REF, _AM2_REF_BLANK), keys.indices)
-    v2 = pc.take(pc.replace_substring_regex(keys.dictionary, V2_REF_EPOCH, ""), keys.indices)
+    enc = pc.dictionary_encode(rows.column("index_key").combine_chunks())
+    am2 = pc.take(pc.replace_substring_regex(enc.dictionary, _AM2_REF, _AM2_REF_BLANK), enc.indices)
+    v2 = pc.take(pc.replace_substring_regex(enc.dictionary, V2_REF_EPOCH, ""), enc.indices)
     dialect = rows.column("dialect")
     key = pc.if_else(
         pc.equal(dialect, "AM2"),
@@ -586,7 +617,7 @@ class LiveView:
         )
         self.liveness_tail = DeltaTail(gold / "agent_liveness", AGENT_LIVENESS, LIVENESS_COLUMNS)
         rate_schema = self.rates_tail.schema.append(pa.field("series", pa.string()))
-        self._latest = _frame(rate_schema.empty_table())
+        self._latest = _keyed(_frame(rate_schema.empty_table()))
         self._liveness = _frame(self.liveness_tail.schema.empty_table())
         self.events = self.events_tail.schema.empty_table()
         self._set_lifecycles(_frame(self.lifecycles_tail.schema.empty_table()))
@@ -596,11 +627,11 @@ class LiveView:
     @property
     def latest(self) -> pa.Table:
         """The latest row per series and statistic (every object, ended ones included)."""
-        return _arrow(self._latest)
+        return _arrow(self._latest.drop("_k"))
 
     @latest.setter
     def latest(self, rows: pa.Table) -> None:
-        self._latest = _frame(rows)
+        self._latest = _keyed(_frame(rows))
         self._rows = self._agents = None
 
     @property
@@ -631,8 +662,9 @@ class LiveView:
         objs = latest.join(self._brokers, on="agent", how="left").join(
             self._ended.with_columns(_ended=pl.lit(True)), on=list(OBJECT_KEY), how="left"
         )
+        unnamed = objs["index_key"].filter(objs["name"].is_null())
         objs = objs.with_columns(
-            name=pl.coalesce("name", _key_names(objs["index_key"]), "object_id"),
+            name=pl.coalesce("name", _key_names(objs["index_key"], unnamed), "object_id"),
             broker=pl.coalesce("broker", "_agent_broker", "agent"),
             _ended=pl.col("_ended").fill_null(False),
         )
@@ -686,14 +718,20 @@ class LiveView:
             self._rows = self._agents = None
         return changed
 
+    def _known(self, rows: pa.Table, reset: bool) -> pa.Table | None:
+        """Index keys known for objects, for rows that lack theirs (``with_series``)."""
+        if not rows.column("index_key").null_count:
+            return None
+        parts = [] if reset else [_arrow(self._latest.select("agent", "object_id", "index_key"))]
+        if self._state is not None:
+            parts.append(_arrow(self._state.select("agent", "object_id", "index_key")))
+        return pa.concat_tables(parts) if parts else None
+
     def _fold_rates(self, rows: pa.Table, reset: bool) -> None:
         """The latest row per series of ``rows`` (+ what was kept, unless ``reset``)."""
-        known = [] if reset else [_arrow(self._latest.select("agent", "object_id", "index_key"))]
-        if self._state is not None:
-            known.append(_arrow(self._state.select("agent", "object_id", "index_key")))
-        new = _frame(with_series(rows, pa.concat_tables(known) if known else None))
+        new = _keyed(_frame(with_series(rows, self._known(rows, reset))))
         both = new if reset else pl.concat([self._latest, new], how="vertical_relaxed")
-        self._latest = _last_frame(both, SERIES_KEY, ("end_ns",))
+        self._latest = _one_per_series(both, "end_ns", last=True)
         self._rows = self._agents = None
 
     def _read_recent(self) -> None:
@@ -701,12 +739,40 @@ class LiveView:
         counters that are not quiet, wherever the first read left them (a row from the
         state has no rate). A quiet counter's rate is 0 whatever its interval said, any
         other statistic shows its latest value: the state has both."""
-        rows = self.current_frame(pl.col("from_state") & (pl.col("kind") == "counter"), named=False)
-        need = rows.filter(~pl.col("quiet"))["end_ns"]
-        more, whole = self.rates_tail.read_more(need.unique().to_numpy())
-        if more.num_rows or whole:
-            self._fold_rates(more, whole)
+        agents = self.agents()
+        names = list(agents)
+        seen = pl.col("agent").replace_strict(names, [agents[a][0] for a in names], default=None)
+        cycle = pl.col("agent").replace_strict(names, [agents[a][1] for a in names], default=None)
+        quiet = (cycle > 0) & (seen - pl.col("end_ns") > (QUIET_CYCLES * cycle).cast(pl.Int64))
+        rows = self.rows()
+        need = rows.filter(
+            pl.col("from_state") & (pl.col("kind") == "counter") & ~quiet.fill_null(False)
+        ).select("_k", "end_ns", "agent", "object_id")  # as with_quiet judges (ended too)
+        more, whole = self.rates_tail.read_more(need["end_ns"].unique().to_numpy())
         self.rates_tail.unread = None
+        if whole:
+            self._fold_rates(more, True)
+            return
+        # Only the intervals looked for: the other rows of those files are older than what
+        # the view holds, or of series it does not show.
+        objects = pa.array(need["object_id"].unique().to_list(), pa.string())
+        more = more.filter(pc.is_in(more.column("object_id"), value_set=objects))
+        if not more.num_rows:
+            return
+        new = _keyed(_frame(with_series(more, self._known(more, reset=False))))
+        new = new.join(need.select("_k", "end_ns"), on=["_k", "end_ns"], how="semi")
+        if new.height:  # rows ending at their series' latest sample: they replace the made ones
+            new = new.unique(subset="_k").select(self._latest.columns)
+            self._latest = pl.concat(
+                [self._latest.join(new.select("_k"), on="_k", how="anti"), new],
+                how="vertical_relaxed",
+            )
+            self._rows = pl.concat(
+                [rows.join(new.select("_k"), on="_k", how="anti"),
+                 new.with_columns(from_state=pl.lit(False))],
+                how="vertical_relaxed",
+            )  # fmt: skip
+            self._agents = None
 
     @property
     def versions(self) -> tuple[int | None, ...]:
@@ -730,14 +796,17 @@ class LiveView:
             return self._rows
         keys = list(SERIES_KEY)
         st = self._state
-        real = self._latest.join(st.select(*keys, "_base"), on=keys, how="inner")
-        real = real.filter(pl.col("end_ns") >= pl.col("_base")).drop("_base")
-        made = st.join(real.select(keys), on=keys, how="anti").select(
+        right = st.select("_k", "_base", *(pl.col(k).alias(f"_s_{k}") for k in keys))
+        real = self._latest.join(right, on="_k", how="inner")
+        if not _same_keys(real, real.select(pl.col(f"_s_{k}").alias(k) for k in keys)):
+            real = self._latest.join(st.select(*keys, "_base"), on=keys, how="inner")  # collision
+        real = real.filter(pl.col("end_ns") >= pl.col("_base")).select(self._latest.columns)
+        made = st.join(real.select("_k"), on="_k", how="anti").select(
             "agent", "dialect", "package", "class_name", "object_id", "index_key", "statistic",
             "kind", pl.lit(None, pl.Int64).alias("start_ns"), pl.col("_base").alias("end_ns"),
             (pl.col("_base") // 1000).cast(pl.Datetime("us", "UTC")).alias("end_time"),
             "value", pl.lit(None, pl.Float64).alias("rate"), pl.lit(None, pl.String).alias("reset"),
-            "series",
+            "series", "_k",
         )  # fmt: skip
         self._rows = pl.concat(
             [real.with_columns(from_state=pl.lit(False)),
@@ -800,15 +869,13 @@ class LiveView:
             keep = keep & pl.col("_keep").fill_null(True)
         t = t.filter(keep)
         t = _frame(with_quiet(_arrow(t), self.agents()))
+        t = t.drop("_k")
         if not named:
             return t.drop(*_OBJECT_COLUMNS)
-        keys = t["index_key"].unique().drop_nulls()
-        from_key = pl.col("index_key").replace_strict(
-            keys, _key_names(keys), default=None, return_dtype=pl.String
-        )
+        unnamed = t["index_key"].filter(t["_name"].is_null())
         t = t.join(self._brokers, on="agent", how="left")
         return t.with_columns(
-            name=pl.coalesce("_name", from_key, "object_id"),
+            name=pl.coalesce("_name", _key_names(t["index_key"], unnamed), "object_id"),
             broker=pl.coalesce("_broker", "_agent_broker", "agent"),
             agents=pl.coalesce("_agents", pl.concat_list("agent")),
             ambiguous=pl.col("_ambiguous").fill_null(False),
@@ -906,9 +973,10 @@ class LiveView:
 _OBJECT_COLUMNS = ("_name", "_broker", "_keep", "_agents", "_ambiguous", "_ended", "state")
 
 
-def _key_names(index_keys: pl.Series) -> pl.Series:
-    """``last_index_value`` of each key, computed once per distinct key."""
-    keys = index_keys.unique().drop_nulls()
+def _key_names(index_keys: pl.Series, wanted: pl.Series | None = None) -> pl.Series:
+    """``last_index_value`` of each key (null where not ``wanted``), computed once per
+    distinct key."""
+    keys = (index_keys if wanted is None else wanted).unique().drop_nulls()
     names = [last_index_value(k) for k in keys.to_list()]
     return index_keys.replace_strict(keys, names, default=None, return_dtype=pl.String)
 
