@@ -126,12 +126,15 @@ ENVIRONMENT: dict[str, str] = {
     "MPLBACKEND": "notebooks: matplotlib backend (headless `Agg` when neither this nor DISPLAY "
     "is set)",
     "DISPLAY": "notebooks: a display means plots may be shown, not only saved",
+    "QMF_SPARK_LOG": "a file for Spark's and the JVM's own output when `get_spark` launches the "
+    "JVM (jobs run with python, notebooks); `qmf run` uses `DATA/logs/spark-<time>.log`",
 }
 
 # Read, but not configuration: set by the code itself, by Spark, or by the OS.
 NOT_CONFIGURATION = frozenset(
     {
         "QMF_BROKER_SERVER_NODE",  # a marker the code puts in the node's environment
+        "QMF_SPARK_CHILD_LOG",  # a marker the code puts in the JVM's environment
         "PYSPARK_GATEWAY_PORT",  # set by spark-submit; tells the code it runs under it
         "PYSPARK_GATEWAY_SECRET",
         "PATH",
