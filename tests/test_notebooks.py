@@ -1,6 +1,7 @@
 """The notebooks run as a person runs them: in a Jupyter kernel (nbclient + ipykernel, the
 kernel being this .venv's interpreter), top to bottom, on the simulated lake of
-``tests/lake.py`` and on an empty copy of it. Any cell error fails the test.
+``tests/lake.py``, on an empty copy of it and on real qpidd traffic (the qmf1-qmf2-60s
+sample through silver and gold, ``tests/live_lake.py``). Any cell error fails the test.
 
 One kernel serves the whole module (a kernel and its Spark JVM cost seconds to start):
 before each notebook a setup cell clears the kernel's namespace (``%reset -f``), points
