@@ -22,7 +22,7 @@ jupyter=""
 for arg in "$@"; do
   case "$arg" in
     --jupyter) jupyter=1 ;;
-    -h|--help) sed -n '2,16p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    -h|--help) awk 'NR > 1 && !/^#/ { exit } NR > 1' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
     *) die "unknown argument '$arg' (see bash tools/setup.sh --help)" ;;
   esac
 done
