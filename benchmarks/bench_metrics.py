@@ -5,7 +5,7 @@ their bindings, subscriptions, sessions, connections, and a few transient
 queues created and deleted every interval; 10 s publish interval), decoded
 into silver by the silver writer and derived into gold by the gold writer one
 publish interval per gold batch (one commit per batch, as the stream writes
-them): about 450,000 rate rows per interval, 11-12 million after the default 26
+them): about 285,000 rate rows per interval, 11-12 million after the default 42
 intervals, as the lake of issue 23 (11.8M rows). Built once under ``--cache``
 (a folder per size) and reused; ``--rebuild`` builds again. The last interval
 is kept out of gold: each run writes it into a hard-linked copy of the gold
@@ -107,7 +107,7 @@ def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--agents", type=int, default=2)
     ap.add_argument("--queues", type=int, default=5000, help="queues per agent")
-    ap.add_argument("--intervals", type=int, default=26)
+    ap.add_argument("--intervals", type=int, default=42)
     ap.add_argument("--cache", default=os.path.join(
         os.environ.get("XDG_CACHE_HOME", os.path.expanduser("~/.cache")), "qmf-bench"))  # fmt: skip
     ap.add_argument("--rebuild", action="store_true")

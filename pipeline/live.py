@@ -33,8 +33,10 @@ import heapq
 import json
 import math
 import os
+import threading
 import urllib.parse
 from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -319,19 +321,32 @@ def _txn(actions: list[dict[str, Any]]) -> tuple[str, int] | None:
 
 class StateTail(DeltaTail):
     """gold ``rate_state`` (rewritten whole by every gold batch: every change is read whole),
-    and the app transaction (appId, batch id) of the commit read: the batch it is from."""
+    and the app transaction (appId, batch id) of the commit read: the batch it is from.
+    ``snapped`` is set once the snapshot to read is chosen (``txn`` is then its own)."""
 
     def __init__(self, path: str | os.PathLike[str]):
         super().__init__(path, RATE_STATE, STATE_COLUMNS)
         self.txn: tuple[str, int] | None = None
+        self.snapped = threading.Event()
 
     def _read_all(self) -> Change | None:
-        change = super()._read_all()
-        try:
-            self.txn = None if self.version is None else _txn(_commit_actions(self._log(self.version)))
-        except FileNotFoundError:  # checkpointed and cleaned up: the batch is unknown
-            self.txn = None
-        return change
+        for _attempt in range(3):
+            try:
+                dt = self.snapshot()
+                version = dt.version()
+                try:
+                    self.txn = _txn(_commit_actions(self._log(version)))
+                except FileNotFoundError:  # checkpointed and cleaned up: the batch is unknown
+                    self.txn = None
+                self.snapped.set()
+                paths = pa.table(dt.get_add_actions(flatten=True)).column("path").to_pylist()
+                rows = self._read_files(paths)
+            except FileNotFoundError:  # a file went between the snapshot and the read
+                continue
+            self.version = version
+            self.files_read = len(paths)
+            return Change(version, rows, reset=True)
+        raise RuntimeError(f"{self.path}: files keep disappearing while reading the table")
 
 
 class RatesTail(DeltaTail):
@@ -673,33 +688,24 @@ class LiveView:
     def refresh(self) -> bool:
         """Reads what the tables gained; True when anything changed.
 
-        The lifecycles, liveness and state first: a start from the state reads the rates
-        of the series that are not quiet by them (``_read_recent``)."""
-        changed = False
-        life = self.lifecycles_tail.read()
-        if life is not None:
-            changed = True
-            df = _frame(life.rows)
-            both = df if life.reset else pl.concat([self._lifecycles, df], how="vertical_relaxed")
-            self._set_lifecycles(
-                _last_frame(both, ("agent", "object_id", "create_ns"), ("batch_id", "last_seen_ns"))
-            )
-        beats = self.liveness_tail.read()
-        if beats is not None:
-            changed = True
-            df = _frame(beats.rows)
-            both = df if beats.reset else pl.concat([self._liveness, df], how="vertical_relaxed")
-            self._liveness = _last_frame(
-                both, ("agent", "up_start_ns"), ("last_heartbeat_ns", "heartbeats")
-            )
-        state = self.state_tail.read()
-        if state is not None:
-            changed = True
-            self._state = _baselines(state.rows) if state.rows.num_rows else None
-        rates = self.rates_tail.read()
+        The lifecycles, liveness and state are read in a second thread while this one
+        reads the rates (once the state's snapshot is chosen: the rates read after it hold
+        every interval it refers to); a start from the state then reads the rates of the
+        counters that are not quiet by them (``_read_recent``)."""
+        self.state_tail.snapped.clear()
+        with ThreadPoolExecutor(max_workers=1) as pool:
+            side = pool.submit(self._refresh_side)
+            self.state_tail.snapped.wait()
+            try:
+                rates = self.rates_tail.read()
+                ready = None
+                if rates is not None and not rates.rows.column("index_key").null_count:
+                    ready = _keyed(_frame(with_series(rates.rows)))  # needs no other table
+            finally:
+                changed = side.result()
         if rates is not None:
             changed = True
-            self._fold_rates(rates.rows, rates.reset)
+            self._fold_rates(rates.rows, rates.reset, ready)
             if rates.reset and self.rates_tail.unread is not None:
                 self._read_recent()
         if self.max_events > 0:
@@ -714,6 +720,35 @@ class LiveView:
                     [("timestamp_ns", "descending"), *((c, "descending") for c in EVENT_ID)]
                 )
                 self.events = both_e.slice(0, self.max_events)
+        return changed
+
+    def _refresh_side(self) -> bool:
+        """Lifecycles, liveness and state (``refresh``'s second thread); whether any changed.
+        Sets the state's ``snapped`` whatever happens, so the rates read cannot wait forever."""
+        changed = False
+        try:
+            state = self.state_tail.read()
+            if state is not None:
+                changed = True
+                self._state = _baselines(state.rows) if state.rows.num_rows else None
+            life = self.lifecycles_tail.read()
+            if life is not None:
+                changed = True
+                df = _frame(life.rows)
+                both = df if life.reset else pl.concat([self._lifecycles, df], how="vertical_relaxed")
+                self._set_lifecycles(
+                    _last_frame(both, ("agent", "object_id", "create_ns"), ("batch_id", "last_seen_ns"))
+                )
+            beats = self.liveness_tail.read()
+            if beats is not None:
+                changed = True
+                df = _frame(beats.rows)
+                both = df if beats.reset else pl.concat([self._liveness, df], how="vertical_relaxed")
+                self._liveness = _last_frame(
+                    both, ("agent", "up_start_ns"), ("last_heartbeat_ns", "heartbeats")
+                )
+        finally:
+            self.state_tail.snapped.set()
         if changed:
             self._rows = self._agents = None
         return changed
@@ -727,11 +762,31 @@ class LiveView:
             parts.append(_arrow(self._state.select("agent", "object_id", "index_key")))
         return pa.concat_tables(parts) if parts else None
 
-    def _fold_rates(self, rows: pa.Table, reset: bool) -> None:
-        """The latest row per series of ``rows`` (+ what was kept, unless ``reset``)."""
-        new = _keyed(_frame(with_series(rows, self._known(rows, reset))))
-        both = new if reset else pl.concat([self._latest, new], how="vertical_relaxed")
-        self._latest = _one_per_series(both, "end_ns", last=True)
+    def _fold_rates(self, rows: pa.Table, reset: bool, ready: pl.DataFrame | None = None) -> None:
+        """The latest row per series of ``rows`` (+ what was kept, unless ``reset``);
+        ``ready``: ``rows`` with their series and key already."""
+        new = ready if ready is not None else _keyed(_frame(with_series(rows, self._known(rows, reset))))
+        new = _one_per_series(new, "end_ns", last=True)
+        if not reset and self._latest.height:
+            # A new row replaces the kept one of its series unless that one is later.
+            old = self._latest.select("_k", *SERIES_KEY, pl.col("end_ns").alias("_old"))
+            new = new.join(old, on="_k", how="left", suffix="_kept")
+            if not _same_keys(
+                new.filter(pl.col("_old").is_not_null()),
+                new.filter(pl.col("_old").is_not_null()).select(
+                    pl.col(f"{k}_kept").alias(k) for k in SERIES_KEY
+                ),
+            ):  # a collision: by the strings
+                both = pl.concat([self._latest, new.select(self._latest.columns)], how="vertical_relaxed")
+                self._latest = both.sort("end_ns").unique(subset=list(SERIES_KEY), keep="last")
+                self._rows = self._agents = None
+                return
+            new = new.filter(pl.col("_old").is_null() | (pl.col("end_ns") >= pl.col("_old")))
+            new = new.select(self._latest.columns)
+            kept = self._latest.join(new.select("_k"), on="_k", how="anti")
+            self._latest = pl.concat([kept, new], how="vertical_relaxed")
+        else:
+            self._latest = new
         self._rows = self._agents = None
 
     def _read_recent(self) -> None:

@@ -15,7 +15,7 @@ import threading
 import time
 import urllib.request
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -55,32 +55,63 @@ def object_names(root: Path) -> dict[tuple[str, str], tuple[str, str]]:
     return {k: (r["broker"], r["name"]) for k, r in latest.items()}
 
 
+Quiet = Callable[[str, int], bool]  # (agent, end_ns) -> is a counter ending then quiet
+
+
+def view_quiet(root: Path) -> Quiet:
+    """The quiet rule with the publish cycles and last sightings a view reads from the lake
+    (the rule itself is tested on hand-made rows below)."""
+    from pipeline.live import QUIET_CYCLES
+
+    view = LiveView(root, max_events=0)
+    view.refresh()
+    agents = view.agents()
+    return lambda a, end: a in agents and agents[a][1] > 0 and (
+        agents[a][0] - end > int(QUIET_CYCLES * agents[a][1]))  # fmt: skip
+
+
 def gold_queues(
-    root: Path, version: int | None = None, ended: set[tuple[str, str]] | None = None
+    root: Path,
+    version: int | None = None,
+    ended: set[tuple[str, str]] | None = None,
+    state_version: int | None = None,
+    quiet: Quiet | None = None,
 ) -> dict[Queue, dict[str, Any]]:
-    """Per queue of the gold table (at ``version``): its last row (greatest end_ns) of each
-    statistic: the rate of counters, the value of gauges, and the object id of that row,
-    keyed by the broker and name gold's lifecycles give that object. Queues whose object
-    is in ``ended`` (agent, object_id) are left out."""
-    rows = delta.read_arrow(str(root / "gold" / "statistic_rates"), version).to_pylist()
+    """Per queue series of gold's ``rate_state`` (at ``state_version``), from the gold
+    tables (rates at ``version``) by gold's own series key: each statistic's last rates row
+    (greatest end_ns) when it ends at or after the series' baseline (the state's earliest
+    sample), else the baseline (a gauge's value; a counter's rate unknown: None). Counters
+    ``quiet`` says are quiet read 0. The object id is the newest row's, the key the broker
+    and name gold's lifecycles give that object; objects in ``ended`` are left out."""
+    from pipeline.transforms.gold import series_key
+
+    keys = ["agent", "package", "class_name", "series", "statistic"]
+    queue = (pl.col("class_name") == "queue") & pl.col("statistic").is_in(list(STATS))
+    rates = pl.from_arrow(delta.read_arrow(str(root / "gold" / "statistic_rates"), version))
+    state = pl.from_arrow(delta.read_arrow(str(root / "gold" / "rate_state"), state_version))
+    assert isinstance(rates, pl.DataFrame) and isinstance(state, pl.DataFrame)
+    rates = rates.filter(queue & pl.col("index_key").is_not_null()).with_columns(series=series_key())
+    last = rates.sort("end_ns").group_by(keys).last()
+    base = state.filter(queue).sort("update_ns").group_by(keys).first()
     names = object_names(root)
-    last: dict[tuple[str, str], dict[str, dict[str, Any]]] = {}
-    for r in rows:
-        if r["class_name"] != "queue" or r["statistic"] not in STATS or r["index_key"] is None:
-            continue
-        series = last.setdefault((r["agent"], r["index_key"]), {})
-        if r["statistic"] not in series or r["end_ns"] > series[r["statistic"]]["end_ns"]:
-            series[r["statistic"]] = r
+    series: dict[tuple[str, str], dict[str, tuple[int, str, float | None]]] = {}
+    for r in base.join(last, on=keys, how="left", suffix="_row").iter_rows(named=True):
+        counter = r["kind"] == "counter"
+        if r["end_ns"] is not None and r["end_ns"] >= r["update_ns"]:
+            end, oid, value = r["end_ns"], r["object_id_row"], r["rate"] if counter else r["value_row"]
+        else:
+            end, oid, value = r["update_ns"], r["object_id"], None if counter else r["value"]
+        if counter and quiet is not None and quiet(r["agent"], end):
+            value = 0.0
+        series.setdefault((r["agent"], r["series"]), {})[r["statistic"]] = (end, oid, value)
     out: dict[Queue, dict[str, Any]] = {}
-    for (agent, _index_key), stats in last.items():
-        newest = max(stats.values(), key=lambda r: r["end_ns"])
-        if (agent, newest["object_id"]) in (ended or set()):
+    for (agent, _series), stats in series.items():
+        _end, oid, _value = max(stats.values(), key=lambda e: e[0])
+        if (agent, oid) in (ended or set()):
             continue
-        key = names[(agent, newest["object_id"])]
+        key = names[(agent, oid)]
         assert key not in out, f"two live series named {key}"
-        out[key] = {"object_id": newest["object_id"]}
-        for statistic, r in stats.items():
-            out[key][statistic] = r["rate"] if r["kind"] == "counter" else r["value"]
+        out[key] = {"object_id": oid, **{stat: value for stat, (_e, _o, value) in stats.items()}}
     return out
 
 
@@ -229,7 +260,7 @@ def metrics_server(root: Path) -> Iterator[str]:
 
 
 def _expected_now(root: Path) -> dict[Queue, dict[str, Any]]:
-    return gold_queues(root, ended=ended_objects(root))
+    return gold_queues(root, ended=ended_objects(root), quiet=view_quiet(root))
 
 
 @pytest.mark.spark
@@ -267,8 +298,12 @@ def test_top_shows_the_last_gold_rate_depth_and_consumers(sim_lake: Lake) -> Non
 
 
 def _without_ids(queues: dict[Queue, dict[str, Any]]) -> dict[Queue, dict[str, Any]]:
-    """What the metrics expose of ``gold_queues``: not the object id (not a label)."""
-    return {k: {s: v for s, v in q.items() if s != "object_id"} for k, q in queues.items()}
+    """What the metrics expose of ``gold_queues``: not the object id (not a label), not a
+    value that is not known (a counter's rate before its interval)."""
+    return {
+        k: {s: v for s, v in q.items() if s != "object_id" and v is not None}
+        for k, q in queues.items()
+    }
 
 
 @pytest.mark.spark
@@ -289,7 +324,7 @@ def test_metrics_endpoint_exposes_the_last_gold_rate_and_depth(sim_lake: Lake) -
     assert ("qmf_live_rates_version", {}, float(version)) in parsed
     assert {n for n, _, _ in parsed} == {
         "qmf_statistic_rate_per_second", "qmf_statistic_value", "qmf_objects",
-        "qmf_live_rates_version",
+        "qmf_live_rates_version", "qmf_live_state_version",
     }  # fmt: skip
     # The default: queues' four statistics, every broker statistic, object counts.
     view = LiveView(sim_lake.root)
@@ -299,10 +334,10 @@ def test_metrics_endpoint_exposes_the_last_gold_rate_and_depth(sim_lake: Lake) -
     default = [c for c in exposed if c["class_name"] == "broker" or (
         c["class_name"] == "queue" and c["statistic"] in STATS)]  # fmt: skip
     objects = [labels for n, labels, _ in parsed if n == "qmf_objects"]
-    assert len(parsed) == len(default) + len(objects) + 1
+    assert len(parsed) == len(default) + len(objects) + 2  # + the two versions
     # /metrics/all: every current counter with a rate, every other statistic with a value.
     full = parse_exposition(everything, openmetrics=True)
-    assert len(full) == len(exposed) + len(objects) + 1
+    assert len(full) == len(exposed) + len(objects) + 2
     assert {(lab["broker"], lab["name"], lab["statistic"]) for n, lab, _ in full if "statistic" in lab} \
         == {(c["broker"], c["name"], c["statistic"]) for c in exposed}  # fmt: skip
 
@@ -368,7 +403,7 @@ def test_view_reads_only_what_the_table_gained(sim_lake: Lake, tmp_path: Path) -
     row = next(q for q in view.queues() if (q.agent, q.name) == (busiest["agent"], name))
     assert row.enqueue_rate == 777.0 and view.queues()[0] == row
     assert view.rates_version == first + 2  # type: ignore[operator]
-    now = gold_queues(lake.root, ended=ended_objects(lake.root))
+    now = gold_queues(lake.root, ended=ended_objects(lake.root), quiet=view_quiet(lake.root))
     assert now[object_names(lake.root)[(busiest["agent"], busiest["object_id"])]]["msgTotalEnqueues"] == 777.0
     # A rewrite (data removed): the tail reads the table whole and the view is rebuilt.
     write_deltalake(path, table, mode="overwrite")
@@ -492,14 +527,20 @@ def _rate_rows(data: Path) -> int:
                and r["rate"] is not None)  # fmt: skip
 
 
-def _compare_at_version(data: Path, version: int, shown: dict[Queue, dict[str, Any]]) -> int:
-    """Each shown queue's numbers equal gold's last rows at the version the view read.
-    Returns how many queues had an enqueue rate to compare."""
-    expected = gold_queues(data, version)
+def _compare_at_version(
+    data: Path, version: int, state_version: int, shown: dict[Queue, dict[str, Any]]
+) -> int:
+    """Each shown queue's numbers equal gold's at the versions the view read (a counter
+    whose interval is not known yet: unknown, or 0 if quiet). Returns how many queues had
+    an enqueue rate to compare."""
+    expected = gold_queues(data, version, state_version=state_version)
     assert shown, "nothing shown"
     compared = 0
     for key, q in shown.items():
-        want = expected[key] if "object_id" in q else _without_ids(expected)[key]
+        want = dict(expected[key] if "object_id" in q else _without_ids(expected)[key])
+        for stat in ("msgTotalEnqueues", "msgTotalDequeues"):
+            if want.get(stat) is None and q.get(stat) == 0.0:
+                want[stat] = 0.0  # made from the state, and quiet
         assert q == want, (key, q, want)
         compared += q.get("msgTotalEnqueues") is not None
     return compared
@@ -537,7 +578,7 @@ def test_top_and_metrics_follow_a_running_pipeline(broker: Any, tmp_path: Path) 
                              timeout=120, check=True)  # fmt: skip
         frame = json.loads(top.stdout)
         shown = shown_queues(frame)
-        assert _compare_at_version(data, frame["rates_version"], shown) >= 1
+        assert _compare_at_version(data, frame["rates_version"], frame["state_version"], shown) >= 1
         text = subprocess.run([*qmf, "top", "--once", "--data", str(data), "--limit", "100"],
                               capture_output=True, text=True, env=env, timeout=120,
                               check=True).stdout  # fmt: skip
@@ -563,8 +604,9 @@ def test_top_and_metrics_follow_a_running_pipeline(broker: Any, tmp_path: Path) 
             _, body = scrape(url.group(1), openmetrics=True)
             parsed = parse_exposition(body, openmetrics=True)
             version = next(int(v) for n, _, v in parsed if n == "qmf_live_rates_version")
+            state = next(int(v) for n, _, v in parsed if n == "qmf_live_state_version")
             versions.add(version)
-            assert _compare_at_version(data, version, exposed_queues(parsed)) >= 1
+            assert _compare_at_version(data, version, state, exposed_queues(parsed)) >= 1
             time.sleep(5)
         _, prom = scrape(url.group(1), openmetrics=False)
         parse_exposition(prom, openmetrics=False)

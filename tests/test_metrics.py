@@ -91,7 +91,7 @@ def test_default_exposition_is_what_dashboards_use(lake: Path) -> None:
     default = scrape(lake)
     assert {s[0] for s in default} == {
         "qmf_statistic_rate_per_second", "qmf_statistic_value", "qmf_objects",
-        "qmf_live_rates_version",
+        "qmf_live_rates_version", "qmf_live_state_version",
     }  # fmt: skip
     stats = [s for s in everything if "statistic" in _stat(s)]
     want = {
@@ -148,7 +148,7 @@ def test_a_selection_is_the_matching_part_of_everything(
 ) -> None:
     everything = scrape(lake, "/metrics/all")
     got = scrape(lake, "/metrics", query)
-    version = {s for s in everything if s[0] == "qmf_live_rates_version"}
+    version = {s for s in everything if s[0].startswith("qmf_live_")}
     counts = query.startswith("family=") or not ("statistic=" in query or "name=" in query)
     want = {
         s for s in everything

@@ -49,6 +49,7 @@ RATE_METRIC = "qmf_statistic_rate_per_second"
 VALUE_METRIC = "qmf_statistic_value"
 OBJECTS_METRIC = "qmf_objects"
 VERSION_METRIC = "qmf_live_rates_version"
+STATE_VERSION_METRIC = "qmf_live_state_version"
 LABELS = ("broker", "class", "name", "statistic")  # + agent, object_id when ambiguous
 HELP = {
     RATE_METRIC: "Rate of a QMF counter statistic over its latest gold interval (per second); "
@@ -56,6 +57,7 @@ HELP = {
     VALUE_METRIC: "Latest value of a QMF gauge, watermark or min/max/average statistic.",
     OBJECTS_METRIC: "Live QMF objects of a class on a broker (by gold's object lifecycles).",
     VERSION_METRIC: "Delta version of gold statistic_rates this exposition was read at.",
+    STATE_VERSION_METRIC: "Delta version of gold rate_state this exposition was read at.",
 }
 QUEUE_STATISTICS = (DEPTH, ENQUEUES, DEQUEUES, CONSUMERS)
 FAMILIES = {
@@ -173,7 +175,10 @@ class Selection:
 
 
 def metric_families(
-    rows: pl.DataFrame, objects: pl.DataFrame | None, version: int | None
+    rows: pl.DataFrame,
+    objects: pl.DataFrame | None,
+    version: int | None,
+    state_version: int | None = None,
 ) -> list[Metric]:
     """The metric families of selected current rows (collapsed: ``pipeline.live.collapse``).
 
@@ -208,6 +213,9 @@ def metric_families(
         out.append(count)
     if version is not None:
         out.append(GaugeMetricFamily(VERSION_METRIC, HELP[VERSION_METRIC], value=float(version)))
+    if state_version is not None:
+        out.append(GaugeMetricFamily(STATE_VERSION_METRIC, HELP[STATE_VERSION_METRIC],
+                                     value=float(state_version)))  # fmt: skip
     return out
 
 
@@ -221,7 +229,10 @@ class LiveCollector:
     def collect(self) -> Iterator[Metric]:
         s = self.selection
         rows = s.rows(self.view.current_frame(s.where(), collapsed=True))
-        yield from metric_families(rows, s.objects(self.view.objects()), self.view.rates_version)
+        view = self.view
+        yield from metric_families(
+            rows, s.objects(view.objects()), view.rates_version, view.state_tail.version
+        )
 
 
 class MetricsState:

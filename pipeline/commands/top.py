@@ -167,6 +167,7 @@ def frame_data(view: LiveView, limit: int, sort: str, n_events: int) -> dict[str
     ]
     return {
         "rates_version": view.rates_version,
+        "state_version": view.state_tail.version,
         "queues": [q.as_dict() for q in view.queues(sort=sort, limit=limit)],
         "events": events,
     }
