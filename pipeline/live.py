@@ -473,7 +473,10 @@ def _keyed(df: pl.DataFrame) -> pl.DataFrame:
     and deduplicating on it is several times faster than on the five strings; the
     functions using it check that equal hashes have equal keys (a collision falls back to
     the strings), so a collision costs time, never a wrong row."""
-    return df.with_columns(_k=pl.struct(list(SERIES_KEY)).hash())
+    k = pl.col(SERIES_KEY[0]).hash(seed=0)
+    for seed, column in enumerate(SERIES_KEY[1:], 1):  # per column (fast), combined
+        k = k * pl.lit(0x9E3779B97F4A7C15, pl.UInt64) + pl.col(column).hash(seed=seed)
+    return df.with_columns(_k=k)
 
 
 def _same_keys(left: pl.DataFrame, right: pl.DataFrame) -> bool:
