@@ -314,10 +314,14 @@ def make_server(state: MetricsState, host: str, port: int) -> ThreadingHTTPServe
 
 
 def run(args: argparse.Namespace) -> int:
-    server = make_server(MetricsState(Path(args.data)), args.host, args.port)
+    state = MetricsState(Path(args.data))
+    server = make_server(state, args.host, args.port)
     host, port = server.server_address[:2]
     print(f"qmf serve-metrics: http://{host!s}:{port}/metrics (data {args.data})", flush=True)
     try:
+        # Read the lake now (requests wait in the listen queue): the first scrape then
+        # reads only what gold committed since, as every later one does.
+        state.health()
         server.serve_forever()
     except KeyboardInterrupt:
         pass
