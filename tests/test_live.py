@@ -512,6 +512,39 @@ def test_a_rewrite_reads_from_the_state_again(shared_dir: str, tmp_path: Path) -
     _assert_same(fast, full)
 
 
+def test_top_on_a_terminal_cuts_names_to_its_width_never_figures(
+    shared_dir: str, tmp_path: Path
+) -> None:
+    """The terminal frame (rich, 100 columns) fits the width: long queue names end in an
+    ellipsis, the figures are those of the plain frame, which cuts nothing."""
+    from rich.console import Console
+
+    from pipeline.commands.top import frame, render
+
+    build(os.path.join(shared_dir, QPIDD_SAMPLE), tmp_path, batches=6)
+    view = LiveView(tmp_path)
+    view.refresh()
+    out = io.StringIO()
+    Console(file=out, width=100, color_system=None, force_terminal=True).print(
+        render(view, 20, "enqueue", 2, width=100)
+    )
+    lines = out.getvalue().splitlines()
+    assert max(len(line) for line in lines) <= 100
+
+    def table(text: str) -> list[list[str]]:
+        rows = text.splitlines()
+        start = next(i for i, line in enumerate(rows) if line.startswith("BROKER"))
+        return [line.split() for line in rows[start + 1 : rows.index("", start)]]
+
+    shown, plain = table(out.getvalue()), table(frame(view, 20, "enqueue", 2))
+    assert len(shown) == len(plain) == 6
+    for cut, full in zip(shown, plain, strict=True):  # the same order, the same figures
+        assert cut[0] == full[0] and cut[2:] == full[2:], (cut, full)
+        assert cut[1] == full[1] or (cut[1].endswith("…") and full[1].startswith(cut[1][:-1]))
+    assert sum(row[1].endswith("…") for row in shown) == 3  # the receiver's long queue names
+    assert ["amqp-broker@vm:25672", "q-rate-50"] in [row[:2] for row in shown]
+
+
 # ------------------------------------------------------------------ on a running pipeline
 
 
