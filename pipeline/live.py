@@ -733,7 +733,7 @@ class LiveView:
             state = self.state_tail.read()
             if state is not None:
                 changed = True
-                self._state = _baselines(state.rows) if state.rows.num_rows else None
+                self._state = _baselines(state.rows)  # empty: no live series
             life = self.lifecycles_tail.read()
             if life is not None:
                 changed = True
