@@ -1,29 +1,30 @@
-"""The live view: the latest rate, gauge and events per object, read as the tables grow.
+"""The live view: every live series' latest sample, rate and name, read as the tables grow.
 
 ``qmf top`` and ``qmf serve-metrics`` share it. The gold and silver tables are
 Delta tables appended to by the running pipeline; a refresh reads only what
 was committed since the previous one (``DeltaTail``: the commit files of the
 new versions name the Parquet files they added; those files are read with
-pyarrow.parquet, never through delta-rs' dataset readers). What is kept
-between refreshes is small: the latest row per (agent, package, class,
-series, statistic), the latest events, and every object's name, broker and
-whether it has ended.
+pyarrow.parquet, never through delta-rs' dataset readers). The view is one
+row per series of gold's ``rate_state`` (``LiveView.rows``): the
+``statistic_rates`` row of the interval ending at the series' latest sample
+(or later), else a row made from the state (that sample's time and value, no
+rate); every object's name and broker come from ``object_lifecycles``.
 
-The first read does not scan history. Gold's ``rate_state`` (one small file,
-rewritten by every gold batch) lists every live series with its baseline: the
-sample its latest interval ended at. ``statistic_rates`` is then read newest
-commit first until every series of the state has that interval
-(``RatesTail``); a series whose baseline made no interval yet (its first
-sample) stops the walk once the Delta statistics of the files not read prove
-they end earlier. The events table is read the same way, newest first, until
-the newest ``max_events`` are known.
+The first read does not scan history. ``rate_state`` is one small file,
+rewritten by every gold batch; ``statistic_rates`` is read newest commit first
+down to the rates commit of the state's batch (``RatesTail``), then only the
+older files whose ``end_ns`` statistics span the latest sample of a counter
+that is not quiet (``LiveView._read_recent``): a quiet counter shows 0 and any
+other statistic its latest value, both known from the state. The events table
+is read newest first until the newest ``max_events`` are known.
 
 Folds are idempotent (the latest row by sample time per key; events by their
 identity), so reading a file twice is harmless: a compaction (files removed
 with ``dataChange: false`` and their rows re-added) only costs a re-read; a
-commit removing data (a backfill's range overwrite, a merge) or a version
-whose commit file is gone (log cleanup) makes the tail read the table again
-(from the state, for the rates) and the view rebuild from it.
+commit removing data (a backfill's range overwrite, a merge, the state's
+replacement) or a version whose commit file is gone (log cleanup) makes the
+tail read the table again (from the state, for the rates) and the view
+rebuild from it.
 """
 
 from __future__ import annotations
@@ -577,8 +578,9 @@ class QueueRow:
     """One queue as it is now: the latest rate of its counters and value of its gauges.
 
     ``broker`` and ``name`` say which queue (gold's names); a broker publishing it through
-    several agents (qpidd's QMF v1 and v2) gives one row, from the agent with the newest
-    sample (``agent``; V2 on a tie), ``agents`` listing every agent that published it."""
+    several agents (qpidd's QMF v1 and v2) gives one row, from the agent whose object was
+    seen last (``agent``; V2 on a tie: ``collapse``), ``agents`` listing every agent that
+    publishes it."""
 
     broker: str
     name: str
