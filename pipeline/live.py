@@ -30,13 +30,7 @@ rebuild from it.
 from __future__ import annotations
 
 import dataclasses
-import heapq
 import json
-import math
-import os
-import threading
-import urllib.parse
-from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -46,36 +40,23 @@ import numpy as np
 import polars as pl
 import pyarrow as pa
 import pyarrow.compute as pc
-import pyarrow.parquet as pq
 
-from schemas.gold import AGENT_LIVENESS, OBJECT_LIFECYCLES, RATE_STATE, STATISTIC_RATES
-from schemas.silver import EVENTS
+from pipeline.tails import DeltaTail, EventsTail, RatesTail, StateTail, to_arrow, to_frame
+from schemas.gold import AGENT_LIVENESS, OBJECT_LIFECYCLES
 
 if TYPE_CHECKING:
-    from deltalake import DeltaTable
+    pass
 
 NS = 1_000_000_000
 ENQUEUES, DEQUEUES, DEPTH, CONSUMERS = (
     "msgTotalEnqueues", "msgTotalDequeues", "msgDepth", "consumerCount",
 )  # fmt: skip
-RATE_COLUMNS = (
-    "agent", "dialect", "package", "class_name", "object_id", "index_key", "statistic", "kind",
-    "start_ns", "end_ns", "end_time", "value", "rate", "reset",
-)  # fmt: skip
 SERIES_KEY = ("agent", "package", "class_name", "series", "statistic")
 OBJECT_KEY = ("agent", "object_id")
-EVENT_COLUMNS = (
-    "partition", "offset", "record_index", "agent", "package", "event_name", "severity",
-    "timestamp_ns", "event_time", "arguments",
-)  # fmt: skip
 EVENT_ID = ("partition", "offset", "record_index")
 LIFECYCLE_COLUMNS = (
     "agent", "dialect", "package", "class_name", "object_id", "index_key", "create_ns", "state",
     "last_seen_ns", "batch_id", "name", "broker",
-)  # fmt: skip
-STATE_COLUMNS = (
-    "agent", "dialect", "package", "class_name", "object_id", "index_key", "series", "statistic",
-    "kind", "update_ns", "value",
 )  # fmt: skip
 LIVENESS_COLUMNS = ("agent", "up_start_ns", "last_heartbeat_ns", "heartbeats", "interval_s")
 # A counter's rate ages to 0 once its agent was seen this many publish cycles after the
@@ -89,378 +70,13 @@ _AM2_REF = r'"([0-9]+)-[0-9]+-([0-9]+)-([0-9]+)-([0-9]+)"'
 _AM2_REF_BLANK = r'"\1-*-\2-\3-\4"'
 # V2 references carry the agent epoch inside their map (gold's series_key drops it).
 V2_REF_EPOCH = r'\\"_agent_epoch\\":[0-9]+,'
-_OLDEST = pl.CompatLevel.oldest()
-
-
-def _subschema(schema: pa.Schema, names: tuple[str, ...]) -> pa.Schema:
-    """The named columns of ``schema``, nullable; a name the schema lacks is a string
-    (a column newer than the code reading, e.g. ``name`` before gold wrote it)."""
-    return pa.schema(
-        [
-            schema.field(n).with_nullable(True) if n in schema.names else pa.field(n, pa.string())
-            for n in names
-        ]
-    )
-
-
-def _arrow(df: pl.DataFrame, schema: pa.Schema | None = None) -> pa.Table:
-    """A polars frame as Arrow (plain string columns), cast to ``schema`` when given."""
-    t = df.to_arrow(compat_level=_OLDEST)
-    return t if schema is None else t.select(schema.names).cast(schema)
-
-
-def _frame(t: pa.Table) -> pl.DataFrame:
-    out = pl.from_arrow(t, rechunk=False)
-    assert isinstance(out, pl.DataFrame)
-    return out
-
-
-@dataclass(frozen=True)
-class Change:
-    """What a table gained since the previous read.
-
-    ``reset``: the rows are the whole table (first read, or data was removed
-    since): the reader's view must be rebuilt from them, not extended.
-    """
-
-    version: int
-    rows: pa.Table
-    reset: bool
-
-
-@dataclass(frozen=True)
-class FileStats:
-    """A live file of a snapshot: its Delta path, the min and max of one column by the add
-    action's statistics (-inf / inf when it has none: it could hold anything), its time."""
-
-    path: str
-    low: float
-    high: float
-    mtime: int
-
-
-class Unread:
-    """The live files of a snapshot a reader has not read yet, with their statistics."""
-
-    def __init__(self, dt: DeltaTable, column: str) -> None:
-        adds = pa.table(dt.get_add_actions(flatten=True))
-        n = adds.num_rows
-
-        def stat(kind: str) -> list[Any]:
-            name = f"{kind}.{column}"
-            return adds.column(name).to_pylist() if name in adds.column_names else [None] * n
-
-        mtimes = pc.cast(adds.column("modification_time"), pa.int64()).to_pylist()
-        self.files: dict[str, FileStats] = {}
-        for p, lo, hi, t in zip(adds.column("path").to_pylist(), stat("min"), stat("max"), mtimes, strict=True):
-            self.files[urllib.parse.unquote(p)] = FileStats(
-                p, -math.inf if lo is None else float(lo), math.inf if hi is None else float(hi), t or 0
-            )  # fmt: skip
-        self._heap = [(-f.high, k) for k, f in self.files.items()]
-        heapq.heapify(self._heap)
-
-    def pop(self, key: str) -> FileStats:
-        return self.files.pop(key)
-
-    def max_high(self) -> float:
-        """The greatest value any unread file may hold (-inf: none left)."""
-        while self._heap and self._heap[0][1] not in self.files:
-            heapq.heappop(self._heap)
-        return -self._heap[0][0] if self._heap else -math.inf
-
-
-@dataclass(frozen=True)
-class Step:
-    """One commit of a newest-first walk (``DeltaTail.newest_first``): the live files it
-    added (Delta paths) and its app transactions (appId, version)."""
-
-    paths: list[str]
-    txns: list[tuple[str, int]]
-
-
-class DeltaTail:
-    """Follows one Delta table: each ``read`` returns the rows of the files added since the last.
-
-    The first read takes the live files from the log (``get_add_actions``);
-    later reads parse the commit files ``_delta_log/<version>.json`` after
-    the last version read, which list exactly the files each commit added or
-    removed. Only the named columns are read (missing ones, e.g. from before
-    a schema change, come back null).
-    """
-
-    def __init__(self, path: str | os.PathLike[str], schema: pa.Schema, columns: tuple[str, ...]):
-        self.path = os.path.abspath(os.fspath(path))
-        self.schema = _subschema(schema, columns)
-        self.version: int | None = None
-        self.files_read = 0  # by the last whole read
-
-    def _log(self, version: int) -> str:
-        return os.path.join(self.path, "_delta_log", f"{version:020d}.json")
-
-    def exists(self) -> bool:
-        """A log with a commit (the folder exists a moment before its first commit)."""
-        log = os.path.join(self.path, "_delta_log")
-        if not os.path.isdir(log):
-            return False
-        return any(n.endswith((".json", ".checkpoint.parquet")) for n in os.listdir(log))
-
-    def read(self) -> Change | None:
-        """The new rows, or None when nothing was committed since (or the table is not there)."""
-        if self.version is None:
-            return self._read_all() if self.exists() else None
-        adds: list[str] = []
-        version = self.version
-        while os.path.isfile(self._log(version + 1)):
-            try:
-                actions = _commit_actions(self._log(version + 1))
-            except FileNotFoundError:  # cleaned up between the check and the read
-                return self._read_all()
-            for action in actions:
-                if "add" in action:
-                    adds.append(action["add"]["path"])
-                elif "remove" in action and action["remove"].get("dataChange", True):
-                    return self._read_all()  # rows replaced: rebuild
-            version += 1
-        if version == self.version:
-            return None
-        try:
-            rows = self._read_files(adds)
-        except FileNotFoundError:  # compacted and vacuumed under us
-            return self._read_all()
-        self.version = version
-        return Change(version, rows, reset=False)
-
-    def snapshot(self) -> DeltaTable:
-        """The table's current snapshot (protocol checked)."""
-        from deltalake import DeltaTable
-
-        from pipeline import delta
-
-        dt = DeltaTable(self.path)
-        delta.check_protocol(dt, write=False)
-        return dt
-
-    def _read_all(self) -> Change | None:
-        for _attempt in range(3):
-            try:
-                dt = self.snapshot()
-                paths = pa.table(dt.get_add_actions(flatten=True)).column("path").to_pylist()
-                rows = self._read_files(paths)
-            except FileNotFoundError:  # a file went between the snapshot and the read
-                continue
-            version = dt.version()
-            self.version = version
-            self.files_read = len(paths)
-            return Change(version, rows, reset=True)
-        raise RuntimeError(f"{self.path}: files keep disappearing while reading the table")
-
-    def newest_first(self, dt: DeltaTable, unread: Unread) -> Iterator[Step]:
-        """The ``unread`` live files of snapshot ``dt``, newest commit first: each commit
-        file from the snapshot's version down (its adds still unread, its app
-        transactions), then the files no remaining commit file lists (log cleaned up),
-        newest modification first. A file is taken out of ``unread`` when its step is
-        yielded; a reader may take files out of order itself (they are not yielded again).
-        """
-        version = dt.version()
-        while version >= 0 and unread.files:
-            try:
-                actions = _commit_actions(self._log(version))
-            except FileNotFoundError:  # older commits cleaned up: the rest by file time
-                break
-            taken: list[str] = []
-            txns: list[tuple[str, int]] = []
-            for action in actions:
-                if "add" in action:
-                    key = urllib.parse.unquote(action["add"]["path"])
-                    if key in unread.files:
-                        taken.append(unread.pop(key).path)
-                elif "txn" in action:
-                    txns.append((action["txn"]["appId"], int(action["txn"]["version"])))
-            version -= 1
-            yield Step(taken, txns)
-        for key, f in sorted(unread.files.items(), key=lambda kv: -kv[1].mtime):
-            if key in unread.files:
-                unread.pop(key)
-                yield Step([f.path], [])
-
-    def _local(self, delta_path: str) -> str:
-        if "://" in delta_path:
-            parsed = urllib.parse.urlparse(delta_path)
-            if parsed.scheme != "file":
-                raise ValueError(f"only local tables are supported, not {delta_path}")
-            return urllib.parse.unquote(parsed.path)
-        if delta_path.startswith("/"):
-            return urllib.parse.unquote(delta_path)
-        return os.path.join(self.path, urllib.parse.unquote(delta_path))
-
-    def _read_files(self, delta_paths: list[str]) -> pa.Table:
-        pieces = []
-        for p in delta_paths:
-            pf = pq.ParquetFile(self._local(p))
-            present = [n for n in self.schema.names if n in pf.schema_arrow.names]
-            t = pf.read(columns=present)
-            for n in self.schema.names:
-                if n not in present:
-                    t = t.append_column(n, pa.nulls(t.num_rows, self.schema.field(n).type))
-            pieces.append(t.select(self.schema.names).cast(self.schema))
-        if not pieces:
-            return self.schema.empty_table()
-        return pa.concat_tables(pieces)
-
-
-def _commit_actions(path: str) -> list[dict[str, Any]]:
-    with open(path, encoding="utf-8") as f:
-        return [json.loads(line) for line in f if line.strip()]
-
-
-def _txn(actions: list[dict[str, Any]]) -> tuple[str, int] | None:
-    for action in actions:
-        if "txn" in action:
-            return action["txn"]["appId"], int(action["txn"]["version"])
-    return None
-
-
-class StateTail(DeltaTail):
-    """gold ``rate_state`` (rewritten whole by every gold batch: every change is read whole),
-    and the app transaction (appId, batch id) of the commit read: the batch it is from.
-    ``snapped`` is set once the snapshot to read is chosen (``txn`` is then its own)."""
-
-    def __init__(self, path: str | os.PathLike[str]):
-        super().__init__(path, RATE_STATE, STATE_COLUMNS)
-        self.txn: tuple[str, int] | None = None
-        self.snapped = threading.Event()
-
-    def _read_all(self) -> Change | None:
-        for _attempt in range(3):
-            try:
-                dt = self.snapshot()
-                version = dt.version()
-                try:
-                    self.txn = _txn(_commit_actions(self._log(version)))
-                except FileNotFoundError:  # checkpointed and cleaned up: the batch is unknown
-                    self.txn = None
-                self.snapped.set()
-                paths = pa.table(dt.get_add_actions(flatten=True)).column("path").to_pylist()
-                rows = self._read_files(paths)
-            except FileNotFoundError:  # a file went between the snapshot and the read
-                continue
-            self.version = version
-            self.files_read = len(paths)
-            return Change(version, rows, reset=True)
-        raise RuntimeError(f"{self.path}: files keep disappearing while reading the table")
-
-
-class RatesTail(DeltaTail):
-    """``statistic_rates``, whose whole reads can start from gold's state: ``guide`` gives
-    the (appId, batch id) of the state read (None: read every file)."""
-
-    def __init__(
-        self,
-        path: str | os.PathLike[str],
-        guide: Callable[[], tuple[str, int] | None] | None = None,
-    ):
-        super().__init__(path, STATISTIC_RATES, RATE_COLUMNS)
-        self.guide = guide
-        self.unread: Unread | None = None  # files the last whole read left for read_more
-
-    def _read_all(self) -> Change | None:
-        txn = None if self.guide is None else self.guide()
-        if txn is not None:
-            for _attempt in range(3):
-                try:
-                    return self._read_newest(txn)
-                except FileNotFoundError:  # vacuumed between the snapshot and the read
-                    continue
-        self.unread = None
-        return super()._read_all()
-
-    def _read_newest(self, txn: tuple[str, int]) -> Change:
-        """The rows of every commit from the newest down to the rates commit of the state's
-        batch ``txn``; the other files stay in ``unread``.
-
-        Gold appends a batch's rates before it replaces the state, and a series' intervals
-        in sample-time order: a row after a series' baseline (its latest sample in the
-        state) can only be in those commits. Without the state's batch among the commit
-        files (log cleaned up) every file is read.
-        """
-        app, batch = txn
-        dt = self.snapshot()
-        unread = Unread(dt, "end_ns")
-        paths: list[str] = []
-        for step in self.newest_first(dt, unread):
-            paths += step.paths
-            if any(a == app and v <= batch for a, v in step.txns):
-                break
-        rows = self._read_files(paths)
-        self.files_read = len(paths)
-        self.version = dt.version()
-        self.unread = unread
-        return Change(self.version, rows, reset=True)
-
-    def read_more(self, times: np.ndarray) -> tuple[pa.Table, bool]:
-        """Of the files the last whole read left, every one whose ``end_ns`` statistics span
-        one of ``times`` (a file without statistics: always): only those can hold a row
-        ending then. (rows, whether they are the whole table: a file was gone).
-        """
-        if self.unread is None or not len(times):
-            return self.schema.empty_table(), False
-        times = np.sort(times)
-        paths = []
-        for key, f in list(self.unread.files.items()):
-            i = int(np.searchsorted(times, f.low))
-            if i < len(times) and times[i] <= f.high:
-                self.unread.pop(key)
-                paths.append(f.path)
-        try:
-            rows = self._read_files(paths)
-        except FileNotFoundError:  # compacted and vacuumed since: read the table whole
-            self.unread = None
-            change = super()._read_all()
-            assert change is not None
-            return change.rows, True
-        self.files_read += len(paths)
-        return rows, False
-
-
-class EventsTail(DeltaTail):
-    """silver ``events``, whose whole reads stop once the newest ``keep`` events are known."""
-
-    def __init__(self, path: str | os.PathLike[str], keep: int):
-        super().__init__(path, EVENTS, EVENT_COLUMNS)
-        self.keep = keep
-
-    def _read_all(self) -> Change | None:
-        for _attempt in range(3):
-            try:
-                dt = self.snapshot()
-                unread = Unread(dt, "timestamp_ns")
-                pieces: list[pa.Table] = []
-                times = np.zeros(0, np.int64)
-                for step in self.newest_first(dt, unread):
-                    if step.paths:
-                        rows = self._read_files(step.paths)
-                        pieces.append(rows)
-                        ts = rows.column("timestamp_ns").drop_null().to_numpy()
-                        times = np.sort(np.concatenate([times, ts]))[-self.keep :]
-                    # Strictly earlier: an equal time could still win on delivery order.
-                    if len(times) >= self.keep and float(times[0]) > unread.max_high():
-                        break
-            except FileNotFoundError:
-                continue
-            self.version = dt.version()
-            rows = pa.concat_tables(pieces) if pieces else self.schema.empty_table()
-            return Change(self.version, rows, reset=True)
-        raise RuntimeError(f"{self.path}: files keep disappearing while reading the table")
-
-
-# ------------------------------------------------------------------ folds
 
 
 def _last_per_key(t: pa.Table, key: tuple[str, ...], order: tuple[str, ...]) -> pa.Table:
     """The row with the greatest ``order`` of each ``key`` (ties: any one of equal rows)."""
     if t.num_rows == 0:
         return t
-    return _arrow(_last_frame(_frame(t), key, order), t.schema)
+    return to_arrow(_last_frame(to_frame(t), key, order), t.schema)
 
 
 def _last_frame(df: pl.DataFrame, key: tuple[str, ...], order: tuple[str, ...]) -> pl.DataFrame:
@@ -506,7 +122,7 @@ def _one_per_series(df: pl.DataFrame, order: str, last: bool) -> pl.DataFrame:
 def _baselines(state: pa.Table) -> pl.DataFrame:
     """Gold ``rate_state`` -> per series its baseline (the earliest of its rows: a pending
     sample is later): ``_base`` its sample time, and its object, kind and value."""
-    df = _keyed(_frame(state))
+    df = _keyed(to_frame(state))
     return _one_per_series(df, "update_ns", last=False).rename({"update_ns": "_base"})
 
 
@@ -637,21 +253,21 @@ class LiveView:
         )
         self.liveness_tail = DeltaTail(gold / "agent_liveness", AGENT_LIVENESS, LIVENESS_COLUMNS)
         rate_schema = self.rates_tail.schema.append(pa.field("series", pa.string()))
-        self._latest = _keyed(_frame(rate_schema.empty_table()))
-        self._liveness = _frame(self.liveness_tail.schema.empty_table())
+        self._latest = _keyed(to_frame(rate_schema.empty_table()))
+        self._liveness = to_frame(self.liveness_tail.schema.empty_table())
         self.events = self.events_tail.schema.empty_table()
-        self._set_lifecycles(_frame(self.lifecycles_tail.schema.empty_table()))
+        self._set_lifecycles(to_frame(self.lifecycles_tail.schema.empty_table()))
 
     # -------------------------------------------------------------- state
 
     @property
     def latest(self) -> pa.Table:
         """The latest row per series and statistic (every object, ended ones included)."""
-        return _arrow(self._latest.drop("_k"))
+        return to_arrow(self._latest.drop("_k"))
 
     @latest.setter
     def latest(self, rows: pa.Table) -> None:
-        self._latest = _keyed(_frame(rows))
+        self._latest = _keyed(to_frame(rows))
         self._rows = self._agents = None
 
     @property
@@ -705,7 +321,7 @@ class LiveView:
                 rates = self.rates_tail.read()
                 ready = None
                 if rates is not None and not rates.rows.column("index_key").null_count:
-                    ready = _keyed(_frame(with_series(rates.rows)))  # needs no other table
+                    ready = _keyed(to_frame(with_series(rates.rows)))  # needs no other table
             finally:
                 changed = side.result()
         if rates is not None:
@@ -739,7 +355,7 @@ class LiveView:
             life = self.lifecycles_tail.read()
             if life is not None:
                 changed = True
-                df = _frame(life.rows)
+                df = to_frame(life.rows)
                 both = df if life.reset else pl.concat([self._lifecycles, df], how="vertical_relaxed")
                 self._set_lifecycles(
                     _last_frame(both, ("agent", "object_id", "create_ns"), ("batch_id", "last_seen_ns"))
@@ -747,7 +363,7 @@ class LiveView:
             beats = self.liveness_tail.read()
             if beats is not None:
                 changed = True
-                df = _frame(beats.rows)
+                df = to_frame(beats.rows)
                 both = df if beats.reset else pl.concat([self._liveness, df], how="vertical_relaxed")
                 self._liveness = _last_frame(
                     both, ("agent", "up_start_ns"), ("last_heartbeat_ns", "heartbeats")
@@ -762,15 +378,15 @@ class LiveView:
         """Index keys known for objects, for rows that lack theirs (``with_series``)."""
         if not rows.column("index_key").null_count:
             return None
-        parts = [] if reset else [_arrow(self._latest.select("agent", "object_id", "index_key"))]
+        parts = [] if reset else [to_arrow(self._latest.select("agent", "object_id", "index_key"))]
         if self._state is not None:
-            parts.append(_arrow(self._state.select("agent", "object_id", "index_key")))
+            parts.append(to_arrow(self._state.select("agent", "object_id", "index_key")))
         return pa.concat_tables(parts) if parts else None
 
     def _fold_rates(self, rows: pa.Table, reset: bool, ready: pl.DataFrame | None = None) -> None:
         """The latest row per series of ``rows`` (+ what was kept, unless ``reset``);
         ``ready``: ``rows`` with their series and key already."""
-        new = ready if ready is not None else _keyed(_frame(with_series(rows, self._known(rows, reset))))
+        new = ready if ready is not None else _keyed(to_frame(with_series(rows, self._known(rows, reset))))
         new = _one_per_series(new, "end_ns", last=True)
         if not reset and self._latest.height:
             # A new row replaces the kept one of its series unless that one is later.
@@ -819,7 +435,7 @@ class LiveView:
         more = more.filter(pc.is_in(more.column("object_id"), value_set=objects))
         if not more.num_rows:
             return
-        new = _keyed(_frame(with_series(more, self._known(more, reset=False))))
+        new = _keyed(to_frame(with_series(more, self._known(more, reset=False))))
         new = new.join(need.select("_k", "end_ns"), on=["_k", "end_ns"], how="semi")
         if new.height:  # rows ending at their series' latest sample: they replace the made ones
             new = new.unique(subset="_k").select(self._latest.columns)
@@ -928,7 +544,7 @@ class LiveView:
         if collapsed:
             keep = keep & pl.col("_keep").fill_null(True)
         t = t.filter(keep)
-        t = _frame(with_quiet(_arrow(t), self.agents()))
+        t = to_frame(with_quiet(to_arrow(t), self.agents()))
         t = t.drop("_k")
         if not named:
             return t.drop(*_OBJECT_COLUMNS)
@@ -950,7 +566,7 @@ class LiveView:
         nothing in it changed: once the agent was seen more than ``QUIET_CYCLES`` publish
         cycles after a counter's latest interval ended, that counter's rate is 0 (column
         ``quiet`` true); gauges and other values keep their last value (unchanged)."""
-        return _arrow(self.current_frame())
+        return to_arrow(self.current_frame())
 
     def objects(self) -> pl.DataFrame:
         """Live objects per (broker, package, class_name): ``count``. A broker publishing

@@ -215,3 +215,33 @@ def test_duplicates_of_a_broker_collapse_to_the_object_seen_last_v2_on_a_tie() -
         ("twice", "a3", True, ["1.0"], True),
         ("twice", "a4", True, ["1.0"], True),
     ]
+
+
+def test_served_scrapes_answer_from_what_the_background_refresh_rendered(
+    shared_dir: str, tmp_path: Path
+) -> None:
+    """``qmf serve-metrics`` reads the tables in the background: a scrape answers from
+    the exposition rendered ahead (the same bytes a synchronous scrape gives), and the
+    next refresh after gold commits shows the new batch."""
+    run = build(os.path.join(shared_dir, QPIDD_SAMPLE), tmp_path, batches=4, written=2)
+    served = MetricsState(tmp_path)
+    served.start(every_s=0.2)
+    om = "application/openmetrics-text; version=1.0.0"
+    before, ctype = served.scrape(None, om)
+    assert ctype.startswith("application/openmetrics-text")
+    assert before == MetricsState(tmp_path).scrape(None, om)[0]
+    # Rendered ahead: the default exposition is in the cache for both formats.
+    assert served.scrape(None, "")[0] == MetricsState(tmp_path).scrape(None, "")[0]
+    run.write(2)
+    run.write(3)
+    want = MetricsState(tmp_path).scrape(None, om)[0]
+    assert want != before
+    for _ in range(200):  # the refresh runs every 0.2 s: well within 40 s
+        if served.scrape(None, om)[0] == want:
+            break
+        threading.Event().wait(0.2)
+    assert served.scrape(None, om)[0] == want
+    assert served.refresh_errors == 0
+    # A selection is rendered on demand from the refreshed view.
+    sel = Selection.parse("/metrics", "class=queue&name=q-rate-.*")
+    assert served.scrape(sel, om)[0] == MetricsState(tmp_path).scrape(sel, om)[0]
