@@ -93,24 +93,11 @@ def _existing_conf() -> dict[str, str]:
     return {}
 
 
-_LOG4J2 = """\
-rootLogger.level = {level}
-rootLogger.appenderRef.console.ref = console
-appender.console.type = Console
-appender.console.name = console
-appender.console.target = SYSTEM_ERR
-appender.console.layout.type = PatternLayout
-appender.console.layout.pattern = %d{{yy/MM/dd HH:mm:ss}} %p %c{{1}}: %m%n%ex
-logger.parquet.name = org.apache.parquet
-logger.parquet.level = error
-logger.hadoop.name = org.apache.hadoop
-logger.hadoop.level = error
-"""
-
-
 def _log4j_config(level: str) -> str:
     """A log4j2 file at the given root level (written once per level and user)."""
-    return _write_config(f"qmf-log4j2-{level}", _LOG4J2.format(level=level))
+    from pipeline import sparklog
+
+    return _write_config(f"qmf-log4j2-{level}", sparklog.log4j2_config(level))
 
 
 def _write_config(stem: str, text: str) -> str:
@@ -163,7 +150,7 @@ def _file_log4j_config(log_file: Path) -> str:
     from pipeline import sparklog
 
     digest = hashlib.sha1(str(log_file).encode()).hexdigest()[:12]
-    return _write_config(f"qmf-log4j2-file-{digest}", sparklog.log4j2_file_config(log_file))
+    return _write_config(f"qmf-log4j2-file-{digest}", sparklog.log4j2_config("warn", log_file))
 
 
 def _launch_logged(options: Mapping[str, str], log_file: Path, app_name: str) -> None:

@@ -155,18 +155,21 @@ class LogTail:
             self._fh.close()
 
 
-def log4j2_file_config(log_file: Path, level: str = "warn") -> str:
-    """A log4j2 configuration: everything at ``level`` and above to ``log_file``."""
-    name = str(log_file).replace("\\", "\\\\")
+def log4j2_config(level: str, log_file: Path | None = None) -> str:
+    """A log4j2 configuration: everything at ``level`` and above to ``log_file``, or to
+    the JVM's stderr without one (spark-submit jobs, test sessions)."""
+    if log_file is None:
+        appender = "type = Console\nappender.out.target = SYSTEM_ERR"
+    else:
+        name = str(log_file).replace("\\", "\\\\")
+        appender = f"type = File\nappender.out.fileName = {name}\nappender.out.append = true"
     return f"""\
 rootLogger.level = {level}
-rootLogger.appenderRef.file.ref = file
-appender.file.type = File
-appender.file.name = file
-appender.file.fileName = {name}
-appender.file.append = true
-appender.file.layout.type = PatternLayout
-appender.file.layout.pattern = %d{{yy/MM/dd HH:mm:ss}} %p %c{{1}}: %m%n%ex
+rootLogger.appenderRef.out.ref = out
+appender.out.name = out
+appender.out.{appender}
+appender.out.layout.type = PatternLayout
+appender.out.layout.pattern = %d{{yy/MM/dd HH:mm:ss}} %p %c{{1}}: %m%n%ex
 logger.parquet.name = org.apache.parquet
 logger.parquet.level = error
 logger.hadoop.name = org.apache.hadoop

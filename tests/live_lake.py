@@ -9,6 +9,8 @@ from __future__ import annotations
 import contextlib
 import io
 import os
+import threading
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -18,6 +20,7 @@ import pyarrow.compute as pc
 
 from pipeline import delta
 from pipeline.codec.capture import read_capture
+from pipeline.commands.metrics import MetricsState, make_server
 from pipeline.gold import GoldBatchWriter, GoldSettings, gold_input_arrow
 from pipeline.silver import SilverBatchWriter, SilverSettings, bronze_rows
 
@@ -79,3 +82,16 @@ def simulate(root: Path) -> Path:
     with contextlib.redirect_stdout(io.StringIO()):
         assert main(["sim", "-o", str(capture), *SIM_ARGS]) == 0
     return capture
+
+
+@contextlib.contextmanager
+def metrics_server(root: Path) -> Iterator[str]:
+    """``qmf serve-metrics``' HTTP server over the lake at ``root`` on a free port: its URL."""
+    server = make_server(MetricsState(root), "127.0.0.1", 0)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield f"http://127.0.0.1:{server.server_address[1]}"
+    finally:
+        server.shutdown()
+        server.server_close()

@@ -11,11 +11,10 @@ import re
 import signal
 import subprocess
 import sys
-import threading
 import time
 import urllib.request
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -27,12 +26,12 @@ from deltalake import DeltaTable, write_deltalake
 
 from pipeline import delta
 from pipeline.cli import main
-from pipeline.commands.metrics import MetricsState, Selection, make_server
+from pipeline.commands.metrics import Selection
 from pipeline.commands.top import format_rate
 from pipeline.gold import GoldBatchWriter
 from pipeline.live import LiveView
 from tests.lake import Lake, copy_lake
-from tests.live_lake import QPIDD_SAMPLE, build
+from tests.live_lake import QPIDD_SAMPLE, build, metrics_server
 
 Queue = tuple[str, str]  # (broker, queue name)
 SERIES = ("agent", "package", "class_name", "series", "statistic")
@@ -242,18 +241,6 @@ def exposed_queues(
         assert name == ("qmf_statistic_rate_per_second" if counter else "qmf_statistic_value")
         q[labels["statistic"]] = value
     return out
-
-
-@contextlib.contextmanager
-def metrics_server(root: Path) -> Iterator[str]:
-    server = make_server(MetricsState(root), "127.0.0.1", 0)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    try:
-        yield f"http://127.0.0.1:{server.server_address[1]}"
-    finally:
-        server.shutdown()
-        server.server_close()
 
 
 # ------------------------------------------------------------------ on the simulated lake

@@ -4,13 +4,11 @@ traffic (QMF v1 and v2 of one broker) derived into gold without Spark."""
 
 from __future__ import annotations
 
-import contextlib
 import gzip
 import os
 import threading
 import urllib.error
 import urllib.request
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -22,9 +20,9 @@ from prometheus_client.openmetrics.parser import (
 from prometheus_client.parser import text_string_to_metric_families as parse_text
 
 from pipeline import delta
-from pipeline.commands.metrics import MetricsState, Selection, make_server
+from pipeline.commands.metrics import MetricsState, Selection
 from pipeline.live import collapse
-from tests.live_lake import QPIDD_SAMPLE, build
+from tests.live_lake import QPIDD_SAMPLE, build, metrics_server
 
 BROKER = "amqp-broker@vm:25672"
 PROMETHEUS_ACCEPT = (  # what Prometheus 3 sends
@@ -40,18 +38,6 @@ def lake(shared_dir: str, tmp_path_factory: pytest.TempPathFactory) -> Path:
     root = tmp_path_factory.mktemp("qpidd-lake")
     build(os.path.join(shared_dir, QPIDD_SAMPLE), root, batches=6)
     return root
-
-
-@contextlib.contextmanager
-def server(root: Path) -> Iterator[str]:
-    srv = make_server(MetricsState(root), "127.0.0.1", 0)
-    thread = threading.Thread(target=srv.serve_forever, daemon=True)
-    thread.start()
-    try:
-        yield f"http://127.0.0.1:{srv.server_address[1]}"
-    finally:
-        srv.shutdown()
-        srv.server_close()
 
 
 def get(url: str, **headers: str) -> tuple[int, dict[str, str], bytes]:
@@ -159,7 +145,7 @@ def test_a_selection_is_the_matching_part_of_everything(
 
 
 def test_bad_queries_are_answered_400_and_other_paths_404(lake: Path) -> None:
-    with server(lake) as base:
+    with metrics_server(lake) as base:
         for query, says in (
             ("?families=queue", "unknown parameters ['families']"),
             ("?family=queues", "unknown families ['queues']"),
@@ -175,7 +161,7 @@ def test_bad_queries_are_answered_400_and_other_paths_404(lake: Path) -> None:
 
 
 def test_format_and_compression_are_negotiated(lake: Path) -> None:
-    with server(lake) as base:
+    with metrics_server(lake) as base:
         _, om_headers, om = get(base + "/metrics", Accept=PROMETHEUS_ACCEPT)
         assert om_headers["Content-Type"].startswith("application/openmetrics-text; version=1.0.0;")
         assert om.endswith(b"# EOF\n")
