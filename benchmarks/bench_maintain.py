@@ -91,7 +91,7 @@ def build(path: str, commits: int, rows: int) -> float:
         actions, _rows = delta.build_add_actions(dt, [(name, {})])
         dt.create_write_transaction(
             actions, mode="append", schema=dt.schema(),
-            commit_properties=delta._commit_properties(APP, b, "append"),
+            commit_properties=delta.commit_properties(APP, b, "append"),
         )  # fmt: skip
         dt.update_incremental()
     return time.perf_counter() - t0

@@ -62,9 +62,9 @@ from pipeline import delta
 from pipeline.codec.message import decode_message
 from pipeline.codec.schema import SchemaRegistry
 from pipeline.codec.vectorized import decode_content, sample_schema, tune_malloc
-from pipeline.registry import StatisticKinds, seed_table, to_registry
-from pipeline.silver import SilverBatchWriter, SilverSettings, append_arrow
-from pipeline.transforms.silver import decode_arrow
+from pipeline.silver import SilverBatchWriter, SilverSettings
+from pipeline.silver.decode import decode_arrow
+from pipeline.silver.registry import StatisticKinds, seed_table, to_registry
 from schemas.tables import BRONZE
 
 # One glibc arena (decode threads otherwise mmap their big blocks afresh every batch) and
@@ -182,7 +182,7 @@ def run(
             sch = sample_schema(reg.get(key))  # type: ignore[arg-type]
             if not delta.table_exists(path):
                 delta.create_table(path, sch)
-            append_arrow(path, t, sch, app_id="bench", batch_id=k)
+            delta.append_parquet(path, t, app_id="bench", batch_id=k)
             n += t.num_rows
     out["wide_delta"] = line("wide->Delta", n, time.perf_counter() - t0, base)
 

@@ -20,8 +20,8 @@ from datetime import datetime
 from typing import TYPE_CHECKING
 
 from pipeline.gold import DEFAULT_MAX_ROWS_PER_TRIGGER, GoldSettings, run_gold, run_gold_batch
+from pipeline.gold.transforms import LivenessRules, RateRules
 from pipeline.jobrun import run_job, setup_logging, trigger_arg
-from pipeline.transforms.gold import LivenessRules, RateRules
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession

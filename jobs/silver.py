@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING
 
 from pipeline.jobrun import run_job, setup_logging, trigger_arg
 from pipeline.silver import SilverSettings, run_silver, run_silver_batch
+from pipeline.silver.settings import DRIVER_MAX_BYTES
 
 
 def _range(text: str) -> tuple[int, int]:
@@ -48,8 +49,12 @@ def build_parser() -> argparse.ArgumentParser:
                    help="seconds: run time for processingTime, upper bound for availableNow")
     p.add_argument("--parked-max-age", type=float, default=3600.0, metavar="SECONDS",
                    help="report parked messages older than this")
-    p.add_argument("--decode-on", choices=("spark", "driver"), default="spark",
-                   help="decode with mapInArrow on the executors, or on the driver (small batches)")
+    p.add_argument("--decode-on", choices=("auto", "tasks", "driver", "spark"), default="auto",
+                   help="where a micro-batch is decoded and written: Spark tasks (the driver "
+                        "commits their files), the driver, or auto: the driver for batches of at "
+                        "most --driver-max-bytes of bronze files, tasks above ('spark' = tasks)")
+    p.add_argument("--driver-max-bytes", type=int, default=DRIVER_MAX_BYTES, metavar="BYTES",
+                   help="auto: largest batch (bronze file bytes) decoded on the driver")
     p.add_argument("--schema-wants", default=None, metavar="DIR",
                    help="list the schemas parked messages wait for in DIR, for the receiver's "
                         "console (qmf receive --console --console-wants DIR)")
@@ -78,6 +83,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         max_files_per_trigger=args.max_files_per_trigger,
         parked_max_age_s=args.parked_max_age,
         decode_on=args.decode_on,
+        driver_max_bytes=args.driver_max_bytes,
         schema_wants=args.schema_wants,
         **extra,
     )

@@ -42,6 +42,7 @@ import argparse
 import logging
 import os
 import shutil
+import tempfile
 import time
 import uuid
 from collections.abc import Sequence
@@ -54,7 +55,7 @@ if TYPE_CHECKING:
     from pyspark.sql import Column, DataFrame, SparkSession
 
     from pipeline.codec.schema import SchemaRegistry
-    from pipeline.registry import StatisticKinds
+    from pipeline.silver.registry import StatisticKinds
 
 log = logging.getLogger(__name__)
 
@@ -340,12 +341,12 @@ def _replace(
 ) -> TableChange:
     from pipeline import delta
 
-    dt = delta._open_for_write(path)
+    dt = delta.open_for_write(path)
     schema = delta.table_schema(dt)
     batch = delta.conform(new, schema)
     spark = batch.sparkSession
-    files = delta._live_files(dt)
-    scan = _mark(delta._scan(spark, dt, files, with_file=True), predicate, keys, key_rows)
+    files = delta.live_files(dt)
+    scan = _mark(delta.scan_files(spark, dt, files, with_file=True), predicate, keys, key_rows)
     per_file: dict[str, int] = {}
     if files:
         hits = scan.where(_HIT).groupBy(delta.FILE_COL).count().collect()
@@ -354,7 +355,7 @@ def _replace(
     written = batch.count() if rows is None else rows
     if dry_run:
         return TableChange(label, in_range, written, "dry-run", dt.version())
-    if delta._already_committed(dt, app_id, batch_id):
+    if delta.already_committed(dt, app_id, batch_id):
         return TableChange(label, in_range, written, "skipped", dt.version())
     if not per_file and written == 0:  # nothing to remove or add: record the run only
         done = delta.commit_files(path, [], app_id=app_id, batch_id=batch_id, operation="backfill")
@@ -366,9 +367,9 @@ def _replace(
     touched = [f for f in files if f.delta_path in per_file]
     out = batch
     if touched:
-        kept = _mark(delta._scan(spark, dt, touched, with_file=False), predicate, keys, key_rows)
+        kept = _mark(delta.scan_files(spark, dt, touched, with_file=False), predicate, keys, key_rows)
         out = batch.unionByName(kept.where(~_hit()).select(*schema.names))
-    result = delta._write_and_commit(
+    result = delta.write_and_commit(
         out, dt, app_id=app_id, batch_id=batch_id, operation="backfill",
         remove=[f.delta_path for f in touched],
     )  # fmt: skip
@@ -399,7 +400,7 @@ def bronze_in_range(spark: SparkSession, s: BackfillSettings) -> DataFrame:
 
 
 def _registry(s: BackfillSettings) -> tuple[SchemaRegistry, StatisticKinds]:
-    from pipeline.registry import DEFAULT_KINDS_FILE, RegistryTable, StatisticKinds
+    from pipeline.silver.registry import DEFAULT_KINDS_FILE, RegistryTable, StatisticKinds
 
     kinds = StatisticKinds.load(s.kinds_file or DEFAULT_KINDS_FILE)
     return RegistryTable(os.path.join(s.silver, "schema_registry"), kinds).load(), kinds
@@ -439,23 +440,19 @@ def decode_silver(
     """
     import pyarrow as pa
 
-    from pipeline.registry import schema_from_row
-    from pipeline.transforms.silver import (
-        PARKED_T,
-        SEEN_T,
-        Decoded,
-        decode_arrow,
-        decode_bronze,
-        parse_key_text,
-        unpack,
-    )
+    from pipeline.silver.decode import PARKED_T, SEEN_T, Decoded, decode_arrow, parse_key_text
+    from pipeline.silver.registry import schema_from_row
+    from pipeline.silver.tasks import decode_to_arrow
     from schemas.silver import SILVER_TABLES as SCHEMAS
 
     registry, kinds = _registry(s)
     if s.decode_on == "driver":
         decoded = decode_arrow(bronze.toArrow(), registry.copy(), 0, kinds)
     else:
-        decoded = unpack(decode_bronze(bronze, registry, 0, kinds).toArrow())
+        hidden = os.path.join(s.silver, "_staging")  # shared storage the executors see
+        os.makedirs(hidden, exist_ok=True)
+        with tempfile.TemporaryDirectory(prefix="qmf-backfill-", dir=hidden) as scratch:
+            decoded = decode_to_arrow(bronze, registry, 0, kinds, scratch)
     parked = decoded.get(PARKED_T)
     if parked.num_rows:
         ext = registry.copy()
@@ -511,7 +508,7 @@ def gold_scratch(
 ) -> str:
     """Run the gold job's writer as one batch over all of silver into scratch tables."""
     from pipeline.gold import GoldBatchWriter, GoldSettings, gold_input
-    from pipeline.transforms.gold import LivenessRules, RateRules
+    from pipeline.gold.transforms import LivenessRules, RateRules
 
     settings = GoldSettings(
         silver=s.silver,

@@ -330,18 +330,18 @@ def committed_batch(path: str | os.PathLike[str], app_id: str) -> int | None:
     return DeltaTable(os.fspath(path)).transaction_version(app_id)
 
 
-def _open_for_write(path: str | os.PathLike[str]) -> DeltaTable:
+def open_for_write(path: str | os.PathLike[str]) -> DeltaTable:
     dt = DeltaTable(os.fspath(path))
     check_protocol(dt, write=True)
     return dt
 
 
-def _already_committed(dt: DeltaTable, app_id: str, batch_id: int) -> bool:
+def already_committed(dt: DeltaTable, app_id: str, batch_id: int) -> bool:
     recorded = dt.transaction_version(app_id)
     return recorded is not None and batch_id <= recorded
 
 
-def _commit_properties(app_id: str, batch_id: int, operation: str) -> CommitProperties:
+def commit_properties(app_id: str, batch_id: int, operation: str) -> CommitProperties:
     return CommitProperties(
         app_transactions=[Transaction(app_id, batch_id)],
         custom_metadata={
@@ -531,36 +531,255 @@ def build_add_actions(
     rows = 0
     now_ms = int(time.time() * 1000)
     for rel_path, pvalues in files:
-        full = os.path.join(root, rel_path)
-        pf = pq.ParquetFile(full)
-        meta = pf.metadata
-        arrow = meta.schema.to_arrow_schema()
-        problems = _schema_problems(file_schema, arrow, check_nullability=False)
-        if problems:  # before reading stats, whose raw values assume the right types
-            raise SchemaMismatchError(
-                f"file {rel_path} does not match table {root}: " + "; ".join(problems)
-            )
-        stats = file_stats(meta, file_schema)
-        problems.extend(_null_problems(pf, file_schema, stats))
+        f = describe_file(
+            os.path.join(root, rel_path), file_schema, dict(pvalues), name=rel_path, table=root
+        )
         for col in parts:
             if pvalues.get(col) is None and not schema.field(col).nullable:
-                problems.append(f"non-nullable partition column {col!r} is null")
-        if problems:
-            raise SchemaMismatchError(
-                f"file {rel_path} does not match table {root}: " + "; ".join(problems)
-            )
-        rows += meta.num_rows
-        actions.append(
-            AddAction(
-                path=rel_path,  # delta-rs URI-encodes it for the log
-                size=os.path.getsize(full),
-                partition_values=dict(pvalues),
-                modification_time=now_ms,
-                data_change=True,
-                stats=json.dumps(stats, separators=(",", ":")),
-            )
-        )
+                raise SchemaMismatchError(
+                    f"file {rel_path} does not match table {root}: "
+                    f"non-nullable partition column {col!r} is null"
+                )
+        rows += f.rows
+        actions.append(f.add_action(now_ms))
     return actions, rows
+
+
+@dataclass(frozen=True)
+class DataFileInfo:
+    """What a commit needs to know of a data file, found where the file was written.
+
+    A Spark task that writes a file describes it (``describe_file``) and returns
+    this; the driver commits it without opening the file again, so the driver's
+    work per batch grows with the number of files, not of rows.
+    """
+
+    name: str  # path relative to the table root, once committed
+    location: str  # where it is now (a staging folder of the table, or the root)
+    size: int
+    rows: int
+    stats: str  # Delta ``stats`` JSON: what the footer holds (possibly partial)
+    partition_values: tuple[tuple[str, str | None], ...] = ()
+
+    def add_action(self, now_ms: int) -> AddAction:
+        return AddAction(
+            path=self.name,  # delta-rs URI-encodes it for the log
+            size=self.size,
+            partition_values=dict(self.partition_values),
+            modification_time=now_ms,
+            data_change=True,
+            stats=self.stats,
+        )
+
+
+def describe_file(
+    full_path: str,
+    schema: pa.Schema,
+    partition_values: Mapping[str, str | None] | None = None,
+    *,
+    name: str | None = None,
+    table: str = "",
+) -> DataFileInfo:
+    """Check a Parquet file against ``schema`` (the table's, partition columns
+    excluded) and describe it for a commit.
+
+    Pitfall: ``create_write_transaction`` does not check files against the
+    table schema, and a bad file makes every later read fail, so the footer
+    is checked: columns and types must match, and non-nullable columns must
+    hold no null (proven by the footer's schema, its null counts, or the data:
+    see _null_problems; never refused for lack of statistics). The stats are
+    what the footer has (file_stats), which may be partial.
+    """
+    pf = pq.ParquetFile(full_path)
+    meta = pf.metadata
+    label = name or os.path.basename(full_path)
+    problems = _schema_problems(schema, meta.schema.to_arrow_schema(), check_nullability=False)
+    if problems:  # before reading stats, whose raw values assume the right types
+        raise SchemaMismatchError(f"file {label} does not match table {table}: " + "; ".join(problems))
+    stats = file_stats(meta, schema)
+    problems.extend(_null_problems(pf, schema, stats))
+    if problems:
+        raise SchemaMismatchError(f"file {label} does not match table {table}: " + "; ".join(problems))
+    return DataFileInfo(
+        name=label,
+        location=full_path,
+        size=os.path.getsize(full_path),
+        rows=int(meta.num_rows),
+        stats=json.dumps(stats, separators=(",", ":")),
+        partition_values=tuple(sorted((partition_values or {}).items())),
+    )
+
+
+def stage_dir(path: str | os.PathLike[str], app_id: str, batch_id: int) -> str:
+    """A fresh staging folder inside the table (``_staging/<app>-<batch>-<token>``, hidden
+    from readers): writers put a batch's files there; ``commit_staged`` moves them in."""
+    d = _staging_dir(os.path.abspath(os.fspath(path)), app_id, batch_id)
+    os.makedirs(d, exist_ok=True)
+    return d
+
+
+class DataFileWriter:
+    """One Parquet data file written part by part, then described for a commit.
+
+    Statistics and dictionaries for the flat columns only: the value lists get
+    neither (Delta keeps no stats for nested columns; ~35% of the write time);
+    ``unique`` columns (all values distinct) get no dictionary either. The file
+    is opened at the first non-empty part; ``close`` returns None when there
+    was none (no file).
+    """
+
+    def __init__(
+        self, full_path: str, schema: pa.Schema, *, unique: Sequence[str] = ("msg_key", "body")
+    ) -> None:
+        self.full_path = full_path
+        self.schema = schema
+        self.unique = tuple(unique)
+        self.rows = 0
+        self._writer: pq.ParquetWriter | None = None
+
+    def write(self, table: pa.Table) -> None:
+        if table.num_rows == 0:
+            return
+        if self._writer is None:
+            flat = [f.name for f in self.schema if not pa.types.is_nested(f.type)]
+            self._writer = pq.ParquetWriter(
+                self.full_path,
+                self.schema,
+                compression="snappy",
+                write_statistics=flat,
+                use_dictionary=[c for c in flat if c not in self.unique],
+            )
+        self._writer.write_table(table.select(self.schema.names).cast(self.schema))
+        self.rows += table.num_rows
+
+    def close(self) -> DataFileInfo | None:
+        if self._writer is None:
+            return None
+        self._writer.close()
+        self._writer = None
+        return describe_file(self.full_path, self.schema)
+
+    def abort(self) -> None:
+        if self._writer is not None:
+            self._writer.close()
+            self._writer = None
+        _remove_quietly([self.full_path])
+
+
+def data_file_name(batch_id: int) -> str:
+    """A fresh data file name: the batch id, then a random token (never reused)."""
+    return f"part-{batch_id:08d}-{uuid.uuid4().hex}.parquet"
+
+
+def commit_staged(
+    path: str | os.PathLike[str],
+    files: Sequence[DataFileInfo],
+    *,
+    app_id: str,
+    batch_id: int,
+    operation: str = "append",
+) -> CommitResult:
+    """Commit files described where they were written, exactly once.
+
+    Files still in a staging folder of the table are moved into its root
+    (a rename on the same filesystem); a replayed batch (already committed)
+    removes them instead. The footers are not read again: ``describe_file``
+    checked them where they were written.
+    """
+    dt = open_for_write(path)
+    root = table_root(dt)
+    if already_committed(dt, app_id, batch_id):
+        _remove_quietly(f.location for f in files if f.location != os.path.join(root, f.name))
+        _remove_staging_dirs(root, files)
+        return CommitResult(skipped=True, version=dt.version())
+    moved: list[str] = []
+    committed = False
+    try:
+        for f in files:
+            dest = os.path.join(root, f.name)
+            if f.location != dest:
+                if os.path.exists(dest):
+                    raise DeltaLayerError(f"refusing to overwrite existing data file {dest}")
+                os.rename(f.location, dest)
+                moved.append(dest)
+        now_ms = int(time.time() * 1000)
+        dt.create_write_transaction(
+            [f.add_action(now_ms) for f in files],
+            mode="append",
+            schema=dt.schema(),
+            partition_by=partition_columns(dt) or None,
+            commit_properties=commit_properties(app_id, batch_id, operation),
+        )
+        committed = True
+    finally:
+        if not committed:
+            _remove_quietly(moved)
+        _remove_staging_dirs(root, files)
+    try:
+        dt.update_incremental()
+        version: int | None = dt.version()
+    except Exception:  # the commit is durable; only reading its version back failed
+        version = None
+    return CommitResult(
+        skipped=False, version=version, files_added=len(files), rows=sum(f.rows for f in files)
+    )
+
+
+def _remove_staging_dirs(root: str, files: Sequence[DataFileInfo]) -> None:
+    staging = os.path.join(root, STAGING_DIR)
+    for d in {os.path.dirname(f.location) for f in files}:
+        if os.path.dirname(d) == staging:
+            shutil.rmtree(d, ignore_errors=True)
+    try:
+        os.rmdir(staging)
+    except OSError:
+        pass
+
+
+def append_parquet(
+    path: str | os.PathLike[str],
+    table: pa.Table,
+    *,
+    app_id: str,
+    batch_id: int,
+    parallel_rows: int = 100_000,
+    threads: int = 4,
+) -> CommitResult:
+    """Append Arrow rows exactly once as Parquet files written here: one file, or one
+    per thread for more than ``parallel_rows`` rows (pyarrow's writer releases the
+    GIL, and list columns make it the costliest step); ``commit_staged`` commits them."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    dt = open_for_write(path)
+    if already_committed(dt, app_id, batch_id):
+        return CommitResult(skipped=True, version=dt.version())
+    schema = table_schema(dt)
+    data = conform_arrow(table, schema)
+    parts = 1
+    if data.num_rows > parallel_rows:
+        parts = min(max(1, threads), -(-data.num_rows // parallel_rows))
+    step = -(-data.num_rows // parts)
+    staging = stage_dir(path, app_id, batch_id)
+    token = uuid.uuid4().hex
+    names = [f"part-{batch_id:08d}-{token}-{i}.parquet" for i in range(parts)]
+
+    def write(i: int) -> DataFileInfo:
+        w = DataFileWriter(os.path.join(staging, names[i]), schema)
+        w.write(data.slice(i * step, step))
+        info = w.close()
+        assert info is not None
+        return info
+
+    try:
+        if parts == 1:
+            infos = [write(0)]
+        else:
+            with ThreadPoolExecutor(parts, thread_name_prefix="qmf-parquet") as pool:
+                infos = list(pool.map(write, range(parts)))
+    except BaseException:
+        shutil.rmtree(staging, ignore_errors=True)
+        raise
+    return commit_staged(path, infos, app_id=app_id, batch_id=batch_id)
 
 
 def commit_files(
@@ -595,8 +814,8 @@ def _commit_files(
 ) -> CommitResult:
     from deltalake._internal import RemoveAction
 
-    dt = _open_for_write(path)
-    if _already_committed(dt, app_id, batch_id):
+    dt = open_for_write(path)
+    if already_committed(dt, app_id, batch_id):
         return CommitResult(skipped=True, version=dt.version())
     actions, rows = build_add_actions(dt, files)
     removals: list[Any] = []
@@ -621,7 +840,7 @@ def _commit_files(
         mode="append",
         schema=dt.schema(),
         partition_by=partition_columns(dt) or None,
-        commit_properties=_commit_properties(app_id, batch_id, operation),
+        commit_properties=commit_properties(app_id, batch_id, operation),
     )
     try:
         dt.update_incremental()
@@ -680,9 +899,14 @@ def no_dictionary(*columns: str) -> dict[str, str]:
 UNIQUE_COLUMNS_OPTIONS = no_dictionary("msg_key", "message_id", "correlation_id", "body")
 
 
-def _staging_dir(root: str, app_id: str, batch_id: int) -> str:
+def stage_dir_prefix(root: str, app_id: str, batch_id: int) -> str:
+    """``<root>/_staging/<app>-<batch>``: the staging folders of one batch start so."""
     safe_app = "".join(c if c.isalnum() or c in "-_." else "_" for c in app_id)
-    return os.path.join(root, STAGING_DIR, f"{safe_app}-{batch_id}-{uuid.uuid4().hex[:12]}")
+    return os.path.join(root, STAGING_DIR, f"{safe_app}-{batch_id}")
+
+
+def _staging_dir(root: str, app_id: str, batch_id: int) -> str:
+    return f"{stage_dir_prefix(root, app_id, batch_id)}-{uuid.uuid4().hex[:12]}"
 
 
 def _stage_and_move(
@@ -744,7 +968,7 @@ def _remove_quietly(paths: Iterable[str]) -> None:
             pass
 
 
-def _write_and_commit(
+def write_and_commit(
     df: DataFrame,
     dt: DeltaTable,
     *,
@@ -766,7 +990,7 @@ def _write_and_commit(
         # Re-check right before committing: narrows the window in which a
         # concurrent replay of the same batch could commit twice.
         dt.update_incremental()
-        if _already_committed(dt, app_id, batch_id):
+        if already_committed(dt, app_id, batch_id):
             return CommitResult(skipped=True, version=dt.version())
         result = commit_files(
             root, moved, app_id=app_id, batch_id=batch_id, remove=remove, operation=operation
@@ -775,7 +999,7 @@ def _write_and_commit(
         return result
     finally:
         shutil.rmtree(staging, ignore_errors=True)
-        if not committed and moved and not _already_committed(DeltaTable(root), app_id, batch_id):
+        if not committed and moved and not already_committed(DeltaTable(root), app_id, batch_id):
             _remove_quietly(os.path.join(root, rel) for rel, _ in moved)
         staging_root = os.path.join(root, STAGING_DIR)
         try:
@@ -797,11 +1021,11 @@ def append_batch(
     Meant for ``foreachBatch``: ``append_batch(df, path, app_id=query_name, batch_id=batch_id)``.
     ``writer_options`` go to Spark's Parquet writer, e.g. ``UNIQUE_COLUMNS_OPTIONS``.
     """
-    dt = _open_for_write(path)
-    if _already_committed(dt, app_id, batch_id):
+    dt = open_for_write(path)
+    if already_committed(dt, app_id, batch_id):
         return CommitResult(skipped=True, version=dt.version())
     schema = table_schema(dt)
-    return _write_and_commit(
+    return write_and_commit(
         conform(df, schema),
         dt,
         app_id=app_id,
@@ -816,16 +1040,16 @@ def append_batch(
 
 
 @dataclass(frozen=True)
-class _LiveFile:
+class LiveFile:
     delta_path: str
     local_path: str
     partition_values: dict[str, str | None]
 
 
-def _live_files(dt: DeltaTable) -> list[_LiveFile]:
+def live_files(dt: DeltaTable) -> list[LiveFile]:
     """The version's files with their partition values, taken from the log."""
     root = table_root(dt)
-    out: list[_LiveFile] = []
+    out: list[LiveFile] = []
     for delta_path, (_size, pvalues) in sorted(_live_actions(dt).items()):
         if "://" in delta_path:
             parsed = urllib.parse.urlparse(delta_path)
@@ -836,13 +1060,13 @@ def _live_files(dt: DeltaTable) -> list[_LiveFile]:
             local = urllib.parse.unquote(delta_path)
         else:
             local = os.path.join(root, urllib.parse.unquote(delta_path))
-        out.append(_LiveFile(delta_path, local, pvalues))
+        out.append(LiveFile(delta_path, local, pvalues))
     return out
 
 
 def prune_files(
-    dt: DeltaTable, files: Sequence[_LiveFile], column: str, low: Any, high: Any
-) -> list[_LiveFile]:
+    dt: DeltaTable, files: Sequence[LiveFile], column: str, low: Any, high: Any
+) -> list[LiveFile]:
     """The files that may hold rows with ``low <= column <= high``, by the log's
     min/max stats. Stats are optional (Spark writes none for large values):
     a file without a min or max for the column is always kept, so missing
@@ -893,7 +1117,7 @@ def read_arrow(path: str | os.PathLike[str], version: int | None = None) -> pa.T
     parts = partition_columns(dt)
     file_names = [f.name for f in schema if f.name not in parts]
     pieces: list[pa.Table] = []
-    for live in _live_files(dt):
+    for live in live_files(dt):
         pf = pq.ParquetFile(live.local_path)
         have = set(pf.schema_arrow.names)
         t = pf.read(columns=[n for n in file_names if n in have])
@@ -921,7 +1145,7 @@ def iter_batches(
     dt = _open(path, None)
     schema = table_schema(dt)
     wanted = pa.schema([schema.field(c).with_nullable(True) for c in columns])
-    for live in _live_files(dt):
+    for live in live_files(dt):
         pf = pq.ParquetFile(live.local_path)
         have = set(pf.schema_arrow.names)
         present = [c for c in columns if c in have]
@@ -940,7 +1164,7 @@ def newest_files(path: str | os.PathLike[str], max_rows: int) -> tuple[list[str]
     For summaries that must stay bounded however long the table has grown.
     """
     dt = _open(path, None)
-    local = {f.delta_path: f.local_path for f in _live_files(dt)}
+    local = {f.delta_path: f.local_path for f in live_files(dt)}
     adds = pa.table(dt.get_add_actions(flatten=True))
     if adds.num_rows == 0:
         return [], 0, 0
@@ -987,8 +1211,8 @@ def _spark_uris(spark: SparkSession, local_paths: Sequence[str]) -> list[str]:
     return out
 
 
-def _scan(
-    spark: SparkSession, dt: DeltaTable, files: Sequence[_LiveFile], *, with_file: bool
+def scan_files(
+    spark: SparkSession, dt: DeltaTable, files: Sequence[LiveFile], *, with_file: bool
 ) -> DataFrame:
     """Spark DataFrame over ``files`` in table column order (nullable columns, as
     Spark's Parquet reader always makes them); ``with_file`` adds the Delta path."""
@@ -1037,7 +1261,7 @@ def read_table(
     empty DataFrame with the table's schema.
     """
     dt = _open(path, version)
-    return _scan(spark, dt, _live_files(dt), with_file=False)
+    return scan_files(spark, dt, live_files(dt), with_file=False)
 
 
 # ---------------------------------------------------------------------------
@@ -1055,9 +1279,9 @@ def _merge_target(
     """The table a merge writes, its schema, and the result if the batch is already in it."""
     if not keys:
         raise ValueError("merge needs at least one key column")
-    dt = _open_for_write(path)
+    dt = open_for_write(path)
     schema = table_schema(dt)
-    if _already_committed(dt, app_id, batch_id):
+    if already_committed(dt, app_id, batch_id):
         return dt, schema, CommitResult(skipped=True, version=dt.version())
     for k in keys:
         if k not in schema.names:
@@ -1103,10 +1327,10 @@ def merge_batch(
     if mode == "insert_if_absent":
         from pyspark.sql import functions as F
 
-        files = _live_files(dt)
+        files = live_files(dt)
         if target_range is not None:
             files = prune_files(dt, files, *target_range)
-        existing = _scan(batch.sparkSession, dt, files, with_file=False)
+        existing = scan_files(batch.sparkSession, dt, files, with_file=False)
         if target_range is not None:
             column, low, high = target_range
             existing = existing.where(F.col(column).between(F.lit(low), F.lit(high)))
@@ -1115,7 +1339,7 @@ def merge_batch(
         fresh = batch.dropDuplicates(list(keys)).join(
             existing.select(*keys), on=list(keys), how="left_anti"
         )
-        return _write_and_commit(
+        return write_and_commit(
             fresh,
             dt,
             app_id=app_id,
@@ -1162,8 +1386,8 @@ def _write_file(dt: DeltaTable, table: pa.Table, batch_id: int) -> str:
 def _commit_arrow(
     table: pa.Table, path: str | os.PathLike[str], *, app_id: str, batch_id: int, replace: bool
 ) -> CommitResult:
-    dt = _open_for_write(path)
-    if _already_committed(dt, app_id, batch_id):
+    dt = open_for_write(path)
+    if already_committed(dt, app_id, batch_id):
         return CommitResult(skipped=True, version=dt.version())
     data = conform_arrow(table, table_schema(dt))
     root = table_root(dt)
@@ -1175,7 +1399,7 @@ def _commit_arrow(
         if replace:
             with table_lock(path):  # no compaction between listing the files and the commit
                 dt.update_incremental()
-                remove = [f.delta_path for f in _live_files(dt)]
+                remove = [f.delta_path for f in live_files(dt)]
                 result = commit_files(
                     root, files, app_id=app_id, batch_id=batch_id, remove=remove,
                     operation="overwrite",
@@ -1230,7 +1454,7 @@ def merge_arrow(
                 predicate=predicate,
                 source_alias="s",
                 target_alias="t",
-                commit_properties=_commit_properties(app_id, batch_id, "upsert"),
+                commit_properties=commit_properties(app_id, batch_id, "upsert"),
             )
             .when_matched_update_all()
             .when_not_matched_insert_all()
@@ -1272,8 +1496,8 @@ def overwrite_range(
     """
     from pyspark.sql import functions as F
 
-    dt = _open_for_write(path)
-    if _already_committed(dt, app_id, batch_id):
+    dt = open_for_write(path)
+    if already_committed(dt, app_id, batch_id):
         return CommitResult(skipped=True, version=dt.version())
     schema = table_schema(dt)
     batch = conform(df, schema)
@@ -1286,10 +1510,10 @@ def overwrite_range(
     # replace the chosen files in between (it takes the lock exclusively).
     with table_lock(path):
         dt.update_incremental()
-        files = _live_files(dt)
+        files = live_files(dt)
         if within is not None:
             files = prune_files(dt, files, *within)
-        scan = _scan(spark, dt, files, with_file=True)
+        scan = scan_files(spark, dt, files, with_file=True)
         hit = {
             r[0]
             for r in scan.where(F.expr(f"coalesce(({predicate}), false)"))
@@ -1300,9 +1524,9 @@ def overwrite_range(
         touched = [f for f in files if f.delta_path in hit]
         out = batch
         if touched:
-            kept = _scan(spark, dt, touched, with_file=False).where(outside)
+            kept = scan_files(spark, dt, touched, with_file=False).where(outside)
             out = batch.unionByName(kept)
-        return _write_and_commit(
+        return write_and_commit(
             out,
             dt,
             app_id=app_id,
@@ -1311,3 +1535,22 @@ def overwrite_range(
             remove=[f.delta_path for f in touched],
             writer_options=writer_options,
         )
+
+
+def read_before_batch(path: str, app_id: str, batch_id: int) -> pa.Table:
+    """The table as it was before ``app_id`` committed ``batch_id`` (or now, if it has not).
+
+    Commits of one app come in batch order, so the version before the first
+    commit of (app_id, >= batch_id) is the state that batch first saw.
+    """
+    done = committed_batch(path, app_id)
+    if done is None or done < batch_id:
+        return read_arrow(path)
+    first: int | None = None
+    for h in DeltaTable(path).history():
+        if h.get("qmf.app_id") == app_id and int(h.get("qmf.batch_id", -1)) >= batch_id:
+            v = int(h["version"])
+            first = v if first is None else min(first, v)
+    if first is None or first == 0:
+        return read_arrow(path) if first is None else read_arrow(path, 0).slice(0, 0)
+    return read_arrow(path, first - 1)

@@ -611,6 +611,28 @@ class StreamPlanner:
         return end, taken
 
 
+def range_files(
+    path: str,
+    schema: StructType,
+    start: Mapping[str, Any],
+    end: Mapping[str, Any],
+    options: Mapping[str, str] | None = None,
+) -> list[DataFile]:
+    """The files a micro-batch of this source over ``[start, end)`` holds: the same
+    planner and options as the stream reader's ``partitions()``."""
+    opts = DeltaSourceOptions.parse({**(options or {}), "path": path})
+    planner = StreamPlanner(DeltaLogReader(opts.path), opts, schema)
+    return planner.files_between(Position.from_json(start), Position.from_json(end))
+
+
+def read_files(files: Sequence[DataFile], schema: StructType, columns: Sequence[str]) -> pa.Table:
+    """``files`` read with pyarrow in this process, projected on ``columns``."""
+    full = arrow_schema(schema)
+    wanted = pa.schema([full.field(c) for c in columns])
+    batches = [b for f in files for b in read_file(f, wanted)]
+    return pa.Table.from_batches(batches, schema=wanted)
+
+
 def read_range(
     path: str,
     schema: StructType,
@@ -621,35 +643,29 @@ def read_range(
 ) -> pa.Table:
     """What a micro-batch of this source over ``[start, end)`` holds, read in this process.
 
-    The same files as the stream reader's ``partitions()`` (the same planner
-    and options), read with pyarrow and projected on ``columns``: a
-    ``foreachBatch`` function that only needs the batch on the driver reads it
-    from the offset log's positions without Spark's task, its Arrow-to-row
-    conversion and its collect (docs/DESIGN.md, Gold).
+    The same files as the stream reader's ``partitions()`` (``range_files``), read
+    with pyarrow and projected on ``columns``: a ``foreachBatch`` function that
+    only needs the batch on the driver reads it from the offset log's positions
+    without Spark's task, its Arrow-to-row conversion and its collect
+    (docs/DESIGN.md, Gold).
     """
-    opts = DeltaSourceOptions.parse({**(options or {}), "path": path})
-    planner = StreamPlanner(DeltaLogReader(opts.path), opts, schema)
-    files = planner.files_between(Position.from_json(start), Position.from_json(end))
-    full = _arrow_schema(schema)
-    wanted = pa.schema([full.field(c) for c in columns])
-    batches = [b for f in files for b in read_file(f, wanted)]
-    return pa.Table.from_batches(batches, schema=wanted)
+    return read_files(range_files(path, schema, start, end, options), schema, columns)
 
 
-def read_batch(
+def batch_files(
     checkpoint: str,
     batch_id: int,
-    reads: Sequence[tuple[str, StructType, Sequence[str]]],
+    reads: Sequence[tuple[str, StructType]],
     options: Mapping[str, str] | None = None,
-) -> list[pa.Table] | None:
-    """Micro-batch ``batch_id`` of a query over ``qmf-delta`` sources, read in this process.
+) -> list[list[DataFile]] | None:
+    """The files of micro-batch ``batch_id`` of a query over ``qmf-delta`` sources.
 
-    ``reads``: (table path, schema, columns) per source, in the order of the
-    query's offset log. From the previous batch's entry to this batch's, each
-    source's files (``read_range``). None when that cannot be known: no
-    checkpoint, a missing entry, or a query's first batch whose start cannot be
-    told from its end. Spark does not log a first batch's start (the sources'
-    initial offset), but a first batch that ends inside a starting snapshot
+    ``reads``: (table path, schema) per source, in the order of the query's
+    offset log. From the previous batch's entry to this batch's, each source's
+    files (``range_files``). None when that cannot be known: no checkpoint, a
+    missing entry, or a query's first batch whose start cannot be told from its
+    end. Spark does not log a first batch's start (the sources' initial
+    offset), but a first batch that ends inside a starting snapshot
     (``snapshot`` set: only an initial offset makes one) started at that
     snapshot's beginning; that is the case whenever ``maxFilesPerTrigger`` (or
     another limit) cuts a large table's first batch, so a backlog is not
@@ -667,8 +683,26 @@ def read_batch(
     if end is None or start is None or not len(end) == len(start) == len(reads):
         return None
     return [
-        read_range(path, schema, json.loads(s), json.loads(e), columns, options)
-        for (path, schema, columns), s, e in zip(reads, start, end, strict=True)
+        range_files(path, schema, json.loads(s), json.loads(e), options)
+        for (path, schema), s, e in zip(reads, start, end, strict=True)
+    ]
+
+
+def read_batch(
+    checkpoint: str,
+    batch_id: int,
+    reads: Sequence[tuple[str, StructType, Sequence[str]]],
+    options: Mapping[str, str] | None = None,
+) -> list[pa.Table] | None:
+    """Micro-batch ``batch_id`` of a query over ``qmf-delta`` sources, read in this process
+    (``batch_files``, then each source's files projected on its columns); None when
+    the batch's files cannot be known."""
+    files = batch_files(checkpoint, batch_id, [(p, s) for p, s, _ in reads], options)
+    if files is None:
+        return None
+    return [
+        read_files(fs, schema, columns)
+        for fs, (_p, schema, columns) in zip(files, reads, strict=True)
     ]
 
 
@@ -718,9 +752,12 @@ def _batch_rows(meta: pq.FileMetaData) -> int:
     return max(1, min(ARROW_BATCH_ROWS, ARROW_BATCH_BYTES // per_row))
 
 
-def read_file(f: DataFile, schema: pa.Schema) -> Iterator[pa.RecordBatch]:
-    """Rows of one data file in exactly ``schema`` (Spark checks it); partition columns
-    come from the log's partition values, columns a file lacks (added later) are null."""
+def read_file(
+    f: DataFile, schema: pa.Schema, row_groups: Sequence[int] | None = None
+) -> Iterator[pa.RecordBatch]:
+    """Rows of one data file (or of some of its row groups) in exactly ``schema`` (Spark
+    checks it); partition columns come from the log's partition values, columns a
+    file lacks (added later) are null."""
     try:
         pf = pq.ParquetFile(f.path)
     except FileNotFoundError:
@@ -731,7 +768,11 @@ def read_file(f: DataFile, schema: pa.Schema) -> Iterator[pa.RecordBatch]:
     in_file = set(pf.schema_arrow.names)
     columns = [n for n in schema.names if n not in pvalues and n in in_file]
     produced = 0
-    for batch in pf.iter_batches(batch_size=_batch_rows(pf.metadata), columns=columns):
+    groups = None if row_groups is None else list(row_groups)
+    batches = pf.iter_batches(
+        batch_size=_batch_rows(pf.metadata), columns=columns, row_groups=groups
+    )
+    for batch in batches:
         arrays: list[pa.Array] = []
         for fld in schema:
             if fld.name in pvalues:
@@ -744,13 +785,18 @@ def read_file(f: DataFile, schema: pa.Schema) -> Iterator[pa.RecordBatch]:
                 arrays.append(pa.nulls(batch.num_rows, fld.type))
         produced += batch.num_rows
         yield pa.RecordBatch.from_arrays(arrays, schema=schema)
-    if produced != pf.metadata.num_rows:
+    expected = (
+        pf.metadata.num_rows
+        if groups is None
+        else sum(pf.metadata.row_group(i).num_rows for i in groups)
+    )
+    if produced != expected:
         raise DeltaStreamError(
-            f"{f.path}: read {produced} rows, the footer says {pf.metadata.num_rows}"
+            f"{f.path}: read {produced} rows, the footer says {expected}"
         )
 
 
-def _arrow_schema(schema: StructType) -> pa.Schema:
+def arrow_schema(schema: StructType) -> pa.Schema:
     from pyspark.sql.pandas.types import to_arrow_schema
 
     return to_arrow_schema(schema, timezone="UTC")
@@ -773,7 +819,7 @@ class DeltaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
     def __init__(self, schema: StructType, options: Mapping[str, str]) -> None:
         self.opts = DeltaSourceOptions.parse(options)
         self.schema = schema
-        self.arrow_schema = _arrow_schema(schema)
+        self.arrow_schema = arrow_schema(schema)
         self._log: DeltaLogReader | None = None
         self._planner: StreamPlanner | None = None
         self._target: int | None = None

@@ -180,7 +180,7 @@ def heartbeat_agent() -> pl.Expr:
     heartbeat carries none: it stands for the broker's agent ``1.0``)."""
     import polars as pl
 
-    from pipeline.transforms.gold import LivenessRules
+    from pipeline.gold.transforms import LivenessRules
 
     v1 = pl.when(pl.col("dialect") != "V2").then(pl.lit(LivenessRules().v1_agent))
     return pl.coalesce(pl.col("agent"), v1).alias("agent")

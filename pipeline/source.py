@@ -298,7 +298,7 @@ def bounded_batches(table: pa.Table, max_rows: int, max_bytes: int) -> Iterator[
         start = end
 
 
-def _arrow_schema(schema: StructType) -> pa.Schema:
+def arrow_schema(schema: StructType) -> pa.Schema:
     from pyspark.sql.pandas.types import to_arrow_schema
 
     return to_arrow_schema(schema, timezone="UTC")
@@ -338,7 +338,7 @@ class QmfStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
     def __init__(self, schema: StructType, options: Mapping[str, str]) -> None:
         self.opts = QmfOptions.parse(options)
         self.schema = schema
-        self.arrow_schema = _arrow_schema(schema)
+        self.arrow_schema = arrow_schema(schema)
         self._target: Offsets | None = None
         self._receiver: _Receiver | None = None
 
@@ -431,7 +431,7 @@ class QmfBatchReader(DataSourceReader):
     def __init__(self, schema: StructType, options: Mapping[str, str]) -> None:
         self.opts = QmfOptions.parse(options)
         self.schema = schema
-        self.arrow_schema = _arrow_schema(schema)
+        self.arrow_schema = arrow_schema(schema)
 
     def partitions(self) -> Sequence[InputPartition]:
         landing = LandingLog(self.opts.path)

@@ -2,8 +2,8 @@
 
 Registered into ``schemas.tables.TABLES``. Times: QMF ``*_ns`` (exact int64)
 beside Spark timestamps (microseconds). An object is ``(agent, object_id)``
-where ``object_id`` is the dialect's object id as text (``pipeline.transforms.
-gold.object_id``); the rates of one object's statistic form a *series* keyed by
+where ``object_id`` is the dialect's object id as text (``pipeline.gold.transforms.
+object_id``); the rates of one object's statistic form a *series* keyed by
 ``(agent, package, class_name, series)``, ``series`` being the index key when
 known (so a re-created object or one renumbered by an agent restart continues
 the series and its first interval says why there is no rate), else the object id.
@@ -71,7 +71,7 @@ RATE_STATE = pa.schema(
 # under the same name is a new row). ``state``: live | deleted | lost;
 # ``end_reason``: deleted | agent_restart | agent_down (null while live).
 # ``name``: the object's name for a person, its index references resolved to their
-# targets' names (``pipeline.names``: a queue of the default vhost is its queue name);
+# targets' names (``pipeline.gold.names``: a queue of the default vhost is its queue name);
 # ``broker``: its broker's identity, ``name@host:port``, the same for qpidd's AM2 and
 # V2 agents. Both are recomputed every batch (a target seen later, or renamed).
 OBJECT_LIFECYCLES = pa.schema(

@@ -11,7 +11,7 @@ timestamp ``*_time`` (microseconds; null when the ns value is 0 = "not set").
 Object samples use one table for every class (see docs/DESIGN.md, "Silver"):
 identity columns, then the element values in three positional typed lists
 (``ints``, ``floats``, ``texts``) whose slots the registry assigns per class
-(``pipeline.registry``); ``pipeline.transforms.silver.wide_view`` turns them
+(``pipeline.silver.registry``); ``pipeline.silver.transforms.wide_view`` turns them
 into one column per property/statistic for notebooks.
 """
 
@@ -131,7 +131,7 @@ EVENTS = pa.schema(
         pa.field("timestamp_ns", pa.int64()),
         pa.field("event_time", TS),
         pa.field("arguments", pa.string()),  # JSON object, values typed as decoded
-        # The same arguments by type (pipeline.transforms.silver.typed_arguments):
+        # The same arguments by type (pipeline.silver.decode.typed_arguments):
         pa.field("arg_ints", pa.map_(pa.string(), pa.int64())),
         pa.field("arg_floats", pa.map_(pa.string(), pa.float64())),
         pa.field("arg_texts", pa.map_(pa.string(), pa.string())),

@@ -9,7 +9,7 @@ import numpy as np
 import polars as pl
 import pytest
 
-from pipeline.transforms import gold as tg
+from pipeline.gold import transforms as tg
 
 T0 = 1_800_000_000 * 10**9
 S = 10**9
@@ -218,8 +218,8 @@ def test_series_key_drops_the_agent_epoch_of_v2_references() -> None:
     break in two without this, as AM2's would without blanking the id's epoch."""
     import pyarrow as pa
 
+    from pipeline.gold.transforms import series_key
     from pipeline.live import with_series
-    from pipeline.transforms.gold import series_key
 
     ref = '{\\"_agent_epoch\\":%d,\\"_object_name\\":\\"org.apache.qpid.broker:queue:tq-5\\"}'
     keys = [f'["{ref % 1}","tq-5"]', f'["{ref % 2}","tq-5"]', '["0-1-1-0-3","q1"]', '["0-2-1-0-3","q1"]']

@@ -82,7 +82,7 @@ def gold_queues(
     sample), else the baseline (a gauge's value; a counter's rate unknown: None). Counters
     ``quiet`` says are quiet read 0. The object id is the newest row's, the key the broker
     and name gold's lifecycles give that object; objects in ``ended`` are left out."""
-    from pipeline.transforms.gold import series_key
+    from pipeline.gold.transforms import series_key
 
     keys = ["agent", "package", "class_name", "series", "statistic"]
     queue = (pl.col("class_name") == "queue") & pl.col("statistic").is_in(list(STATS))

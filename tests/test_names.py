@@ -1,4 +1,4 @@
-"""Names through index references (``pipeline.names``): pure, no I/O.
+"""Names through index references (``pipeline.gold.names``): pure, no I/O.
 
 Shapes are qpidd's: a queue is indexed ``[vhostRef, name]``, a vhost ``[brokerRef, name]``,
 a binding ``[exchangeRef, queueRef, bindingKey]``; AM2 references are object ids, V2
@@ -12,7 +12,7 @@ import json
 import polars as pl
 import pyarrow as pa
 
-from pipeline.names import Obj, Resolver, parse_ref, ref_key, ref_positions, with_names
+from pipeline.gold.names import Obj, Resolver, parse_ref, ref_key, ref_positions, with_names
 
 
 def am2(oid: str, cls: str, key: list[object], seen: int = 1, **props: str) -> Obj:

@@ -83,9 +83,11 @@ def register(subparsers: Any) -> None:
                    "qpidd's --mgmt-pub-interval; default: --interval of the simulated agents, "
                    "10 with --no-sim)")  # fmt: skip
     p.add_argument("--trigger", default="processingTime=2 seconds")
-    p.add_argument("--silver-decode-on", choices=("spark", "driver"), default="driver",
-                   help="decode silver's micro-batches in Spark tasks or on the driver "
-                        "(reads the batch's bronze files with pyarrow: no Spark job per batch)")  # fmt: skip
+    p.add_argument("--silver-decode-on", choices=("auto", "tasks", "driver", "spark"),
+                   default="auto",
+                   help="where silver's micro-batches are decoded and written: Spark tasks, the "
+                        "driver (reads the batch's bronze files with pyarrow: no Spark job), or "
+                        "auto: the driver up to 4 MiB of bronze files per batch, tasks above")  # fmt: skip
     p.add_argument("--progress", type=float, default=5.0,
                    help="seconds between progress updates (a line redrawn in place on a "
                         "terminal, one line each otherwise)")
@@ -221,7 +223,7 @@ def liveness_rules(args: argparse.Namespace) -> Any:
     """Gold's liveness rules: v1 heartbeats carry no interval, so it is given: the
     simulated agents' own, else ``--v1-interval`` (a real broker's mgmt-pub-interval),
     else gold's default (qpidd's default publish interval, 10 s)."""
-    from pipeline.transforms.gold import LivenessRules
+    from pipeline.gold.transforms import LivenessRules
 
     if args.v1_interval is not None:
         return LivenessRules(v1_interval_s=args.v1_interval)

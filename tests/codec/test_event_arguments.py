@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import uuid
 
-from pipeline.transforms.silver import typed_arguments
+from pipeline.silver.decode import typed_arguments
 
 
 def test_arguments_split_by_type() -> None:

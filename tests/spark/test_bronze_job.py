@@ -18,8 +18,8 @@ from pyspark.sql import SparkSession
 
 from pipeline import delta
 from pipeline.bronze import BronzeSettings, checkpoint_query_id, start_bronze, trigger_kwargs
+from pipeline.bronze.transforms import bronze_batch
 from pipeline.source import register
-from pipeline.transforms.bronze import bronze_batch
 from receivers.landing import LandedMessage, LandingLog, LandingWriter, message_key
 from schemas.tables import BRONZE, LANDING, spark_schema
 from tests.spark.test_source import REPO, land, spark_submit_env

@@ -21,13 +21,13 @@ from pipeline.delta import (
     MAX_STAT_STRING_BYTES,
     DeltaLayerError,
     SchemaMismatchError,
-    _live_files,
     append_arrow,
     append_batch,
     commit_files,
     committed_batch,
     create_table,
     iter_batches,
+    live_files,
     merge_batch,
     no_dictionary,
     overwrite_range,
@@ -444,7 +444,7 @@ def test_insert_if_absent_within_a_range_prunes_files(spark: SparkSession, tmp_p
         rows = [msg(k, 30 * b + i, b) for i, k in enumerate(keys)]
         append_batch(bronze(spark, rows), path, app_id="load", batch_id=b)
     dt = DeltaTable(str(path))
-    live = _live_files(dt)
+    live = live_files(dt)
     kept = prune_files(dt, live, "received_at", ts(25), ts(40))
     assert 0 < len(kept) < len(live)
     assert sorted(pq.read_table([f.local_path for f in kept]).column("msg_key").to_pylist()) == [
@@ -515,7 +515,7 @@ def test_overwrite_range_unpartitioned_with_stats_pruning(
             frame(spark, [event(10 * b + i) for i in range(5)]), path, app_id="load", batch_id=b
         )
     dt = DeltaTable(str(path))
-    assert len(prune_files(dt, _live_files(dt), "id", 10, 14)) < len(_live_files(dt))
+    assert len(prune_files(dt, live_files(dt), "id", 10, 14)) < len(live_files(dt))
     result = overwrite_range(
         frame(spark, [event(11, name="x"), event(12, name="y")]),
         path,
@@ -904,7 +904,7 @@ def test_long_strings_have_no_stats_and_are_never_skipped(
             "nullCount": {"id": 0, "name": 0},
         }
     dt = DeltaTable(str(path))
-    kept = prune_files(dt, _live_files(dt), "name", "c", "d")
+    kept = prune_files(dt, live_files(dt), "name", "c", "d")
     assert sorted(f.delta_path for f in kept) == sorted([files[1], files[3]])
     # Replace the "c..." row (in a file without name stats) through within=.
     result = overwrite_range(
@@ -1006,7 +1006,7 @@ def test_timestamp_stats_far_from_1970(spark: SparkSession, tmp_path: Path) -> N
         ),
     ]
     dt = DeltaTable(str(path))
-    live = _live_files(dt)
+    live = live_files(dt)
 
     def kept(low: datetime, high: datetime) -> set[int]:
         return {

@@ -31,9 +31,9 @@ from pipeline.gold import (
     run_gold,
     run_gold_batch,
 )
-from pipeline.registry import StatisticKinds, seed_table, to_registry
+from pipeline.gold.transforms import RateRules, frame
 from pipeline.silver import SilverBatchWriter, SilverSettings, bronze_rows
-from pipeline.transforms.gold import RateRules, frame
+from pipeline.silver.registry import StatisticKinds, seed_table, to_registry
 from schemas.gold import GOLD_TABLES
 
 if TYPE_CHECKING:

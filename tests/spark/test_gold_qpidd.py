@@ -149,7 +149,7 @@ def test_micro_batches_in_landing_order_equal_one_batch(
 ) -> None:
     """Gold over the real captures in ``parts`` micro-batches cut in landing order (as the
     stream reads silver) writes exactly the tables of one batch, pending samples included."""
-    from pipeline.transforms.gold import frame
+    from pipeline.gold.transforms import frame
     from schemas.gold import GOLD_TABLES
 
     msgs = list(read_capture(os.path.join(shared_dir, SAMPLES, f"{sample}.jsonl")))

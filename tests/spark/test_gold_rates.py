@@ -19,7 +19,7 @@ from chispa import assert_df_equality
 
 from pipeline import delta
 from pipeline.gold import GoldBatchWriter, GoldSettings, gold_input
-from pipeline.registry import RegistryTable
+from pipeline.silver.registry import RegistryTable
 from schemas.silver import HEARTBEATS, OBJECT_SAMPLES
 
 if TYPE_CHECKING:

@@ -23,9 +23,9 @@ from pipeline import delta
 from pipeline.cli import main
 from pipeline.codec.capture import read_capture
 from pipeline.gold import GoldSettings, run_gold_batch
+from pipeline.gold.transforms import LivenessRules
 from pipeline.silver import SilverBatchWriter, SilverSettings, bronze_rows
 from pipeline.sim.manifest import read_manifest
-from pipeline.transforms.gold import LivenessRules
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession

@@ -33,9 +33,9 @@ from pipeline.maintain import (
     read_pin,
     stream_pins,
 )
-from pipeline.silver import SilverSettings, append_arrow, start_silver
+from pipeline.silver import SilverSettings, start_silver
 from pipeline.streaming import await_query
-from schemas.silver import EVENTS, OBJECT_SAMPLES
+from schemas.silver import OBJECT_SAMPLES
 from schemas.tables import BRONZE
 from tests.lake import copy_lake
 
@@ -153,11 +153,11 @@ def test_maintain_every_table_keeps_rows_and_transactions(sim_lake: Lake, tmp_pa
     assert files[str(lake.bronze)] == 4 and files[samples] == 4  # one file per batch
 
     # Exactly once still holds: a committed batch is skipped, the table unchanged.
-    for path, schema in ((samples, OBJECT_SAMPLES), (events, EVENTS)):
+    for path in (samples, events):
         last = txns[path]["qmf-silver"]
         assert last is not None
         one = delta.read_arrow(path).slice(0, 1)
-        assert append_arrow(path, one, schema, app_id="qmf-silver", batch_id=last) is False
+        assert delta.append_parquet(path, one, app_id="qmf-silver", batch_id=last).skipped
     assert _rows(samples) == rows[samples] and _rows(events) == rows[events]
 
     # A second pass finds nothing to do and commits nothing.
@@ -392,9 +392,8 @@ def test_unknown_checkpoint_with_delta_offsets_pins_everything(
 
 
 def test_vacuum_spares_the_version_a_replayed_batch_reads(tmp_path: Path) -> None:
-    """silver's ``table_before`` reads its own table as of before a batch the checkpoint
+    """``pipeline.delta.read_before_batch`` reads its own table as of before a batch the checkpoint
     has not committed (a replay): that version's files survive compaction and vacuum."""
-    from pipeline.silver import table_before
 
     schema = pa.schema([pa.field("k", pa.int64(), nullable=False)])
     table = str(tmp_path / "parked")
@@ -416,7 +415,7 @@ def test_vacuum_spares_the_version_a_replayed_batch_reads(tmp_path: Path) -> Non
     report = maintain([table], streams, NOW)[0]  # v4: compaction; vacuum keeps version 2
     assert report.compacted_removed == 3 and report.keep_from == 2
     assert {Path(f).name for f in report.vacuumed} == set()  # all three are live at 2 or 3
-    assert table_before(table, app, 2).column("k").to_pylist() == [0, 1]
+    assert delta.read_before_batch(table, app, 2).column("k").to_pylist() == [0, 1]
 
     (ckpt / "commits" / "2").write_text("v1\n{}\n")  # the batch is checkpointed: no pin
     assert stream_pins([table], streams) == {}
@@ -428,7 +427,6 @@ def test_merges_and_replaces_racing_compaction_lose_and_double_nothing(tmp_path:
     a loop. Without ``pipeline.delta.table_lock`` a merge fails when a compaction
     commits first, and a replace re-adds rows the compaction rewrote (docs/maintenance.md)."""
     from pipeline.maintain import TableReport, compact_table
-    from pipeline.silver import merge_arrow
 
     schema = pa.schema([pa.field("k", pa.int64(), nullable=False), pa.field("v", pa.int64())])
     merged, replaced = str(tmp_path / "merged"), str(tmp_path / "replaced")
@@ -445,7 +443,7 @@ def test_merges_and_replaces_racing_compaction_lose_and_double_nothing(tmp_path:
                 # (delta-rs then rewrites the table's files)
                 keys = [0, b + 1] if b % 5 == 4 else [b + 1]
                 rows = pa.table({"k": keys, "v": [b] * len(keys)}, schema=schema)
-                assert merge_arrow(merged, rows, "k", app_id="m", batch_id=b)
+                assert not delta.merge_arrow(rows, merged, keys=["k"], app_id="m", batch_id=b).skipped
                 rows = pa.table({"k": [0, b + 1], "v": [b, b]}, schema=schema)
                 # append two files, then replace the whole table with one (rate_state's way)
                 for i in range(2):

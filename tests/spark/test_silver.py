@@ -65,7 +65,7 @@ def test_real_sample_matches_the_summary(spark: SparkSession, shared_dir: str, t
     check_against_summary(s, msgs, summary)
 
     # Notebook views: one per class version, and <class> for the newest.
-    from pipeline.transforms.silver import register_wide_views
+    from pipeline.silver.transforms import register_wide_views
 
     samples_df = delta.read_table(spark, s.path("object_samples"))
     names = register_wide_views(spark, samples_df, read(s, "schema_registry").to_pylist())
@@ -112,7 +112,7 @@ def check_against_summary(s: SilverSettings, msgs: list[CapturedMessage], summar
     # Query responses may be empty lists (no object matched): count those with data.
     from pipeline.codec.message import decode_message
     from pipeline.codec.records import ObjectSample
-    from pipeline.registry import StatisticKinds, seed_table, to_registry
+    from pipeline.silver.registry import StatisticKinds, seed_table, to_registry
 
     reg0 = to_registry(seed_table(StatisticKinds.load()))
     with_data = sum(
@@ -188,7 +188,7 @@ def test_corrupted_messages_go_to_quarantine(spark: SparkSession, shared_dir: st
 
     # The per-record count of the base message, from a clean decode of it alone.
     from pipeline.codec.message import decode_message
-    from pipeline.registry import StatisticKinds, seed_table, to_registry
+    from pipeline.silver.registry import StatisticKinds, seed_table, to_registry
 
     reg = to_registry(seed_table(StatisticKinds.load()))
     n_base = len(decode_message(base.body, registry=reg.copy()).records)
@@ -217,7 +217,7 @@ def _rows(settings: SilverSettings, name: str) -> list[tuple[Any, ...]]:
     return sorted(tuple(map(repr, r)) for r in zip(*(t.column(c).to_pylist() for c in cols), strict=True))
 
 
-@pytest.mark.parametrize("decode_on", ["spark", "driver"])
+@pytest.mark.parametrize("decode_on", ["tasks", "driver"])
 def test_stream_equals_batch_and_restarts_from_its_checkpoint(
     spark: SparkSession, shared_dir: str, tmp_path: Any, decode_on: str
 ) -> None:

@@ -26,7 +26,7 @@ from pipeline.silver import (
     run_silver_batch,
     write_bronze,
 )
-from pipeline.transforms.silver import wide_view
+from pipeline.silver.transforms import wide_view
 from receivers.schema_wants import SchemaWants
 
 if TYPE_CHECKING:

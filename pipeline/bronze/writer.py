@@ -8,7 +8,7 @@ Exactly once end to end comes from two mechanisms:
 * redeliveries (a message landed again because its settlement did not reach
   the broker) are recognised by the receiver, which lands them with
   ``duplicate_of`` set (``receivers.indoubt``); bronze filters them out
-  (``pipeline.transforms.bronze``). No batch reads the table, so the cost of a
+  (``pipeline.bronze.transforms``). No batch reads the table, so the cost of a
   batch does not grow with it. One writer per bronze table.
 
 ``app_id`` is ``qmf-bronze-<query id>``, the id Spark keeps in the checkpoint:
@@ -34,6 +34,7 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from pipeline import delta
+from pipeline.bronze.transforms import bronze_batch
 from pipeline.source import (
     DEFAULT_MAX_RECORDS_PER_PARTITION,
     LandingRange,
@@ -43,7 +44,6 @@ from pipeline.source import (
     split_ranges,
 )
 from pipeline.streaming import await_query, offset_log_sources
-from pipeline.transforms.bronze import bronze_batch
 from receivers.landing import LandingLog
 from schemas.tables import BRONZE, LANDING
 

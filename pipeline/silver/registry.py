@@ -91,7 +91,7 @@ _FROM_XML: Mapping[str, str] = {
 }
 
 DEFAULT_KINDS_FILE = os.path.join(
-    os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "schemas", "statistic_kinds.toml"
+    os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))), "schemas", "statistic_kinds.toml"
 )
 
 TABLE = "table"

@@ -7,7 +7,7 @@ both. A streaming micro-batch is read on the driver with pyarrow from the
 files between its offset-log positions (``batch_from_offset_log``); the
 query's first batch and batch mode are collected from Spark as Arrow (one
 Spark job). Either way the batch is computed on the driver in polars
-(``pipeline.transforms.gold.gold_batch``; why: docs/DESIGN.md, Gold):
+(``pipeline.gold.transforms.gold_batch``; why: docs/DESIGN.md, Gold):
 
 1. agent liveness: heartbeats continue each agent's open up interval
    (``agent_liveness``), judged at the latest heartbeat time seen;
@@ -40,10 +40,9 @@ import polars as pl
 import pyarrow as pa
 
 from pipeline import delta
-from pipeline.bronze import checkpoint_query_id, trigger_kwargs
+from pipeline.bronze.writer import checkpoint_query_id, trigger_kwargs
 from pipeline.delta_source import read_batch
-from pipeline.streaming import await_query
-from pipeline.transforms.gold import (
+from pipeline.gold.transforms import (
     LIFECYCLE_KEYS,
     LivenessRules,
     RateRules,
@@ -51,6 +50,7 @@ from pipeline.transforms.gold import (
     frame,
     gold_batch,
 )
+from pipeline.streaming import await_query
 from schemas.gold import AGENT_LIVENESS, GOLD_TABLES, OBJECT_LIFECYCLES, RATE_STATE, STATISTIC_RATES
 from schemas.silver import HEARTBEATS, OBJECT_SAMPLES
 
@@ -191,7 +191,7 @@ class GoldBatchWriter:
 
     The batch is read on the driver from the offset log's positions (else
     collected from Spark as Arrow), computed on the driver
-    (``pipeline.transforms.gold.gold_batch``) and committed with delta-rs.
+    (``pipeline.gold.transforms.gold_batch``) and committed with delta-rs.
     The gold tables are read at the start of every
     batch, so a replay, a backfill or a compaction in between is seen.
     """

@@ -27,15 +27,13 @@ from __future__ import annotations
 
 import base64
 import re
-from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
-from pyspark.sql import DataFrame
-from pyspark.sql import functions as F
 
 from pipeline.codec.records import (
     Event,
@@ -45,18 +43,13 @@ from pipeline.codec.records import (
     QmfException,
     SchemaResponse,
 )
-from pipeline.codec.schema import ClassSchema, SchemaKey, SchemaRegistry
+from pipeline.codec.schema import SchemaKey, SchemaRegistry
 from pipeline.codec.types import Am1ObjectId, Am2ObjectId
 from pipeline.codec.vectorized import (
-    SLOT_FLOATS,
-    SLOT_INTS,
-    SLOT_TEXTS,
-    arrow_type,
-    column_name,
     decode_content,
     to_json,
 )
-from pipeline.registry import StatisticKinds, registry_row, rows_table
+from pipeline.silver.registry import StatisticKinds, registry_row, rows_table
 from schemas.silver import (
     EVENTS,
     HEARTBEATS,
@@ -67,7 +60,7 @@ from schemas.silver import (
     QUARANTINE,
     SCHEMA_REGISTRY,
 )
-from schemas.tables import TS, spark_schema
+from schemas.tables import TS
 
 # Output names of ``decode_arrow`` (silver tables, plus the schemas met).
 SAMPLES = "object_samples"
@@ -507,142 +500,3 @@ def _kinds() -> StatisticKinds:
     if _KINDS is None:
         _KINDS = StatisticKinds.load()
     return _KINDS
-
-
-# ---------------------------------------------------------------- Spark wrappers
-
-
-def _ipc(table: pa.Table) -> bytes:
-    sink = pa.BufferOutputStream()
-    with pa.ipc.new_stream(sink, table.schema) as w:
-        w.write_table(table)
-    return bytes(sink.getvalue().to_pybytes())
-
-
-def unpack(envelope: pa.Table) -> Decoded:
-    """Envelope rows (from ``decode_bronze``) -> the decoded tables, concatenated by name."""
-    by: dict[str, list[pa.Table]] = {}
-    for name, payload in zip(
-        envelope.column("table").to_pylist(), envelope.column("payload").to_pylist(), strict=True
-    ):
-        by.setdefault(name, []).append(pa.ipc.open_stream(payload).read_all())
-    return Decoded(tables={k: pa.concat_tables(v) for k, v in by.items()})
-
-
-def envelope_mapper(
-    schemas: Sequence[ClassSchema], batch_id: int, kinds: StatisticKinds
-) -> Callable[[Iterator[pa.RecordBatch]], Iterator[pa.RecordBatch]]:
-    """The ``mapInArrow`` function: bronze Arrow batches -> envelope rows (name, rows, IPC)."""
-
-    def mapper(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
-        reg = SchemaRegistry(schemas)  # plans do not pickle: rebuilt on the worker
-        for b in batches:
-            d = decode_arrow(b, reg, batch_id, kinds)
-            names = [k for k, t in d.tables.items() if t.num_rows]
-            if names:
-                yield pa.RecordBatch.from_pydict(
-                    {
-                        "table": names,
-                        "rows": [d.tables[k].num_rows for k in names],
-                        "payload": [_ipc(d.tables[k]) for k in names],
-                    },
-                    schema=ENVELOPE,
-                )
-
-    return mapper
-
-
-def decode_bronze(
-    df: DataFrame, registry: SchemaRegistry, batch_id: int, kinds: StatisticKinds | None = None
-) -> DataFrame:
-    """Bronze rows -> envelope rows (``table``, ``rows``, ``payload``): one Spark pass for all tables."""
-    need = ["partition", "offset", "msg_key", "received_at", "body", "correlation_id", *_META]
-    cols = [c for c in need if c in df.columns]
-    return df.select(*cols).mapInArrow(
-        envelope_mapper(tuple(registry), batch_id, kinds or _kinds()), spark_schema(ENVELOPE)
-    )
-
-
-def silver_table(envelope: DataFrame, name: str) -> DataFrame:
-    """One silver table of an envelope DataFrame, as a typed DataFrame (Spark side)."""
-    schema = OUTPUT_SCHEMAS[name]
-
-    def mapper(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
-        for b in batches:
-            for payload in b.column(b.schema.get_field_index("payload")).to_pylist():
-                t = pa.ipc.open_stream(payload).read_all()
-                yield from t.cast(schema).to_batches()
-
-    return envelope.where(F.col("table") == name).mapInArrow(mapper, spark_schema(schema))
-
-
-# ---------------------------------------------------------------- wide views
-
-
-def wide_columns(row: Mapping[str, Any]) -> list[tuple[str, str, int, pa.DataType]]:
-    """(column, list, slot, Arrow type) of every property and statistic of a registry row."""
-    out = []
-    for e in [*(row["properties"] or ()), *(row["statistics"] or ())]:
-        out.append(
-            (column_name(e["name"]), e["slot_kind"], int(e["slot"]), arrow_type(e["type_code"]))
-        )
-    return out
-
-
-def wide_view(samples: DataFrame, row: Mapping[str, Any]) -> DataFrame:
-    """One class version's samples with a column per property/statistic (for notebooks).
-
-    ``row`` is the class's registry row. Values keep their decoded types
-    (bool, ints, float, string...).
-    """
-    from pyspark.sql.pandas.types import from_arrow_type
-
-    ident = [c for c in OBJECT_SAMPLES.names if c not in (SLOT_INTS, SLOT_FLOATS, SLOT_TEXTS)]
-    cols = [F.col(c) for c in ident]
-    for name, lst, slot, t in wide_columns(row):
-        cols.append(F.col(lst).getItem(slot).cast(from_arrow_type(t)).alias(name))
-    flt = (
-        (F.col("package") == row["package"])
-        & (F.col("class_name") == row["class_name"])
-        & (F.col("schema_hash") == F.unhex(F.lit(bytes(row["schema_hash"]).hex())))
-    )
-    return samples.where(flt).select(*cols)
-
-
-def agents_view(agents: DataFrame) -> DataFrame:
-    """Agents with first/last seen over every batch (the table holds per-batch observations)."""
-    return agents.groupBy("agent", "dialect").agg(
-        F.min("first_seen").alias("first_seen"),
-        F.max("last_seen").alias("last_seen"),
-        F.sum("records").alias("records"),
-        F.max_by("broker_bank", "last_seen").alias("broker_bank"),
-        F.max_by("agent_bank", "last_seen").alias("agent_bank"),
-        F.max_by("epoch", "last_seen").alias("epoch"),
-    )
-
-
-def view_name(row: Mapping[str, Any], latest: bool) -> str:
-    """``<class>`` for a class's newest version, ``<class>_<hash 8 hex>`` for each version."""
-    base = re.sub(r"[^0-9A-Za-z_]", "_", str(row["class_name"]))
-    return base if latest else f"{base}_{bytes(row['schema_hash']).hex()[:8]}"
-
-
-def register_wide_views(spark: Any, samples: DataFrame, registry: Sequence[Mapping[str, Any]]) -> list[str]:
-    """Temp views of every table class version, plus ``<class>`` for its newest (last seen).
-
-    For notebooks: ``spark.sql("SELECT name, msgDepth FROM queue")``.
-    """
-    names: list[str] = []
-    newest: dict[tuple[str, str], Mapping[str, Any]] = {}
-    for row in registry:
-        if row["kind"] != "table":
-            continue
-        wide_view(samples, row).createOrReplaceTempView(view_name(row, latest=False))
-        names.append(view_name(row, latest=False))
-        key = (row["package"], row["class_name"])
-        if key not in newest or row["last_seen"] > newest[key]["last_seen"]:
-            newest[key] = row
-    for row in newest.values():
-        wide_view(samples, row).createOrReplaceTempView(view_name(row, latest=True))
-        names.append(view_name(row, latest=True))
-    return names

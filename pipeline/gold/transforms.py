@@ -38,7 +38,7 @@ import polars as pl
 import pyarrow as pa
 from numba import njit
 
-from pipeline.names import ref_positions, with_names
+from pipeline.gold.names import ref_positions, with_names
 from schemas.gold import AGENT_LIVENESS, RATE_STATE
 
 RESETS = ("", "counter_decreased", "recreated", "agent_restart", "gap")

@@ -1,0 +1,79 @@
+"""What a silver run needs (``SilverSettings``) and its tables (``ensure_tables``)."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+
+from pipeline import delta
+from pipeline.bronze.writer import trigger_kwargs
+from pipeline.silver.registry import DEFAULT_KINDS_FILE, RegistryTable, StatisticKinds
+from schemas.silver import SILVER_TABLES
+
+# Where a micro-batch's row work runs (docs/DESIGN.md, Silver: where it runs).
+DECODE_MODES = ("auto", "tasks", "driver")
+# ``auto``: a micro-batch whose bronze files hold at most this many bytes is decoded
+# on the driver (no Spark job: less fixed cost for the small, frequent batches of a
+# live run); a larger one, or one whose files are not known, goes to Spark tasks.
+# 4 MiB is Spark's own file open cost, and about one publish interval of a
+# 1,000-queue broker's AM2 traffic.
+DRIVER_MAX_BYTES = 4 << 20
+
+
+@dataclass(frozen=True)
+class SilverSettings:
+    """What a silver run needs. Tables live under ``root/<name>`` (``path``)."""
+
+    bronze: str
+    root: str
+    checkpoint: str = ""
+    registry: str | None = None
+    kinds_file: str | None = DEFAULT_KINDS_FILE
+    trigger: str = "availableNow"
+    max_files_per_trigger: int | None = None
+    parked_max_age_s: float = 3600.0
+    registry_touch_s: float = 60.0
+    agents_touch_s: float = 60.0
+    # Where a micro-batch is decoded and written: "tasks" (Spark tasks decode and
+    # write the Parquet files, the driver commits them), "driver" (the batch's bronze
+    # files are read and decoded on the driver, no Spark job), or "auto" (the driver
+    # up to ``driver_max_bytes`` of bronze files, tasks above). "spark" is the old
+    # name of "tasks".
+    decode_on: str = "auto"
+    driver_max_bytes: int = DRIVER_MAX_BYTES
+    query_name: str = "qmf_silver"
+    # Folder shared with the receiver's console (receivers.schema_wants): the
+    # schema keys of parked messages are listed there so the console asks for them.
+    schema_wants: str | None = None
+
+    def __post_init__(self) -> None:
+        trigger_kwargs(self.trigger)
+        if self.decode_on == "spark":
+            object.__setattr__(self, "decode_on", "tasks")
+        if self.decode_on not in DECODE_MODES:
+            raise ValueError(
+                f"decode_on {self.decode_on!r}: expected one of {', '.join(DECODE_MODES)}"
+            )
+        if self.driver_max_bytes < 0:
+            raise ValueError(f"driver_max_bytes {self.driver_max_bytes}: must be >= 0")
+
+    def path(self, name: str) -> str:
+        if name == "schema_registry" and self.registry is not None:
+            return self.registry
+        return os.path.join(self.root, name)
+
+    def source_options(self) -> dict[str, str]:
+        """Options of the ``qmf-delta`` read of bronze besides ``path``."""
+        if self.max_files_per_trigger is None:
+            return {}
+        return {"maxFilesPerTrigger": str(self.max_files_per_trigger)}
+
+
+def ensure_tables(settings: SilverSettings) -> RegistryTable:
+    """Create every silver table (idempotent) and seed the registry; returns the registry."""
+    for name, schema in SILVER_TABLES.items():
+        if name != "schema_registry":
+            delta.create_table(settings.path(name), schema, name=name)
+    reg = RegistryTable(settings.path("schema_registry"), StatisticKinds.load(settings.kinds_file))
+    reg.ensure()
+    return reg

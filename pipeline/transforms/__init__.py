@@ -1,1 +1,0 @@
-"""DataFrame -> DataFrame transforms, one module per layer (pure: no I/O, no sinks)."""
