@@ -12,6 +12,7 @@ import sys
 from collections.abc import Sequence
 
 from pipeline.bronze import (
+    DRIVER_MAX_BYTES,
     RETENTION_SLACK,
     WRITERS,
     BronzeSettings,
@@ -42,9 +43,14 @@ def build_parser() -> argparse.ArgumentParser:
                         "none if other queries read the same landing log)")
     p.add_argument("--retention-slack", type=int, default=RETENTION_SLACK,
                    help=f"records kept behind the committed offset ({RETENTION_SLACK})")
-    p.add_argument("--writer", choices=WRITERS, default="arrow",
-                   help="arrow: pyarrow writes the landing ranges (default); spark: the rows "
-                        "go through Spark's Parquet writer")
+    p.add_argument("--writer", choices=WRITERS, default="auto",
+                   help="tasks: Spark tasks write the landing ranges with pyarrow, the driver "
+                        "commits; arrow: driver threads write them (no Spark job); auto "
+                        "(default): arrow up to --driver-max-bytes of landing per batch, else "
+                        "tasks; spark: the rows go through Spark's Parquet writer")
+    p.add_argument("--driver-max-bytes", type=int, default=DRIVER_MAX_BYTES,
+                   help=f"auto: landing bytes of a batch written on the driver "
+                        f"({DRIVER_MAX_BYTES})")
     p.add_argument("--embedded-receiver", action="store_true",
                    help="run a receiver inside the source (single-machine default)")
     p.add_argument("--receiver-option", type=_key_value, action="append", default=[],
@@ -66,6 +72,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         embedded_receiver=args.embedded_receiver,
         receiver_options=dict(args.receiver_option),
         writer=args.writer,
+        driver_max_bytes=args.driver_max_bytes,
     )
     return run_job("qmf-bronze", lambda spark, stop: run_bronze(spark, settings, args.timeout, stop))
 

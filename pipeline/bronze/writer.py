@@ -14,38 +14,45 @@ Exactly once end to end comes from two mechanisms:
 ``app_id`` is ``qmf-bronze-<query id>``, the id Spark keeps in the checkpoint:
 stable across restarts of one query, new when the checkpoint is reset (whose
 batch ids restart at 0 and must not be mistaken for replays).
+
+Where the rows of a batch are written (``BronzeSettings.writer``): the driver
+knows the batch's landing ranges from the offset log (``batch_ranges``), so
+the rows never need to pass through Spark: Spark tasks (``tasks``, the path
+that grows with the cluster) or driver threads (``arrow``, no Spark job for
+small batches) write them with pyarrow into a staging folder of the table, and
+the driver commits the files once (``pipeline.bronze.tasks``); ``auto`` picks
+by the batch's landing bytes. A crash between the writes and the commit
+leaves only a staging folder, which the batch's replay removes first
+(``remove_batch_staging``).
 """
 
 from __future__ import annotations
 
+import glob
 import json
 import logging
 import os
+import shutil
 import threading
-import uuid
-from collections.abc import Iterator, Mapping
-from concurrent.futures import ThreadPoolExecutor
+import time
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-import numpy as np
-import pyarrow as pa
-import pyarrow.compute as pc
-import pyarrow.parquet as pq
-
 from pipeline import delta
+from pipeline.bronze import tasks
+from pipeline.bronze.tasks import DRIVER_MAX_BYTES
 from pipeline.bronze.transforms import bronze_batch
 from pipeline.source import (
     DEFAULT_MAX_RECORDS_PER_PARTITION,
     LandingRange,
     Offsets,
-    read_range,
     register,
     split_ranges,
 )
 from pipeline.streaming import await_query, offset_log_sources
 from receivers.landing import LandingLog
-from schemas.tables import BRONZE, LANDING
+from schemas.tables import BRONZE
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
@@ -53,21 +60,21 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-# ``arrow``: the driver writes each micro-batch's landing ranges straight to
-# Parquet with pyarrow (no row conversion in the JVM); ``spark``: the rows go
-# through the DataFrame and Spark's Parquet writer (``delta.append_batch``).
-WRITERS = ("arrow", "spark")
+# Where a micro-batch's rows are written (docs/DESIGN.md, Bronze):
+# ``tasks``: one Spark task per unit of the batch's landing ranges writes a Parquet
+# file into the table's staging folder and returns its description; the driver
+# commits them (``pipeline.bronze.tasks``): the default path on a cluster.
+# ``arrow``: the same files written by driver threads (no Spark job).
+# ``auto`` (default): ``arrow`` up to ``driver_max_bytes`` of landing, else ``tasks``.
+# ``spark``: the rows go through the DataFrame and Spark's Parquet writer
+# (``delta.append_batch``), also the fallback when a batch's ranges are unknown.
+WRITERS = ("auto", "tasks", "arrow", "spark")
 # Default safety margin of the jobs' landing-log retention: records kept
 # behind the committed offset. Correctness needs none (a segment goes only
 # once the query has committed past it, and never at or past the partition's
 # settle marker); the margin keeps the last few segments for inspection.
 # Records, not bytes: 1,000 'i' messages of a 5,000-queue agent are ~18 MB.
 RETENTION_SLACK = 1_000
-# Columns whose Parquet statistics would be large and useless (bodies).
-NO_STATS_COLUMNS = ("body",)
-# All-distinct columns: a Parquet dictionary would be built and then dropped.
-UNIQUE_COLUMNS = ("msg_key", "message_id", "correlation_id", "body")
-ROW_GROUP_ROWS = 1 << 20
 
 
 @dataclass(frozen=True)
@@ -84,12 +91,15 @@ class BronzeSettings:
     embedded_receiver: bool = False
     receiver_options: Mapping[str, str] = field(default_factory=dict)
     query_name: str = "qmf_bronze"
-    writer: str = "arrow"
+    writer: str = "auto"
+    driver_max_bytes: int = DRIVER_MAX_BYTES
 
     def __post_init__(self) -> None:
         trigger_kwargs(self.trigger)  # validate early
         if self.writer not in WRITERS:
             raise ValueError(f"writer {self.writer!r}: expected one of {', '.join(WRITERS)}")
+        if self.driver_max_bytes < 0:
+            raise ValueError(f"driver_max_bytes {self.driver_max_bytes}: must be >= 0")
 
     def source_options(self) -> dict[str, str]:
         opts = {
@@ -137,25 +147,44 @@ class BronzeBatchWriter:
         done = delta.committed_batch(self.settings.table, self.app_id)
         if done is not None and batch_id <= done:
             log.info("bronze batch %d already committed: skipped", batch_id)
+            remove_batch_staging(self.settings.table, self.app_id, batch_id)
             return
-        if self.settings.writer == "arrow":
-            ranges = batch_ranges(self.settings, batch_id)
-            if ranges is not None:
-                result = write_ranges_arrow(
-                    ranges, self.settings.table, app_id=self.app_id, batch_id=batch_id
-                )
-                log.info("bronze batch %d (arrow): %s", batch_id, result)
-                return
+        t0 = time.perf_counter()
+        ranges = batch_ranges(self.settings, batch_id) if self.settings.writer != "spark" else None
+        mode = choose_writer(self.settings, ranges)
+        if ranges is None and self.settings.writer != "spark":
             log.info("bronze batch %d: ranges unknown, written through Spark", batch_id)
-        rows = bronze_batch(df, batch_id)
-        result = delta.append_batch(
-            rows,
-            self.settings.table,
-            app_id=self.app_id,
-            batch_id=batch_id,
-            writer_options=delta.UNIQUE_COLUMNS_OPTIONS,
+        if ranges is not None and mode == "tasks":
+            result = write_ranges_tasks(
+                df.sparkSession, ranges, self.settings.table, app_id=self.app_id, batch_id=batch_id
+            )
+        elif ranges is not None and mode == "arrow":
+            result = write_ranges_arrow(
+                ranges, self.settings.table, app_id=self.app_id, batch_id=batch_id
+            )
+        else:
+            result = delta.append_batch(
+                bronze_batch(df, batch_id),
+                self.settings.table,
+                app_id=self.app_id,
+                batch_id=batch_id,
+                writer_options=delta.UNIQUE_COLUMNS_OPTIONS,
+            )
+        log.info(
+            "bronze batch %d (%s, %.2f s): %s", batch_id, mode, time.perf_counter() - t0, result
         )
-        log.info("bronze batch %d: %s", batch_id, result)
+
+
+def choose_writer(settings: BronzeSettings, ranges: list[LandingRange] | None) -> str:
+    """Where a batch is written: ``settings.writer``, with ``auto`` resolved by the
+    batch's landing bytes (``driver_max_bytes``), and ``spark`` whenever the
+    ranges are unknown (the rows are then only in the DataFrame)."""
+    if ranges is None:
+        return "spark"
+    if settings.writer != "auto":
+        return settings.writer
+    small = tasks.landing_bytes(ranges) <= settings.driver_max_bytes
+    return "arrow" if small else "tasks"
 
 
 def _offset_log_entry(checkpoint: str, batch_id: int) -> Offsets | None:
@@ -191,78 +220,68 @@ def batch_ranges(settings: BronzeSettings, batch_id: int) -> list[LandingRange] 
     return split_ranges(settings.landing, begin, end, DEFAULT_MAX_RECORDS_PER_PARTITION)
 
 
-def _bronze_batches(rng: LandingRange, batch_id: int) -> Iterator[pa.RecordBatch]:
-    """Bronze rows of one landing range: matched redeliveries left out, ``batch_id`` added."""
-    for b in read_range(rng, LANDING):
-        keep = b.filter(pc.is_null(b.column("duplicate_of")))
-        if keep.num_rows == 0:
-            continue
-        cols = [keep.column(f.name) for f in BRONZE if f.name != "batch_id"]
-        cols.append(pa.array(np.full(keep.num_rows, batch_id, dtype=np.int64)))
-        yield pa.RecordBatch.from_arrays(cols, schema=BRONZE)
+def remove_batch_staging(table: str, app_id: str, batch_id: int) -> None:
+    """Remove the staging folders earlier attempts of this batch left: killed between
+    their tasks' writes and the commit (the replay writes the batch again), or
+    during the cleanup after it (the replay is skipped). Nothing in them was
+    committed, so they are garbage; other batches' folders are left alone."""
+    root = os.path.abspath(table)
+    prefix = os.path.basename(delta.stage_dir_prefix(root, app_id, batch_id))
+    for old in glob.glob(os.path.join(root, delta.STAGING_DIR, glob.escape(prefix) + "-*")):
+        shutil.rmtree(old, ignore_errors=True)
+    _remove_empty_staging(root)
 
 
-def _file_name(rng: LandingRange, batch_id: int) -> str:
-    rel = f"part-{batch_id:06d}-{rng.partition}-{rng.start}-{uuid.uuid4().hex[:12]}.parquet"
-    return "".join(c if c.isalnum() or c in "-_." else "_" for c in rel)
-
-
-def _write_range(rng: LandingRange, full: str, batch_id: int) -> int:
-    """One Parquet file at ``full`` for one landing range; returns its rows (no file if 0)."""
-    rows = 0
-    writer: pq.ParquetWriter | None = None
+def _remove_empty_staging(root: str) -> None:
     try:
-        for b in _bronze_batches(rng, batch_id):
-            if writer is None:
-                writer = pq.ParquetWriter(
-                    full,
-                    BRONZE,
-                    compression="snappy",
-                    use_dictionary=[f.name for f in BRONZE if f.name not in UNIQUE_COLUMNS],
-                    write_statistics=[f.name for f in BRONZE if f.name not in NO_STATS_COLUMNS],
-                )
-            writer.write_batch(b, row_group_size=ROW_GROUP_ROWS)
-            rows += b.num_rows
+        os.rmdir(os.path.join(root, delta.STAGING_DIR))
+    except OSError:
+        pass  # missing, or another batch's folder is in it
+
+
+def _write_staged(
+    ranges: list[LandingRange],
+    table: str,
+    *,
+    app_id: str,
+    batch_id: int,
+    spark: SparkSession | None,
+) -> delta.CommitResult:
+    """Plan the units, write them (Spark tasks if ``spark``, else driver threads) into
+    one staging folder, commit all the files once. Whatever happens, the staging
+    folder is gone afterwards (committed files were moved out of it)."""
+    root = os.path.abspath(table)
+    remove_batch_staging(root, app_id, batch_id)
+    staging = delta.stage_dir(root, app_id, batch_id)
+    try:
+        plan = tasks.UnitPlan(staging, delta.table_schema(root), batch_id)
+        if spark is None:
+            units = tasks.plan_units(ranges, os.cpu_count() or 1)
+            files = tasks.run_on_driver(units, plan)
+        else:
+            units = tasks.plan_units(ranges, spark.sparkContext.defaultParallelism)
+            files = tasks.run_in_tasks(spark, units, plan)
+        return delta.commit_staged(root, files, app_id=app_id, batch_id=batch_id)
     finally:
-        if writer is not None:
-            writer.close()
-    return rows
+        shutil.rmtree(staging, ignore_errors=True)
+        _remove_empty_staging(root)
 
 
 def write_ranges_arrow(
     ranges: list[LandingRange], table: str, *, app_id: str, batch_id: int
 ) -> delta.CommitResult:
-    """Write ``ranges`` as bronze Parquet files (pyarrow, one thread per core) and commit once.
+    """The driver path: ``ranges`` written as bronze Parquet files by driver threads
+    (pyarrow, one per core), committed once. No Spark job: for small batches."""
+    return _write_staged(ranges, table, app_id=app_id, batch_id=batch_id, spark=None)
 
-    The JVM never sees the rows: Arrow slices of the memory-mapped segments
-    go to Parquet. Files land in the table folder under fresh names and are
-    invisible until the commit; a failure removes them.
-    """
-    root = os.path.abspath(table)
-    names = [_file_name(r, batch_id) for r in ranges]
-    committed = False
-    try:
-        workers = max(1, min(len(ranges), os.cpu_count() or 1))
-        with ThreadPoolExecutor(max_workers=workers) as ex:
-            counts = list(
-                ex.map(lambda rn: _write_range(rn[0], os.path.join(root, rn[1]), batch_id),
-                       zip(ranges, names, strict=True))
-            )  # fmt: skip
-        files: list[tuple[str, Mapping[str, str | None]]] = [
-            (rel, {}) for rel, n in zip(names, counts, strict=True) if n > 0
-        ]
-        result = delta.commit_files(
-            root, files, app_id=app_id, batch_id=batch_id, operation="append"
-        )
-        committed = not result.skipped
-        return result
-    finally:
-        if not committed:
-            for rel in names:
-                try:
-                    os.remove(os.path.join(root, rel))
-                except FileNotFoundError:
-                    pass
+
+def write_ranges_tasks(
+    spark: SparkSession, ranges: list[LandingRange], table: str, *, app_id: str, batch_id: int
+) -> delta.CommitResult:
+    """The task path: one Spark task per unit of ``ranges`` writes its Parquet file
+    and returns its description; the driver commits them once. Throughput grows
+    with the executors; the driver's work with the number of files."""
+    return _write_staged(ranges, table, app_id=app_id, batch_id=batch_id, spark=spark)
 
 
 def tune_shuffles(spark: SparkSession) -> None:
