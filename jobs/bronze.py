@@ -48,9 +48,8 @@ def build_parser() -> argparse.ArgumentParser:
                         "commits; arrow: driver threads write them (no Spark job); auto "
                         "(default): arrow up to --driver-max-bytes of landing per batch, else "
                         "tasks; spark: the rows go through Spark's Parquet writer")
-    p.add_argument("--driver-max-bytes", type=int, default=DRIVER_MAX_BYTES,
-                   help=f"auto: landing bytes of a batch written on the driver "
-                        f"({DRIVER_MAX_BYTES})")
+    p.add_argument("--driver-max-bytes", type=int, default=DRIVER_MAX_BYTES, metavar="BYTES",
+                   help="auto: largest batch (bytes of landing segments) written on the driver")
     p.add_argument("--embedded-receiver", action="store_true",
                    help="run a receiver inside the source (single-machine default)")
     p.add_argument("--receiver-option", type=_key_value, action="append", default=[],

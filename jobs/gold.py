@@ -42,6 +42,14 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--read-through-spark", action="store_true",
                    help="collect each micro-batch through Spark instead of reading its silver "
                         "files on the driver")  # fmt: skip
+    p.add_argument("--compute-on", choices=("auto", "tasks", "driver"), default="auto",
+                   help="where a batch is computed: Spark tasks per bucket of agents (the driver "
+                        "commits their files), the driver, or auto: the driver for batches of at "
+                        "most --driver-max-bytes of silver files, tasks above")
+    p.add_argument("--driver-max-bytes", type=int, default=4 << 20, metavar="BYTES",
+                   help="auto: largest batch (silver file bytes) computed on the driver")
+    p.add_argument("--buckets", type=int, default=None,
+                   help="task path: buckets of agents (default: Spark's default parallelism)")
     p.add_argument("--timeout", type=float, default=None,
                    help="seconds: run time for processingTime, upper bound for availableNow")
     p.add_argument("--min-interval", type=float, default=1.0, metavar="SECONDS",
@@ -82,6 +90,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         max_files_per_trigger=args.max_files_per_trigger,
         max_rows_per_trigger=args.max_rows_per_trigger or None,
         read_on_driver=not args.read_through_spark,
+        compute_on=args.compute_on,
+        driver_max_bytes=args.driver_max_bytes,
+        buckets=args.buckets,
         rates=RateRules(args.min_interval, args.max_gap, args.state_ttl, args.min_interval_jitter),
         liveness=LivenessRules(args.missed_heartbeats, args.v1_agent, args.v1_interval),
     )

@@ -618,6 +618,18 @@ def stage_dir(path: str | os.PathLike[str], app_id: str, batch_id: int) -> str:
     return d
 
 
+def fresh_stage_dir(path: str | os.PathLike[str], app_id: str, batch_id: int) -> str:
+    """``stage_dir``, after removing the staging folders an earlier attempt of the same
+    batch left (a crash before its commit; one writer per app, so none is in use)."""
+    import glob
+
+    root = os.path.abspath(os.fspath(path))
+    prefix = stage_dir_prefix(root, app_id, batch_id)
+    for old in glob.glob(glob.escape(prefix) + "-*"):
+        shutil.rmtree(old, ignore_errors=True)
+    return stage_dir(root, app_id, batch_id)
+
+
 class DataFileWriter:
     """One Parquet data file written part by part, then described for a commit.
 
@@ -678,14 +690,31 @@ def commit_staged(
     app_id: str,
     batch_id: int,
     operation: str = "append",
+    replace: bool = False,
 ) -> CommitResult:
     """Commit files described where they were written, exactly once.
 
     Files still in a staging folder of the table are moved into its root
     (a rename on the same filesystem); a replayed batch (already committed)
     removes them instead. The footers are not read again: ``describe_file``
-    checked them where they were written.
+    checked them where they were written. ``replace``: the files are the
+    table's whole new content; every live file is removed in the same commit
+    (listed under the table lock, so a compaction cannot slip in).
     """
+    if replace:
+        with table_lock(path):
+            return _commit_staged(path, files, app_id, batch_id, "overwrite", True)
+    return _commit_staged(path, files, app_id, batch_id, operation, False)
+
+
+def _commit_staged(
+    path: str | os.PathLike[str],
+    files: Sequence[DataFileInfo],
+    app_id: str,
+    batch_id: int,
+    operation: str,
+    replace: bool,
+) -> CommitResult:
     dt = open_for_write(path)
     root = table_root(dt)
     if already_committed(dt, app_id, batch_id):
@@ -703,8 +732,20 @@ def commit_staged(
                 os.rename(f.location, dest)
                 moved.append(dest)
         now_ms = int(time.time() * 1000)
+        removals: list[Any] = []
+        if replace:
+            from deltalake._internal import RemoveAction
+
+            dt.update_incremental()
+            for p, (size, pvalues) in _live_actions(dt).items():
+                removals.append(
+                    RemoveAction(
+                        urllib.parse.unquote(p), data_change=True, deletion_timestamp=now_ms,
+                        size=size, partition_values=pvalues,
+                    )
+                )  # fmt: skip
         dt.create_write_transaction(
-            [f.add_action(now_ms) for f in files],
+            [*(f.add_action(now_ms) for f in files), *removals],
             mode="append",
             schema=dt.schema(),
             partition_by=partition_columns(dt) or None,
@@ -721,8 +762,9 @@ def commit_staged(
     except Exception:  # the commit is durable; only reading its version back failed
         version = None
     return CommitResult(
-        skipped=False, version=version, files_added=len(files), rows=sum(f.rows for f in files)
-    )
+        skipped=False, version=version, files_added=len(files),
+        files_removed=len(removals), rows=sum(f.rows for f in files),
+    )  # fmt: skip
 
 
 def _remove_staging_dirs(root: str, files: Sequence[DataFileInfo]) -> None:
@@ -1114,26 +1156,39 @@ def read_arrow(path: str | os.PathLike[str], version: int | None = None) -> pa.T
     """
     dt = _open(path, version)
     schema = table_schema(dt)
-    parts = partition_columns(dt)
-    file_names = [f.name for f in schema if f.name not in parts]
-    pieces: list[pa.Table] = []
-    for live in live_files(dt):
-        pf = pq.ParquetFile(live.local_path)
-        have = set(pf.schema_arrow.names)
-        t = pf.read(columns=[n for n in file_names if n in have])
-        for name in file_names:  # columns added to the table after this file was written
-            if name not in have:
-                t = t.append_column(name, pa.nulls(t.num_rows, schema.field(name).type))
-        for col in parts:
-            ptype = schema.field(col).type
-            raw = pa.array([live.partition_values.get(col)] * t.num_rows, pa.string())
-            t = t.append_column(col, raw.cast(ptype))
-        pieces.append(
-            t.select(schema.names).cast(pa.schema([f.with_nullable(True) for f in schema]))
-        )
+    pieces = [read_data_file(live, schema) for live in live_files(dt)]
     if not pieces:
         return schema.empty_table()
     return pa.concat_tables(pieces).cast(schema)
+
+
+def read_data_file(
+    live: LiveFile, schema: pa.Schema, columns: Sequence[str] | None = None
+) -> pa.Table:
+    """One data file of a table in the table's ``schema`` (or its ``columns``), nullable:
+    columns added to the table after the file was written read null, partition columns
+    come from the log. Runs anywhere the file is visible (a Spark task reads its share of
+    a table's files from a snapshot the driver listed: ``snapshot_files``)."""
+    names = list(schema.names if columns is None else columns)
+    parts = [c for c in names if c in live.partition_values]
+    pf = pq.ParquetFile(live.local_path)
+    have = set(pf.schema_arrow.names)
+    t = pf.read(columns=[n for n in names if n in have and n not in parts])
+    for name in names:
+        if name not in have and name not in parts:
+            t = t.append_column(name, pa.nulls(t.num_rows, schema.field(name).type))
+    for col in parts:
+        raw = pa.array([live.partition_values.get(col)] * t.num_rows, pa.string())
+        t = t.append_column(col, raw.cast(schema.field(col).type))
+    want = pa.schema([schema.field(n).with_nullable(True) for n in names])
+    return t.select(names).cast(want)
+
+
+def snapshot_files(path: str | os.PathLike[str]) -> tuple[int, pa.Schema, list[LiveFile]]:
+    """(version, schema, live files) of the table's latest version: what a driver hands
+    to tasks that read the table themselves (``read_data_file``)."""
+    dt = _open(path, None)
+    return dt.version(), table_schema(dt), live_files(dt)
 
 
 def iter_batches(

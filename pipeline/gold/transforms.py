@@ -518,13 +518,20 @@ def _activity_index(
     )  # fmt: skip
 
 
-def pair_values(values: pl.DataFrame, rules: RateRules, activity: pl.DataFrame | None = None) -> Pairs:
+def pair_values(
+    values: pl.DataFrame,
+    rules: RateRules,
+    activity: pl.DataFrame | None = None,
+    latest_ns: int | None = None,
+) -> Pairs:
     """Statistic values (new samples and state baselines) -> intervals and new baselines,
     in one numba scan over the values sorted by series, state first, then sample time.
 
     ``activity`` (agent, t_ns, is_sample): when each agent was seen (samples of any
     object, heartbeats), so a sample kept back by the minimum interval is emitted once
     its agent published a later cycle without the series (``_went_quiet``).
+    ``latest_ns``: the sample time the state's TTL counts back from (``latest_sample_ns``
+    over the whole batch and state; default the latest of ``values``).
     """
     names = RATE_STATE.names
     if values.height == 0:
@@ -559,7 +566,8 @@ def pair_values(values: pl.DataFrame, rules: RateRules, activity: pl.DataFrame |
     if state.height and rules.state_ttl_s > 0:
         # Per series: a baseline older than the horizon stays while its series' pending
         # sample is newer (dropping it alone would make the pending sample the baseline).
-        horizon = int(ns.max()) - int(rules.state_ttl_s * NS)
+        latest = int(ns.max()) if latest_ns is None else max(latest_ns, int(ns.max()))
+        horizon = latest - int(rules.state_ttl_s * NS)
         state = state.filter(pl.col("update_ns").max().over(SERIES_KEYS) >= horizon)
     return Pairs(rates, state)
 
@@ -909,15 +917,26 @@ def gold_batch(
     rate_rules: RateRules,
     liveness_rules: LivenessRules,
     batch_id: int,
+    now_ns: int | None = None,
+    latest_ns: int | None = None,
 ) -> GoldRows:
     """Gold input rows (``pipeline.gold.gold_input``: samples and heartbeats, ``source``)
-    + the gold tables as they are -> what the batch writes to each."""
+    + the gold tables as they are -> what the batch writes to each.
+
+    Every result depends on one agent's rows only, but for two times taken over the
+    whole batch and tables: ``now_ns``, when liveness is judged (``batch_now_ns``), and
+    ``latest_ns``, where the rate state's TTL counts back from (``latest_sample_ns``).
+    A caller computing one group of agents (``pipeline.gold.tasks``) passes both, taken
+    over every group; by default they come from this call's inputs.
+    """
     samples = batch.filter(pl.col("source") == "sample")
     beats = batch.filter(pl.col("source") == "heartbeat")
 
     hb = heartbeat_rows(beats, liveness_rules)
-    top = [hb["ts_ns"].max(), liveness["last_heartbeat_ns"].max()]
-    now_ns = max((int(v) for v in top if isinstance(v, int)), default=0)
+    if now_ns is None:
+        now_ns = max_ns(hb["ts_ns"], liveness["last_heartbeat_ns"])
+    if latest_ns is None:
+        latest_ns = max_ns(samples["update_ns"], state["update_ns"])
     live_rows = agent_liveness(hb, latest_liveness(liveness), now_ns, liveness_rules, batch_id)
 
     known = lifecycles.filter(pl.col("index_key").is_not_null()).select("agent", "object_id", "index_key")
@@ -928,13 +947,21 @@ def gold_batch(
     values = pl.concat(
         [statistic_values(ident, statistic_defs(registry)), state_values(rekey_state(state, ident))]
     )
-    pairs = pair_values(values, rate_rules, agent_activity(ident, hb, lifecycles, liveness))
+    pairs = pair_values(
+        values, rate_rules, agent_activity(ident, hb, lifecycles, liveness), latest_ns or None
+    )
     return GoldRows(
         rates=rates_from_pairs(pairs.rates, batch_id),
         lifecycles=changed_rows(merged, lifecycles),
         liveness=live_rows,
         state=state_from_pairs(pairs.state, ident),
     )
+
+
+def max_ns(*columns: pl.Series) -> int:
+    """The latest of ns columns (nulls and empty columns ignored; 0 when none)."""
+    top = [c.max() for c in columns if c.len()]
+    return max((int(v) for v in top if isinstance(v, int)), default=0)
 
 
 def conform(df: pl.DataFrame, schema: pa.Schema) -> pa.Table:

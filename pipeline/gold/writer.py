@@ -41,7 +41,7 @@ import pyarrow as pa
 
 from pipeline import delta
 from pipeline.bronze.writer import checkpoint_query_id, trigger_kwargs
-from pipeline.delta_source import read_batch
+from pipeline.delta_source import DataFile, read_batch
 from pipeline.gold.transforms import (
     LIFECYCLE_KEYS,
     LivenessRules,
@@ -69,6 +69,9 @@ SAMPLE_COLS = (
 BEAT_COLS = ("timestamp_ns", "attributes")
 DEFAULT_MAX_ROWS_PER_TRIGGER = 100_000  # ~5-8 s of gold work and ~100 MB of Arrow at 10,000 queues
 LIVENESS_KEYS = ("agent", "up_start_ns")
+COMPUTE_MODES = ("auto", "tasks", "driver")
+# The two silver tables of the gold input, in the offset log's order.
+SOURCE_SCHEMAS = {"sample": OBJECT_SAMPLES, "heartbeat": HEARTBEATS}
 
 
 @dataclass(frozen=True)
@@ -90,9 +93,23 @@ class GoldSettings:
     # Read a streaming batch's silver files on the driver (pyarrow) rather than
     # collecting it through Spark: same rows, no task, no Arrow-to-row round trip.
     read_on_driver: bool = True
+    # Where a batch is computed: "tasks" (Spark tasks per bucket of agents, the driver
+    # commits: pipeline.gold.tasks), "driver" (polars in the driver process), or "auto"
+    # (the driver up to ``driver_max_bytes`` of silver files per batch, tasks above or
+    # when the batch's files are not known).
+    compute_on: str = "auto"
+    driver_max_bytes: int = 4 << 20
+    # Buckets of agents on the task path (default: Spark's default parallelism).
+    buckets: int | None = None
 
     def __post_init__(self) -> None:
         trigger_kwargs(self.trigger)
+        if self.compute_on not in COMPUTE_MODES:
+            raise ValueError(
+                f"compute_on {self.compute_on!r}: expected one of {', '.join(COMPUTE_MODES)}"
+            )
+        if self.buckets is not None and self.buckets < 1:
+            raise ValueError(f"buckets {self.buckets}: must be >= 1")
 
     def source_options(self) -> dict[str, str]:
         """Options of the ``qmf-delta`` reads besides ``path`` (limits: the stream's only)."""
@@ -139,7 +156,8 @@ def gold_input(samples: DataFrame, heartbeats: DataFrame) -> DataFrame:
     return project(samples, "sample").unionByName(project(heartbeats, "heartbeat"))
 
 
-def _source_columns(schema: pa.Schema) -> list[str]:
+def source_columns(schema: pa.Schema) -> list[str]:
+    """The columns of a silver table that gold reads."""
     return [c for c in (*SAMPLE_COLS, *BEAT_COLS) if c in schema.names]
 
 
@@ -171,7 +189,7 @@ def batch_from_offset_log(settings: GoldSettings, batch_id: int) -> pl.DataFrame
     if not settings.read_on_driver:
         return None
     reads = [
-        (settings.silver_path(name), spark_schema(schema), _source_columns(schema))
+        (settings.silver_path(name), spark_schema(schema), source_columns(schema))
         for name, schema in (("object_samples", OBJECT_SAMPLES), ("heartbeats", HEARTBEATS))
     ]
     tables = read_batch(settings.checkpoint, batch_id, reads, settings.source_options())
@@ -184,6 +202,20 @@ class GoldReport:
     rows: dict[str, int] = field(default_factory=dict)
     committed: list[str] = field(default_factory=list)
     seconds: float = 0.0
+    compute_on: str = "driver"
+    tasks: int = 0  # compute tasks (buckets) of the task path
+
+
+def batch_files(settings: GoldSettings, batch_id: int) -> list[list[DataFile]] | None:
+    """The silver files (samples, heartbeats) of micro-batch ``batch_id``, or None."""
+    from pipeline.delta_source import batch_files as files_of
+    from schemas.tables import spark_schema
+
+    reads = [
+        (settings.silver_path(name), spark_schema(schema))
+        for name, schema in (("object_samples", OBJECT_SAMPLES), ("heartbeats", HEARTBEATS))
+    ]
+    return files_of(settings.checkpoint, batch_id, reads, settings.source_options())
 
 
 class GoldBatchWriter:
@@ -217,11 +249,78 @@ class GoldBatchWriter:
         if self._done(batch_id):
             return
         t0 = time.perf_counter()
-        batch = batch_from_offset_log(self.settings, batch_id)
-        if batch is None:
-            batch = frame(df.toArrow())
-        report = self.write(batch, batch_id)
+        s = self.settings
+        files = batch_files(s, batch_id) if s.checkpoint else None
+        mode = s.compute_on
+        if mode == "auto":
+            size = None if files is None else sum(f.size for fs in files for f in fs)
+            mode = "driver" if size is not None and size <= s.driver_max_bytes else "tasks"
+        if mode == "tasks":
+            report = self.write_tasks(df, files, batch_id)
+        else:
+            batch = batch_from_offset_log(s, batch_id)
+            if batch is None:
+                batch = frame(df.toArrow())
+            report = self.write(batch, batch_id)
         report.seconds = time.perf_counter() - t0  # with the batch's read
+
+    def write_tasks(
+        self, df: DataFrame, files: list[list[DataFile]] | None, batch_id: int
+    ) -> GoldReport:
+        """The task path (``pipeline.gold.tasks``): split the batch by bucket of agents,
+        compute each bucket in a task, commit every table's files in order."""
+        import dataclasses
+        import shutil
+
+        from pipeline.gold import tasks as gt
+
+        s, aid = self.settings, self.app_id
+        spark = df.sparkSession
+        parallelism = spark.sparkContext.defaultParallelism
+        buckets = s.buckets or parallelism
+        shuffle = delta.fresh_stage_dir(s.root, aid, batch_id)
+        staging = tuple(
+            (name, delta.fresh_stage_dir(s.path(name), aid, batch_id))
+            for name in ("statistic_rates", *gt.STATE_TABLES)
+        )
+        plan = gt.GoldPlan(
+            batch_id=batch_id, buckets=buckets, shuffle=shuffle, staging=staging,
+            rates=s.rates, liveness=s.liveness,
+            registry=gt.ipc(delta.read_arrow(s.silver_path("schema_registry"))),
+            tables=tuple((n, gt.table_listing(s.path(n))[0]) for n in gt.STATE_TABLES),
+        )  # fmt: skip
+        try:
+            if files is not None:
+                units = gt.split_units(files, parallelism)
+                splits = gt.run_split_units(spark, units, plan)
+            else:
+                splits = gt.run_split_dataframe(df, plan)
+            plan = dataclasses.replace(
+                plan,
+                now_ns=max([x.beat_ns for x in splits]
+                           + [gt.column_max(s.path("agent_liveness"), "last_heartbeat_ns")]),
+                latest_ns=max([x.sample_ns for x in splits]
+                              + [gt.column_max(s.path("rate_state"), "update_ns")]),
+            )  # fmt: skip
+            outs = gt.run_compute(spark, splits, plan)
+        finally:
+            shutil.rmtree(shuffle, ignore_errors=True)
+        report = GoldReport(batch_id, compute_on="tasks", tasks=len(outs))
+        for name in ("statistic_rates", *gt.STATE_TABLES):  # rate_state last
+            tfiles = [f for o in outs for f in o.files.get(name, ())]
+            result = delta.commit_staged(
+                s.path(name), tfiles, app_id=aid, batch_id=batch_id,
+                replace=name != "statistic_rates",
+            )  # fmt: skip
+            if not result.skipped:
+                report.committed.append(name)
+        report.rows = {"input": sum(r for x in splits for _b, _p, r in x.files)}
+        for o in outs:
+            for k, v in o.rows.items():
+                report.rows[k] = report.rows.get(k, 0) + v
+        self.reports.append(report)
+        log.info("gold batch %d (tasks): %s", batch_id, report)
+        return report
 
     def _done(self, batch_id: int) -> bool:
         done = delta.committed_batch(self.settings.path("rate_state"), self.app_id)

@@ -195,7 +195,7 @@ class Unit:
 
 
 def plan_units(files: Sequence[DataFile], tasks: int) -> list[Unit]:
-    """Bronze files spread over about ``tasks`` tasks of similar size.
+    """Bronze files spread over at most ``tasks`` tasks of similar size.
 
     When there are fewer files than tasks, the files are split by row group
     (their footers are read here: one per file), so one large file of a
@@ -214,19 +214,13 @@ def plan_units(files: Sequence[DataFile], tasks: int) -> list[Unit]:
     if not pieces:
         return []
     n = max(1, min(tasks, len(pieces)))
-    total = sum(max(w, 1) for *_, w in pieces)
-    units: list[Unit] = []
-    current: list[tuple[DataFile, tuple[int, ...] | None]] = []
-    weight = 0
-    for f, groups, w in pieces:
-        current.append((f, groups))
-        weight += max(w, 1)
-        if weight * n >= total * (len(units) + 1) and len(units) < n - 1:
-            units.append(Unit(tuple(current)))
-            current = []
-    if current:
-        units.append(Unit(tuple(current)))
-    return units
+    units: list[list[tuple[DataFile, tuple[int, ...] | None]]] = [[] for _ in range(n)]
+    weight = [0] * n
+    for f, groups, w in sorted(pieces, key=lambda p: -p[2]):  # largest first, to the lightest
+        i = weight.index(min(weight))
+        units[i].append((f, groups))
+        weight[i] += max(w, 1)
+    return [Unit(tuple(u)) for u in units if u]
 
 
 def _read_unit(unit: Unit) -> Iterator[pa.RecordBatch]:

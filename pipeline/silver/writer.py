@@ -105,6 +105,7 @@ class BatchReport:
     committed: list[str] = field(default_factory=list)
     new_schemas: int = 0
     decode_on: str = "driver"
+    tasks: int = 0  # Spark tasks of the task path (0: decoded on the driver)
     resolved: int = 0
     stale_parked: int = 0
     seconds: dict[str, float] = field(default_factory=dict)
@@ -207,6 +208,7 @@ class SilverBatchWriter:
         t1 = time.perf_counter()
         report = self.finish(decoded, registry, batch_id, staged)
         report.decode_on = mode
+        report.tasks = 0 if staged is None else staged.tasks
         report.seconds["decode"] = t1 - t0
         log.info("silver batch %d: %s", batch_id, report)
 
@@ -221,7 +223,8 @@ class SilverBatchWriter:
         from pipeline.silver import tasks
 
         staging = tuple(
-            (name, self.staging_dir(name, batch_id)) for name in tasks.TASK_TABLES
+            (name, delta.fresh_stage_dir(self.settings.path(name), self.app_id, batch_id))
+            for name in tasks.TASK_TABLES
         )
         plan = tasks.TaskPlan(tuple(registry), batch_id, self.kinds, staging)
         spark = df.sparkSession
@@ -231,18 +234,6 @@ class SilverBatchWriter:
         else:
             outputs = tasks.run_dataframe(df, plan)
         return tasks.gather(outputs, batch_id)
-
-    def staging_dir(self, name: str, batch_id: int) -> str:
-        """A fresh staging folder of table ``name`` for this batch; folders left by an
-        earlier attempt of the same batch (a crash before its commit) go first."""
-        import glob
-        import shutil
-
-        root = self.settings.path(name)
-        prefix = os.path.basename(delta.stage_dir_prefix(root, self.app_id, batch_id))
-        for old in glob.glob(os.path.join(root, delta.STAGING_DIR, glob.escape(prefix) + "-*")):
-            shutil.rmtree(old, ignore_errors=True)
-        return delta.stage_dir(root, self.app_id, batch_id)
 
     def decode_local(self, bronze: pa.Table, batch_id: int) -> BatchReport:
         """The same batch, decoded on the driver (no Spark): tests, tools, tiny batches."""

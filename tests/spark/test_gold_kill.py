@@ -3,7 +3,8 @@
 The job runs as its own process (``jobs/gold.py``, stream mode over silver's
 logs, one silver commit per source per trigger) and is killed with SIGKILL
 once some micro-batches are committed; the restarted job must end with
-exactly the tables a batch-mode run over the same silver gives.
+exactly the tables a batch-mode run over the same silver gives. The stream
+computes in Spark tasks (``--compute-on tasks``), the reference on the driver.
 """
 
 from __future__ import annotations
@@ -31,7 +32,7 @@ PARTS = 5  # silver commits: the stream has as many micro-batches (one file per 
 
 def _args(s: GoldSettings) -> list[str]:
     return ["--silver", s.silver, "--root", s.root, "--checkpoint", s.checkpoint,
-            "--max-files-per-trigger", "1", "--timeout", "900"]  # fmt: skip
+            "--max-files-per-trigger", "1", "--timeout", "900", "--compute-on", "tasks"]  # fmt: skip
 
 
 def _sorted(df: DataFrame) -> DataFrame:
@@ -48,7 +49,7 @@ def test_sigkill_and_restart_write_every_row_once(
     size = -(-len(msgs) // PARTS)
     for i in range(PARTS):
         w.decode_local(bronze_rows(msgs[i * size : (i + 1) * size], first_offset=i * size), i)
-    ref = GoldSettings(silver=ss.root, root=str(tmp_path / "ref"))
+    ref = GoldSettings(silver=ss.root, root=str(tmp_path / "ref"), compute_on="driver")
     run_gold_batch(spark, ref, 0)
 
     s = GoldSettings(silver=ss.root, root=str(tmp_path / "gold"), checkpoint=str(tmp_path / "ckpt"))

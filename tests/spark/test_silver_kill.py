@@ -29,7 +29,7 @@ TABLES = ("object_samples", "events", "heartbeats", "method_responses", "quarant
 
 def _args(s: SilverSettings) -> list[str]:
     return ["--bronze", s.bronze, "--root", s.root, "--checkpoint", s.checkpoint,
-            "--max-files-per-trigger", "1", "--timeout", "600"]  # fmt: skip
+            "--max-files-per-trigger", "1", "--timeout", "600", "--decode-on", "tasks"]  # fmt: skip
 
 
 def _identities(s: SilverSettings, name: str) -> Counter[tuple[Any, ...]]:

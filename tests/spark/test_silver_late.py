@@ -14,6 +14,7 @@ import pyarrow as pa
 import pytest
 
 import pipeline.silver as silver_mod
+import pipeline.silver.writer as silver_writer
 from pipeline import delta
 from pipeline.codec.capture import CapturedMessage
 from pipeline.codec.records import Am2ObjectId, Heartbeat, ObjectSample
@@ -184,7 +185,7 @@ def test_crash_before_the_resolved_marks_replays_without_duplicates(
     run = Run(spark, tmp_path)
     run.batch(0, [content(V1, ("i", 1))])
     # Batch 1's first attempt dies after the samples but before parked_resolved.
-    monkeypatch.setattr(silver_mod, "WRITE_ORDER", ("object_samples",))
+    monkeypatch.setattr(silver_writer, "WRITE_ORDER", ("object_samples",))
     first = run.batch(1, [announce(V1)])
     assert first.committed == ["object_samples", "schema_registry"]
     assert run.table("parked_resolved").num_rows == 0

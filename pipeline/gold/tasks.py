@@ -1,0 +1,381 @@
+"""Gold's row work in Spark tasks, partitioned by agent.
+
+Every gold result depends on the rows of one agent only: an object's
+lifecycle, its names (references resolve within the agent), the rate series
+(keyed by agent first), the agent's activity and its liveness. Two times are
+taken over everything: ``now_ns``, when liveness is judged (the latest
+heartbeat time seen), and ``latest_ns``, where the rate state's TTL counts
+back from (the latest sample time of the batch and state). So a batch
+divides into *buckets* of agents (``bucket_of``: a stable hash of the agent
+id), each computed by ``pipeline.gold.transforms.gold_batch`` on its own
+agents' rows and state, given the two times:
+
+1. **split** (one task per unit of the batch's silver files): each task reads
+   its samples or heartbeats, projects them on gold's input, and writes one
+   Arrow IPC file per bucket into the gold root's staging folder (a shuffle
+   through shared storage); it returns the files' names, row counts and the
+   part's latest heartbeat and sample times;
+2. the driver takes the two times over every part and the tables' latest
+   values (liveness, rate state: one column each), and lists the gold tables'
+   files as of now;
+3. **compute** (one task per bucket): each task reads its bucket's input
+   files and its agents' rows of the rate state, lifecycles and liveness
+   (files named for its bucket; any other file is read and filtered), runs
+   ``gold_batch``, and writes its rates, and its agents' whole new lifecycle,
+   liveness and state rows, as Parquet into the tables' staging folders
+   (file names carry the bucket); it returns the files' descriptions;
+4. the driver commits, in order, rates (append), lifecycles, liveness, then
+   the rate state last (each replacing the table's files in one commit), every
+   commit with the app transaction.
+
+The driver's work grows with files, buckets and agents; the rows go through
+tasks only. Bucket count: ``GoldSettings.buckets`` (default Spark's default
+parallelism); changing it is safe (files of another bucketing are read and
+filtered by every task until rewritten).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import uuid
+import zlib
+from collections.abc import Iterable, Iterator, Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+import polars as pl
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from pipeline import delta
+from pipeline.delta_source import DataFile, arrow_schema, read_file
+from pipeline.gold.transforms import (
+    LIFECYCLE_KEYS,
+    LivenessRules,
+    RateRules,
+    conform,
+    frame,
+    gold_batch,
+    heartbeat_rows,
+    max_ns,
+)
+from schemas.gold import AGENT_LIVENESS, OBJECT_LIFECYCLES, RATE_STATE, STATISTIC_RATES
+
+if TYPE_CHECKING:
+    from pyspark.sql import DataFrame, SparkSession
+
+LIVENESS_KEYS = ("agent", "up_start_ns")
+# Tables a compute task rewrites for its agents (the rest of each table is other buckets').
+STATE_TABLES = {
+    "object_lifecycles": OBJECT_LIFECYCLES,
+    "agent_liveness": AGENT_LIVENESS,
+    "rate_state": RATE_STATE,
+}
+_BUCKET_FILE = re.compile(r"-k(?P<n>\d+)b(?P<b>\d+)-")
+
+
+def bucket_of(agent: str | None, buckets: int) -> int:
+    """A stable bucket of an agent id (crc32: the same in every process and run)."""
+    return zlib.crc32((agent or "").encode("utf-8")) % buckets
+
+
+def _buckets(agents: pl.Series, buckets: int) -> pl.Series:
+    """``bucket_of`` for a column of agent ids (hashed once per distinct agent)."""
+    uniq = agents.unique()
+    table = pl.DataFrame(
+        {"a": uniq, "b": [bucket_of(a, buckets) for a in uniq.to_list()]},
+        schema={"a": agents.dtype, "b": pl.Int32},
+    )
+    return agents.to_frame("a").join(table, on="a", how="left", nulls_equal=True)["b"]
+
+
+def input_agent(batch: pl.DataFrame, rules: LivenessRules) -> pl.Series:
+    """The agent each gold input row belongs to: its own, or for a v1 heartbeat (which
+    carries none) ``rules.v1_agent``, as ``heartbeat_rows`` assigns it."""
+    v1_beat = (pl.col("source") == "heartbeat") & (pl.col("dialect") != "V2")
+    return batch.select(
+        pl.coalesce(pl.col("agent"), pl.when(v1_beat).then(pl.lit(rules.v1_agent)))
+    ).to_series()
+
+
+def bucket_file_name(batch_id: int, buckets: int, bucket: int, ext: str = "parquet") -> str:
+    return f"part-{batch_id:08d}-k{buckets}b{bucket}-{uuid.uuid4().hex}.{ext}"
+
+
+def file_bucket(name: str, buckets: int) -> int | None:
+    """The bucket a data file holds (its name says, for this bucket count), else None."""
+    m = _BUCKET_FILE.search(os.path.basename(name))
+    if m is None or int(m["n"]) != buckets:
+        return None
+    return int(m["b"])
+
+
+# ---------------------------------------------------------------- the plan
+
+
+@dataclass(frozen=True)
+class GoldPlan:
+    """What the tasks of one batch need (plain values: pickled to the executors)."""
+
+    batch_id: int
+    buckets: int
+    shuffle: str  # folder of the split step's files
+    staging: tuple[tuple[str, str], ...]  # (table, its staging folder)
+    rates: RateRules
+    liveness: LivenessRules
+    registry: bytes = b""  # Arrow IPC of the schema registry
+    tables: tuple[tuple[str, bytes], ...] = ()  # (table, pickled (schema, live files))
+    now_ns: int = 0
+    latest_ns: int = 0
+
+
+@dataclass
+class SplitOutput:
+    files: list[tuple[int, str, int]] = field(default_factory=list)  # (bucket, path, rows)
+    beat_ns: int = 0
+    sample_ns: int = 0
+
+
+@dataclass
+class ComputeOutput:
+    bucket: int
+    files: dict[str, list[delta.DataFileInfo]] = field(default_factory=dict)
+    rows: dict[str, int] = field(default_factory=dict)
+
+
+def ipc(table: pa.Table) -> bytes:
+    """An Arrow table as IPC bytes (pickles small and fast)."""
+    sink = pa.BufferOutputStream()
+    with pa.ipc.new_stream(sink, table.schema) as w:
+        w.write_table(table)
+    return bytes(sink.getvalue().to_pybytes())
+
+
+def _from_ipc(payload: bytes) -> pa.Table:
+    return pa.ipc.open_stream(payload).read_all()
+
+
+# ---------------------------------------------------------------- step 1: split
+
+
+def split(parts: Iterable[pl.DataFrame], plan: GoldPlan, tag: str) -> SplitOutput:
+    """Gold input rows -> one Arrow IPC file per bucket in the shuffle folder."""
+    out = SplitOutput()
+    by: dict[int, list[pa.Table]] = {}
+    for part in parts:
+        if part.height == 0:
+            continue
+        beats = part.filter(pl.col("source") == "heartbeat")
+        samples = part.filter(pl.col("source") == "sample")
+        out.beat_ns = max(out.beat_ns, max_ns(heartbeat_rows(beats, plan.liveness)["ts_ns"]))
+        out.sample_ns = max(out.sample_ns, max_ns(samples["update_ns"]))
+        b = _buckets(input_agent(part, plan.liveness), plan.buckets)
+        keyed = part.with_columns(b.alias("_bucket"))
+        for (bucket,), rows in keyed.group_by("_bucket"):
+            by.setdefault(int(bucket), []).append(rows.drop("_bucket").to_arrow())
+    for bucket, tables in sorted(by.items()):
+        t = pa.concat_tables(tables, promote_options="permissive")
+        path = os.path.join(plan.shuffle, f"{tag}-k{plan.buckets}b{bucket}-{uuid.uuid4().hex}.arrow")
+        with pa.OSFile(path, "wb") as sink, pa.ipc.new_file(sink, t.schema) as w:
+            w.write_table(t)
+        out.files.append((bucket, path, t.num_rows))
+    return out
+
+
+def read_units(units: Sequence[tuple[str, DataFile]]) -> Iterator[pl.DataFrame]:
+    """Silver files of a gold micro-batch (source, file) as gold input frames."""
+    from pipeline.gold.writer import SOURCE_SCHEMAS, gold_input_arrow, source_columns
+
+    for source, f in units:
+        schema = SOURCE_SCHEMAS[source]
+        full = arrow_schema_of(schema)
+        cols = pa.schema([full.field(c) for c in source_columns(schema)])
+        t = pa.Table.from_batches(list(read_file(f, cols)), schema=cols)
+        empty = {"sample": SOURCE_SCHEMAS["heartbeat"], "heartbeat": SOURCE_SCHEMAS["sample"]}
+        other = empty[source].empty_table().select(source_columns(empty[source]))
+        yield gold_input_arrow(*((t, other) if source == "sample" else (other, t)))
+
+
+def arrow_schema_of(schema: pa.Schema) -> pa.Schema:
+    from schemas.tables import spark_schema
+
+    return arrow_schema(spark_schema(schema))
+
+
+# ---------------------------------------------------------------- step 3: compute
+
+
+def _table_rows(plan: GoldPlan, name: str, bucket: int) -> pl.DataFrame:
+    """This bucket's agents' rows of a gold table as listed in the plan."""
+    import pickle
+
+    schema, files = pickle.loads(dict(plan.tables)[name])
+    mine = [f for f in files if file_bucket(f.local_path, plan.buckets) in (bucket, None)]
+    pieces = []
+    for f in mine:
+        t = delta.read_data_file(f, schema)
+        if file_bucket(f.local_path, plan.buckets) is None and t.num_rows:
+            agents = t.column("agent").to_pylist()
+            keep = pa.array([bucket_of(a, plan.buckets) == bucket for a in agents], pa.bool_())
+            t = t.filter(keep)
+        pieces.append(t)
+    if not pieces:
+        return frame(schema.empty_table())
+    return frame(pa.concat_tables(pieces).cast(schema))
+
+
+def _batch_rows(files: Sequence[str]) -> pl.DataFrame:
+    from pipeline.gold.writer import gold_input_arrow
+
+    tables = [pa.ipc.open_file(pa.memory_map(p)).read_all() for p in files]
+    if not tables:
+        from pipeline.gold.writer import source_columns
+        from schemas.silver import HEARTBEATS, OBJECT_SAMPLES
+
+        return gold_input_arrow(
+            OBJECT_SAMPLES.empty_table().select(source_columns(OBJECT_SAMPLES)),
+            HEARTBEATS.empty_table().select(source_columns(HEARTBEATS)),
+        )
+    return frame(pa.concat_tables(tables, promote_options="permissive"))
+
+
+def _whole(existing: pl.DataFrame, changed: pl.DataFrame, keys: Sequence[str]) -> pl.DataFrame:
+    """``existing`` upserted with ``changed`` on ``keys`` (what a MERGE would leave)."""
+    if changed.height == 0:
+        return existing
+    kept = existing.join(changed.select(keys), on=list(keys), how="anti", nulls_equal=True)
+    return pl.concat([kept, changed.select(existing.columns)], how="vertical_relaxed")
+
+
+def compute(bucket: int, files: Sequence[str], plan: GoldPlan) -> ComputeOutput:
+    """One bucket: its agents' batch rows and table rows -> its files of every gold table."""
+    state = _table_rows(plan, "rate_state", bucket)
+    lifecycles = _table_rows(plan, "object_lifecycles", bucket)
+    liveness = _table_rows(plan, "agent_liveness", bucket)
+    out_rows = gold_batch(
+        _batch_rows(files),
+        registry=_from_ipc(plan.registry),
+        state=state,
+        lifecycles=lifecycles,
+        liveness=liveness,
+        rate_rules=plan.rates,
+        liveness_rules=plan.liveness,
+        batch_id=plan.batch_id,
+        now_ns=plan.now_ns,
+        latest_ns=plan.latest_ns,
+    )
+    results = {
+        "statistic_rates": conform(out_rows.rates, STATISTIC_RATES),
+        "object_lifecycles": conform(
+            _whole(lifecycles, out_rows.lifecycles, LIFECYCLE_KEYS), OBJECT_LIFECYCLES
+        ),
+        "agent_liveness": conform(
+            _whole(liveness, out_rows.liveness, LIVENESS_KEYS), AGENT_LIVENESS
+        ),
+        "rate_state": conform(out_rows.state, RATE_STATE),
+    }
+    out = ComputeOutput(bucket)
+    staging = dict(plan.staging)
+    out.rows = {
+        "rates": out_rows.rates.height, "lifecycles": out_rows.lifecycles.height,
+        "liveness": out_rows.liveness.height, "state": out_rows.state.height,
+    }  # fmt: skip
+    for name, table in results.items():
+        if table.num_rows == 0:
+            continue
+        name_ = bucket_file_name(plan.batch_id, plan.buckets, bucket)
+        w = delta.DataFileWriter(os.path.join(staging[name], name_), table.schema, unique=())
+        try:
+            w.write(table)
+            info = w.close()
+        except BaseException:
+            w.abort()
+            raise
+        if info is not None:
+            out.files[name] = [info]
+    return out
+
+
+# ---------------------------------------------------------------- driver side
+
+
+def split_units(
+    files: Sequence[Sequence[DataFile]], parallelism: int
+) -> list[list[tuple[str, DataFile]]]:
+    """The batch's silver files (samples, heartbeats) spread over about ``2 x parallelism``
+    split tasks of similar size (largest first, each to the lightest task)."""
+    tagged = [
+        (src, f) for src, fs in zip(("sample", "heartbeat"), files, strict=True) for f in fs
+    ]
+    if not tagged:
+        return []
+    n = max(1, min(len(tagged), 2 * parallelism))
+    units: list[list[tuple[str, DataFile]]] = [[] for _ in range(n)]
+    weight = [0] * n
+    for src, f in sorted(tagged, key=lambda t: -t[1].size):
+        i = weight.index(min(weight))
+        units[i].append((src, f))
+        weight[i] += max(f.size, 1)
+    return [u for u in units if u]
+
+
+def run_split_units(
+    spark: SparkSession, units: Sequence[Sequence[tuple[str, DataFile]]], plan: GoldPlan
+) -> list[SplitOutput]:
+    if not units:
+        return []
+    rdd = spark.sparkContext.parallelize([list(u) for u in units], len(units))
+    return list(rdd.map(lambda u: split(read_units(u), plan, uuid.uuid4().hex[:8])).collect())
+
+
+def run_split_dataframe(df: DataFrame, plan: GoldPlan) -> list[SplitOutput]:
+    """The split step over a DataFrame of gold input (a query's first batch, batch mode)."""
+    import pickle
+
+    from pyspark.sql.types import BinaryType, StructField, StructType
+
+    def mapper(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+        parts = (frame(pa.Table.from_batches([b])) for b in batches)
+        out = split(parts, plan, uuid.uuid4().hex[:8])
+        yield pa.RecordBatch.from_pydict(
+            {"output": [pickle.dumps(out)]}, schema=pa.schema([("output", pa.binary())])
+        )
+
+    schema = StructType([StructField("output", BinaryType())])
+    return [pickle.loads(r["output"]) for r in df.mapInArrow(mapper, schema).collect()]
+
+
+def run_compute(
+    spark: SparkSession, splits: Sequence[SplitOutput], plan: GoldPlan
+) -> list[ComputeOutput]:
+    """One task per bucket (every bucket, even one without rows in this batch: its
+    agents' liveness is judged at ``now_ns`` and its state ages all the same)."""
+    by: dict[int, list[str]] = {b: [] for b in range(plan.buckets)}
+    for s in splits:
+        for bucket, path, _rows in s.files:
+            by[bucket].append(path)
+    work = sorted(by.items())
+    rdd = spark.sparkContext.parallelize(work, len(work))
+    return list(rdd.map(lambda bf: compute(bf[0], bf[1], plan)).collect())
+
+
+def table_listing(path: str) -> tuple[bytes, int]:
+    """A gold table's schema and live files, pickled for the plan, and its version."""
+    import pickle
+
+    version, schema, files = delta.snapshot_files(path)
+    return pickle.dumps((schema, files)), version
+
+
+def column_max(path: str, column: str) -> int:
+    """The latest value of an ns column of a table (one column read; 0 if empty)."""
+    _v, schema, files = delta.snapshot_files(path)
+    top = 0
+    for f in files:
+        t = delta.read_data_file(f, schema, [column])
+        if t.num_rows:
+            v = pc.max(t.column(column)).as_py()
+            if v is not None:
+                top = max(top, int(v))
+    return top

@@ -1,0 +1,177 @@
+"""Silver through Spark tasks and on the driver: identical silver and gold tables.
+
+The same bronze (the real qpidd capture, and simulator runs in AM1, AM2 and
+QMF v2) is streamed twice: with ``decode_on="tasks"`` (every micro-batch's
+bronze files split over Spark tasks that decode and write their own Parquet
+files, the driver committing them) and ``decode_on="driver"``. Both give
+the same rows in every silver table, and gold (batch) over each silver gives
+the same gold tables (chispa, on DataFrames Spark reads from the tables'
+files). ``auto`` picks the driver for a batch up to its size threshold and
+tasks above it.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import pyarrow as pa
+import pytest
+from chispa import assert_df_equality
+
+from pipeline import delta
+from pipeline.cli import main as qmf
+from pipeline.codec.capture import CapturedMessage, read_capture
+from pipeline.gold import GoldSettings, run_gold_batch
+from pipeline.silver import SilverSettings, bronze_rows, run_silver, write_bronze
+from pipeline.silver.writer import BatchReport, SilverBatchWriter
+
+if TYPE_CHECKING:
+    from pyspark.sql import DataFrame, SparkSession
+
+pytestmark = pytest.mark.spark
+
+SILVER = ("object_samples", "events", "heartbeats", "method_responses", "method_calls",
+          "agents", "quarantine", "parked", "schema_registry")  # fmt: skip
+GOLD = ("statistic_rates", "object_lifecycles", "agent_liveness", "rate_state")
+# Columns that say when a row was written, not what it holds.
+WHEN = ("first_seen", "last_seen", "first_app", "first_batch")
+# Real traffic: qpidd over AMQP 0-10 (AM2), and over AMQP 1.0 with QMF v1 and v2 agents.
+REAL = {
+    "qpidd": "samples/qpidd-capture-20s.jsonl",
+    "qpidd-amqp10": "samples/qpidd-amqp10/qmf1-qmf2-60s.jsonl",
+}
+
+
+def _sortable(df: DataFrame) -> DataFrame:
+    """Maps as sorted entry arrays (Spark cannot sort or hash map columns); ``WHEN`` out."""
+    from pyspark.sql import functions as F
+    from pyspark.sql.types import ArrayType, MapType, StructType
+
+    df = df.drop(*[c for c in WHEN if c in df.columns])
+    out = {}
+    for f in df.schema.fields:
+        if isinstance(f.dataType, MapType):
+            out[f.name] = F.array_sort(F.map_entries(f.name))
+        elif isinstance(f.dataType, ArrayType) and isinstance(f.dataType.elementType, StructType):
+            out[f.name] = F.to_json(f.name)  # registry definitions: compared as JSON
+    return df.withColumns(out) if out else df
+
+
+def assert_same_tables(spark: SparkSession, a: str, b: str, names: Sequence[str]) -> None:
+    for name in names:
+        left = _sortable(delta.read_table(spark, os.path.join(a, name)))
+        right = _sortable(delta.read_table(spark, os.path.join(b, name)))
+        assert_df_equality(left, right, ignore_row_order=True, ignore_nullable=True)
+
+
+def _stream(
+    spark: SparkSession, tmp: Path, parts: Sequence[pa.Table], mode: str, **kw: Any
+) -> tuple[SilverSettings, list[BatchReport]]:
+    s = SilverSettings(
+        bronze=str(tmp / "bronze"), root=str(tmp / "silver"), checkpoint=str(tmp / "cp"),
+        max_files_per_trigger=2, decode_on=mode, **kw,
+    )  # fmt: skip
+    write_bronze(s.bronze, parts)
+    reports: list[BatchReport] = []
+    real = SilverBatchWriter.finish
+
+    def spy(self: SilverBatchWriter, *a: Any, **k: Any) -> BatchReport:
+        r = real(self, *a, **k)
+        reports.append(r)
+        return r
+
+    SilverBatchWriter.finish = spy  # type: ignore[method-assign]
+    try:
+        assert run_silver(spark, s, timeout_s=600) == 0
+    finally:
+        SilverBatchWriter.finish = real  # type: ignore[method-assign]
+    return s, reports
+
+
+def _split(msgs: Sequence[CapturedMessage], n: int) -> list[pa.Table]:
+    step = -(-len(msgs) // n)
+    return [
+        bronze_rows(msgs[i : i + step], first_offset=i, batch_id=k)
+        for k, i in enumerate(range(0, len(msgs), step))
+    ]
+
+
+def _capture(tmp: Path, name: str, shared_dir: str) -> list[CapturedMessage]:
+    if name in REAL:
+        return list(read_capture(os.path.join(shared_dir, REAL[name])))
+    cap, man = str(tmp / "sim.jsonl"), str(tmp / "truth.jsonl")
+    # Three agents (the gold buckets split them), the second restarting.
+    args = ["--dialect", name, "--agents", "3", "--queues", "4", "--intervals", "4",
+            "--events", "2", "--restart", "1:2", "--start-ns", "1795300000000000000"]  # fmt: skip
+    assert qmf(["sim", "-o", cap, "--manifest", man, *args]) == 0
+    return list(read_capture(cap))
+
+
+@pytest.mark.parametrize("source", ["qpidd", "qpidd-amqp10", "am1", "am2", "v2"])
+def test_tasks_and_driver_give_identical_silver_and_gold(
+    spark: SparkSession,
+    shared_dir: str,
+    tmp_path: Path,
+    source: str,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    msgs = _capture(tmp_path, source, shared_dir)
+    capsys.readouterr()
+    parts = _split(msgs, 4)  # four bronze files, two per micro-batch
+    tasks, t_reports = _stream(spark, tmp_path / "tasks", parts, "tasks")
+    driver, d_reports = _stream(spark, tmp_path / "driver", parts, "driver")
+
+    # The task path ran Spark tasks (one per bronze file of the batch) and the driver
+    # path none; both made two micro-batches.
+    assert [(r.decode_on, r.tasks) for r in t_reports] == [("tasks", 2), ("tasks", 2)]
+    assert [(r.decode_on, r.tasks) for r in d_reports] == [("driver", 0), ("driver", 0)]
+    assert delta.read_arrow(tasks.path("object_samples")).num_rows > 0
+    assert_same_tables(spark, tasks.root, driver.root, SILVER)
+    # Each task wrote its own file (a task whose messages held no sample writes none):
+    # one or two per batch; nothing is left in staging.
+    samples = tasks.path("object_samples")
+    names = [f for f in os.listdir(samples) if f.endswith(".parquet")]
+    for b in (0, 1):
+        assert 1 <= len([f for f in names if f.startswith(f"part-{b:08d}-")]) <= 2
+    assert not os.path.exists(os.path.join(samples, delta.STAGING_DIR))
+
+    # Gold: in tasks (buckets of agents) over one silver, on the driver over the other.
+    for s, mode in ((tasks, "tasks"), (driver, "driver")):
+        gs = GoldSettings(silver=s.root, root=s.root + "-gold", compute_on=mode, buckets=3)
+        assert run_gold_batch(spark, gs, 0).compute_on == mode
+    assert delta.read_arrow(tasks.root + "-gold/object_lifecycles").num_rows > 0
+    if source in ("am1", "am2", "v2"):  # three agents: their rows lie in several buckets
+        lc = os.listdir(tasks.root + "-gold/object_lifecycles")
+        assert len({f.split("-k3b")[1][0] for f in lc if "-k3b" in f}) >= 2
+    assert_same_tables(spark, tasks.root + "-gold", driver.root + "-gold", GOLD)
+
+
+def test_auto_decodes_small_batches_on_the_driver_and_large_ones_in_tasks(
+    spark: SparkSession, shared_dir: str, tmp_path: Path
+) -> None:
+    """``auto``: a batch whose bronze files hold at most ``driver_max_bytes`` stays on the
+    driver, a larger one goes to tasks; the tables equal the driver path's."""
+    from pipeline.delta_source import DeltaLogReader
+
+    msgs = list(read_capture(os.path.join(shared_dir, "samples/qpidd-capture-20s.jsonl")))
+    parts = _split(msgs, 4)
+    probe = str(tmp_path / "probe")
+    write_bronze(probe, parts)
+    log = DeltaLogReader(probe)
+    per_file = []
+    for v in range(1, 5):  # version 0 creates the table; one bronze file per commit after
+        c = log.commit(v)
+        assert c is not None and len(c.adds) == 1
+        per_file.append(c.adds[0].size)
+    batches = [per_file[0] + per_file[1], per_file[2] + per_file[3]]
+    assert batches[0] != batches[1]
+    limit = min(batches)
+    want = ["driver" if b <= limit else "tasks" for b in batches]
+    assert sorted(want) == ["driver", "tasks"]
+    auto, reports = _stream(spark, tmp_path / "auto", parts, "auto", driver_max_bytes=limit)
+    assert [r.decode_on for r in reports] == want
+    driver, _ = _stream(spark, tmp_path / "driver", parts, "driver")
+    assert_same_tables(spark, auto.root, driver.root, SILVER)
