@@ -251,8 +251,7 @@ def _write_staged(
     one staging folder, commit all the files once. Whatever happens, the staging
     folder is gone afterwards (committed files were moved out of it)."""
     root = os.path.abspath(table)
-    remove_batch_staging(root, app_id, batch_id)
-    staging = delta.stage_dir(root, app_id, batch_id)
+    staging = delta.fresh_stage_dir(root, app_id, batch_id)  # earlier attempts' go first
     try:
         plan = tasks.UnitPlan(staging, delta.table_schema(root), batch_id)
         if spark is None:
