@@ -36,10 +36,10 @@ filtered by every task until rewritten).
 
 from __future__ import annotations
 
+import hashlib
 import os
 import re
 import uuid
-import zlib
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
@@ -76,8 +76,11 @@ _BUCKET_FILE = re.compile(r"-k(?P<n>\d+)b(?P<b>\d+)-")
 
 
 def bucket_of(agent: str | None, buckets: int) -> int:
-    """A stable bucket of an agent id (crc32: the same in every process and run)."""
-    return zlib.crc32((agent or "").encode("utf-8")) % buckets
+    """A stable bucket of an agent id: the same in every process and run (Python's
+    ``hash`` is salted per process), and spread even for ids that differ in one
+    character such as AM2's ``1.1``, ``1.2``, ``1.3`` (crc32 put those in one of three)."""
+    digest = hashlib.blake2b((agent or "").encode("utf-8"), digest_size=8).digest()
+    return int.from_bytes(digest, "big") % buckets
 
 
 def _buckets(agents: pl.Series, buckets: int) -> pl.Series:

@@ -245,6 +245,14 @@ class GoldBatchWriter:
         path = self.settings.path("rate_state")
         return not delta.replace_arrow(state, path, app_id=self.app_id, batch_id=batch_id).skipped
 
+    def write_state_files(self, files: list[delta.DataFileInfo], batch_id: int) -> bool:
+        """The task path's last write: the buckets' state files replace the state."""
+        path = self.settings.path("rate_state")
+        result = delta.commit_staged(
+            path, files, app_id=self.app_id, batch_id=batch_id, replace=True
+        )
+        return not result.skipped
+
     def __call__(self, df: DataFrame, batch_id: int) -> None:
         if self._done(batch_id):
             return
@@ -306,7 +314,7 @@ class GoldBatchWriter:
         finally:
             shutil.rmtree(shuffle, ignore_errors=True)
         report = GoldReport(batch_id, compute_on="tasks", tasks=len(outs))
-        for name in ("statistic_rates", *gt.STATE_TABLES):  # rate_state last
+        for name in ("statistic_rates", "object_lifecycles", "agent_liveness"):
             tfiles = [f for o in outs for f in o.files.get(name, ())]
             result = delta.commit_staged(
                 s.path(name), tfiles, app_id=aid, batch_id=batch_id,
@@ -314,6 +322,8 @@ class GoldBatchWriter:
             )  # fmt: skip
             if not result.skipped:
                 report.committed.append(name)
+        if self.write_state_files([f for o in outs for f in o.files.get("rate_state", ())], batch_id):
+            report.committed.append("rate_state")
         report.rows = {"input": sum(r for x in splits for _b, _p, r in x.files)}
         for o in outs:
             for k, v in o.rows.items():

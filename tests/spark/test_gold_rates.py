@@ -209,13 +209,19 @@ class CrashBeforeState(GoldBatchWriter):
     def write_state(self, state: pa.Table, batch_id: int) -> bool:
         raise RuntimeError("killed before the state commit")
 
+    def write_state_files(self, files: list[delta.DataFileInfo], batch_id: int) -> bool:
+        raise RuntimeError("killed before the state commit")
 
-def test_replay_after_crash_gives_the_same_tables(spark: SparkSession, tmp_path: Path) -> None:
+
+@pytest.mark.parametrize("compute_on", ["driver", "tasks"])
+def test_replay_after_crash_gives_the_same_tables(
+    spark: SparkSession, tmp_path: Path, compute_on: str
+) -> None:
     runs = {}
     for mode in ("clean", "crash"):
         sv = Silver(str(tmp_path / mode / "registry"))
         s = GoldSettings(silver=str(tmp_path / mode / "silver"), root=str(tmp_path / mode / "gold"),
-                         registry=str(tmp_path / mode / "registry"))  # fmt: skip
+                         registry=str(tmp_path / mode / "registry"), compute_on=compute_on)  # fmt: skip
         b0 = batch(spark, [sv.sample(0, 0, props=True), sv.sample(10, 20)], [beat("A", 0), beat("A", 1)])
         b1 = batch(spark, [sv.sample(20, 50), sv.sample(30, 60)], [beat("A", 2)])
         GoldBatchWriter(s, app_id="t")(b0, 0)
