@@ -163,12 +163,12 @@ def test_silver_and_gold_jobs_on_local_cluster(
         proc = spark_submit(
             node_env, events, "silver.py", "--bronze", str(bronze), "--root", str(silver),
             "--checkpoint", str(tmp_path / "ck-silver"), "--trigger", "availableNow",
-            "--max-files-per-trigger", "1", "--timeout", "300",
+            "--max-files-per-trigger", "1", "--timeout", "300", "--decode-on", "tasks",
         )  # fmt: skip
         assert proc.returncode == 0, proc.stderr[-4000:]
         proc = spark_submit(
             node_env, events, "gold.py", "--silver", str(silver), "--root", str(gold),
-            "--batch-id", "0", "--app-id", "qmf-gold",
+            "--batch-id", "0", "--app-id", "qmf-gold", "--compute-on", "tasks",
         )  # fmt: skip
         assert proc.returncode == 0, proc.stderr[-4000:]
         tasks = executor_tasks(events)
@@ -176,8 +176,9 @@ def test_silver_and_gold_jobs_on_local_cluster(
         remove_executor_logs(
             sorted({m.group(0) for m in map(APP_ID.search, map(str, events.rglob("*"))) if m})
         )
-    # Two applications, each ran its tasks on the executors (the decode, the rate scan and
-    # the Parquet writes happened outside the driver), and both executors took work. A
+    # Two applications, each ran its tasks on the executors (silver's decode and Parquet
+    # writes, gold's split and per-bucket computation and writes happened outside the
+    # driver, which only committed the files), and both executors took work. A
     # small app may leave one executor idle: silver's 4 one-task batches all went to
     # executor 1 in one CI run, so "both" is asserted over the two apps together.
     assert len(tasks) == 2, tasks

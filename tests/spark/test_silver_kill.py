@@ -3,7 +3,8 @@
 The job runs as its own process (``jobs/silver.py``, stream mode over bronze's
 log, one bronze commit per trigger) and is killed with SIGKILL once some
 micro-batches are committed; the restarted job must end with exactly the
-tables a clean batch-mode run gives.
+tables a clean batch-mode run gives. The stream decodes in Spark tasks
+(``--decode-on tasks``: the tasks write the files, the driver commits them).
 """
 
 from __future__ import annotations
