@@ -110,7 +110,7 @@ class BackfillSettings:
     run: int | None = None  # None: resume a crashed run or start the next one
     scratch: str | None = None
     kinds_file: str | None = None
-    decode_on: str = "spark"
+    decode_on: str = "tasks"
     min_interval_s: float = 1.0
     max_gap_s: float = 300.0
     state_ttl_s: float = 86400.0
@@ -123,8 +123,10 @@ class BackfillSettings:
             raise ValueError("--from and --to must be time-zone aware (UTC)")
         if self.start >= self.end:
             raise ValueError(f"empty range: --from {self.start} is not before --to {self.end}")
-        if self.decode_on not in ("spark", "driver"):
-            raise ValueError(f"decode_on {self.decode_on!r}: expected spark or driver")
+        if self.decode_on == "spark":  # the old name of the task decode
+            object.__setattr__(self, "decode_on", "tasks")
+        if self.decode_on not in ("tasks", "driver"):
+            raise ValueError(f"decode_on {self.decode_on!r}: expected tasks or driver")
 
     @property
     def from_ns(self) -> int:
@@ -194,7 +196,13 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--kinds", default=None, help="statistic kinds TOML (default schemas/statistic_kinds.toml)"
     )
-    p.add_argument("--decode-on", choices=("spark", "driver"), default="spark")
+    p.add_argument(
+        "--decode-on",
+        choices=("tasks", "driver", "spark"),
+        default="tasks",
+        help="decode the range's bronze in Spark tasks (their files read back here) or on "
+        "the driver ('spark' = tasks)",
+    )
     p.add_argument(
         "--min-interval",
         type=float,
