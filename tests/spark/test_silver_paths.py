@@ -181,3 +181,35 @@ def test_auto_decodes_small_batches_on_the_driver_and_large_ones_in_tasks(
     assert [r.decode_on for r in reports] == want
     driver, _ = _stream(spark, tmp_path / "driver", parts, "driver")
     assert_same_tables(spark, auto.root, driver.root, SILVER)
+
+
+def test_what_crosses_tasks_is_completed_on_the_driver(spark: SparkSession, tmp_path: Path) -> None:
+    """One micro-batch, two bronze files, two tasks: content whose schema only the other
+    task sees, and a v1 method call whose request (on an object sampled in this batch)
+    and response land in different tasks. Nothing stays parked, and the call is paired
+    and typed both ways (its class from the samples the other task wrote)."""
+    from tests.spark import test_silver_late as late
+    from tests.spark import test_silver_methods as calls
+
+    a = [
+        late.content(late.V1, ("c", 1), ("i", 1)),
+        calls.msg(calls.broker_sample(), 0, "mgmt.amq1.stats.org.apache.qpid.broker.broker"),
+        calls.msg(calls.request("AM1", 7, calls.BROKER_ID, "echo", calls.ECHO_IN), 1),
+    ]
+    b = [late.announce(late.V1), calls.msg(calls.response("AM1", 7, 0, "OK", calls.ECHO_OUT), 2)]
+    n = len(a) + len(b)
+    parts = [
+        bronze_rows(a, batch_id=0),
+        bronze_rows(b, first_offset=len(a), batch_id=1),
+        bronze_rows([late.heartbeat()], first_offset=n, batch_id=2),  # a second micro-batch
+    ]
+    s, reports = _stream(spark, tmp_path, parts, "tasks")
+    assert [(r.tasks, r.new_schemas, r.resolved) for r in reports] == [(2, 1, 0), (1, 0, 0)]
+    assert delta.read_arrow(s.path("parked")).num_rows == 0
+    samples = delta.read_arrow(s.path("object_samples"))
+    widgets = samples.filter(pa.compute.equal(samples.column("class_name"), "widget"))
+    assert sorted(widgets.column("opcode").to_pylist()) == ["c", "i"]
+    (call,) = delta.read_arrow(s.path("method_calls")).to_pylist()
+    assert (call["class_name"], call["method_name"], call["status"]) == ("broker", "echo", 0)
+    assert call["arguments_in"] == '{"body":"ping","sequence":42}'
+    assert call["arguments_out"] == '{"body":"pong","sequence":42}'
