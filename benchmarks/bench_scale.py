@@ -1,0 +1,1064 @@
+"""Silver's scaling: the same streaming job over the same bronze at 1 and 2 cores, and the ceiling.
+
+What it measures (issue 22, items 3 and 5), in one run:
+
+* **The silver streaming job on the task path** (``start_silver``, ``decode_on="tasks"``,
+  ``trigger="availableNow"``, ``maxFilesPerTrigger=K``) over a bronze Delta table built
+  once, in a fresh process per configuration (one SparkContext each), with masters
+  ``local[1]`` (the whole process tree pinned to one CPU, so "1 core" is one core:
+  the driver's JVM and Python, the task's Python worker and its decode threads all
+  share it; ``--no-pin`` lifts that), ``local[2]`` and ``local-cluster[2,1,1024]`` (a
+  standalone master and two single-core executor JVMs, as on a cluster). The figure is
+  object samples per second into Delta over the *steady* micro-batches (all but the
+  first ``--warm``: those pay the Python workers' start and the numba cache load), from
+  the query's progress (``triggerExecution``) and the writer's reports (the
+  ``BatchReport`` each batch logs). Per batch it prints where the time goes: the
+  Spark job of the tasks (decode + Parquet writes in the tasks, from Spark's event
+  log: the job's wall time, the tasks' own run time, the gap between the two), the
+  driver's planning (registry, offset log, file split), its resolve and its commits,
+  and Spark's streaming work around the batch function.
+* **The no-Spark ceiling**: the same bronze files, each decoded and written by
+  ``pipeline.silver.tasks.run_task`` (what one Spark task runs: the vectorized decode
+  ``decode_arrow``, then one Parquet file per silver table with ``DataFileWriter``) in
+  1 and in 2 processes (multiprocessing, each pinned to its own CPU, one decode thread,
+  each taking every other file). ``ceiling_per_core`` is the 1-process rate.
+* The ratios of the issue: ``efficiency`` = records/s at 2 cores / (2 x records/s at 1
+  core), target >= 0.85; ``vs_ceiling`` = records/s per core at 2 cores /
+  ``ceiling_per_core``, target >= 0.8. Met or not met is printed per workload and
+  master; the last line is ``RESULT {json}`` (the real mix on ``local[2]`` at the top,
+  every workload and ``local-cluster`` inside).
+
+Two workloads, each its own bronze table, many files per micro-batch so the tasks
+have work to split (``plan_units`` gives each core's task a share of the files):
+
+* ``mix``: the real capture's AM2 content messages (11 classes, c/i/g, ~4.66 object
+  samples per message; bronze rows by ``pipeline.silver.bronze_rows``), in
+  2,000-message bronze files (as the issue's table), ``--mix-files`` files per
+  micro-batch;
+* ``queue-i``: queue 'i' statistics, 100 samples per AM2 message, 2,000-message files
+  (200,000 samples each, as the issue's table), ``--queue-files`` per micro-batch.
+
+``--big`` (off by default; ``--big-only`` runs it alone): one micro-batch of 5,000,000
+queue 'i' samples (``--big-samples``) through the task path on ``local[2]`` with the
+default 2 GB driver heap (``spark.driver.memory=2g``), after a small warm-up query in
+the same process; it reports that the batch completed, its rows, and the driver's
+peak memory (the JVM's RSS high-water mark from /proc and its heap pools' peaks; the
+Python driver's and the Python workers' peak RSS).
+
+Every process gets ``MALLOC_ARENA_MAX=1 MIMALLOC_PURGE_DELAY=-1`` (as ``bench_silver``,
+docs/performance.md session 8; ``--default-allocators`` keeps the environment). Row
+counts are checked: every table's object samples equal the input's, counted once.
+
+Run it alone on the machine (it uses both cores):
+
+    flock /tmp/qmf-heavy.lock .venv/bin/python benchmarks/bench_scale.py [--work DIR]
+    flock /tmp/qmf-heavy.lock .venv/bin/python benchmarks/bench_scale.py --big-only
+
+About 5-8 minutes on 2 idle cores with the defaults (building bronze about 1 minute of
+it; ``--work DIR`` keeps the bronze tables there and reuses them on the next run);
+``--big-only`` about 2-3 minutes. ``--batches``, ``--mix-files``, ``--queue-files``
+and ``--masters`` scale it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import multiprocessing as mp
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
+sys.path.insert(0, os.path.dirname(__file__))
+
+from bench_decode import SHARED, queue_stream
+
+from pipeline import delta
+from pipeline.delta_source import DataFile, arrow_schema, read_file
+from schemas.tables import BRONZE
+
+REPO = Path(__file__).resolve().parents[1]
+# As bench_silver.ALLOCATOR_ENV (docs/performance.md, session 8).
+ALLOCATOR_ENV = {"MALLOC_ARENA_MAX": "1", "MIMALLOC_PURGE_DELAY": "-1"}
+MASTERS = ("local[1]", "local[2]", "local-cluster[2,1,1024]")
+ONE_CORE = "local[1]"
+TWO_CORES = "local[2]"
+TARGET_EFFICIENCY = 0.85
+TARGET_VS_CEILING = 0.8
+SAMPLES = "object_samples"
+QUEUE_KEY = "console.obj.1.0.org.apache.qpid.broker.queue"
+MANIFEST_VERSION = 1
+
+
+# ------------------------------------------------------------------ bronze
+
+
+@dataclass(frozen=True)
+class Workload:
+    """One bronze table: ``batches`` micro-batches of ``files_per_batch`` files."""
+
+    name: str
+    file_messages: int
+    files_per_batch: int
+    batches: int
+
+
+def mix_messages() -> list[Any]:
+    """The capture's AM2 content messages (every record an object sample), as
+    ``bench_decode.mixed_stream`` picks them, kept whole for ``bronze_rows``."""
+    from pipeline.codec.capture import read_capture
+    from pipeline.codec.records import ObjectSample
+    from pipeline.codec.schema import SchemaRegistry
+
+    reg = SchemaRegistry()
+    out = []
+    for m in read_capture(os.path.join(SHARED, "samples", "qpidd-capture-20s.jsonl")):
+        res = m.decode(reg)
+        if (
+            res.records
+            and all(isinstance(r, ObjectSample) for r in res.records)
+            and m.body[:3] == b"AM2"
+        ):
+            out.append(m)
+    return out
+
+
+def queue_table(bodies: Sequence[bytes], first_offset: int, batch_id: int) -> pa.Table:
+    """Bronze rows of queue 'i' messages (offsets and keys fresh from ``first_offset``)."""
+    n = len(bodies)
+    offsets = np.arange(first_offset, first_offset + n, dtype=np.int64)
+    cols: dict[str, Any] = {
+        "partition": pa.array(["p0"] * n),
+        "offset": pa.array(offsets),
+        "msg_key": pa.array([f"{o:032x}" for o in offsets.tolist()]),
+        "received_at": pa.array(np.full(n, 1_795_338_000_000_000, np.int64)).cast(
+            BRONZE.field("received_at").type
+        ),
+        "routing_key": pa.array([QUEUE_KEY] * n),
+        "body": pa.array(list(bodies), pa.binary()),
+        "batch_id": pa.array(np.full(n, batch_id, np.int64)),
+        "redelivered": pa.array([False] * n),
+    }
+    for f in BRONZE:
+        if f.name not in cols:
+            cols[f.name] = pa.nulls(n, f.type)
+    return pa.table(cols).select(BRONZE.names).cast(BRONZE)
+
+
+def samples_per_message(name: str, count: int) -> np.ndarray[Any, np.dtype[np.int64]]:
+    """Object samples each of the workload's first ``count`` distinct messages gives
+    (silver's decode with the seeded registry, as the job's first batch has it)."""
+    if name == "queue-i":
+        return np.full(count, 100, np.int64)
+    from pipeline.silver import bronze_rows
+    from pipeline.silver.decode import decode_arrow
+    from pipeline.silver.registry import StatisticKinds, seed_table, to_registry
+
+    kinds = StatisticKinds.load()
+    msgs = mix_messages()
+    d = decode_arrow(bronze_rows(msgs), to_registry(seed_table(kinds)), 0, kinds)
+    assert d.get("parked").num_rows == 0 and d.get("quarantine").num_rows == 0
+    off = np.asarray(d.get(SAMPLES).column("offset").to_numpy(), np.int64)
+    return np.bincount(off, minlength=len(msgs)).astype(np.int64)
+
+
+def build_bronze(root: Path, wl: Workload) -> dict[str, Any]:
+    """The workload's bronze table under ``root`` (reused when its manifest matches):
+    one Delta commit per micro-batch of files. Returns the manifest: files in stream
+    order and object samples per file."""
+    key = {
+        "version": MANIFEST_VERSION,
+        "workload": wl.name,
+        "file_messages": wl.file_messages,
+        "files_per_batch": wl.files_per_batch,
+        "batches": wl.batches,
+    }
+    manifest = root / "manifest.json"
+    if manifest.exists():
+        got = json.loads(manifest.read_text())
+        if got.get("key") == key and all(os.path.exists(f) for f in got["files"]):
+            print(f"  [{wl.name}] bronze reused: {root / 'bronze'}")
+            return dict(got)
+    shutil.rmtree(root, ignore_errors=True)
+    root.mkdir(parents=True)
+    t0 = time.perf_counter()
+    if wl.name == "mix":
+        source: list[Any] = mix_messages()
+    else:
+        source = queue_stream(2_000)[0]  # its 20 distinct messages
+    per_msg = samples_per_message(wl.name, len(source))
+    path = str(root / "bronze")
+    delta.create_table(path, BRONZE, name="bronze")
+    files: list[str] = []
+    samples: list[int] = []
+    size = 0
+    fm = wl.file_messages
+    for b in range(wl.batches):
+        staging = delta.stage_dir(path, "bench-bronze", b)
+        infos = []
+        for k in range(wl.files_per_batch):
+            first = (b * wl.files_per_batch + k) * fm
+            idx = [(first + j) % len(source) for j in range(fm)]
+            if wl.name == "mix":
+                from pipeline.silver import bronze_rows
+
+                t = bronze_rows([source[i] for i in idx], first_offset=first, batch_id=b)
+            else:
+                t = queue_table([source[i] for i in idx], first, b)
+            w = delta.DataFileWriter(os.path.join(staging, delta.data_file_name(b)), BRONZE)
+            w.write(t)
+            info = w.close()
+            assert info is not None
+            infos.append(info)
+            samples.append(int(per_msg[idx].sum()))
+            size += info.size
+        delta.commit_staged(path, infos, app_id="bench-bronze", batch_id=b)
+        files.extend(os.path.join(path, i.name) for i in infos)
+    out = {"key": key, "bronze": path, "files": files, "samples": samples, "bytes": size}
+    manifest.write_text(json.dumps(out))
+    print(
+        f"  [{wl.name}] bronze built in {time.perf_counter() - t0:.1f} s: {len(files)} files "
+        f"of {fm:,} messages ({size / 1e6:,.0f} MB), {sum(samples):,} object samples"
+    )
+    return out
+
+
+# ------------------------------------------------------------------ the ceiling
+
+
+def bronze_schema() -> pa.Schema:
+    """The bronze columns a task reads (``pipeline.silver.tasks.DECODE_COLUMNS``)."""
+    from pipeline.silver.tasks import DECODE_COLUMNS
+    from schemas.tables import spark_schema
+
+    full = arrow_schema(spark_schema(BRONZE))
+    return pa.schema([full.field(c) for c in DECODE_COLUMNS])
+
+
+def ceiling_worker(cpu: int | None, files: list[str], out: str, ready: Any, results: Any) -> None:
+    """One process of the ceiling: warm up, wait for the others, then run each of its
+    bronze files through ``run_task`` (read, decode, one Parquet file per table)."""
+    if cpu is not None:
+        os.sched_setaffinity(0, {cpu})
+    from pipeline.codec import vectorized
+    from pipeline.silver.registry import StatisticKinds, seed_table, to_registry
+    from pipeline.silver.tasks import TASK_TABLES, TaskPlan, run_task
+
+    vectorized.DECODE_THREADS = 1  # one thread, as the issue's table
+    kinds = StatisticKinds.load()
+    schemas = tuple(to_registry(seed_table(kinds)))
+    schema = bronze_schema()
+
+    def plan(batch_id: int, where: str) -> TaskPlan:
+        staging = []
+        for name in TASK_TABLES:
+            d = os.path.join(where, name)
+            os.makedirs(d, exist_ok=True)
+            staging.append((name, d))
+        return TaskPlan(schemas, batch_id, kinds, tuple(staging))
+
+    def one(path: str, batch_id: int, where: str) -> int:
+        f = DataFile(path, os.path.getsize(path), None)
+        got = run_task(read_file(f, schema), plan(batch_id, where))
+        return sum(i.rows for i in got.files.get(SAMPLES, []))
+
+    warm = os.path.join(out, "warm")
+    one(files[0], 0, warm)  # numba cache load, first Parquet writer: not timed
+    shutil.rmtree(warm, ignore_errors=True)
+    ready.wait()
+    t0, c0 = time.monotonic(), time.process_time()
+    rows = sum(one(p, k, out) for k, p in enumerate(files))
+    results.put((rows, t0, time.monotonic(), time.process_time() - c0, len(files)))
+
+
+def run_ceiling(files: list[str], procs: int, out: Path) -> dict[str, float]:
+    """The ceiling over ``files`` in ``procs`` processes (file i to process i % procs)."""
+    ctx = mp.get_context("spawn")
+    ready = ctx.Barrier(procs + 1)
+    results = ctx.Queue()
+    allowed = sorted(os.sched_getaffinity(0))
+    workers = []
+    for i in range(procs):
+        cpu = allowed[i] if len(allowed) >= procs else None
+        where = str(out / f"p{i}")
+        workers.append(
+            ctx.Process(target=ceiling_worker, args=(cpu, files[i::procs], where, ready, results))
+        )
+    for w in workers:
+        w.start()
+    ready.wait(timeout=300)
+    got = [results.get(timeout=1800) for _ in workers]
+    for w in workers:
+        w.join()
+    shutil.rmtree(out, ignore_errors=True)
+    rows = sum(g[0] for g in got)
+    wall = max(g[2] for g in got) - min(g[1] for g in got)
+    cpu_s = sum(g[3] for g in got)
+    return {"records": rows, "seconds": wall, "records_per_s": rows / wall, "cpu_s": cpu_s}
+
+
+# ------------------------------------------------------------------ the Spark job (child)
+
+
+class ReportLog(logging.Handler):
+    """Keeps the ``BatchReport`` the silver writer logs after each batch."""
+
+    def __init__(self) -> None:
+        super().__init__(logging.INFO)
+        self.reports: list[Any] = []
+        self.at: list[float] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        from pipeline.silver import BatchReport
+
+        args = record.args if isinstance(record.args, tuple) else ()
+        for a in args:
+            if isinstance(a, BatchReport):
+                self.reports.append(a)
+                self.at.append(record.created)
+
+
+class Peaks(threading.Thread):
+    """Samples the RSS of this process's children (the JVMs, the Python workers)."""
+
+    def __init__(self) -> None:
+        super().__init__(daemon=True)
+        self.stop = threading.Event()
+        self.workers_mb = 0.0
+        self.workers_sum_mb = 0.0
+
+    def run(self) -> None:
+        try:
+            import psutil
+        except ImportError:
+            return
+        me = psutil.Process()
+        while not self.stop.wait(0.2):
+            total = 0.0
+            for p in me.children(recursive=True):
+                try:
+                    if "java" in p.name():
+                        continue
+                    mb = p.memory_info().rss / 1e6
+                except psutil.Error:
+                    continue
+                self.workers_mb = max(self.workers_mb, mb)
+                total += mb
+            self.workers_sum_mb = max(self.workers_sum_mb, total)
+
+
+def jvm_peaks() -> dict[str, float]:
+    """Peak RSS (VmHWM) of the JVMs started by this process, in MB, driver first."""
+    out: dict[str, float] = {}
+    try:
+        import psutil
+    except ImportError:
+        return out
+    for p in psutil.Process().children(recursive=True):
+        try:
+            if "java" not in p.name():
+                continue
+            with open(f"/proc/{p.pid}/status", encoding="ascii") as fh:
+                for line in fh:
+                    if line.startswith("VmHWM:"):
+                        kind = (
+                            "executor"
+                            if "CoarseGrainedExecutor" in " ".join(p.cmdline())
+                            else "driver"
+                        )
+                        key = kind if kind not in out else f"{kind}-{p.pid}"
+                        out[key] = int(line.split()[1]) / 1e3
+        except (OSError, psutil.Error):
+            continue
+    return out
+
+
+def heap_peak_mb(spark: Any, reset: bool = False) -> dict[str, float]:
+    """The driver JVM's heap: its maximum and the sum of its pools' peak use (MB)."""
+    jvm = spark.sparkContext._jvm
+    pools = jvm.java.lang.management.ManagementFactory.getMemoryPoolMXBeans()
+    peak = 0
+    for i in range(pools.size()):
+        pool = pools.get(i)
+        if str(pool.getType().toString()) == "Heap memory":
+            if reset:
+                pool.resetPeakUsage()
+            else:
+                peak += pool.getPeakUsage().getUsed()
+    return {
+        "heap_max_mb": jvm.java.lang.Runtime.getRuntime().maxMemory() / 1e6,
+        "heap_peak_mb": peak / 1e6,
+    }
+
+
+def read_events(folder: Path) -> list[dict[str, Any]]:
+    """Spark's event log (one application) as a list of jobs with their tasks."""
+    jobs: dict[int, dict[str, Any]] = {}
+    stage_job: dict[int, int] = {}
+    # A rolling log: a folder ``eventlog_v2_<app>`` of ``events_<n>_<app>`` files.
+    logs = [p for p in folder.rglob("events_*") if p.is_file()]
+    for log in sorted(logs, key=lambda p: int(p.name.split("_")[1])):
+        for line in log.read_text().splitlines():
+            ev = json.loads(line)
+            kind = ev.get("Event")
+            if kind == "SparkListenerJobStart":
+                props = ev.get("Properties") or {}
+                batch = props.get("streaming.sql.batchId")
+                jid = int(ev["Job ID"])
+                jobs[jid] = {
+                    "job": jid,
+                    "start": ev["Submission Time"] / 1e3,
+                    "batch": None if batch is None else int(batch),
+                    "tasks": [],
+                }
+                for s in ev.get("Stage IDs", []):
+                    stage_job[int(s)] = jid
+            elif kind == "SparkListenerJobEnd":
+                jobs[int(ev["Job ID"])]["end"] = ev["Completion Time"] / 1e3
+            elif kind == "SparkListenerTaskEnd":
+                info, metrics = ev["Task Info"], ev.get("Task Metrics") or {}
+                owner = stage_job.get(int(ev["Stage ID"]))
+                if owner is not None:
+                    jobs[owner]["tasks"].append(
+                        {
+                            "executor": str(info["Executor ID"]),
+                            "launch": info["Launch Time"] / 1e3,
+                            "finish": info["Finish Time"] / 1e3,
+                            "run": metrics.get("Executor Run Time", 0) / 1e3,
+                            "deserialize": metrics.get("Executor Deserialize Time", 0) / 1e3,
+                            "gc": metrics.get("JVM GC Time", 0) / 1e3,
+                        }
+                    )
+    return [jobs[k] for k in sorted(jobs)]
+
+
+def batch_jobs(
+    jobs: list[dict[str, Any]], batch_id: int, window: tuple[float, float]
+) -> list[dict[str, Any]]:
+    """The jobs of one micro-batch: by Spark's batch-id property, else by time."""
+    tagged = [j for j in jobs if j["batch"] == batch_id]
+    if tagged or any(j["batch"] is not None for j in jobs):
+        return tagged
+    lo, hi = window
+    return [j for j in jobs if lo - 0.05 <= j["start"] <= hi + 0.05]
+
+
+def wait_executors(spark: Any, want: int, timeout_s: float = 240.0) -> float:
+    """Seconds until ``want`` executors registered (local-cluster starts them late)."""
+    t0 = time.monotonic()
+    sc = spark.sparkContext
+    while sc._jsc.sc().getExecutorMemoryStatus().size() - 1 < want:
+        if time.monotonic() - t0 > timeout_s:
+            raise RuntimeError(f"{want} executors not registered in {timeout_s:.0f} s")
+        time.sleep(0.2)
+    return time.monotonic() - t0
+
+
+def spark_session(cfg: dict[str, Any], run: Path) -> Any:
+    from pipeline.spark import get_spark
+
+    events = run / "events"
+    events.mkdir(parents=True, exist_ok=True)
+    conf = {
+        "spark.ui.enabled": "false",
+        "spark.eventLog.enabled": "true",
+        "spark.eventLog.dir": f"file://{events}",
+        "spark.eventLog.compress": "false",
+        "spark.sql.shuffle.partitions": "2",
+    }
+    for k in ALLOCATOR_ENV:
+        if k in os.environ:
+            conf[f"spark.executorEnv.{k}"] = os.environ[k]
+    conf["spark.executorEnv.PYTHONPATH"] = str(REPO)
+    # The master on spark-submit's command line: given as ``spark.master`` through
+    # get_spark, local-cluster's "[2,1,1024]" is cut at its first comma.
+    os.environ["PYSPARK_SUBMIT_ARGS"] = f"--master {cfg['master']} pyspark-shell"
+    return get_spark(
+        f"qmf-bench-scale-{cfg['label']}",
+        conf=conf,
+        log_file=str(run / "spark.log"),
+    )
+
+
+def child_scale(cfg: dict[str, Any]) -> dict[str, Any]:
+    """One configuration: the silver stream over one workload's bronze, measured."""
+    from pipeline.silver import SilverSettings, start_silver
+
+    run = Path(cfg["run"])
+    shutil.rmtree(run, ignore_errors=True)
+    run.mkdir(parents=True)
+    t_start = time.monotonic()
+    spark = spark_session(cfg, run)
+    executors = 0
+    waited = 0.0
+    if cfg["master"].startswith("local-cluster"):
+        executors = int(cfg["master"].split("[")[1].split(",")[0])
+        waited = wait_executors(spark, executors)
+    startup = time.monotonic() - t_start
+    handler = ReportLog()
+    wlog = logging.getLogger("pipeline.silver.writer")
+    wlog.addHandler(handler)
+    wlog.setLevel(logging.INFO)
+    wlog.propagate = False
+    settings = SilverSettings(
+        bronze=cfg["bronze"],
+        root=str(run / "silver"),
+        checkpoint=str(run / "checkpoint"),
+        decode_on="tasks",
+        max_files_per_trigger=cfg["files_per_batch"],
+        trigger="availableNow",
+    )
+    peaks = Peaks()
+    peaks.start()
+    t0 = time.monotonic()
+    query = start_silver(spark, settings)
+    query.awaitTermination(cfg["timeout"])
+    wall = time.monotonic() - t0
+    failure = query.exception()
+    progress = [p for p in query.recentProgress if p["durationMs"].get("addBatch") is not None]
+    if query.isActive:
+        query.stop()
+    peaks.stop.set()
+    memory = {**heap_peak_mb(spark), **{f"{k}_rss_mb": v for k, v in jvm_peaks().items()}}
+    parallelism = spark.sparkContext.defaultParallelism
+    spark.stop()
+    if failure is not None:
+        raise RuntimeError(f"the silver query failed: {failure}")
+    import resource
+
+    memory["python_driver_rss_mb"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1e3
+    memory["python_worker_rss_mb"] = peaks.workers_mb
+    jobs = read_events(run / "events")
+
+    reports = {r.batch_id: r for r in handler.reports}
+    ended = dict(zip([r.batch_id for r in handler.reports], handler.at, strict=True))
+    batches = []
+    for p in progress:
+        b = int(p["batchId"])
+        r = reports[b]
+        d = p["durationMs"]
+        fn = sum(r.seconds.get(k, 0.0) for k in ("decode", "resolve", "write"))
+        window = (ended[b] - fn, ended[b])
+        js = batch_jobs(jobs, b, window)
+        tasks = [t for j in js for t in j["tasks"]]
+        job_s = sum(j.get("end", j["start"]) - j["start"] for j in js)
+        batches.append(
+            {
+                "batch": b,
+                "samples": r.rows.get(SAMPLES, 0),
+                "parked": r.rows.get("parked", 0),
+                "quarantine": r.rows.get("quarantine", 0),
+                "decode_on": r.decode_on,
+                "trigger_s": d["triggerExecution"] / 1e3,
+                "add_batch_s": d["addBatch"] / 1e3,
+                "latest_offset_s": d.get("latestOffset", 0) / 1e3,
+                "logs_s": (d.get("walCommit", 0) + d.get("commitOffsets", 0)) / 1e3,
+                "fn_s": fn,
+                "tasks_job_s": r.seconds.get("decode", 0.0),
+                "spark_jobs": len(js),
+                "spark_job_s": job_s,
+                "tasks": len(tasks),
+                "task_run_max_s": max((t["run"] for t in tasks), default=0.0),
+                "task_run_sum_s": sum(t["run"] for t in tasks),
+                "task_wall_max_s": max((t["finish"] - t["launch"] for t in tasks), default=0.0),
+                "task_gc_s": sum(t["gc"] for t in tasks),
+                "executors": sorted({t["executor"] for t in tasks}),
+                "resolve_s": r.seconds.get("resolve", 0.0),
+                "commit_s": r.seconds.get("write", 0.0),
+            }
+        )
+    batches.sort(key=lambda x: x["batch"])
+    from deltalake import DeltaTable
+
+    adds = DeltaTable(settings.path(SAMPLES)).get_add_actions(flatten=True)
+    table_rows = int(pa.compute.sum(pa.table(adds).column("num_records")).as_py() or 0)
+    return {
+        "master": cfg["master"],
+        "workload": cfg["workload"],
+        "cpus": cfg.get("cpus"),
+        "parallelism": parallelism,
+        "startup_s": startup,
+        "executors_wait_s": waited,
+        "wall_s": wall,
+        "batches": batches,
+        "table_rows": table_rows,
+        "memory": memory,
+    }
+
+
+def child_big(cfg: dict[str, Any]) -> dict[str, Any]:
+    """Item 5: one micro-batch of the big bronze through the task path, 2 GB driver heap."""
+    from pipeline.silver import SilverSettings, start_silver
+    from pipeline.silver.batch import bronze_files
+
+    run = Path(cfg["run"])
+    shutil.rmtree(run, ignore_errors=True)
+    run.mkdir(parents=True)
+    spark = spark_session(cfg, run)
+    handler = ReportLog()
+    wlog = logging.getLogger("pipeline.silver.writer")
+    wlog.addHandler(handler)
+    wlog.setLevel(logging.INFO)
+    wlog.propagate = False
+    # Warm-up: the Python workers and the numba cache, on the small bronze.
+    warm = SilverSettings(
+        bronze=cfg["warm_bronze"], root=str(run / "warm"), checkpoint=str(run / "warm-ck"),
+        decode_on="tasks", trigger="availableNow",
+    )  # fmt: skip
+    q = start_silver(spark, warm)
+    q.awaitTermination(cfg["timeout"])
+    if q.exception() is not None:
+        raise RuntimeError(f"warm-up query failed: {q.exception()}")
+    heap_peak_mb(spark, reset=True)
+    handler.reports.clear()
+    settings = SilverSettings(
+        bronze=cfg["bronze"], root=str(run / "silver"), checkpoint=str(run / "checkpoint"),
+        decode_on="tasks", trigger="availableNow", max_files_per_trigger=cfg["files"],
+    )  # fmt: skip
+    peaks = Peaks()
+    peaks.start()
+    t0 = time.monotonic()
+    query = start_silver(spark, settings)
+    query.awaitTermination(cfg["timeout"])
+    wall = time.monotonic() - t0
+    failure = query.exception()
+    progress = [p for p in query.recentProgress if p["durationMs"].get("addBatch") is not None]
+    if query.isActive:
+        query.stop()
+    peaks.stop.set()
+    memory = {**heap_peak_mb(spark), **{f"{k}_rss_mb": v for k, v in jvm_peaks().items()}}
+    spark.stop()
+    if failure is not None:
+        raise RuntimeError(f"the big batch failed: {failure}")
+    import resource
+
+    from deltalake import DeltaTable
+
+    memory["python_driver_rss_mb"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1e3
+    memory["python_worker_rss_mb"] = peaks.workers_mb
+    memory["python_workers_sum_rss_mb"] = peaks.workers_sum_mb
+    adds = DeltaTable(settings.path(SAMPLES)).get_add_actions(flatten=True)
+    known = bronze_files(settings, 0)
+    r = handler.reports
+    return {
+        "batches": [int(p["batchId"]) for p in progress],
+        "trigger_s": [p["durationMs"]["triggerExecution"] / 1e3 for p in progress],
+        "samples": [x.rows.get(SAMPLES, 0) for x in r],
+        "seconds": [x.seconds for x in r],
+        "decode_on": [x.decode_on for x in r],
+        "files_known": known is not None,
+        "table_rows": int(pa.compute.sum(pa.table(adds).column("num_records")).as_py() or 0),
+        "wall_s": wall,
+        "memory": memory,
+    }
+
+
+def child_main(raw: str) -> int:
+    cfg = json.loads(raw)
+    if cfg.get("cpus"):
+        os.sched_setaffinity(0, set(cfg["cpus"]))
+    out = child_big(cfg) if cfg["kind"] == "big" else child_scale(cfg)
+    Path(cfg["result"]).write_text(json.dumps(out))
+    return 0
+
+
+def run_child(cfg: dict[str, Any]) -> dict[str, Any]:
+    """A configuration in a fresh process (its own SparkContext); its result."""
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(
+        [str(REPO), *([env["PYTHONPATH"]] if env.get("PYTHONPATH") else [])]
+    )
+    for var in ("PYSPARK_PYTHON", "PYSPARK_DRIVER_PYTHON"):
+        env[var] = sys.executable
+    for var in ("PYSPARK_GATEWAY_PORT", "PYSPARK_GATEWAY_SECRET"):
+        env.pop(var, None)
+    result = Path(cfg["result"])
+    result.unlink(missing_ok=True)
+    proc = subprocess.run(
+        [sys.executable, __file__, "--child", json.dumps(cfg)],
+        env=env, cwd=str(REPO), timeout=cfg["timeout"] + 600, check=False,
+    )  # fmt: skip
+    if proc.returncode != 0 or not result.exists():
+        log = Path(cfg["run"]) / "spark.log"
+        tail = log.read_text()[-3000:] if log.exists() else ""
+        raise RuntimeError(f"{cfg['label']} failed (exit {proc.returncode}); Spark log:\n{tail}")
+    return dict(json.loads(result.read_text()))
+
+
+# ------------------------------------------------------------------ reporting
+
+
+def steady(res: dict[str, Any], warm: int) -> dict[str, Any]:
+    """Rate and mean per-batch costs (seconds) over the steady batches (ids >= ``warm``)."""
+    bs = [b for b in res["batches"] if b["batch"] >= warm]
+    if not bs:
+        raise RuntimeError(f"{res['master']} {res['workload']}: no steady batch")
+    n = len(bs)
+    samples = sum(b["samples"] for b in bs)
+    trig = sum(b["trigger_s"] for b in bs)
+
+    def mean(k: str) -> float:
+        return sum(float(b[k]) for b in bs) / n
+
+    return {
+        "batches": n,
+        "samples": samples,
+        "records_per_s": samples / trig,
+        "trigger_s": trig / n,
+        "spark_job_s": mean("spark_job_s"),
+        "task_run_max_s": mean("task_run_max_s"),
+        "task_run_sum_s": mean("task_run_sum_s"),
+        "task_wall_max_s": mean("task_wall_max_s"),
+        "task_gc_s": mean("task_gc_s"),
+        "plan_gather_s": mean("tasks_job_s") - mean("spark_job_s"),
+        "resolve_s": mean("resolve_s"),
+        "commit_s": mean("commit_s"),
+        "foreach_other_s": mean("add_batch_s") - mean("fn_s"),
+        "latest_offset_s": mean("latest_offset_s"),
+        "logs_s": mean("logs_s"),
+        "streaming_other_s": mean("trigger_s")
+        - mean("add_batch_s")
+        - mean("latest_offset_s")
+        - mean("logs_s"),
+    }
+
+
+# Rows of the cost table: (label, key in ``steady``'s result).
+COSTS = (
+    ("micro-batch (triggerExecution)", "trigger_s"),
+    ("  Spark job of the tasks", "spark_job_s"),
+    ("    longest task, wall", "task_wall_max_s"),
+    ("    longest task, run time", "task_run_max_s"),
+    ("    all tasks' run time, summed", "task_run_sum_s"),
+    ("  driver: registry, files, plan, gather", "plan_gather_s"),
+    ("  driver: resolve (parked, calls, agents)", "resolve_s"),
+    ("  driver: Delta commits + registry", "commit_s"),
+    ("  foreachBatch around the writer", "foreach_other_s"),
+    ("  source latestOffset", "latest_offset_s"),
+    ("  offset + commit logs", "logs_s"),
+    ("  Spark's other streaming work", "streaming_other_s"),
+)
+
+
+def print_config(res: dict[str, Any], warm: int, cores: int) -> dict[str, Any]:
+    """The configuration's batches, then its steady figures."""
+    s = steady(res, warm)
+    mem = res["memory"]
+    print(
+        f"\n  [{res['workload']}] {res['master']}"
+        + (f" pinned to CPU {res['cpus']}" if res.get("cpus") else "")
+        + f": defaultParallelism {res['parallelism']}, start-up {res['startup_s']:.1f} s"
+        + f", stream {res['wall_s']:.1f} s"
+    )
+    print(
+        "    batch    samples  trigger | tasks job  spark job tasks  run max  run sum "
+        "| plan+gather resolve  commit | foreach offset+logs other |       rate"
+    )
+    for b in res["batches"]:
+        tag = "w" if b["batch"] < warm else " "
+        other = b["trigger_s"] - b["add_batch_s"] - b["latest_offset_s"] - b["logs_s"]
+        print(
+            f"    {b['batch']:>4}{tag} {b['samples']:>9,} {b['trigger_s']:>7.2f}s "
+            f"| {b['tasks_job_s']:>8.2f}s {b['spark_job_s']:>8.2f}s {b['tasks']:>5} "
+            f"{b['task_run_max_s']:>7.2f}s {b['task_run_sum_s']:>7.2f}s "
+            f"| {b['tasks_job_s'] - b['spark_job_s']:>10.2f}s {b['resolve_s']:>6.2f}s "
+            f"{b['commit_s']:>6.2f}s | {b['add_batch_s'] - b['fn_s']:>6.2f}s "
+            f"{b['latest_offset_s'] + b['logs_s']:>10.2f}s {other:>5.2f}s "
+            f"| {b['samples'] / b['trigger_s']:>9,.0f}/s"
+        )
+    busy = s["task_run_sum_s"] / (cores * s["trigger_s"])
+    print(
+        f"    steady ({s['batches']} batches; 'w' = warm-up, left out): "
+        f"{s['records_per_s']:,.0f} object samples/s, {s['trigger_s']:.2f} s per batch; "
+        f"the tasks ran {busy:.0%} of {cores} core(s)' time; tasks' JVM GC "
+        f"{s['task_gc_s']:.2f} s per batch"
+    )
+    ran = sorted({e for b in res["batches"] for e in b["executors"]})
+    print(
+        "    memory (MB): "
+        + ", ".join(f"{k.removesuffix('_mb')} {v:,.0f}" for k, v in mem.items())
+        + f"; tasks ran on: {', '.join(ran)}"
+    )
+    return s
+
+
+def print_costs(name: str, runs: dict[str, dict[str, Any]]) -> None:
+    """Where a steady batch's time goes, per master, side by side (mean seconds)."""
+    masters = list(runs)
+    print(f"\n  [{name}] mean seconds per steady micro-batch")
+    print("    " + " " * 42 + "".join(f"{m:>25}" for m in masters))
+    for label, key in COSTS:
+        print(f"    {label:<42}" + "".join(f"{runs[m]['steady'][key]:>25.3f}" for m in masters))
+    print(
+        f"    {'object samples per batch':<42}"
+        + "".join(
+            f"{runs[m]['steady']['samples'] // runs[m]['steady']['batches']:>25,}" for m in masters
+        )
+    )
+
+
+def met(value: float, target: float) -> str:
+    return "met" if value >= target else "NOT MET"
+
+
+def check_counts(res: dict[str, Any], manifest: dict[str, Any], files_per_batch: int) -> None:
+    """Samples counted once: the table, the reports and the input agree, batch by batch."""
+    want = manifest["samples"]
+    per_batch = [sum(want[i : i + files_per_batch]) for i in range(0, len(want), files_per_batch)]
+    got = [b["samples"] for b in res["batches"]]
+    label = f"{res['workload']} on {res['master']}"
+    assert got == per_batch, (label, got, per_batch)
+    assert res["table_rows"] == sum(want), (label, res["table_rows"], sum(want))
+    bad = [b["batch"] for b in res["batches"] if b["parked"] or b["quarantine"]]
+    assert not bad, (label, "parked or quarantined rows in batches", bad)
+    assert all(b["decode_on"] == "tasks" for b in res["batches"]), label
+
+
+# ------------------------------------------------------------------ main
+
+
+def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
+    ap = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
+    ap.add_argument("--work", help="folder for bronze (kept and reused) and runs")
+    ap.add_argument("--batches", type=int, default=6, help="micro-batches per workload")
+    ap.add_argument("--warm", type=int, default=2, help="first batches left out of the rate")
+    ap.add_argument("--mix-files", type=int, default=48, help="mix: bronze files per batch")
+    ap.add_argument("--mix-messages", type=int, default=2_000, help="mix: messages per file")
+    ap.add_argument("--queue-files", type=int, default=6, help="queue-i: files per batch")
+    ap.add_argument("--queue-messages", type=int, default=2_000, help="queue-i: messages/file")
+    ap.add_argument("--workloads", default="mix,queue-i", help="comma-separated")
+    ap.add_argument("--masters", default=",".join(MASTERS), help="comma-separated")
+    ap.add_argument("--no-ceiling", action="store_true")
+    ap.add_argument("--keep-runs", action="store_true", help="keep the runs' tables and logs")
+    ap.add_argument("--no-pin", action="store_true", help="local[1] not pinned to one CPU")
+    ap.add_argument("--big", action="store_true", help="also the 5M-sample batch (item 5)")
+    ap.add_argument("--big-only", action="store_true", help="only the 5M-sample batch")
+    ap.add_argument("--big-samples", type=int, default=5_000_000)
+    ap.add_argument("--timeout", type=float, default=900.0, help="per Spark query, seconds")
+    ap.add_argument("--default-allocators", action="store_true",
+                    help="keep the allocators' environment as it is (see ALLOCATOR_ENV)")  # fmt: skip
+    ap.add_argument("--child", help=argparse.SUPPRESS)
+    return ap.parse_args(argv)
+
+
+def run_big(args: argparse.Namespace, work: Path) -> dict[str, Any]:
+    """Item 5: build the big bronze (and a small one to warm up on), run it, report."""
+    print(f"\n== big batch: {args.big_samples:,} queue 'i' object samples in one micro-batch")
+    fm = args.queue_messages
+    files = -(-args.big_samples // (fm * 100))
+    big = build_bronze(work / "big", Workload("queue-i", fm, files, 1))
+    warm = build_bronze(work / "big-warm", Workload("queue-i", 200, 2, 1))
+    cfg = {
+        "kind": "big",
+        "label": "big",
+        "master": TWO_CORES,
+        "bronze": big["bronze"],
+        "warm_bronze": warm["bronze"],
+        "files": files,
+        "run": str(work / "runs" / "big"),
+        "result": str(work / "runs" / "big.json"),
+        "timeout": args.timeout,
+    }
+    res = run_child(cfg)
+    want = sum(big["samples"])
+    ok = res["table_rows"] == want and res["samples"] == [want] and res["batches"] == [0]
+    mem = res["memory"]
+    print(
+        f"  {'completed' if ok else 'NOT as expected'}: batches {res['batches']} "
+        f"({res['decode_on']}, bronze files known to the driver: {res['files_known']}), "
+        f"{res['table_rows']:,} rows in object_samples (input {want:,}); trigger "
+        f"{res['trigger_s'][0] if res['trigger_s'] else float('nan'):.1f} s, "
+        + ", ".join(
+            f"{k} {v:.2f} s" for k, v in (res["seconds"][0] if res["seconds"] else {}).items()
+        )
+    )
+    print(
+        f"  driver JVM: heap max {mem.get('heap_max_mb', 0):,.0f} MB, heap pools' peak "
+        f"{mem.get('heap_peak_mb', 0):,.0f} MB, peak RSS {mem.get('driver_rss_mb', 0):,.0f} MB; "
+        f"Python driver peak RSS {mem.get('python_driver_rss_mb', 0):,.0f} MB; Python workers: "
+        f"largest {mem.get('python_worker_rss_mb', 0):,.0f} MB, all at once "
+        f"{mem.get('python_workers_sum_rss_mb', 0):,.0f} MB"
+    )
+    return {
+        "samples": want,
+        "completed": ok,
+        "trigger_s": res["trigger_s"][0] if res["trigger_s"] else None,
+        "driver_heap_max_mb": round(mem.get("heap_max_mb", 0)),
+        "driver_heap_peak_mb": round(mem.get("heap_peak_mb", 0)),
+        "driver_jvm_peak_rss_mb": round(mem.get("driver_rss_mb", 0)),
+        "python_driver_peak_rss_mb": round(mem.get("python_driver_rss_mb", 0)),
+        "python_worker_peak_rss_mb": round(mem.get("python_worker_rss_mb", 0)),
+    }
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = parse_args(argv)
+    if args.child:
+        return child_main(args.child)
+    if not args.default_allocators:
+        os.environ.update(ALLOCATOR_ENV)  # read by every child process at its start
+    work = Path(args.work or tempfile.mkdtemp(prefix="bench-scale-")).resolve()
+    work.mkdir(parents=True, exist_ok=True)
+    t_run = time.monotonic()
+    cores = len(os.sched_getaffinity(0))
+    print(
+        f"bench_scale: {cores} CPUs, load average {os.getloadavg()[0]:.2f}, work {work}; "
+        + ", ".join(f"{k}={os.environ.get(k, 'unset')}" for k in ALLOCATOR_ENV)
+    )
+    result: dict[str, Any] = {"cores": 2}
+    try:
+        if not args.big_only:
+            result.update(run_scale(args, work))
+        if args.big or args.big_only:
+            result["big"] = run_big(args, work)
+    finally:
+        if not args.work:
+            shutil.rmtree(work, ignore_errors=True)
+        elif not args.keep_runs:
+            shutil.rmtree(work / "runs", ignore_errors=True)
+    print(f"\ntotal {time.monotonic() - t_run:.0f} s; load average now {os.getloadavg()[0]:.2f}")
+    print("RESULT " + json.dumps(result))
+    return 0
+
+
+def run_scale(args: argparse.Namespace, work: Path) -> dict[str, Any]:
+    """Bronze, the ceiling, then each master over each workload; the figures."""
+    names = [w for w in args.workloads.split(",") if w]
+    # Commas inside brackets belong to the master: local-cluster[2,1,1024].
+    masters = [m.strip() for m in re.findall(r"[^,\[]+(?:\[[^\]]*\])?", args.masters) if m.strip()]
+    wls = {
+        "mix": Workload("mix", args.mix_messages, args.mix_files, args.batches),
+        "queue-i": Workload("queue-i", args.queue_messages, args.queue_files, args.batches),
+    }
+    print("\n== bronze")
+    manifests = {n: build_bronze(work / n, wls[n]) for n in names}
+    for n in names:
+        m, wl = manifests[n], wls[n]
+        per = sum(m["samples"]) // wl.batches
+        print(
+            f"  [{n}] {wl.batches} micro-batches of {wl.files_per_batch} files x "
+            f"{wl.file_messages:,} messages: ~{per:,} object samples per micro-batch"
+        )
+    ceiling: dict[str, dict[int, dict[str, float]]] = {}
+    if not args.no_ceiling:
+        print("\n== no-Spark ceiling: run_task per bronze file, 1 and 2 processes, pinned")
+        for n in names:
+            ceiling[n] = {}
+            for procs in (1, 2):
+                c = run_ceiling(manifests[n]["files"], procs, work / "runs" / f"ceiling-{n}")
+                assert c["records"] == sum(manifests[n]["samples"]), (n, procs, c)
+                ceiling[n][procs] = c
+                eff = c["records_per_s"] / (procs * ceiling[n][1]["records_per_s"])
+                print(
+                    f"  [{n}] {procs} process(es): {c['records_per_s']:>11,.0f} records/s "
+                    f"({c['records']:,} in {c['seconds']:.2f} s, {c['cpu_s']:.2f} CPU-s; "
+                    f"efficiency {eff:.2f})"
+                )
+    print("\n== the silver stream, decode_on=tasks, one fresh process per configuration")
+    runs: dict[str, dict[str, dict[str, Any]]] = {n: {} for n in names}
+    for master in masters:
+        for n in names:
+            wl = wls[n]
+            label = f"{n}-{master.replace('[', '-').replace(']', '').replace(',', '-')}"
+            cfg = {
+                "kind": "scale",
+                "label": label,
+                "master": master,
+                "workload": n,
+                "bronze": manifests[n]["bronze"],
+                "files_per_batch": wl.files_per_batch,
+                "cpus": [min(os.sched_getaffinity(0))]
+                if master == ONE_CORE and not args.no_pin
+                else None,
+                "run": str(work / "runs" / label),
+                "result": str(work / "runs" / f"{label}.json"),
+                "timeout": args.timeout,
+            }
+            res = run_child(cfg)
+            check_counts(res, manifests[n], wl.files_per_batch)
+            cores = 1 if master == ONE_CORE else 2
+            res["steady"] = print_config(res, args.warm, cores)
+            runs[n][master] = res
+            if not args.keep_runs:
+                shutil.rmtree(cfg["run"], ignore_errors=True)
+
+    print("\n== where the time goes")
+    for n in names:
+        print_costs(n, runs[n])
+    print("\n== summary (object samples/s into Delta, steady batches)")
+    out: dict[str, Any] = {}
+    per_wl: dict[str, Any] = {}
+    cluster: dict[str, Any] = {}
+    for n in names:
+        r = runs[n]
+        one = r.get(ONE_CORE, {}).get("steady", {}).get("records_per_s")
+        ceil = ceiling.get(n, {}).get(1, {}).get("records_per_s")
+        ceil2 = ceiling.get(n, {}).get(2, {}).get("records_per_s")
+        fig: dict[str, Any] = {
+            "records_per_s_1core": round(one) if one else None,
+            "ceiling_per_core": round(ceil) if ceil else None,
+            "ceiling_2proc": round(ceil2) if ceil2 else None,
+            "samples_per_batch": sum(manifests[n]["samples"]) // wls[n].batches,
+        }
+        if ceil:
+            print(f"  [{n}] ceiling: 1 process {ceil:,.0f}/s, 2 processes {ceil2 or 0:,.0f}/s")
+        if one:
+            print(
+                f"  [{n}] {ONE_CORE}: {one:,.0f}/s"
+                + (f" ({one / ceil:.2f} of the ceiling)" if ceil else "")
+            )
+        for master in masters:
+            if master == ONE_CORE or master not in r:
+                continue
+            two = r[master]["steady"]["records_per_s"]
+            f2: dict[str, Any] = {"master": master, "records_per_s": round(two)}
+            line = f"  [{n}] {master}: {two:,.0f}/s"
+            if one:
+                f2["efficiency"] = round(two / (2 * one), 3)
+                line += f"; efficiency {f2['efficiency']:.2f} ({met(f2['efficiency'], TARGET_EFFICIENCY)}, target {TARGET_EFFICIENCY})"
+            if ceil:
+                f2["vs_ceiling"] = round(two / 2 / ceil, 3)
+                line += f"; vs_ceiling {f2['vs_ceiling']:.2f} ({met(f2['vs_ceiling'], TARGET_VS_CEILING)}, target {TARGET_VS_CEILING})"
+            print(line)
+            if master == TWO_CORES:
+                fig.update({k: v for k, v in f2.items()})
+            else:
+                cluster.setdefault("master", master)
+                cluster[n] = {k: v for k, v in f2.items() if k != "master"}
+        per_wl[n] = fig
+    head: dict[str, Any] = per_wl.get("mix") or next(iter(per_wl.values()), {})
+    out["workload"] = "mix" if "mix" in per_wl else (names[0] if names else None)
+    for k in ("master", "records_per_s", "records_per_s_1core", "ceiling_per_core",
+              "efficiency", "vs_ceiling"):  # fmt: skip
+        out[k] = head.get(k)
+    out["targets"] = {"efficiency": TARGET_EFFICIENCY, "vs_ceiling": TARGET_VS_CEILING}
+    out["met"] = {
+        f"{n}/{m}": bool(
+            f.get("efficiency", 0) >= TARGET_EFFICIENCY
+            and f.get("vs_ceiling", 0) >= TARGET_VS_CEILING
+        )
+        for n, f0 in per_wl.items()
+        for m, f in ((f0.get("master"), f0), (cluster.get("master"), cluster.get(n, {})))
+        if m
+    }
+    out["workloads"] = per_wl
+    out["local_cluster"] = cluster
+    return out
+
+
+if __name__ == "__main__":
+    sys.exit(main())
