@@ -618,6 +618,18 @@ def stage_dir(path: str | os.PathLike[str], app_id: str, batch_id: int) -> str:
     return d
 
 
+def remove_stage_dir(folder: str) -> None:
+    """Remove a staging folder (and the table's ``_staging`` once empty): after the
+    batch's commit, or its failure; what was committed was moved out before."""
+    shutil.rmtree(folder, ignore_errors=True)
+    parent = os.path.dirname(folder.rstrip(os.sep))
+    if os.path.basename(parent) == STAGING_DIR:
+        try:
+            os.rmdir(parent)
+        except OSError:
+            pass
+
+
 def fresh_stage_dir(path: str | os.PathLike[str], app_id: str, batch_id: int) -> str:
     """``stage_dir``, after removing the staging folders an earlier attempt of the same
     batch left (a crash before its commit; one writer per app, so none is in use)."""

@@ -278,7 +278,6 @@ class GoldBatchWriter:
         """The task path (``pipeline.gold.tasks``): split the batch by bucket of agents,
         compute each bucket in a task, commit every table's files in order."""
         import dataclasses
-        import shutil
 
         from pipeline.gold import tasks as gt
 
@@ -286,7 +285,9 @@ class GoldBatchWriter:
         spark = df.sparkSession
         parallelism = spark.sparkContext.defaultParallelism
         buckets = s.buckets or parallelism
-        shuffle = delta.fresh_stage_dir(s.root, aid, batch_id)
+        # The shuffle's folder: hidden inside the rates table (not among the gold root's
+        # tables), named apart from the tables' own staging folders of this batch.
+        shuffle = delta.fresh_stage_dir(s.path("statistic_rates"), f"{aid}-shuffle", batch_id)
         staging = tuple(
             (name, delta.fresh_stage_dir(s.path(name), aid, batch_id))
             for name in ("statistic_rates", *gt.STATE_TABLES)
@@ -312,18 +313,22 @@ class GoldBatchWriter:
             )  # fmt: skip
             outs = gt.run_compute(spark, splits, plan)
         finally:
-            shutil.rmtree(shuffle, ignore_errors=True)
-        report = GoldReport(batch_id, compute_on="tasks", tasks=len(outs))
-        for name in ("statistic_rates", "object_lifecycles", "agent_liveness"):
-            tfiles = [f for o in outs for f in o.files.get(name, ())]
-            result = delta.commit_staged(
-                s.path(name), tfiles, app_id=aid, batch_id=batch_id,
-                replace=name != "statistic_rates",
-            )  # fmt: skip
-            if not result.skipped:
-                report.committed.append(name)
-        if self.write_state_files([f for o in outs for f in o.files.get("rate_state", ())], batch_id):
-            report.committed.append("rate_state")
+            delta.remove_stage_dir(shuffle)
+        try:
+            report = GoldReport(batch_id, compute_on="tasks", tasks=len(outs))
+            for name in ("statistic_rates", "object_lifecycles", "agent_liveness"):
+                tfiles = [f for o in outs for f in o.files.get(name, ())]
+                result = delta.commit_staged(
+                    s.path(name), tfiles, app_id=aid, batch_id=batch_id,
+                    replace=name != "statistic_rates",
+                )  # fmt: skip
+                if not result.skipped:
+                    report.committed.append(name)
+            if self.write_state_files([f for o in outs for f in o.files.get("rate_state", ())], batch_id):
+                report.committed.append("rate_state")
+        finally:
+            for _name, folder in staging:
+                delta.remove_stage_dir(folder)
         report.rows = {"input": sum(r for x in splits for _b, _p, r in x.files)}
         for o in outs:
             for k, v in o.rows.items():

@@ -99,6 +99,7 @@ class TaskResults:
     agents: pa.Table
     tasks: int
     messages: int
+    staging: list[str] = field(default_factory=list)  # the batch's staging folders
 
     def samples_reader(self) -> pa.Table:
         """This batch's object samples as the tasks wrote them (read only when needed:

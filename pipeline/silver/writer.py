@@ -206,7 +206,11 @@ class SilverBatchWriter:
             staged = self.run_tasks(df, files, registry, batch_id)
             decoded = staged.side
         t1 = time.perf_counter()
-        report = self.finish(decoded, registry, batch_id, staged)
+        try:
+            report = self.finish(decoded, registry, batch_id, staged)
+        finally:
+            for folder in [] if staged is None else staged.staging:
+                delta.remove_stage_dir(folder)
         report.decode_on = mode
         report.tasks = 0 if staged is None else staged.tasks
         report.seconds["decode"] = t1 - t0
@@ -233,7 +237,9 @@ class SilverBatchWriter:
             outputs = tasks.run_units(spark, tasks.plan_units(files, parallelism), plan)
         else:
             outputs = tasks.run_dataframe(df, plan)
-        return tasks.gather(outputs, batch_id)
+        results = tasks.gather(outputs, batch_id)
+        results.staging = [folder for _name, folder in staging]
+        return results
 
     def decode_local(self, bronze: pa.Table, batch_id: int) -> BatchReport:
         """The same batch, decoded on the driver (no Spark): tests, tools, tiny batches."""

@@ -153,6 +153,9 @@ def test_tasks_and_driver_give_identical_silver_and_gold(
     if source == "am2":  # three agents, spread over two of the three buckets
         assert len(agents) == 3 and len({bucket_of(a, 3) for a in agents}) == 2
     assert_same_tables(spark, tasks.root + "-gold", driver.root + "-gold", GOLD)
+    # Every staging folder (the tasks' files, gold's shuffle) is gone after the commits.
+    for root in (tasks.root, tasks.root + "-gold"):
+        assert [d for d, _, _ in os.walk(root) if delta.STAGING_DIR in d] == [], root
 
 
 def test_auto_decodes_small_batches_on_the_driver_and_large_ones_in_tasks(
