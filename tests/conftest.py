@@ -16,6 +16,35 @@ os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
 os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
 
 SHARED = os.path.join(os.path.dirname(__file__), "..", "..", "shared")
+_WARM: Any = None
+
+
+def pytest_sessionstart(session: pytest.Session) -> None:
+    """Compile the numba decode kernels in a background process on a cold cache.
+
+    A fresh clone compiles them (about two minutes, one core) inside whichever test
+    decodes first; the suite's first half is mostly single-threaded, so the other
+    core compiles them meanwhile and later tests load them from the disk cache
+    (``cache=True``; a test that gets there first just compiles its own copy).
+    """
+    import subprocess
+
+    global _WARM
+    code = (
+        "from pipeline.commands.run import warm_decoder; "
+        "warm_decoder(('am1', 'am2', 'v2', 'v2-amqp10'))"
+    )
+    _WARM = subprocess.Popen(
+        [sys.executable, "-c", code],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        cwd=os.path.join(os.path.dirname(__file__), ".."),
+    )
+
+
+def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    if _WARM is not None and _WARM.poll() is None:
+        _WARM.terminate()
 
 
 @pytest.fixture(scope="session")

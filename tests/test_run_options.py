@@ -139,7 +139,7 @@ def test_warm_up_compiles_the_v2_kernels_where_v2_traffic_comes() -> None:
     """A v2-only broker (qpidd's defaults) must not compile them in silver's first batch;
     the default (AM1) simulation does not wait for them."""
     from pipeline.codec import vectorized
-    from pipeline.commands.run import _warm_decoder, warm_dialects
+    from pipeline.commands.run import warm_decoder, warm_dialects
 
     assert warm_dialects(_args()) == ("am1",)
     assert warm_dialects(_args("--dialect", "v2")) == ("am1", "v2-amqp10")
@@ -155,7 +155,7 @@ def test_warm_up_compiles_the_v2_kernels_where_v2_traffic_comes() -> None:
 
     vectorized.decode_content = counting  # type: ignore[assignment]
     try:
-        _warm_decoder(("am1", "v2-amqp10"))
+        warm_decoder(("am1", "v2-amqp10"))
     finally:
         vectorized.decode_content = real  # type: ignore[assignment]
     assert seen == [0, 16]  # am1, then v2 over AMQP 1.0: all 16 data messages by the kernel

@@ -239,7 +239,7 @@ def warm_dialects(args: argparse.Namespace) -> tuple[str, ...]:
     return ("am1", "v2-amqp10") if args.no_sim or args.dialect.startswith("v2") else ("am1",)
 
 
-def _warm_decoder(dialects: tuple[str, ...] = ("am1", "v2-amqp10")) -> None:
+def warm_decoder(dialects: tuple[str, ...] = ("am1", "v2-amqp10")) -> None:
     """Compile the numba decode kernels once, in this process, before silver starts.
 
     They cache to disk (``cache=True``), so Spark's Python workers load them
@@ -412,7 +412,7 @@ def run(args: argparse.Namespace) -> int:
         retention_slack=args.retention_slack,
     )
     warm = threading.Thread(
-        target=_warm_decoder, args=(warm_dialects(args),), name="qmf-warm-decoder", daemon=True
+        target=warm_decoder, args=(warm_dialects(args),), name="qmf-warm-decoder", daemon=True
     )
     warm.start()  # alongside the SparkSession's start
     log_file, summary_file = log_paths(data)
