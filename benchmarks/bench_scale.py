@@ -74,7 +74,7 @@ import sys
 import tempfile
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -115,6 +115,7 @@ class Workload:
     file_messages: int
     files_per_batch: int
     batches: int
+    tail_messages: int = 0  # > 0: one more commit of one file of that many messages
 
 
 def mix_messages() -> list[Any]:
@@ -186,6 +187,7 @@ def build_bronze(root: Path, wl: Workload) -> dict[str, Any]:
         "file_messages": wl.file_messages,
         "files_per_batch": wl.files_per_batch,
         "batches": wl.batches,
+        "tail_messages": wl.tail_messages,
     }
     manifest = root / "manifest.json"
     if manifest.exists():
@@ -207,12 +209,15 @@ def build_bronze(root: Path, wl: Workload) -> dict[str, Any]:
     samples: list[int] = []
     size = 0
     fm = wl.file_messages
-    for b in range(wl.batches):
+    commits = [[fm] * wl.files_per_batch] * wl.batches
+    if wl.tail_messages:
+        commits.append([wl.tail_messages])
+    first = 0
+    for b, sizes in enumerate(commits):
         staging = delta.stage_dir(path, "bench-bronze", b)
         infos = []
-        for k in range(wl.files_per_batch):
-            first = (b * wl.files_per_batch + k) * fm
-            idx = [(first + j) % len(source) for j in range(fm)]
+        for n in sizes:
+            idx = [(first + j) % len(source) for j in range(n)]
             if wl.name == "mix":
                 from pipeline.silver import bronze_rows
 
@@ -226,13 +231,17 @@ def build_bronze(root: Path, wl: Workload) -> dict[str, Any]:
             infos.append(info)
             samples.append(int(per_msg[idx].sum()))
             size += info.size
+            first += n
         delta.commit_staged(path, infos, app_id="bench-bronze", batch_id=b)
         files.extend(os.path.join(path, i.name) for i in infos)
     out = {"key": key, "bronze": path, "files": files, "samples": samples, "bytes": size}
     manifest.write_text(json.dumps(out))
     print(
-        f"  [{wl.name}] bronze built in {time.perf_counter() - t0:.1f} s: {len(files)} files "
-        f"of {fm:,} messages ({size / 1e6:,.0f} MB), {sum(samples):,} object samples"
+        f"  [{wl.name}] bronze built in {time.perf_counter() - t0:.1f} s: "
+        f"{len(files) - (1 if wl.tail_messages else 0)} files "
+        f"of {fm:,} messages"
+        + (f" + 1 of {wl.tail_messages:,}" if wl.tail_messages else "")
+        + f" ({size / 1e6:,.0f} MB), {sum(samples):,} object samples"
     )
     return out
 
@@ -249,9 +258,12 @@ def bronze_schema() -> pa.Schema:
     return pa.schema([full.field(c) for c in DECODE_COLUMNS])
 
 
-def ceiling_worker(cpu: int | None, files: list[str], out: str, ready: Any, results: Any) -> None:
+def ceiling_worker(
+    cpu: int | None, units: list[list[str]], out: str, ready: Any, results: Any
+) -> None:
     """One process of the ceiling: warm up, wait for the others, then run each of its
-    bronze files through ``run_task`` (read, decode, one Parquet file per table)."""
+    units (bronze files) through one ``run_task`` (read, decode, one Parquet file per
+    table, as one Spark task)."""
     if cpu is not None:
         os.sched_setaffinity(0, {cpu})
     from pipeline.codec import vectorized
@@ -271,22 +283,39 @@ def ceiling_worker(cpu: int | None, files: list[str], out: str, ready: Any, resu
             staging.append((name, d))
         return TaskPlan(schemas, batch_id, kinds, tuple(staging))
 
-    def one(path: str, batch_id: int, where: str) -> int:
-        f = DataFile(path, os.path.getsize(path), None)
-        got = run_task(read_file(f, schema), plan(batch_id, where))
+    def rows(paths: list[str]) -> Iterator[pa.RecordBatch]:
+        for p in paths:
+            yield from read_file(DataFile(p, os.path.getsize(p), None), schema)
+
+    def one(paths: list[str], batch_id: int, where: str) -> int:
+        got = run_task(rows(paths), plan(batch_id, where))
         return sum(i.rows for i in got.files.get(SAMPLES, []))
 
     warm = os.path.join(out, "warm")
-    one(files[0], 0, warm)  # numba cache load, first Parquet writer: not timed
+    one(units[0][:1], 0, warm)  # numba cache load, first Parquet writer: not timed
     shutil.rmtree(warm, ignore_errors=True)
     ready.wait()
     t0, c0 = time.monotonic(), time.process_time()
-    rows = sum(one(p, k, out) for k, p in enumerate(files))
-    results.put((rows, t0, time.monotonic(), time.process_time() - c0, len(files)))
+    n = sum(one(u, k, out) for k, u in enumerate(units))
+    results.put((n, t0, time.monotonic(), time.process_time() - c0, len(units)))
 
 
-def run_ceiling(files: list[str], procs: int, out: Path) -> dict[str, float]:
-    """The ceiling over ``files`` in ``procs`` processes (file i to process i % procs)."""
+def run_ceiling(
+    files: list[str], files_per_batch: int, procs: int, per_file: bool, out: Path
+) -> dict[str, float]:
+    """The ceiling over ``files`` in ``procs`` processes. ``per_file``: each bronze file
+    is a unit (file i to process i % procs), as the issue's table; else each process
+    takes its share of every micro-batch's files as one unit, as a Spark task does."""
+    units: list[list[list[str]]] = [[] for _ in range(procs)]
+    if per_file:
+        for i, f in enumerate(files):
+            units[i % procs].append([f])
+    else:
+        for b in range(0, len(files), files_per_batch):
+            batch = files[b : b + files_per_batch]
+            for i in range(procs):
+                if batch[i::procs]:
+                    units[i].append(batch[i::procs])
     ctx = mp.get_context("spawn")
     ready = ctx.Barrier(procs + 1)
     results = ctx.Queue()
@@ -296,19 +325,28 @@ def run_ceiling(files: list[str], procs: int, out: Path) -> dict[str, float]:
         cpu = allowed[i] if len(allowed) >= procs else None
         where = str(out / f"p{i}")
         workers.append(
-            ctx.Process(target=ceiling_worker, args=(cpu, files[i::procs], where, ready, results))
+            ctx.Process(target=ceiling_worker, args=(cpu, units[i], where, ready, results))
         )
     for w in workers:
         w.start()
     ready.wait(timeout=300)
+    load = OtherLoad(tree=False)  # the workers report their own CPU time
     got = [results.get(timeout=1800) for _ in workers]
+    n = sum(g[0] for g in got)
+    wall = max(g[2] for g in got) - min(g[1] for g in got)
+    cpu_s = sum(g[3] for g in got)
+    others = load.others_cpu_s(cpu_s)
     for w in workers:
         w.join()
     shutil.rmtree(out, ignore_errors=True)
-    rows = sum(g[0] for g in got)
-    wall = max(g[2] for g in got) - min(g[1] for g in got)
-    cpu_s = sum(g[3] for g in got)
-    return {"records": rows, "seconds": wall, "records_per_s": rows / wall, "cpu_s": cpu_s}
+    return {
+        "records": n,
+        "seconds": wall,
+        "records_per_s": n / wall,
+        "cpu_s": cpu_s,
+        "others_core": others / wall,
+        "units": sum(g[4] for g in got),
+    }
 
 
 # ------------------------------------------------------------------ the Spark job (child)
@@ -385,6 +423,51 @@ def jvm_peaks() -> dict[str, float]:
         except (OSError, psutil.Error):
             continue
     return out
+
+
+def own_peak_rss_mb() -> float:
+    """This process's peak RSS (VmHWM: since its exec, unlike ru_maxrss, which keeps
+    the forking parent's)."""
+    with open("/proc/self/status", encoding="ascii") as fh:
+        for line in fh:
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) / 1e3
+    return 0.0
+
+
+class OtherLoad:
+    """CPU seconds the rest of the machine used while we measured (noise indicator):
+    all CPUs' busy time minus this process tree's (processes that ended meanwhile
+    are not seen: ``extra_cpu_s`` adds what the caller knows of them)."""
+
+    def __init__(self, tree: bool = True) -> None:
+        import psutil
+
+        self._psutil = psutil
+        self.tree = tree
+        self.busy0 = self._busy()
+        self.mine0 = self._mine()
+
+    def _busy(self) -> float:
+        t = self._psutil.cpu_times()
+        return float(sum(t) - t.idle - getattr(t, "iowait", 0.0))
+
+    def _mine(self) -> dict[int, float]:
+        me = self._psutil.Process()
+        out = {}
+        for p in [me, *(me.children(recursive=True) if self.tree else [])]:
+            try:
+                c = p.cpu_times()
+                out[p.pid] = c.user + c.system
+            except self._psutil.Error:
+                continue
+        return out
+
+    def others_cpu_s(self, extra_cpu_s: float = 0.0) -> float:
+        busy = self._busy() - self.busy0
+        now = self._mine()
+        mine = sum(v - self.mine0.get(pid, 0.0) for pid, v in now.items()) + extra_cpu_s
+        return max(0.0, busy - mine)
 
 
 def heap_peak_mb(spark: Any, reset: bool = False) -> dict[str, float]:
@@ -524,10 +607,12 @@ def child_scale(cfg: dict[str, Any]) -> dict[str, Any]:
     )
     peaks = Peaks()
     peaks.start()
+    load = OtherLoad()
     t0 = time.monotonic()
     query = start_silver(spark, settings)
     query.awaitTermination(cfg["timeout"])
     wall = time.monotonic() - t0
+    others = load.others_cpu_s()
     failure = query.exception()
     progress = [p for p in query.recentProgress if p["durationMs"].get("addBatch") is not None]
     if query.isActive:
@@ -538,9 +623,7 @@ def child_scale(cfg: dict[str, Any]) -> dict[str, Any]:
     spark.stop()
     if failure is not None:
         raise RuntimeError(f"the silver query failed: {failure}")
-    import resource
-
-    memory["python_driver_rss_mb"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1e3
+    memory["python_driver_rss_mb"] = own_peak_rss_mb()
     memory["python_worker_rss_mb"] = peaks.workers_mb
     jobs = read_events(run / "events")
 
@@ -567,6 +650,7 @@ def child_scale(cfg: dict[str, Any]) -> dict[str, Any]:
                 "add_batch_s": d["addBatch"] / 1e3,
                 "latest_offset_s": d.get("latestOffset", 0) / 1e3,
                 "logs_s": (d.get("walCommit", 0) + d.get("commitOffsets", 0)) / 1e3,
+                "durations_ms": d,
                 "fn_s": fn,
                 "tasks_job_s": r.seconds.get("decode", 0.0),
                 "spark_jobs": len(js),
@@ -594,14 +678,33 @@ def child_scale(cfg: dict[str, Any]) -> dict[str, Any]:
         "startup_s": startup,
         "executors_wait_s": waited,
         "wall_s": wall,
+        "others_cpu_s": others,
         "batches": batches,
         "table_rows": table_rows,
         "memory": memory,
     }
 
 
+def reset_peak_rss() -> None:
+    """Reset the peak RSS (VmHWM) of this process and its JVMs (``clear_refs`` 5)."""
+    import psutil
+
+    me = psutil.Process()
+    for p in [me, *me.children(recursive=True)]:
+        try:
+            if p.pid == me.pid or "java" in p.name():
+                with open(f"/proc/{p.pid}/clear_refs", "w", encoding="ascii") as fh:
+                    fh.write("5")
+        except (OSError, psutil.Error):
+            continue
+
+
 def child_big(cfg: dict[str, Any]) -> dict[str, Any]:
-    """Item 5: one micro-batch of the big bronze through the task path, 2 GB driver heap."""
+    """Item 5: the big micro-batch through the task path with a 2 GB driver heap, twice:
+    as a batch whose bronze files the driver knows (tasks read them: every later
+    batch, and a first batch a read limit cuts inside the table), then as a first
+    batch that takes the whole table (files not known: the tasks get the rows from
+    Spark's scan, ``run_dataframe``)."""
     from pipeline.silver import SilverSettings, start_silver
     from pipeline.silver.batch import bronze_files
 
@@ -614,57 +717,59 @@ def child_big(cfg: dict[str, Any]) -> dict[str, Any]:
     wlog.addHandler(handler)
     wlog.setLevel(logging.INFO)
     wlog.propagate = False
-    # Warm-up: the Python workers and the numba cache, on the small bronze.
+    # Warm-up: two batches of two files, each a task (both Python workers, the numba
+    # cache) on the small bronze.
     warm = SilverSettings(
         bronze=cfg["warm_bronze"], root=str(run / "warm"), checkpoint=str(run / "warm-ck"),
-        decode_on="tasks", trigger="availableNow",
+        decode_on="tasks", trigger="availableNow", max_files_per_trigger=2,
     )  # fmt: skip
     q = start_silver(spark, warm)
     q.awaitTermination(cfg["timeout"])
     if q.exception() is not None:
         raise RuntimeError(f"warm-up query failed: {q.exception()}")
-    heap_peak_mb(spark, reset=True)
-    handler.reports.clear()
-    settings = SilverSettings(
-        bronze=cfg["bronze"], root=str(run / "silver"), checkpoint=str(run / "checkpoint"),
-        decode_on="tasks", trigger="availableNow", max_files_per_trigger=cfg["files"],
-    )  # fmt: skip
-    peaks = Peaks()
-    peaks.start()
-    t0 = time.monotonic()
-    query = start_silver(spark, settings)
-    query.awaitTermination(cfg["timeout"])
-    wall = time.monotonic() - t0
-    failure = query.exception()
-    progress = [p for p in query.recentProgress if p["durationMs"].get("addBatch") is not None]
-    if query.isActive:
-        query.stop()
-    peaks.stop.set()
-    memory = {**heap_peak_mb(spark), **{f"{k}_rss_mb": v for k, v in jvm_peaks().items()}}
-    spark.stop()
-    if failure is not None:
-        raise RuntimeError(f"the big batch failed: {failure}")
-    import resource
-
     from deltalake import DeltaTable
 
-    memory["python_driver_rss_mb"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1e3
-    memory["python_worker_rss_mb"] = peaks.workers_mb
-    memory["python_workers_sum_rss_mb"] = peaks.workers_sum_mb
-    adds = DeltaTable(settings.path(SAMPLES)).get_add_actions(flatten=True)
-    known = bronze_files(settings, 0)
-    r = handler.reports
-    return {
-        "batches": [int(p["batchId"]) for p in progress],
-        "trigger_s": [p["durationMs"]["triggerExecution"] / 1e3 for p in progress],
-        "samples": [x.rows.get(SAMPLES, 0) for x in r],
-        "seconds": [x.seconds for x in r],
-        "decode_on": [x.decode_on for x in r],
-        "files_known": known is not None,
-        "table_rows": int(pa.compute.sum(pa.table(adds).column("num_records")).as_py() or 0),
-        "wall_s": wall,
-        "memory": memory,
-    }
+    out = {}
+    for variant, limit in (("files", cfg["files"]), ("rows", cfg["files"] + 1)):
+        heap_peak_mb(spark, reset=True)
+        reset_peak_rss()
+        handler.reports.clear()
+        settings = SilverSettings(
+            bronze=cfg["bronze"], root=str(run / variant), checkpoint=str(run / f"{variant}-ck"),
+            decode_on="tasks", trigger="availableNow", max_files_per_trigger=limit,
+        )  # fmt: skip
+        peaks = Peaks()
+        peaks.start()
+        t0 = time.monotonic()
+        query = start_silver(spark, settings)
+        query.awaitTermination(cfg["timeout"])
+        wall = time.monotonic() - t0
+        failure = query.exception()
+        progress = [p for p in query.recentProgress if p["durationMs"].get("addBatch") is not None]
+        if query.isActive:
+            query.stop()
+        peaks.stop.set()
+        if failure is not None:
+            raise RuntimeError(f"the big batch ({variant}) failed: {failure}")
+        memory = {**heap_peak_mb(spark), **{f"{k}_rss_mb": v for k, v in jvm_peaks().items()}}
+        memory["python_driver_rss_mb"] = own_peak_rss_mb()
+        memory["python_worker_rss_mb"] = peaks.workers_mb
+        memory["python_workers_sum_rss_mb"] = peaks.workers_sum_mb
+        adds = DeltaTable(settings.path(SAMPLES)).get_add_actions(flatten=True)
+        r = handler.reports
+        out[variant] = {
+            "batches": [int(p["batchId"]) for p in progress],
+            "trigger_s": [p["durationMs"]["triggerExecution"] / 1e3 for p in progress],
+            "samples": [x.rows.get(SAMPLES, 0) for x in r],
+            "seconds": [x.seconds for x in r],
+            "decode_on": [x.decode_on for x in r],
+            "files_known": bronze_files(settings, 0) is not None,
+            "table_rows": int(pa.compute.sum(pa.table(adds).column("num_records")).as_py() or 0),
+            "wall_s": wall,
+            "memory": memory,
+        }
+    spark.stop()
+    return out
 
 
 def child_main(raw: str) -> int:
@@ -762,7 +867,8 @@ def print_config(res: dict[str, Any], warm: int, cores: int) -> dict[str, Any]:
         f"\n  [{res['workload']}] {res['master']}"
         + (f" pinned to CPU {res['cpus']}" if res.get("cpus") else "")
         + f": defaultParallelism {res['parallelism']}, start-up {res['startup_s']:.1f} s"
-        + f", stream {res['wall_s']:.1f} s"
+        + f", stream {res['wall_s']:.1f} s (other processes meanwhile: "
+        + f"{res['others_cpu_s'] / res['wall_s']:.2f} of a core)"
     )
     print(
         "    batch    samples  trigger | tasks job  spark job tasks  run max  run sum "
@@ -836,7 +942,7 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     ap.add_argument("--work", help="folder for bronze (kept and reused) and runs")
     ap.add_argument("--batches", type=int, default=6, help="micro-batches per workload")
     ap.add_argument("--warm", type=int, default=2, help="first batches left out of the rate")
-    ap.add_argument("--mix-files", type=int, default=48, help="mix: bronze files per batch")
+    ap.add_argument("--mix-files", type=int, default=96, help="mix: bronze files per batch")
     ap.add_argument("--mix-messages", type=int, default=2_000, help="mix: messages per file")
     ap.add_argument("--queue-files", type=int, default=6, help="queue-i: files per batch")
     ap.add_argument("--queue-messages", type=int, default=2_000, help="queue-i: messages/file")
@@ -860,8 +966,10 @@ def run_big(args: argparse.Namespace, work: Path) -> dict[str, Any]:
     print(f"\n== big batch: {args.big_samples:,} queue 'i' object samples in one micro-batch")
     fm = args.queue_messages
     files = -(-args.big_samples // (fm * 100))
-    big = build_bronze(work / "big", Workload("queue-i", fm, files, 1))
-    warm = build_bronze(work / "big-warm", Workload("queue-i", 200, 2, 1))
+    # One more small file after the big ones: a read limit of ``files`` then ends the
+    # first batch inside the table, where the driver knows its files.
+    big = build_bronze(work / "big", Workload("queue-i", fm, files, 1, tail_messages=200))
+    warm = build_bronze(work / "big-warm", Workload("queue-i", fm, 2, 2))
     cfg = {
         "kind": "big",
         "label": "big",
@@ -874,35 +982,49 @@ def run_big(args: argparse.Namespace, work: Path) -> dict[str, Any]:
         "timeout": args.timeout,
     }
     res = run_child(cfg)
-    want = sum(big["samples"])
-    ok = res["table_rows"] == want and res["samples"] == [want] and res["batches"] == [0]
-    mem = res["memory"]
-    print(
-        f"  {'completed' if ok else 'NOT as expected'}: batches {res['batches']} "
-        f"({res['decode_on']}, bronze files known to the driver: {res['files_known']}), "
-        f"{res['table_rows']:,} rows in object_samples (input {want:,}); trigger "
-        f"{res['trigger_s'][0] if res['trigger_s'] else float('nan'):.1f} s, "
-        + ", ".join(
-            f"{k} {v:.2f} s" for k, v in (res["seconds"][0] if res["seconds"] else {}).items()
+    head = sum(big["samples"][:files])
+    tail = big["samples"][files]
+    wants = {"files": ([head, tail], True), "rows": ([head + tail], False)}
+    out: dict[str, Any] = {"samples": head}
+    for variant, how in (
+        ("files", "limit ends inside the table: the driver knows the files, tasks read them"),
+        ("rows", "first batch takes the whole table: tasks get the rows from Spark's scan"),
+    ):
+        r = res[variant]
+        want, known = wants[variant]
+        ok = (
+            r["samples"] == want
+            and r["table_rows"] == sum(want)
+            and r["files_known"] == known
+            and set(r["decode_on"]) == {"tasks"}
         )
-    )
-    print(
-        f"  driver JVM: heap max {mem.get('heap_max_mb', 0):,.0f} MB, heap pools' peak "
-        f"{mem.get('heap_peak_mb', 0):,.0f} MB, peak RSS {mem.get('driver_rss_mb', 0):,.0f} MB; "
-        f"Python driver peak RSS {mem.get('python_driver_rss_mb', 0):,.0f} MB; Python workers: "
-        f"largest {mem.get('python_worker_rss_mb', 0):,.0f} MB, all at once "
-        f"{mem.get('python_workers_sum_rss_mb', 0):,.0f} MB"
-    )
-    return {
-        "samples": want,
-        "completed": ok,
-        "trigger_s": res["trigger_s"][0] if res["trigger_s"] else None,
-        "driver_heap_max_mb": round(mem.get("heap_max_mb", 0)),
-        "driver_heap_peak_mb": round(mem.get("heap_peak_mb", 0)),
-        "driver_jvm_peak_rss_mb": round(mem.get("driver_rss_mb", 0)),
-        "python_driver_peak_rss_mb": round(mem.get("python_driver_rss_mb", 0)),
-        "python_worker_peak_rss_mb": round(mem.get("python_worker_rss_mb", 0)),
-    }
+        mem = r["memory"]
+        secs = r["seconds"][0] if r["seconds"] else {}
+        print(
+            f"  [{variant}] {how}:\n    {'completed' if ok else 'NOT AS EXPECTED'}: batches "
+            f"{r['batches']} of {r['samples']} object samples ({sum(r['samples']):,} rows in "
+            f"the table), first batch {r['trigger_s'][0]:.1f} s ("
+            + ", ".join(f"{k} {v:.2f} s" for k, v in secs.items())
+            + f"), {sum(r['samples']) / sum(r['trigger_s']):,.0f} samples/s"
+        )
+        print(
+            f"    driver JVM: heap max {mem.get('heap_max_mb', 0):,.0f} MB, heap pools' peak "
+            f"{mem.get('heap_peak_mb', 0):,.0f} MB, peak RSS {mem.get('driver_rss_mb', 0):,.0f} "
+            f"MB; Python driver peak RSS {mem.get('python_driver_rss_mb', 0):,.0f} MB; Python "
+            f"workers: largest {mem.get('python_worker_rss_mb', 0):,.0f} MB, all at once "
+            f"{mem.get('python_workers_sum_rss_mb', 0):,.0f} MB"
+        )
+        out[variant] = {
+            "completed": ok,
+            "first_batch_samples": r["samples"][0] if r["samples"] else 0,
+            "first_batch_s": round(r["trigger_s"][0], 2) if r["trigger_s"] else None,
+            "driver_heap_max_mb": round(mem.get("heap_max_mb", 0)),
+            "driver_heap_peak_mb": round(mem.get("heap_peak_mb", 0)),
+            "driver_jvm_peak_rss_mb": round(mem.get("driver_rss_mb", 0)),
+            "python_driver_peak_rss_mb": round(mem.get("python_driver_rss_mb", 0)),
+            "python_worker_peak_rss_mb": round(mem.get("python_worker_rss_mb", 0)),
+        }
+    return out
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -953,21 +1075,34 @@ def run_scale(args: argparse.Namespace, work: Path) -> dict[str, Any]:
             f"  [{n}] {wl.batches} micro-batches of {wl.files_per_batch} files x "
             f"{wl.file_messages:,} messages: ~{per:,} object samples per micro-batch"
         )
-    ceiling: dict[str, dict[int, dict[str, float]]] = {}
+    # ceiling[workload][(procs, per_file)]
+    ceiling: dict[str, dict[tuple[int, bool], dict[str, float]]] = {}
     if not args.no_ceiling:
-        print("\n== no-Spark ceiling: run_task per bronze file, 1 and 2 processes, pinned")
+        print(
+            "\n== no-Spark ceiling: run_task (a Spark task's function) in 1 and 2 processes, "
+            "each pinned to its own CPU, one decode thread"
+        )
         for n in names:
             ceiling[n] = {}
-            for procs in (1, 2):
-                c = run_ceiling(manifests[n]["files"], procs, work / "runs" / f"ceiling-{n}")
-                assert c["records"] == sum(manifests[n]["samples"]), (n, procs, c)
-                ceiling[n][procs] = c
-                eff = c["records_per_s"] / (procs * ceiling[n][1]["records_per_s"])
-                print(
-                    f"  [{n}] {procs} process(es): {c['records_per_s']:>11,.0f} records/s "
-                    f"({c['records']:,} in {c['seconds']:.2f} s, {c['cpu_s']:.2f} CPU-s; "
-                    f"efficiency {eff:.2f})"
-                )
+            for per_file, how in (
+                (False, "each process its share of every micro-batch's files, as a task"),
+                (True, "each bronze file on its own (one Parquet file per table each), as the issue's table"),
+            ):  # fmt: skip
+                print(f"  [{n}] {how}:")
+                for procs in (1, 2):
+                    c = run_ceiling(
+                        manifests[n]["files"], wls[n].files_per_batch, procs, per_file,
+                        work / "runs" / f"ceiling-{n}",
+                    )  # fmt: skip
+                    assert c["records"] == sum(manifests[n]["samples"]), (n, procs, c)
+                    ceiling[n][(procs, per_file)] = c
+                    eff = c["records_per_s"] / (procs * ceiling[n][(1, per_file)]["records_per_s"])
+                    print(
+                        f"    {procs} process(es): {c['records_per_s']:>11,.0f} records/s "
+                        f"({c['records']:,} in {c['units']} units, {c['seconds']:.2f} s, "
+                        f"{c['cpu_s']:.2f} CPU-s; efficiency {eff:.2f}; other processes "
+                        f"meanwhile: {c['others_core']:.2f} of a core)"
+                    )
     print("\n== the silver stream, decode_on=tasks, one fresh process per configuration")
     runs: dict[str, dict[str, dict[str, Any]]] = {n: {} for n in names}
     for master in masters:
@@ -1006,16 +1141,24 @@ def run_scale(args: argparse.Namespace, work: Path) -> dict[str, Any]:
     for n in names:
         r = runs[n]
         one = r.get(ONE_CORE, {}).get("steady", {}).get("records_per_s")
-        ceil = ceiling.get(n, {}).get(1, {}).get("records_per_s")
-        ceil2 = ceiling.get(n, {}).get(2, {}).get("records_per_s")
+        cn = ceiling.get(n, {})
+        ceil = cn.get((1, False), {}).get("records_per_s")
+        ceil2 = cn.get((2, False), {}).get("records_per_s")
         fig: dict[str, Any] = {
             "records_per_s_1core": round(one) if one else None,
             "ceiling_per_core": round(ceil) if ceil else None,
             "ceiling_2proc": round(ceil2) if ceil2 else None,
+            "ceiling_per_file": {
+                str(p): round(cn[(p, True)]["records_per_s"]) for p in (1, 2) if (p, True) in cn
+            },
             "samples_per_batch": sum(manifests[n]["samples"]) // wls[n].batches,
         }
         if ceil:
-            print(f"  [{n}] ceiling: 1 process {ceil:,.0f}/s, 2 processes {ceil2 or 0:,.0f}/s")
+            print(
+                f"  [{n}] ceiling: 1 process {ceil:,.0f}/s, 2 processes {ceil2 or 0:,.0f}/s "
+                f"(per bronze file: {cn[(1, True)]['records_per_s']:,.0f}/s and "
+                f"{cn[(2, True)]['records_per_s']:,.0f}/s)"
+            )
         if one:
             print(
                 f"  [{n}] {ONE_CORE}: {one:,.0f}/s"
