@@ -60,6 +60,7 @@ from pipeline.gold.transforms import (
     heartbeat_rows,
     max_ns,
 )
+from pipeline.ipc import from_ipc
 from schemas.gold import AGENT_LIVENESS, OBJECT_LIFECYCLES, RATE_STATE, STATISTIC_RATES
 
 if TYPE_CHECKING:
@@ -147,16 +148,6 @@ class ComputeOutput:
     rows: dict[str, int] = field(default_factory=dict)
 
 
-def ipc(table: pa.Table) -> bytes:
-    """An Arrow table as IPC bytes (pickles small and fast)."""
-    sink = pa.BufferOutputStream()
-    with pa.ipc.new_stream(sink, table.schema) as w:
-        w.write_table(table)
-    return bytes(sink.getvalue().to_pybytes())
-
-
-def _from_ipc(payload: bytes) -> pa.Table:
-    return pa.ipc.open_stream(payload).read_all()
 
 
 # ---------------------------------------------------------------- step 1: split
@@ -258,7 +249,7 @@ def compute(bucket: int, files: Sequence[str], plan: GoldPlan) -> ComputeOutput:
     liveness = _table_rows(plan, "agent_liveness", bucket)
     out_rows = gold_batch(
         _batch_rows(files),
-        registry=_from_ipc(plan.registry),
+        registry=from_ipc(plan.registry),
         state=state,
         lifecycles=lifecycles,
         liveness=liveness,

@@ -50,6 +50,7 @@ from pipeline.gold.transforms import (
     frame,
     gold_batch,
 )
+from pipeline.ipc import to_ipc
 from pipeline.streaming import await_query
 from schemas.gold import AGENT_LIVENESS, GOLD_TABLES, OBJECT_LIFECYCLES, RATE_STATE, STATISTIC_RATES
 from schemas.silver import HEARTBEATS, OBJECT_SAMPLES
@@ -295,7 +296,7 @@ class GoldBatchWriter:
         plan = gt.GoldPlan(
             batch_id=batch_id, buckets=buckets, shuffle=shuffle, staging=staging,
             rates=s.rates, liveness=s.liveness,
-            registry=gt.ipc(delta.read_arrow(s.silver_path("schema_registry"))),
+            registry=to_ipc(delta.read_arrow(s.silver_path("schema_registry"))),
             tables=tuple((n, gt.table_listing(s.path(n))[0]) for n in gt.STATE_TABLES),
         )  # fmt: skip
         try:

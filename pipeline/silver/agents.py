@@ -51,30 +51,7 @@ def agent_rows(decoded: Decoded, batch_id: int) -> pa.Table:
         return AGENTS.empty_table()
     all_ = pa.concat_tables(parts)
     all_ = all_.filter(pc.and_(pc.is_valid(all_.column("agent")), pc.is_valid(all_.column("t"))))
-    g = all_.group_by(["agent", "dialect"]).aggregate(
-        [
-            ("t", "min"),
-            ("t", "max"),
-            ("t", "count"),
-            ("broker_bank", "max"),
-            ("agent_bank", "max"),
-            ("epoch", "max"),
-        ]
-    )
-    out = pa.table(
-        {
-            "agent": g.column("agent"),
-            "dialect": g.column("dialect"),
-            "batch_id": pa.array(np.full(g.num_rows, batch_id, np.int64)),
-            "broker_bank": g.column("broker_bank_max"),
-            "agent_bank": g.column("agent_bank_max"),
-            "epoch": g.column("epoch_max"),
-            "first_seen": g.column("t_min"),
-            "last_seen": g.column("t_max"),
-            "records": g.column("t_count").cast(pa.int64()),
-        }
-    )
-    return out.sort_by([("agent", "ascending"), ("dialect", "ascending")]).cast(AGENTS)
+    return _aggregate(all_, batch_id, ("t", "min"), ("t", "max"), ("t", "count"))
 
 
 def merge_agent_rows(parts: Sequence[pa.Table], batch_id: int) -> pa.Table:
@@ -84,16 +61,28 @@ def merge_agent_rows(parts: Sequence[pa.Table], batch_id: int) -> pa.Table:
         return AGENTS.empty_table()
     if len(parts) == 1:
         return parts[0]
-    g = pa.concat_tables(parts).group_by(["agent", "dialect"]).aggregate(
-        [
-            ("first_seen", "min"),
-            ("last_seen", "max"),
-            ("records", "sum"),
-            ("broker_bank", "max"),
-            ("agent_bank", "max"),
-            ("epoch", "max"),
-        ]
+    both = pa.concat_tables(parts)
+    return _aggregate(
+        both, batch_id, ("first_seen", "min"), ("last_seen", "max"), ("records", "sum")
     )
+
+
+def _aggregate(
+    rows: pa.Table,
+    batch_id: int,
+    first: tuple[str, str],
+    last: tuple[str, str],
+    records: tuple[str, str],
+) -> pa.Table:
+    """Per (agent, dialect): ``first``, ``last``, ``records`` (column, aggregate) and the
+    latest banks and epoch, as AGENTS rows of ``batch_id``."""
+    g = rows.group_by(["agent", "dialect"]).aggregate(
+        [first, last, records, ("broker_bank", "max"), ("agent_bank", "max"), ("epoch", "max")]
+    )
+
+    def col(spec: tuple[str, str]) -> pa.ChunkedArray:
+        return g.column(f"{spec[0]}_{spec[1]}")
+
     out = pa.table(
         {
             "agent": g.column("agent"),
@@ -102,9 +91,9 @@ def merge_agent_rows(parts: Sequence[pa.Table], batch_id: int) -> pa.Table:
             "broker_bank": g.column("broker_bank_max"),
             "agent_bank": g.column("agent_bank_max"),
             "epoch": g.column("epoch_max"),
-            "first_seen": g.column("first_seen_min"),
-            "last_seen": g.column("last_seen_max"),
-            "records": g.column("records_sum").cast(pa.int64()),
+            "first_seen": col(first),
+            "last_seen": col(last),
+            "records": col(records).cast(pa.int64()),
         }
     )
     return out.sort_by([("agent", "ascending"), ("dialect", "ascending")]).cast(AGENTS)

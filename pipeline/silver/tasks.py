@@ -36,6 +36,7 @@ import pyarrow.parquet as pq
 from pipeline import delta
 from pipeline.codec.schema import ClassSchema, SchemaRegistry
 from pipeline.delta_source import DataFile, arrow_schema, read_file
+from pipeline.ipc import from_ipc, to_ipc
 from pipeline.silver.agents import agent_rows, merge_agent_rows
 from pipeline.silver.decode import (
     CALL_PARTS_T,
@@ -110,15 +111,6 @@ class TaskResults:
         return pa.concat_tables([pq.read_table(f.location) for f in files])
 
 
-def _ipc(table: pa.Table) -> bytes:
-    sink = pa.BufferOutputStream()
-    with pa.ipc.new_stream(sink, table.schema) as w:
-        w.write_table(table)
-    return bytes(sink.getvalue().to_pybytes())
-
-
-def _from_ipc(payload: bytes) -> pa.Table:
-    return pa.ipc.open_stream(payload).read_all()
 
 
 def run_task(batches: Iterable[pa.RecordBatch], plan: TaskPlan) -> TaskOutput:
@@ -156,8 +148,8 @@ def run_task(batches: Iterable[pa.RecordBatch], plan: TaskPlan) -> TaskOutput:
         for w in writers.values():
             w.abort()
         raise
-    out.side = {n: _ipc(pa.concat_tables(ts)) for n, ts in side.items() if ts}
-    out.agents = _ipc(merge_agent_rows(agents, plan.batch_id))
+    out.side = {n: to_ipc(pa.concat_tables(ts)) for n, ts in side.items() if ts}
+    out.agents = to_ipc(merge_agent_rows(agents, plan.batch_id))
     return out
 
 
@@ -169,12 +161,12 @@ def gather(outputs: Sequence[TaskOutput], batch_id: int) -> TaskResults:
         for name, fs in o.files.items():
             files.setdefault(name, []).extend(fs)
         for name, payload in o.side.items():
-            side.setdefault(name, []).append(_from_ipc(payload))
+            side.setdefault(name, []).append(from_ipc(payload))
     decoded = Decoded(tables={k: pa.concat_tables(v) for k, v in side.items()})
     decoded.fast_messages = sum(o.fast_messages for o in outputs)
     decoded.fallback_messages = sum(o.fallback_messages for o in outputs)
     agents = merge_agent_rows(
-        [_from_ipc(o.agents) for o in outputs if o.agents] or [AGENTS.empty_table()], batch_id
+        [from_ipc(o.agents) for o in outputs if o.agents] or [AGENTS.empty_table()], batch_id
     )
     return TaskResults(
         files=files,
