@@ -10,54 +10,70 @@ What it measures (issue 22, items 3 and 5), in one run:
   share it; ``--no-pin`` lifts that), ``local[2]`` and ``local-cluster[2,1,1024]`` (a
   standalone master and two single-core executor JVMs, as on a cluster). The figure is
   object samples per second into Delta over the *steady* micro-batches (all but the
-  first ``--warm``: those pay the Python workers' start and the numba cache load), from
-  the query's progress (``triggerExecution``) and the writer's reports (the
-  ``BatchReport`` each batch logs). Per batch it prints where the time goes: the
-  Spark job of the tasks (decode + Parquet writes in the tasks, from Spark's event
-  log: the job's wall time, the tasks' own run time, the gap between the two), the
-  driver's planning (registry, offset log, file split), its resolve and its commits,
-  and Spark's streaming work around the batch function.
-* **The no-Spark ceiling**: the same bronze files, each decoded and written by
-  ``pipeline.silver.tasks.run_task`` (what one Spark task runs: the vectorized decode
-  ``decode_arrow``, then one Parquet file per silver table with ``DataFileWriter``) in
-  1 and in 2 processes (multiprocessing, each pinned to its own CPU, one decode thread,
-  each taking every other file). ``ceiling_per_core`` is the 1-process rate.
+  first ``--warm``: those pay the Python workers' start and the numba cache load):
+  the batches' object samples (the writer's ``BatchReport``, which each batch logs)
+  over their ``triggerExecution`` time (the query's progress). Per batch, and per
+  master side by side, it prints where the time goes: the Spark job of the tasks
+  (decode + Parquet writes in the tasks; from Spark's event log: the job's wall time,
+  the longest task's wall and run time, every task's run time), the driver's
+  planning and gathering (registry, offset log, file split, task outputs), its resolve
+  and its Delta commits, the foreachBatch call around the writer, the source's
+  ``latestOffset``, the offset and commit logs, and the rest of Spark's streaming
+  work. It also prints how much CPU other processes used meanwhile (a noise gauge).
+* **The no-Spark ceiling**: the same bronze files through
+  ``pipeline.silver.tasks.run_task`` (what one Spark task runs: read the files with
+  pyarrow, ``decode_arrow``, one Parquet file per silver table with
+  ``DataFileWriter``), in 1 and in 2 processes (multiprocessing, each pinned to its
+  own CPU, one decode thread): (a) each process takes its share of every
+  micro-batch's files in one ``run_task``, as a task of ``local[2]`` does; (b) each
+  bronze file is a batch of its own, as the issue's table. ``ceiling_per_core`` is
+  (a)'s 1-process rate (the higher of the two, so ``vs_ceiling`` does not flatter).
 * The ratios of the issue: ``efficiency`` = records/s at 2 cores / (2 x records/s at 1
   core), target >= 0.85; ``vs_ceiling`` = records/s per core at 2 cores /
   ``ceiling_per_core``, target >= 0.8. Met or not met is printed per workload and
   master; the last line is ``RESULT {json}`` (the real mix on ``local[2]`` at the top,
   every workload and ``local-cluster`` inside).
 
-Two workloads, each its own bronze table, many files per micro-batch so the tasks
-have work to split (``plan_units`` gives each core's task a share of the files):
+Two workloads, each its own bronze table (one commit per micro-batch), many files per
+micro-batch so the tasks have work to split (``plan_units`` gives each core's task a
+share of the files):
 
 * ``mix``: the real capture's AM2 content messages (11 classes, c/i/g, ~4.66 object
   samples per message; bronze rows by ``pipeline.silver.bronze_rows``), in
-  2,000-message bronze files (as the issue's table), ``--mix-files`` files per
-  micro-batch;
+  2,000-message bronze files (as the issue's table), ``--mix-files`` (96) per
+  micro-batch: ~895,000 samples;
 * ``queue-i``: queue 'i' statistics, 100 samples per AM2 message, 2,000-message files
-  (200,000 samples each, as the issue's table), ``--queue-files`` per micro-batch.
+  (200,000 samples each, as the issue's table), ``--queue-files`` (6) per micro-batch:
+  1,200,000 samples.
+
+Row counts are checked for every configuration: each batch's object samples (the
+writer's report) equal its bronze files' (counted from the input), and the table's
+Parquet footers hold exactly the input's samples, counted once; no row is parked or
+quarantined.
 
 ``--big`` (off by default; ``--big-only`` runs it alone): one micro-batch of 5,000,000
 queue 'i' samples (``--big-samples``) through the task path on ``local[2]`` with the
-default 2 GB driver heap (``spark.driver.memory=2g``), after a small warm-up query in
-the same process; it reports that the batch completed, its rows, and the driver's
-peak memory (the JVM's RSS high-water mark from /proc and its heap pools' peaks; the
-Python driver's and the Python workers' peak RSS).
+default 2 GB driver heap (``spark.driver.memory=2g``), after a warm-up query in the
+same process, twice: as a batch whose bronze files the driver knows (tasks read them:
+every batch after a query's first, and a first batch that a read limit ends inside the
+table), and as a query's first batch over the whole table (files not known: the tasks
+get the rows from Spark's scan). It reports that each completed, its rows, and the
+peak memory: the driver JVM's heap pools and RSS (VmHWM, reset before each), the
+Python driver's and the Python workers' RSS.
 
 Every process gets ``MALLOC_ARENA_MAX=1 MIMALLOC_PURGE_DELAY=-1`` (as ``bench_silver``,
-docs/performance.md session 8; ``--default-allocators`` keeps the environment). Row
-counts are checked: every table's object samples equal the input's, counted once.
+docs/performance.md session 8; ``--default-allocators`` keeps the environment).
 
 Run it alone on the machine (it uses both cores):
 
-    flock /tmp/qmf-heavy.lock .venv/bin/python benchmarks/bench_scale.py [--work DIR]
+    flock /tmp/qmf-heavy.lock .venv/bin/python benchmarks/bench_scale.py [--work DIR] [--big]
     flock /tmp/qmf-heavy.lock .venv/bin/python benchmarks/bench_scale.py --big-only
 
-About 5-8 minutes on 2 idle cores with the defaults (building bronze about 1 minute of
-it; ``--work DIR`` keeps the bronze tables there and reuses them on the next run);
-``--big-only`` about 2-3 minutes. ``--batches``, ``--mix-files``, ``--queue-files``
-and ``--masters`` scale it.
+About 5-6 minutes on 2 idle cores with the defaults (building bronze about 20 s of it;
+``--work DIR`` keeps the bronze tables there and reuses them on the next run);
+``--big`` adds about 1.5 minutes. ``--batches``, ``--warm``, ``--mix-files``,
+``--queue-files``, ``--workloads`` and ``--masters`` scale it; ``--keep-runs`` keeps
+each configuration's tables, Spark log and event log under the work folder.
 """
 
 from __future__ import annotations
@@ -425,6 +441,15 @@ def jvm_peaks() -> dict[str, float]:
     return out
 
 
+def footer_rows(path: str) -> int:
+    """Rows of a Delta table's live files, from their Parquet footers."""
+    import pyarrow.parquet as pq
+    from deltalake import DeltaTable
+
+    return sum(pq.ParquetFile(u.removeprefix("file://")).metadata.num_rows
+               for u in DeltaTable(path).file_uris())  # fmt: skip
+
+
 def own_peak_rss_mb() -> float:
     """This process's peak RSS (VmHWM: since its exec, unlike ru_maxrss, which keeps
     the forking parent's)."""
@@ -666,10 +691,7 @@ def child_scale(cfg: dict[str, Any]) -> dict[str, Any]:
             }
         )
     batches.sort(key=lambda x: x["batch"])
-    from deltalake import DeltaTable
-
-    adds = DeltaTable(settings.path(SAMPLES)).get_add_actions(flatten=True)
-    table_rows = int(pa.compute.sum(pa.table(adds).column("num_records")).as_py() or 0)
+    table_rows = footer_rows(settings.path(SAMPLES))
     return {
         "master": cfg["master"],
         "workload": cfg["workload"],
@@ -727,8 +749,6 @@ def child_big(cfg: dict[str, Any]) -> dict[str, Any]:
     q.awaitTermination(cfg["timeout"])
     if q.exception() is not None:
         raise RuntimeError(f"warm-up query failed: {q.exception()}")
-    from deltalake import DeltaTable
-
     out = {}
     for variant, limit in (("files", cfg["files"]), ("rows", cfg["files"] + 1)):
         heap_peak_mb(spark, reset=True)
@@ -755,7 +775,6 @@ def child_big(cfg: dict[str, Any]) -> dict[str, Any]:
         memory["python_driver_rss_mb"] = own_peak_rss_mb()
         memory["python_worker_rss_mb"] = peaks.workers_mb
         memory["python_workers_sum_rss_mb"] = peaks.workers_sum_mb
-        adds = DeltaTable(settings.path(SAMPLES)).get_add_actions(flatten=True)
         r = handler.reports
         out[variant] = {
             "batches": [int(p["batchId"]) for p in progress],
@@ -764,7 +783,7 @@ def child_big(cfg: dict[str, Any]) -> dict[str, Any]:
             "seconds": [x.seconds for x in r],
             "decode_on": [x.decode_on for x in r],
             "files_known": bronze_files(settings, 0) is not None,
-            "table_rows": int(pa.compute.sum(pa.table(adds).column("num_records")).as_py() or 0),
+            "table_rows": footer_rows(settings.path(SAMPLES)),
             "wall_s": wall,
             "memory": memory,
         }
@@ -1127,6 +1146,10 @@ def run_scale(args: argparse.Namespace, work: Path) -> dict[str, Any]:
             check_counts(res, manifests[n], wl.files_per_batch)
             cores = 1 if master == ONE_CORE else 2
             res["steady"] = print_config(res, args.warm, cores)
+            print(
+                f"    counts: each batch's samples = its bronze files', {res['table_rows']:,} "
+                "in the table's Parquet footers = the input's; nothing parked or quarantined"
+            )
             runs[n][master] = res
             if not args.keep_runs:
                 shutil.rmtree(cfg["run"], ignore_errors=True)
