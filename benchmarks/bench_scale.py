@@ -69,9 +69,9 @@ Run it alone on the machine (it uses both cores):
     flock /tmp/qmf-heavy.lock .venv/bin/python benchmarks/bench_scale.py [--work DIR] [--big]
     flock /tmp/qmf-heavy.lock .venv/bin/python benchmarks/bench_scale.py --big-only
 
-About 5-6 minutes on 2 idle cores with the defaults (building bronze about 20 s of it;
+About 6 minutes on 2 idle cores with the defaults (building bronze about 20 s of it;
 ``--work DIR`` keeps the bronze tables there and reuses them on the next run);
-``--big`` adds about 1.5 minutes. ``--batches``, ``--warm``, ``--mix-files``,
+``--big`` adds about 2 minutes. ``--batches``, ``--warm``, ``--mix-files``,
 ``--queue-files``, ``--workloads`` and ``--masters`` scale it; ``--keep-runs`` keeps
 each configuration's tables, Spark log and event log under the work folder.
 
@@ -91,6 +91,7 @@ import multiprocessing as mp
 import os
 import re
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
@@ -1062,6 +1063,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
     if args.child:
         return child_main(args.child)
+    # SIGTERM: unwind (the running configuration's process is killed, the work folder
+    # removed) instead of dying with both left behind.
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     if not args.default_allocators:
         os.environ.update(ALLOCATOR_ENV)  # read by every child process at its start
     work = Path(args.work or tempfile.mkdtemp(prefix="bench-scale-")).resolve()
