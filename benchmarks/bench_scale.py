@@ -125,6 +125,9 @@ TARGET_VS_CEILING = 0.8
 SAMPLES = "object_samples"
 QUEUE_KEY = "console.obj.1.0.org.apache.qpid.broker.queue"
 MANIFEST_VERSION = 1
+# Other processes using more than this share of a core while a figure is measured make
+# it "disturbed" (printed, and listed in RESULT): with 2 cores that is a real loss.
+DISTURBED_CORE = 0.25
 
 
 # ------------------------------------------------------------------ bronze
@@ -898,7 +901,8 @@ def print_config(res: dict[str, Any], warm: int, cores: int) -> dict[str, Any]:
         + (f" pinned to CPU {res['cpus']}" if res.get("cpus") else "")
         + f": defaultParallelism {res['parallelism']}, start-up {res['startup_s']:.1f} s"
         + f", stream {res['wall_s']:.1f} s (other processes meanwhile: "
-        + f"{res['others_cpu_s'] / res['wall_s']:.2f} of a core)"
+        + f"{res['others_cpu_s'] / res['wall_s']:.2f} of a core"
+        + (": DISTURBED)" if res["others_cpu_s"] / res["wall_s"] > DISTURBED_CORE else ")")
     )
     print(
         "    batch    samples  trigger | tasks job  spark job tasks  run max  run sum "
@@ -1122,7 +1126,8 @@ def ceiling_line(
         f"({c['records']:,} in {c['units']} units, {c['seconds']:.2f} s, "
         f"{c['cpu_s']:.2f} CPU-s; "
         + (f"efficiency {eff:.2f}; " if procs > 1 else "")
-        + f"other processes meanwhile: {c['others_core']:.2f} of a core)"
+        + f"other processes meanwhile: {c['others_core']:.2f} of a core"
+        + (": DISTURBED)" if c["others_core"] > DISTURBED_CORE else ")")
     )
 
 
@@ -1217,6 +1222,23 @@ def run_scale(args: argparse.Namespace, work: Path) -> dict[str, Any]:
         print_costs(n, runs[n])
     print("\n== summary (object samples/s into Delta, steady batches)")
     out: dict[str, Any] = {}
+    disturbed = [
+        f"{n}/{m}"
+        for n in names
+        for m, res in runs[n].items()
+        if res["others_cpu_s"] / res["wall_s"] > DISTURBED_CORE
+    ] + [
+        f"{n}/ceiling-{procs}{'-per-file' if per_file else ''}"
+        for n in names
+        for (procs, per_file), c in ceiling.get(n, {}).items()
+        if c["others_core"] > DISTURBED_CORE
+    ]
+    if disturbed:
+        print(
+            f"  DISTURBED (other processes used more than {DISTURBED_CORE} of a core while "
+            f"measuring; those figures are low): {', '.join(disturbed)}"
+        )
+    out["disturbed"] = disturbed
     per_wl: dict[str, Any] = {}
     cluster: dict[str, Any] = {}
     for n in names:
