@@ -317,7 +317,7 @@ def _scalar10(data: Any, p: Any, end: Any) -> tuple[Any, ...]:
     return C_BAD, np.int64(0), 0, 0, p
 
 
-@nb.njit(cache=True, inline="always")
+@nb.njit(cache=True)
 def _value(data: Any, p: Any, end: Any, enc: Any) -> tuple[Any, ...]:
     """The value at p: a 0-10 type code and its bytes, or an AMQP 1.0 constructor and its bytes."""
     if enc == ENC_010:
@@ -327,7 +327,7 @@ def _value(data: Any, p: Any, end: Any, enc: Any) -> tuple[Any, ...]:
     return _scalar10(data, p, end)
 
 
-@nb.njit(cache=True, inline="always")
+@nb.njit(cache=True)
 def _container(data: Any, p: Any, end: Any, enc: Any, want_map: Any) -> tuple[Any, ...]:
     """Header of a list (or map) value at p (code/constructor included).
 
