@@ -13,6 +13,10 @@ Delta's own streaming source does:
   were read; a position inside the starting snapshot carries
   ``"snapshot": true``. Commits are immutable, so a range always lists the
   same files and ``read()`` re-reads them identically after a restart;
+* a batch's end offset also names its start (``"from"``): Spark does not log a
+  first batch's start and asks ``initialOffset()`` again after a restart, so
+  the end alone says which files the batch holds, for a driver reading its
+  batch from the offset log (``batch_files``) and for a replay;
 * adds with ``dataChange=false`` (compaction) are not data and are skipped;
   a commit that removes data stops the query unless ``ignoreDeletes``,
   ``ignoreChanges`` or ``skipChangeCommits`` says what to do (Delta's names
@@ -231,6 +235,23 @@ class Position:
                 "was the checkpoint written by another source?"
             ) from None
         return cls(version, index, bool(value.get("snapshot", False)))
+
+
+def end_offset(start: Mapping[str, Any], end: Position) -> dict[str, Any]:
+    """A batch's end offset: ``end`` naming the batch's start (``"from"``), or ``start``
+    itself, unchanged, when nothing was admitted (Spark compares the JSON: same JSON,
+    no batch)."""
+    begin = Position.from_json(start)
+    if end == begin:
+        return dict(start)
+    return {**end.to_json(), "from": begin.to_json()}
+
+
+def batch_start(end: Mapping[str, Any]) -> Position | None:
+    """The start a batch's end offset names (``end_offset``); None for an offset written
+    before ends named their start."""
+    start = end.get("from")
+    return None if not isinstance(start, Mapping) else Position.from_json(start)
 
 
 # ---------------------------------------------------------------------------
@@ -661,30 +682,40 @@ def batch_files(
     """The files of micro-batch ``batch_id`` of a query over ``qmf-delta`` sources.
 
     ``reads``: (table path, schema) per source, in the order of the query's
-    offset log. From the previous batch's entry to this batch's, each source's
-    files (``range_files``). None when that cannot be known: no checkpoint, a
-    missing entry, or a query's first batch whose start cannot be told from its
-    end. Spark does not log a first batch's start (the sources' initial
-    offset), but a first batch that ends inside a starting snapshot
-    (``snapshot`` set: only an initial offset makes one) started at that
-    snapshot's beginning; that is the case whenever ``maxFilesPerTrigger`` (or
-    another limit) cuts a large table's first batch, so a backlog is not
-    collected through the JVM (a 1,000,000-sample first batch ran Spark's 2 GB
-    driver heap out, and the query then hung).
+    offset log. Each source's files from the batch's start (the ``"from"`` its
+    end offset names: ``end_offset``) to its end (``range_files``), so a first
+    batch is known too and a backlog is never collected through the JVM (a
+    1,000,000-sample first batch ran Spark's 2 GB driver heap out, and the
+    query then hung). An end written before ends named their start falls back
+    to the previous batch's entry, or for a first batch that ends inside a
+    starting snapshot, to that snapshot's beginning. None when the batch cannot
+    be known: no checkpoint, a missing entry, or such an older first batch.
     """
     if not checkpoint:
         return None
-    end = offset_log_sources(checkpoint, batch_id)
-    start = (
-        offset_log_sources(checkpoint, batch_id - 1)
-        if batch_id > 0
-        else _snapshot_starts(end)
+    ends = offset_log_sources(checkpoint, batch_id)
+    if ends is None or len(ends) != len(reads):
+        return None
+    end = [json.loads(e) for e in ends]
+    start: list[dict[str, Any]] = []
+    for e in end:
+        named = batch_start(e)
+        if named is None:
+            break
+        start.append(named.to_json())
+    else:
+        return [
+            range_files(path, schema, s, e, options)
+            for (path, schema), s, e in zip(reads, start, end, strict=True)
+        ]
+    before = (
+        offset_log_sources(checkpoint, batch_id - 1) if batch_id > 0 else _snapshot_starts(ends)
     )
-    if end is None or start is None or not len(end) == len(start) == len(reads):
+    if before is None or len(before) != len(reads):
         return None
     return [
-        range_files(path, schema, json.loads(s), json.loads(e), options)
-        for (path, schema), s, e in zip(reads, start, end, strict=True)
+        range_files(path, schema, json.loads(s), e, options)
+        for (path, schema), s, e in zip(reads, before, end, strict=True)
     ]
 
 
@@ -918,21 +949,24 @@ class DeltaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         begin = Position.from_json(start)
         latest = self.log.latest_version()
         if latest is None:
-            return begin.to_json()  # the table does not exist yet: wait for it
+            return dict(start)  # the table does not exist yet: wait for it
         self._check_schema()
         last = latest
         if self._target_set:
             last = -1 if self._target is None else min(latest, self._target)
         self.planner().forget_before(begin.version)
         end, _files = self.planner().walk(begin, last, self._limits(limit))
-        return end.to_json()
+        return end_offset(start, end)
 
     def reportLatestOffset(self) -> dict[str, Any] | None:
         latest = self.log.latest_version()
         return None if latest is None else Position(latest + 1).to_json()
 
     def partitions(self, start: dict[str, Any], end: dict[str, Any]) -> Sequence[FileGroup]:
-        files = self.planner().files_between(Position.from_json(start), Position.from_json(end))
+        """The batch's files, from the start its end names: a first batch replayed after
+        a restart gets a new ``initialOffset()`` (a newer snapshot) as ``start``."""
+        begin = batch_start(end) or Position.from_json(start)
+        files = self.planner().files_between(begin, Position.from_json(end))
         return group_files(files, self.opts.max_bytes_per_partition)
 
     def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:

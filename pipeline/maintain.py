@@ -144,9 +144,13 @@ def _batch_ids(folder: str) -> list[int]:
     return sorted(int(n) for n in names if n.isdigit())
 
 
-def _positions(checkpoint: str, batch_id: int) -> list[tuple[int, bool]] | None:
+def _positions(
+    checkpoint: str, batch_id: int, starts: bool = False
+) -> list[tuple[int, bool]] | None:
     """The ``qmf-delta`` offsets (version, snapshot) of one offset-log entry, in
-    source order; None if the entry is gone. Other sources' offsets are left out."""
+    source order; None if the entry is gone. Other sources' offsets are left out.
+    ``starts``: the batch's start each end offset names (``"from"``) instead; None
+    when one does not (written before ends named their start)."""
     try:
         with open(os.path.join(checkpoint, "offsets", str(batch_id)), encoding="utf-8") as fh:
             lines = fh.read().splitlines()
@@ -159,6 +163,10 @@ def _positions(checkpoint: str, batch_id: int) -> list[tuple[int, bool]] | None:
         except json.JSONDecodeError:
             continue
         if isinstance(value, dict) and {"version", "index"} <= set(value):
+            if starts:
+                value = value.get("from")
+                if not isinstance(value, dict):
+                    return None
             out.append((int(value["version"]), bool(value.get("snapshot", False))))
     return out
 
@@ -172,8 +180,10 @@ def read_pin(checkpoint: str) -> int | None:
     committed one is followed by a batch starting at its end. A position
     ``{version v}`` reads the files of commit v on (live at v or later), a
     snapshot position the files live at v: both need versions >= v. An
-    uncommitted first batch started from an initial offset that is not
-    logged: every version is needed (0).
+    uncommitted batch's end offset names its start (``"from"``), which the replay
+    reads from; an older entry's start is the previous entry, and an older
+    uncommitted first batch started from an initial offset that is not logged:
+    every version is needed (0).
     """
     offsets = _batch_ids(os.path.join(checkpoint, "offsets"))
     if not offsets:
@@ -185,10 +195,11 @@ def read_pin(checkpoint: str) -> int | None:
     if last in set(_batch_ids(os.path.join(checkpoint, "commits"))):
         start = newest
     else:
-        previous = _positions(checkpoint, last - 1) if last > 0 else None
-        if not previous:
+        named = _positions(checkpoint, last, starts=True)
+        previous = _positions(checkpoint, last - 1) if last > 0 and not named else None
+        if not (named or previous):
             return 0  # a replay from an initial offset that is not logged: keep everything
-        start = previous
+        start = named or previous or []
     return min(v for v, _snapshot in start)
 
 

@@ -26,10 +26,13 @@ def pytest_sessionstart(session: pytest.Session) -> None:
     decodes first; the suite's first half is mostly single-threaded, so the other
     core compiles them meanwhile and later tests load them from the disk cache
     (``cache=True``; a test that gets there first just compiles its own copy).
+    ``tools/test.sh`` starts the same warm-up earlier, beside ruff and mypy.
     """
     import subprocess
 
     global _WARM
+    if os.environ.get("QMF_WARM_PID"):
+        return  # tools/test.sh started it before ruff and mypy
     code = (
         "from pipeline.commands.run import warm_decoder; "
         "warm_decoder(('am1', 'am2', 'v2', 'v2-amqp10'))"

@@ -27,6 +27,7 @@ from pipeline.delta_source import (
     DeltaStreamReader,
     FileGroup,
     Position,
+    batch_start,
     group_files,
     register,
 )
@@ -222,18 +223,23 @@ def test_reader_offsets_limits_and_available_now(tmp_path: Path) -> None:
     start = r.initialOffset()
     assert start == {"version": 2, "index": 0, "snapshot": True}  # the snapshot of version 2
     assert r.getDefaultReadLimit() == ReadMaxFiles(1000)
-    assert r.latestOffset(start, ReadMaxFiles(1)) == {"version": 2, "index": 1, "snapshot": True}
+    # Every end names the batch's start ("from"): Spark logs no first batch's start.
+    assert r.latestOffset(start, ReadMaxFiles(1)) == {
+        "version": 2, "index": 1, "snapshot": True, "from": start,
+    }  # fmt: skip
     end = r.latestOffset(start, ReadAllAvailable())
-    assert end == {"version": 3, "index": 0}
+    assert end == {"version": 3, "index": 0, "from": start}
+    assert batch_start(end) == Position(2, 0, True)
     assert as_rows(read_range(r, start, end)) == expected(range(6))
     assert r.latestOffset(end, ReadAllAvailable()) == end  # nothing new: same JSON
     rs_append(path, range(6, 9))
     write_deltalake(path, events(range(9, 10)), mode="append")
     r.prepareForTriggerAvailableNow()
     rs_append(path, range(10, 12))  # after the AvailableNow target: not read
-    assert r.latestOffset(end, ReadMaxRows(1)) == {"version": 4, "index": 0}
+    at_end = {"version": 3, "index": 0}
+    assert r.latestOffset(end, ReadMaxRows(1)) == {"version": 4, "index": 0, "from": at_end}
     last = r.latestOffset(end, ReadAllAvailable())
-    assert last == {"version": 5, "index": 0}
+    assert last == {"version": 5, "index": 0, "from": at_end}
     assert as_rows(read_range(r, end, last)) == expected(range(6, 10))
     assert r.latestOffset(last, ReadAllAvailable()) == last
     assert r.reportLatestOffset() == {"version": 6, "index": 0}
@@ -251,7 +257,7 @@ def test_initial_offset_does_not_move_when_the_table_does(tmp_path: Path) -> Non
     end = r.latestOffset(start, ReadAllAvailable())
     assert (start, end) == (
         {"version": 2, "index": 0, "snapshot": True},
-        {"version": 3, "index": 0},
+        {"version": 3, "index": 0, "from": {"version": 2, "index": 0, "snapshot": True}},
     )
     DeltaTable(path).optimize.compact()  # version 3
     rs_append(path, range(6, 9))  # version 4
@@ -282,16 +288,17 @@ def test_reader_row_limit_uses_stats_or_footer_never_requires_them(tmp_path: Pat
     while (nxt := r.latestOffset(ends[-1], r.getDefaultReadLimit())) != ends[-1]:
         ends.append(nxt)
     # 5 | 5 | 5 (no stats: the footer's count) + 1: never more than 9 rows per batch.
-    assert ends[1:] == [{"version": 2, "index": 0}, {"version": 3, "index": 0},
-                        {"version": 5, "index": 0}]  # fmt: skip
+    assert [Position.from_json(e) for e in ends[1:]] == [Position(2), Position(3), Position(5)]
     r2 = reader(path, startingVersion="1", maxRowsPerTrigger="11")
-    assert r2.latestOffset(start, r2.getDefaultReadLimit()) == {"version": 3, "index": 0}
+    assert r2.latestOffset(start, r2.getDefaultReadLimit()) == {"version": 3, "index": 0,
+                                                                 "from": start}  # fmt: skip
     assert [ids_of(read_range(r, a, b)) for a, b in itertools.pairwise(ends)] == [
         list(range(0, 5)), list(range(5, 10)), list(range(10, 16)),
     ]  # fmt: skip
     # A single file larger than the limit still goes (progress is guaranteed).
     r3 = reader(path, startingVersion="1", maxRowsPerTrigger="2")
-    assert r3.latestOffset(start, r3.getDefaultReadLimit()) == {"version": 2, "index": 0}
+    assert r3.latestOffset(start, r3.getDefaultReadLimit()) == {"version": 2, "index": 0,
+                                                                 "from": start}  # fmt: skip
 
 
 def test_reader_partitions_spread_files_and_read_is_deterministic(tmp_path: Path) -> None:
@@ -327,7 +334,7 @@ def test_reader_waits_for_a_missing_table_and_skips_empty_commits(
     assert r.latestOffset(start, ReadAllAvailable()) == start
     rs_append(path, [1, 2])
     end = r.latestOffset(start, ReadAllAvailable())
-    assert end == {"version": 3, "index": 0}
+    assert end == {"version": 3, "index": 0, "from": start}
     assert as_rows(read_range(r, start, end)) == expected([1, 2])
 
 
@@ -339,7 +346,7 @@ def test_reader_missing_commit_is_an_error(tmp_path: Path) -> None:
     start = r.initialOffset()
     os.remove(os.path.join(path, "_delta_log", f"{2:020d}.json"))  # as log retention would
     end = r.latestOffset(start, ReadAllAvailable())
-    assert end == {"version": 2, "index": 0}  # commit 1 is still delivered
+    assert end == {"version": 2, "index": 0, "from": start}  # commit 1 is still delivered
     with pytest.raises(DeltaStreamError, match=r"commit 2 .* is no longer in the log"):
         r.latestOffset(end, ReadAllAvailable())
 
@@ -353,7 +360,7 @@ def test_reader_stops_before_a_commit_it_must_not_read(qmf: SparkSession, tmp_pa
     r = reader(path, startingVersion="1")
     start = r.initialOffset()
     end = r.latestOffset(start, ReadAllAvailable())
-    assert end == {"version": 3, "index": 0}  # versions 1 and 2, not past the delete
+    assert end == {"version": 3, "index": 0, "from": start}  # 1 and 2, not past the delete
     assert ids_of(read_range(r, start, end)) == list(range(6))
     with pytest.raises(
         DeltaStreamError, match=r"version 3 of .* removes data: 1 file\(s\) removed, 0"
@@ -361,7 +368,7 @@ def test_reader_stops_before_a_commit_it_must_not_read(qmf: SparkSession, tmp_pa
         r.latestOffset(end, ReadAllAvailable())
     skip = reader(path, startingVersion="1", ignoreDeletes="true")
     last = skip.latestOffset(end, ReadAllAvailable())
-    assert last == {"version": 5, "index": 0}
+    assert last == {"version": 5, "index": 0, "from": {"version": 3, "index": 0}}
     assert ids_of(read_range(skip, end, last)) == [6]
 
 
@@ -651,3 +658,53 @@ def test_first_batch_start_is_known_only_inside_a_starting_snapshot() -> None:
     ]
     assert _snapshot_starts([snap, commit]) is None
     assert _snapshot_starts(None) is None
+
+
+def test_a_first_batch_replayed_after_a_restart_reads_what_it_planned(tmp_path: Path) -> None:
+    """A restarted query asks ``initialOffset()`` again for its uncommitted first batch; a
+    commit in between makes that a newer snapshot. The batch's end names the start it
+    was planned from, so the replay reads the same rows, and the new commit comes next."""
+    path = new_table(tmp_path / "t")
+    rs_append(path, range(0, 4))
+    rs_append(path, range(4, 6))
+    first = reader(path)
+    end = first.latestOffset(first.initialOffset(), ReadAllAvailable())
+    rs_append(path, range(6, 9))  # lands while the first attempt dies
+    again = reader(path)  # the restarted process
+    assert again.initialOffset() == {"version": 3, "index": 0, "snapshot": True}
+    assert ids_of(read_range(again, again.initialOffset(), end)) == list(range(6))
+    nxt = again.latestOffset(end, ReadAllAvailable())
+    assert ids_of(read_range(again, end, nxt)) == [6, 7, 8]
+
+
+def test_batch_files_knows_every_batch_of_a_query_the_first_included(
+    qmf: SparkSession, tmp_path: Path
+) -> None:
+    """What a driver reads from the offset log (``read_batch``) is each batch's rows, also
+    for a first batch that took the whole starting snapshot and for one after a restart
+    (these went through Spark's scan, a backlog collected through the JVM)."""
+    from pipeline.delta_source import read_batch
+
+    path = new_table(tmp_path / "t")
+    rs_append(path, range(0, 4))
+    rs_append(path, range(4, 6))
+    ck = tmp_path / "ck"
+    both: list[tuple[int, list[int], list[int]]] = []
+
+    def collect(df: DataFrame, batch_id: int) -> None:
+        got = read_batch(str(ck), batch_id, [(path, SPARK_EVENTS, ["id"])])
+        assert got is not None, f"batch {batch_id} not known from the offset log"
+        both.append((batch_id, ids_of(df.toArrow()), sorted(got[0].column("id").to_pylist())))
+
+    for appended in (range(6, 9), range(9, 10)):
+        query = (
+            stream(qmf, {"path": path})
+            .writeStream.foreachBatch(collect)
+            .option("checkpointLocation", str(ck))
+            .trigger(availableNow=True)
+            .start()
+        )
+        query.awaitTermination(240)
+        assert query.exception() is None
+        rs_append(path, appended)
+    assert both == [(0, list(range(6)), list(range(6))), (1, [6, 7, 8], [6, 7, 8])]
