@@ -670,7 +670,7 @@ def child_scale(cfg: dict[str, Any]) -> dict[str, Any]:
         b = int(p["batchId"])
         r = reports[b]
         d = p["durationMs"]
-        fn = sum(r.seconds.get(k, 0.0) for k in ("decode", "resolve", "write"))
+        fn = sum(r.seconds.get(k, 0.0) for k in ("plan", "decode", "resolve", "write"))
         window = (ended[b] - fn, ended[b])
         js = batch_jobs(jobs, b, window)
         tasks = [t for j in js for t in j["tasks"]]
@@ -688,7 +688,7 @@ def child_scale(cfg: dict[str, Any]) -> dict[str, Any]:
                 "logs_s": (d.get("walCommit", 0) + d.get("commitOffsets", 0)) / 1e3,
                 "durations_ms": d,
                 "fn_s": fn,
-                "tasks_job_s": r.seconds.get("decode", 0.0),
+                "tasks_job_s": r.seconds.get("plan", 0.0) + r.seconds.get("decode", 0.0),
                 "spark_jobs": len(js),
                 "spark_job_s": job_s,
                 "tasks": len(tasks),

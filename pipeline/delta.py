@@ -746,16 +746,8 @@ def _commit_staged(
         now_ms = int(time.time() * 1000)
         removals: list[Any] = []
         if replace:
-            from deltalake._internal import RemoveAction
-
             dt.update_incremental()
-            for p, (size, pvalues) in _live_actions(dt).items():
-                removals.append(
-                    RemoveAction(
-                        urllib.parse.unquote(p), data_change=True, deletion_timestamp=now_ms,
-                        size=size, partition_values=pvalues,
-                    )
-                )  # fmt: skip
+            removals = _remove_actions(dt, None, now_ms)
         dt.create_write_transaction(
             [*(f.add_action(now_ms) for f in files), *removals],
             mode="append",
@@ -768,13 +760,8 @@ def _commit_staged(
         if not committed:
             _remove_quietly(moved)
         _remove_staging_dirs(root, files)
-    try:
-        dt.update_incremental()
-        version: int | None = dt.version()
-    except Exception:  # the commit is durable; only reading its version back failed
-        version = None
     return CommitResult(
-        skipped=False, version=version, files_added=len(files),
+        skipped=False, version=_version_after_commit(dt), files_added=len(files),
         files_removed=len(removals), rows=sum(f.rows for f in files),
     )  # fmt: skip
 
@@ -866,29 +853,11 @@ def _commit_files(
     remove: Sequence[str],
     operation: str,
 ) -> CommitResult:
-    from deltalake._internal import RemoveAction
-
     dt = open_for_write(path)
     if already_committed(dt, app_id, batch_id):
         return CommitResult(skipped=True, version=dt.version())
     actions, rows = build_add_actions(dt, files)
-    removals: list[Any] = []
-    if remove:
-        live = _live_actions(dt)
-        now_ms = int(time.time() * 1000)
-        for p in remove:
-            if p not in live:
-                raise DeltaLayerError(f"cannot remove {p}: not a live file of {path}")
-            size, pvalues = live[p]
-            removals.append(
-                RemoveAction(
-                    urllib.parse.unquote(p),  # the log form is encoded; delta-rs encodes again
-                    data_change=True,
-                    deletion_timestamp=now_ms,
-                    size=size,
-                    partition_values=pvalues,
-                )
-            )
+    removals = _remove_actions(dt, remove, int(time.time() * 1000)) if remove else []
     dt.create_write_transaction(
         [*actions, *removals],
         mode="append",
@@ -896,18 +865,43 @@ def _commit_files(
         partition_by=partition_columns(dt) or None,
         commit_properties=commit_properties(app_id, batch_id, operation),
     )
-    try:
-        dt.update_incremental()
-        version: int | None = dt.version()
-    except Exception:  # the commit is durable; only reading its version back failed
-        version = None
     return CommitResult(
         skipped=False,
-        version=version,
+        version=_version_after_commit(dt),
         files_added=len(actions),
         files_removed=len(removals),
         rows=rows,
     )
+
+
+def _remove_actions(dt: DeltaTable, paths: Sequence[str] | None, now_ms: int) -> list[Any]:
+    """Remove actions for live files of the table (Delta paths as the log writes them;
+    None: every live file)."""
+    from deltalake._internal import RemoveAction
+
+    live = _live_actions(dt)
+    out: list[Any] = []
+    for p in live if paths is None else paths:
+        if p not in live:
+            raise DeltaLayerError(f"cannot remove {p}: not a live file of {table_root(dt)}")
+        size, pvalues = live[p]
+        out.append(
+            RemoveAction(
+                urllib.parse.unquote(p),  # the log form is encoded; delta-rs encodes again
+                data_change=True, deletion_timestamp=now_ms, size=size, partition_values=pvalues,
+            )
+        )  # fmt: skip
+    return out
+
+
+def _version_after_commit(dt: DeltaTable) -> int | None:
+    """The table's version after our commit; None if only reading it back failed (the
+    commit is durable)."""
+    try:
+        dt.update_incremental()
+        return int(dt.version())
+    except Exception:
+        return None
 
 
 def _live_actions(dt: DeltaTable) -> dict[str, tuple[int, dict[str, str | None]]]:

@@ -195,6 +195,7 @@ class SilverBatchWriter:
         registry = self.registry_before(batch_id)
         files = bronze_files(self.settings, batch_id)
         mode = self.settings.decode_on
+        t_plan = time.perf_counter()
         if mode == "auto":
             small = files is not None and sum(f.size for f in files) <= self.settings.driver_max_bytes
             mode = "driver" if small else "tasks"
@@ -213,7 +214,8 @@ class SilverBatchWriter:
                 delta.remove_stage_dir(folder)
         report.decode_on = mode
         report.tasks = 0 if staged is None else staged.tasks
-        report.seconds["decode"] = t1 - t0
+        report.seconds["plan"] = t_plan - t0  # the registry as of the batch, its files
+        report.seconds["decode"] = t1 - t_plan  # the driver's decode, or the tasks' job
         log.info("silver batch %d: %s", batch_id, report)
 
     def run_tasks(
