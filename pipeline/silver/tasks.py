@@ -181,39 +181,73 @@ def gather(outputs: Sequence[TaskOutput], batch_id: int) -> TaskResults:
 
 
 @dataclass(frozen=True)
-class Unit:
-    """What one task reads: bronze files, each whole or some of its row groups."""
+class Piece:
+    """Part of one bronze file: all of it, some of its row groups, or rows ``rows`` =
+    (start, stop) of one row group (read whole, then sliced)."""
 
-    parts: tuple[tuple[DataFile, tuple[int, ...] | None], ...]
+    file: DataFile
+    groups: tuple[int, ...] | None = None
+    rows: tuple[int, int] | None = None
+
+
+@dataclass(frozen=True)
+class Unit:
+    """What one task reads: pieces of bronze files."""
+
+    parts: tuple[Piece, ...]
 
 
 def plan_units(files: Sequence[DataFile], tasks: int) -> list[Unit]:
     """Bronze files spread over at most ``tasks`` tasks of similar size.
 
     When there are fewer files than tasks, the files are split by row group
-    (their footers are read here: one per file), so one large file of a
-    single landing partition still feeds every core.
+    (their footers are read here: one per file), and when there are still
+    fewer row groups than tasks, row groups by rows: a file of one row group
+    (what a bronze batch of up to 100,000 messages writes) still feeds every
+    core. Each extra slice of a row group costs its task a read of the whole
+    group; the decode it saves is many times that.
     """
-    pieces: list[tuple[DataFile, tuple[int, ...] | None, int]] = []
+    pieces: list[tuple[Piece, int]] = []
     for f in files:
         if len(files) < tasks:
             meta = pq.ParquetFile(f.path).metadata
-            if meta.num_row_groups > 1:
-                for i in range(meta.num_row_groups):
-                    rg = meta.row_group(i)
-                    pieces.append((f, (i,), int(rg.total_byte_size)))
+            for i in range(meta.num_row_groups):
+                rg = meta.row_group(i)
+                size = f.size if meta.num_row_groups == 1 else int(rg.total_byte_size)
+                pieces.append((Piece(f, (i,), (0, int(rg.num_rows))), size))
+            if meta.num_row_groups:
                 continue
-        pieces.append((f, None, f.size))
+        pieces.append((Piece(f), f.size))
     if not pieces:
         return []
+    pieces = _sliced(pieces, tasks)
     n = max(1, min(tasks, len(pieces)))
-    units: list[list[tuple[DataFile, tuple[int, ...] | None]]] = [[] for _ in range(n)]
+    units: list[list[Piece]] = [[] for _ in range(n)]
     weight = [0] * n
-    for f, groups, w in sorted(pieces, key=lambda p: -p[2]):  # largest first, to the lightest
+    for piece, w in sorted(pieces, key=lambda p: -p[1]):  # largest first, to the lightest
         i = weight.index(min(weight))
-        units[i].append((f, groups))
+        units[i].append(piece)
         weight[i] += max(w, 1)
     return [Unit(tuple(u)) for u in units if u]
+
+
+def _sliced(pieces: list[tuple[Piece, int]], tasks: int) -> list[tuple[Piece, int]]:
+    """Fewer pieces than tasks: the single row groups among them cut into row slices, so
+    there are about ``tasks`` pieces (each group into parts in proportion to its size)."""
+    if len(pieces) >= tasks:
+        return [(Piece(p.file, p.groups), w) if p.rows else (p, w) for p, w in pieces]
+    total = sum(max(w, 1) for _, w in pieces)
+    out: list[tuple[Piece, int]] = []
+    for p, w in pieces:
+        if p.rows is None:
+            out.append((p, w))
+            continue
+        lo, hi = p.rows
+        k = max(1, min(hi - lo, round(tasks * max(w, 1) / total)))
+        for j in range(k):
+            a, b = lo + (hi - lo) * j // k, lo + (hi - lo) * (j + 1) // k
+            out.append((Piece(p.file, p.groups, (a, b)), w * (b - a) // (hi - lo)))
+    return out
 
 
 def _read_unit(unit: Unit) -> Iterator[pa.RecordBatch]:
@@ -221,8 +255,18 @@ def _read_unit(unit: Unit) -> Iterator[pa.RecordBatch]:
 
     full = arrow_schema(spark_schema(BRONZE))
     schema = pa.schema([full.field(c) for c in DECODE_COLUMNS])
-    for f, groups in unit.parts:
-        yield from read_file(f, schema, groups)
+    for piece in unit.parts:
+        batches = read_file(piece.file, schema, piece.groups)
+        if piece.rows is None:
+            yield from batches
+            continue
+        lo, hi = piece.rows
+        at = 0
+        for b in batches:  # the group's batches in order: keep the rows in [lo, hi)
+            a, z = max(lo - at, 0), min(hi - at, b.num_rows)
+            if z > a:
+                yield b.slice(a, z - a)
+            at += b.num_rows
 
 
 def run_units(spark: SparkSession, units: Sequence[Unit], plan: TaskPlan) -> list[TaskOutput]:

@@ -12,6 +12,7 @@ tasks above it.
 
 from __future__ import annotations
 
+import itertools
 import os
 from collections.abc import Sequence
 from pathlib import Path
@@ -216,3 +217,31 @@ def test_what_crosses_tasks_is_completed_on_the_driver(spark: SparkSession, tmp_
     assert (call["class_name"], call["method_name"], call["status"]) == ("broker", "echo", 0)
     assert call["arguments_in"] == '{"body":"ping","sequence":42}'
     assert call["arguments_out"] == '{"body":"pong","sequence":42}'
+
+
+def test_one_bronze_file_of_one_row_group_feeds_every_task(
+    spark: SparkSession, shared_dir: str, tmp_path: Path
+) -> None:
+    """A micro-batch of a single bronze file with a single row group (a bronze batch of
+    up to 100,000 messages writes one) is cut by rows into one unit per core; the
+    units read every row once, and the tables equal the driver path's."""
+    from pipeline.delta_source import DeltaLogReader
+    from pipeline.silver.tasks import _read_unit, plan_units
+
+    msgs = list(read_capture(os.path.join(shared_dir, REAL["qpidd"])))
+    whole = [bronze_rows(msgs, first_offset=0, batch_id=0)]
+    tasks, reports = _stream(spark, tmp_path / "tasks", whole, "tasks")
+    assert [(r.decode_on, r.tasks) for r in reports] == [("tasks", 2)]
+    driver, _ = _stream(spark, tmp_path / "driver", whole, "driver")
+    assert_same_tables(spark, tasks.root, driver.root, SILVER)
+
+    c = DeltaLogReader(tasks.bronze).commit(1)
+    assert c is not None and len(c.adds) == 1
+    units = plan_units(c.adds, 3)
+    slices = sorted(p.rows for u in units for p in u.parts if p.rows is not None)
+    assert len(units) == 3 and slices[0][0] == 0 and slices[-1][1] == len(msgs)
+    assert all(a[1] == b[0] for a, b in itertools.pairwise(slices))
+    offsets = sorted(o for u in units for b in _read_unit(u) for o in b.column("offset").to_pylist())
+    assert offsets == list(range(len(msgs)))
+    # Files enough for every task: whole files, no slices.
+    assert [[p.rows for p in u.parts] for u in plan_units(c.adds, 1)] == [[None]]
