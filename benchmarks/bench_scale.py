@@ -640,6 +640,7 @@ def child_scale(cfg: dict[str, Any]) -> dict[str, Any]:
         decode_on="tasks",
         max_files_per_trigger=cfg["files_per_batch"],
         trigger="availableNow",
+        tasks_per_core=cfg.get("tasks_per_core", 1),
     )
     peaks = Peaks()
     peaks.start()
@@ -807,7 +808,12 @@ def child_main(raw: str) -> int:
     cfg = json.loads(raw)
     if cfg.get("cpus"):
         os.sched_setaffinity(0, set(cfg["cpus"]))
-    out = child_big(cfg) if cfg["kind"] == "big" else child_scale(cfg)
+    if cfg["kind"] == "gold":
+        from scale_gold import child_gold
+
+        out = child_gold(cfg)
+    else:
+        out = child_big(cfg) if cfg["kind"] == "big" else child_scale(cfg)
     Path(cfg["result"]).write_text(json.dumps(out))
     return 0
 
@@ -985,11 +991,18 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     ap.add_argument("--workloads", default="mix,queue-i", help="comma-separated")
     ap.add_argument("--masters", default=",".join(MASTERS), help="comma-separated")
     ap.add_argument("--no-ceiling", action="store_true")
+    ap.add_argument("--tasks-per-core", type=int, default=1,
+                    help="silver's units per core (SilverSettings.tasks_per_core)")  # fmt: skip
     ap.add_argument("--keep-runs", action="store_true", help="keep the runs' tables and logs")
     ap.add_argument("--no-pin", action="store_true", help="local[1] not pinned to one CPU")
     ap.add_argument("--big", action="store_true", help="also the 5M-sample batch (item 5)")
     ap.add_argument("--big-only", action="store_true", help="only the 5M-sample batch")
     ap.add_argument("--big-samples", type=int, default=5_000_000)
+    ap.add_argument("--gold", action="store_true", help="also gold's scaling (scale_gold.py)")
+    ap.add_argument("--gold-only", action="store_true", help="only gold's scaling")
+    ap.add_argument("--gold-agents", type=int, default=8)
+    ap.add_argument("--gold-queues", type=int, default=1_250, help="queues per agent")
+    ap.add_argument("--gold-intervals", type=int, default=8)
     ap.add_argument("--timeout", type=float, default=900.0, help="per Spark query, seconds")
     ap.add_argument("--default-allocators", action="store_true",
                     help="keep the allocators' environment as it is (see ALLOCATOR_ENV)")  # fmt: skip
@@ -1082,10 +1095,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     result: dict[str, Any] = {"cores": 2}
     try:
-        if not args.big_only:
+        if not (args.big_only or args.gold_only):
             result.update(run_scale(args, work))
         if args.big or args.big_only:
             result["big"] = run_big(args, work)
+        if args.gold or args.gold_only:
+            from scale_gold import run as run_gold
+
+            result["gold"] = run_gold(args, work)
     finally:
         if not args.work:
             shutil.rmtree(work, ignore_errors=True)
@@ -1144,6 +1161,7 @@ def spark_run(
         "workload": n,
         "bronze": manifest["bronze"],
         "files_per_batch": wl.files_per_batch,
+        "tasks_per_core": args.tasks_per_core,
         "cpus": [min(os.sched_getaffinity(0))] if master == ONE_CORE and not args.no_pin else None,
         "run": str(work / "runs" / label),
         "result": str(work / "runs" / f"{label}.json"),

@@ -84,7 +84,7 @@ def bucket_of(agent: str | None, buckets: int) -> int:
     return int.from_bytes(digest, "big") % buckets
 
 
-def _buckets(agents: pl.Series, buckets: int) -> pl.Series:
+def bucket_column(agents: pl.Series, buckets: int) -> pl.Series:
     """``bucket_of`` for a column of agent ids (hashed once per distinct agent)."""
     uniq = agents.unique()
     table = pl.DataFrame(
@@ -164,7 +164,7 @@ def split(parts: Iterable[pl.DataFrame], plan: GoldPlan, tag: str) -> SplitOutpu
         samples = part.filter(pl.col("source") == "sample")
         out.beat_ns = max(out.beat_ns, max_ns(heartbeat_rows(beats, plan.liveness)["ts_ns"]))
         out.sample_ns = max(out.sample_ns, max_ns(samples["update_ns"]))
-        b = _buckets(input_agent(part, plan.liveness), plan.buckets)
+        b = bucket_column(input_agent(part, plan.liveness), plan.buckets)
         keyed = part.with_columns(b.alias("_bucket"))
         for (bucket,), rows in keyed.group_by("_bucket"):
             by.setdefault(int(bucket), []).append(rows.drop("_bucket").to_arrow())

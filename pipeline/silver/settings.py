@@ -41,6 +41,10 @@ class SilverSettings:
     # name of "tasks".
     decode_on: str = "auto"
     driver_max_bytes: int = DRIVER_MAX_BYTES
+    # Task path: units of a batch per core (Spark's default parallelism). Above 1, a
+    # core that finishes its unit early takes another instead of waiting for the
+    # slowest; each unit writes its own file per table.
+    tasks_per_core: int = 1
     query_name: str = "qmf_silver"
     # Folder shared with the receiver's console (receivers.schema_wants): the
     # schema keys of parked messages are listed there so the console asks for them.
@@ -54,6 +58,8 @@ class SilverSettings:
             raise ValueError(
                 f"decode_on {self.decode_on!r}: expected one of {', '.join(DECODE_MODES)}"
             )
+        if self.tasks_per_core < 1:
+            raise ValueError(f"tasks_per_core {self.tasks_per_core}: must be >= 1")
         if self.driver_max_bytes < 0:
             raise ValueError(f"driver_max_bytes {self.driver_max_bytes}: must be >= 0")
 

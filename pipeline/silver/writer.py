@@ -235,8 +235,8 @@ class SilverBatchWriter:
         plan = tasks.TaskPlan(tuple(registry), batch_id, self.kinds, staging)
         spark = df.sparkSession
         if files is not None:
-            parallelism = spark.sparkContext.defaultParallelism
-            outputs = tasks.run_units(spark, tasks.plan_units(files, parallelism), plan)
+            units = spark.sparkContext.defaultParallelism * self.settings.tasks_per_core
+            outputs = tasks.run_units(spark, tasks.plan_units(files, units), plan)
         else:
             outputs = tasks.run_dataframe(df, plan)
         results = tasks.gather(outputs, batch_id)

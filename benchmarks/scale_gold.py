@@ -1,0 +1,364 @@
+"""Gold's part of ``bench_scale.py`` (``--gold``, ``--gold-only``): the gold streaming job on
+its task path at 1 and 2 cores, next to the no-Spark ceiling, in the same run.
+
+Gold partitions a batch by *agent* (``pipeline.gold.tasks``: buckets of agents), so its
+scaling needs several agents: the input is ``qmf sim`` in AM2 with ``--gold-agents``
+agents (8) of ``--gold-queues`` queues each (1,250: 10,000 queues in all), publishing
+every second for ``--gold-intervals`` intervals, decoded into silver with one commit per
+publish interval. Then:
+
+* **the gold stream** (``start_gold``, ``compute_on="tasks"``, 2 buckets on every
+  master so the work is cut the same way, one silver commit per micro-batch,
+  ``trigger="availableNow"``) in a fresh process per master: ``local[1]`` (pinned to
+  one CPU) and ``local[2]``. The figure is gold input rows (object samples and
+  heartbeats) per second over the steady micro-batches (all but the first
+  ``--warm``), by the query's ``triggerExecution``;
+* **the ceiling**: what a compute task runs (``gold_batch`` over its bucket's rows of
+  each batch, the bucket's state, lifecycles and liveness carried from batch to batch,
+  its rates and state written as Parquet with ``DataFileWriter``), without Spark, the
+  shuffle or Delta, in 1 process (both buckets in turn) and in 2 (one bucket each,
+  each pinned to its own CPU);
+* ``efficiency`` = rows/s at 2 cores / (2 x rows/s at 1 core) and ``vs_ceiling`` =
+  rows/s per core at 2 cores / the 1-process ceiling, as for silver.
+
+The agents' split over the two buckets is printed: buckets hold whole agents, so an
+uneven split (a stable hash of 8 agent ids) caps the 2-core figures for gold and
+ceiling alike. Every master must write the same number of rate rows as the ceiling.
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import multiprocessing as mp
+import os
+import shutil
+import time
+from pathlib import Path
+from typing import Any
+
+BUCKETS = 2
+START_NS = 1_800_000_000_000_000_000
+
+
+# ------------------------------------------------------------------ input
+
+
+def build_silver(work: Path, agents: int, queues: int, intervals: int) -> dict[str, Any]:
+    """Simulated AM2 agents -> silver, one commit per publish interval (kept in ``work``
+    and reused when the same input is asked for again)."""
+    import json
+
+    from pipeline.cli import main as qmf
+    from pipeline.codec.capture import read_capture
+    from pipeline.silver import SilverBatchWriter, SilverSettings, bronze_rows
+
+    key = {"agents": agents, "queues": queues, "intervals": intervals, "version": 1}
+    manifest = work / "manifest.json"
+    root = work / "silver"
+    if manifest.exists() and json.loads(manifest.read_text()).get("key") == key:
+        return dict(json.loads(manifest.read_text()))
+    shutil.rmtree(work, ignore_errors=True)
+    work.mkdir(parents=True)
+    t0 = time.monotonic()
+    cap = str(work / "sim.jsonl")
+    qmf(["sim", "-o", cap, "--dialect", "am2", "--agents", str(agents), "--queues",
+         str(queues), "--interval", "1", "--intervals", str(intervals),
+         "--start-ns", str(START_NS)])  # fmt: skip
+    msgs = list(read_capture(cap))
+    os.remove(cap)
+    # One silver batch per publish interval: the messages of an interval are those
+    # published before the next interval's first (the sim writes them in time order).
+    ss = SilverSettings(bronze=str(work / "bronze"), root=str(root))
+    writer = SilverBatchWriter(ss, app_id="bench-scale-gold")
+    size = -(-len(msgs) // intervals)
+    samples = []
+    for i in range(intervals):
+        part = msgs[i * size : (i + 1) * size]
+        report = writer.decode_local(bronze_rows(part, first_offset=i * size), i)
+        samples.append(report.rows.get("object_samples", 0))
+    out = {"key": key, "silver": str(root), "samples": samples, "messages": len(msgs),
+           "build_s": time.monotonic() - t0}  # fmt: skip
+    manifest.write_text(json.dumps(out))
+    return out
+
+
+def agent_buckets(silver: str) -> dict[int, list[str]]:
+    """Which agents each of the ``BUCKETS`` buckets holds."""
+    import polars as pl
+
+    from pipeline.gold.tasks import bucket_of
+
+    agents = pl.read_delta(os.path.join(silver, "object_samples"), columns=["agent"])
+    out: dict[int, list[str]] = {b: [] for b in range(BUCKETS)}
+    for a in sorted(agents["agent"].drop_nulls().unique().to_list()):
+        out[bucket_of(a, BUCKETS)].append(a)
+    return out
+
+
+# ------------------------------------------------------------------ the stream (child)
+
+
+def child_gold(cfg: dict[str, Any]) -> dict[str, Any]:
+    """One master: the gold stream over the silver input, measured."""
+    from bench_scale import OtherLoad, spark_session, wait_executors
+
+    from pipeline.gold import GoldBatchWriter, GoldSettings, start_gold
+
+    run = Path(cfg["run"])
+    shutil.rmtree(run, ignore_errors=True)
+    run.mkdir(parents=True)
+    t_start = time.monotonic()
+    spark = spark_session(cfg, run)
+    if cfg["master"].startswith("local-cluster"):
+        wait_executors(spark, int(cfg["master"].split("[")[1].split(",")[0]))
+    startup = time.monotonic() - t_start
+    logging.getLogger("pipeline.gold").setLevel(logging.WARNING)
+    settings = GoldSettings(
+        silver=cfg["silver"], root=str(run / "gold"), checkpoint=str(run / "checkpoint"),
+        compute_on="tasks", buckets=BUCKETS, max_files_per_trigger=1,
+        max_rows_per_trigger=None, trigger="availableNow",
+    )  # fmt: skip
+    writer = GoldBatchWriter(settings)
+    load = OtherLoad()
+    t0 = time.monotonic()
+    query = start_gold(spark, settings, writer)
+    query.awaitTermination(cfg["timeout"])
+    wall = time.monotonic() - t0
+    others = load.others_cpu_s()
+    failure = query.exception()
+    progress = [p for p in query.recentProgress if p["durationMs"].get("addBatch") is not None]
+    if query.isActive:
+        query.stop()
+    parallelism = spark.sparkContext.defaultParallelism
+    spark.stop()
+    if failure is not None:
+        raise RuntimeError(f"the gold query failed: {failure}")
+    reports = {r.batch_id: r for r in writer.reports}
+    batches = []
+    for p in progress:
+        r = reports[int(p["batchId"])]
+        d = p["durationMs"]
+        batches.append({
+            "batch": int(p["batchId"]),
+            "rows": r.rows.get("input", 0),
+            "rates": r.rows.get("rates", 0),
+            "tasks": r.tasks,
+            "compute_on": r.compute_on,
+            "trigger_s": d["triggerExecution"] / 1e3,
+            "writer_s": r.seconds,
+            "logs_s": (d.get("walCommit", 0) + d.get("commitOffsets", 0)) / 1e3,
+        })  # fmt: skip
+    from bench_scale import footer_rows
+
+    return {
+        "master": cfg["master"], "parallelism": parallelism, "startup_s": startup,
+        "wall_s": wall, "others_cpu_s": others, "batches": batches,
+        "rate_rows": footer_rows(settings.path("statistic_rates")), "cpus": cfg.get("cpus"),
+    }  # fmt: skip
+
+
+# ------------------------------------------------------------------ the ceiling
+
+
+def _ceiling_worker(
+    cpu: int | None, silver: str, buckets: list[int], out: str, ready: Any, results: Any
+) -> None:
+    """One process: for each batch (silver commit), each of its buckets' rows through
+    ``gold_batch`` with that bucket's tables carried in memory; rates and state written
+    as Parquet, as a compute task writes them."""
+    if cpu is not None:
+        os.sched_setaffinity(0, {cpu})
+    import polars as pl
+
+    from pipeline import delta
+    from pipeline.delta_source import DataFile, DeltaLogReader
+    from pipeline.gold.tasks import bucket_column, input_agent, read_units
+    from pipeline.gold.transforms import LivenessRules, RateRules, conform, frame, gold_batch
+    from schemas.gold import AGENT_LIVENESS, OBJECT_LIFECYCLES, RATE_STATE, STATISTIC_RATES
+
+    rates_rules, live_rules = RateRules(), LivenessRules()
+    registry = delta.read_arrow(os.path.join(silver, "schema_registry"))
+
+    def commit_files(name: str) -> list[list[str]]:
+        log = DeltaLogReader(os.path.join(silver, name))
+        files: list[list[str]] = []
+        v = 1
+        while (c := log.commit(v)) is not None:
+            files.append([f.path for f in c.adds])
+            v += 1
+        return files
+
+    samples, beats = commit_files("object_samples"), commit_files("heartbeats")
+    batches = []
+    for s_files, h_files in itertools.zip_longest(samples, beats, fillvalue=[]):
+        units = [("sample", DataFile(p, os.path.getsize(p), None)) for p in s_files] + [
+            ("heartbeat", DataFile(p, os.path.getsize(p), None)) for p in h_files
+        ]
+        b = pl.concat(list(read_units(units)), how="vertical_relaxed")
+        keyed = b.with_columns(_bucket=bucket_column(input_agent(b, live_rules), BUCKETS))
+        batches.append({k: keyed.filter(pl.col("_bucket") == k).drop("_bucket") for k in buckets})
+    tables = {
+        k: {"state": frame(RATE_STATE.empty_table()),
+            "lifecycles": frame(OBJECT_LIFECYCLES.empty_table()),
+            "liveness": frame(AGENT_LIVENESS.empty_table())}
+        for k in buckets
+    }  # fmt: skip
+
+    def one(batch_id: int, k: int, rows: pl.DataFrame, where: str) -> tuple[int, int]:
+        t = tables[k]
+        got = gold_batch(
+            rows, registry=registry, state=t["state"], lifecycles=t["lifecycles"],
+            liveness=t["liveness"], rate_rules=rates_rules, liveness_rules=live_rules,
+            batch_id=batch_id,
+        )  # fmt: skip
+        t["state"] = got.state
+        t["lifecycles"] = _upsert(t["lifecycles"], got.lifecycles, ["agent", "object_id", "create_ns"])
+        t["liveness"] = _upsert(t["liveness"], got.liveness, ["agent", "up_start_ns"])
+        for name, df, schema in (("rates", got.rates, STATISTIC_RATES), ("state", got.state, RATE_STATE),
+                                 ("lifecycles", t["lifecycles"], OBJECT_LIFECYCLES)):  # fmt: skip
+            w = delta.DataFileWriter(os.path.join(where, f"{name}-{batch_id}-{k}.parquet"), schema, unique=())
+            w.write(conform(df, schema))
+            w.close()
+        return rows.height, got.rates.height
+
+    os.makedirs(out, exist_ok=True)
+    ready.wait()
+    t0, c0 = time.monotonic(), time.process_time()
+    n = r = 0
+    for batch_id, parts in enumerate(batches):
+        for k in buckets:
+            a, b = one(batch_id, k, parts[k], out)
+            n, r = n + a, r + b
+    results.put((n, r, t0, time.monotonic(), time.process_time() - c0))
+
+
+def _upsert(existing: Any, changed: Any, keys: list[str]) -> Any:
+    import polars as pl
+
+    if changed.height == 0:
+        return existing
+    kept = existing.join(changed.select(keys), on=keys, how="anti", nulls_equal=True)
+    return pl.concat([kept, changed.select(existing.columns)], how="vertical_relaxed")
+
+
+def run_ceiling(silver: str, procs: int, out: Path) -> dict[str, float]:
+    """The ceiling in ``procs`` processes (the buckets dealt out among them)."""
+    from bench_scale import OtherLoad
+
+    ctx = mp.get_context("spawn")
+    ready = ctx.Barrier(procs + 1)
+    results = ctx.Queue()
+    allowed = sorted(os.sched_getaffinity(0))
+    workers = []
+    for i in range(procs):
+        cpu = allowed[i] if len(allowed) >= procs else None
+        mine = [b for b in range(BUCKETS) if b % procs == i]
+        workers.append(ctx.Process(
+            target=_ceiling_worker, args=(cpu, silver, mine, str(out / f"p{i}"), ready, results)
+        ))  # fmt: skip
+    for w in workers:
+        w.start()
+    ready.wait(timeout=600)
+    load = OtherLoad(tree=False)
+    got = [results.get(timeout=1800) for _ in workers]
+    for w in workers:
+        w.join()
+    wall = max(g[3] for g in got) - min(g[2] for g in got)
+    cpu_s = sum(g[4] for g in got)
+    others = load.others_cpu_s(cpu_s)
+    shutil.rmtree(out, ignore_errors=True)
+    n = sum(g[0] for g in got)
+    return {"records": n, "rates": sum(g[1] for g in got), "seconds": wall,
+            "records_per_s": n / wall, "cpu_s": cpu_s, "others_core": others / wall}  # fmt: skip
+
+
+# ------------------------------------------------------------------ the driver side
+
+
+def steady(res: dict[str, Any], warm: int) -> dict[str, float]:
+    bs = [b for b in res["batches"] if b["batch"] >= warm]
+    if not bs:
+        raise RuntimeError(f"gold on {res['master']}: no steady batch")
+    rows = sum(b["rows"] for b in bs)
+    trig = sum(b["trigger_s"] for b in bs)
+    n = len(bs)
+    return {
+        "batches": n, "rows": rows, "records_per_s": rows / trig, "trigger_s": trig / n,
+        "writer_s": sum(b["writer_s"] for b in bs) / n, "logs_s": sum(b["logs_s"] for b in bs) / n,
+    }  # fmt: skip
+
+
+def run(args: Any, work: Path) -> dict[str, Any]:
+    """Silver input, the ceiling at 1 and 2 processes, each master; the figures."""
+    from bench_scale import (
+        DISTURBED_CORE,
+        ONE_CORE,
+        TARGET_EFFICIENCY,
+        TARGET_VS_CEILING,
+        TWO_CORES,
+        met,
+        run_child,
+    )  # fmt: skip
+
+    print(f"\n== gold: {args.gold_agents} AM2 agents x {args.gold_queues:,} queues, "
+          f"{args.gold_intervals} publish intervals of 1 s, one silver commit each")  # fmt: skip
+    m = build_silver(work / "gold-input", args.gold_agents, args.gold_queues, args.gold_intervals)
+    print(f"  silver: {m['messages']:,} messages, {sum(m['samples']):,} object samples "
+          f"(~{sum(m['samples']) // len(m['samples']):,} per micro-batch), built in "
+          f"{m['build_s']:.0f} s")  # fmt: skip
+    split = agent_buckets(m["silver"])
+    print("  agents per bucket: " + "; ".join(f"{b}: {len(a)} ({', '.join(a)})" for b, a in split.items()))
+    print("  no-Spark ceiling: gold_batch per bucket and batch, tables carried in memory, "
+          "rates/state/lifecycles written as Parquet; 1 process (both buckets), 2 (one each):")
+    ceiling: dict[int, dict[str, float]] = {}
+    for procs in (1, 2):
+        c = ceiling[procs] = run_ceiling(m["silver"], procs, work / "runs" / f"gold-ceiling-{procs}")
+        print(f"    {procs} process(es): {c['records_per_s']:>9,.0f} rows/s ({c['records']:,} rows, "
+              f"{c['rates']:,} rate rows, {c['seconds']:.2f} s, {c['cpu_s']:.2f} CPU-s; other "
+              f"processes {c['others_core']:.2f} of a core"
+              + (": DISTURBED)" if c["others_core"] > DISTURBED_CORE else ")"))  # fmt: skip
+    runs: dict[str, dict[str, Any]] = {}
+    print("\n  the gold stream, compute_on=tasks, 2 buckets, one silver commit per micro-batch:")
+    for master in (ONE_CORE, TWO_CORES):
+        label = f"gold-{master.replace('[', '-').replace(']', '')}"
+        cfg = {
+            "kind": "gold", "label": label, "master": master, "silver": m["silver"],
+            "cpus": [min(os.sched_getaffinity(0))] if master == ONE_CORE else None,
+            "run": str(work / "runs" / label), "result": str(work / "runs" / f"{label}.json"),
+            "timeout": args.timeout,
+        }  # fmt: skip
+        res = run_child(cfg)
+        shutil.rmtree(cfg["run"], ignore_errors=True)
+        s = res["steady"] = steady(res, args.warm)
+        runs[master] = res
+        tag = "DISTURBED" if res["others_cpu_s"] / res["wall_s"] > DISTURBED_CORE else ""
+        print(f"    {master}: {s['records_per_s']:,.0f} rows/s steady ({s['batches']} batches, "
+              f"{s['trigger_s']:.2f} s per batch: writer {s['writer_s']:.2f} s, offset+commit "
+              f"logs {s['logs_s']:.2f} s); {res['rate_rows']:,} rate rows; start-up "
+              f"{res['startup_s']:.1f} s; tasks per batch "
+              f"{sorted({b['tasks'] for b in res['batches']})} {tag}")  # fmt: skip
+        assert all(b["compute_on"] == "tasks" for b in res["batches"]), master
+        if res["rate_rows"] != ceiling[1]["rates"]:
+            print(f"    NOTE: {master} wrote {res['rate_rows']:,} rate rows, the ceiling "
+                  f"{ceiling[1]['rates']:,}")  # fmt: skip
+    one = runs[ONE_CORE]["steady"]["records_per_s"]
+    two = runs[TWO_CORES]["steady"]["records_per_s"]
+    ceil = ceiling[1]["records_per_s"]
+    eff, vs = two / (2 * one), two / 2 / ceil
+    ceil_eff = ceiling[2]["records_per_s"] / (2 * ceil)
+    print(f"  [gold] ceiling: 1 process {ceil:,.0f}/s, 2 processes {ceiling[2]['records_per_s']:,.0f}/s "
+          f"(efficiency {ceil_eff:.2f}: the agents' split over the buckets caps it)")  # fmt: skip
+    print(f"  [gold] {ONE_CORE}: {one:,.0f}/s ({one / ceil:.2f} of the ceiling); {TWO_CORES}: "
+          f"{two:,.0f}/s; efficiency {eff:.2f} ({met(eff, TARGET_EFFICIENCY)}, target "
+          f"{TARGET_EFFICIENCY}); vs_ceiling {vs:.2f} ({met(vs, TARGET_VS_CEILING)}, target "
+          f"{TARGET_VS_CEILING})")  # fmt: skip
+    return {
+        "agents": args.gold_agents, "queues_per_agent": args.gold_queues,
+        "rows_per_batch": sum(m["samples"]) // len(m["samples"]),
+        "agents_per_bucket": [len(a) for a in split.values()],
+        "records_per_s_1core": round(one), "records_per_s": round(two),
+        "ceiling_per_core": round(ceil), "ceiling_2proc": round(ceiling[2]["records_per_s"]),
+        "efficiency": round(eff, 3), "vs_ceiling": round(vs, 3),
+        "met": eff >= TARGET_EFFICIENCY and vs >= TARGET_VS_CEILING,
+    }  # fmt: skip
