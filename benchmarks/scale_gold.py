@@ -148,6 +148,7 @@ def child_gold(cfg: dict[str, Any]) -> dict[str, Any]:
             "trigger_s": d["triggerExecution"] / 1e3,
             "writer_s": r.seconds,
             "logs_s": (d.get("walCommit", 0) + d.get("commitOffsets", 0)) / 1e3,
+            "steps": r.steps,
         })  # fmt: skip
     from bench_scale import footer_rows
 
@@ -286,6 +287,8 @@ def steady(res: dict[str, Any], warm: int) -> dict[str, float]:
     return {
         "batches": n, "rows": rows, "records_per_s": rows / trig, "trigger_s": trig / n,
         "writer_s": sum(b["writer_s"] for b in bs) / n, "logs_s": sum(b["logs_s"] for b in bs) / n,
+        "steps": {k: sum(b["steps"].get(k, 0.0) for b in bs) / n
+                  for k in sorted({k for b in bs for k in b["steps"]})},
     }  # fmt: skip
 
 
@@ -338,6 +341,8 @@ def run(args: Any, work: Path) -> dict[str, Any]:
               f"logs {s['logs_s']:.2f} s); {res['rate_rows']:,} rate rows; start-up "
               f"{res['startup_s']:.1f} s; tasks per batch "
               f"{sorted({b['tasks'] for b in res['batches']})} {tag}")  # fmt: skip
+        print("      writer's steps per batch (s): "
+              + ", ".join(f"{k} {v:.3f}" for k, v in s["steps"].items()))  # fmt: skip
         assert all(b["compute_on"] == "tasks" for b in res["batches"]), master
         if res["rate_rows"] != ceiling[1]["rates"]:
             print(f"    NOTE: {master} wrote {res['rate_rows']:,} rate rows, the ceiling "

@@ -49,6 +49,13 @@ BASE_CONF: dict[str, str] = {
     "spark.sql.streaming.ui.retainedQueries": "20",
 }
 
+# Thread pools of the libraries our Spark tasks run (polars in gold, Arrow's CPU pool
+# in every Parquet read and write, the codec's decode threads in silver), sized in the
+# Python workers' environment to the cores a task owns (``spark.task.cpus``). Sized to
+# the machine instead, two tasks on two cores ran four busy threads each way: gold's
+# tasks on local[2] ran 35% slower than with one thread each (docs/performance.md).
+TASK_THREAD_ENV = ("POLARS_MAX_THREADS", "OMP_NUM_THREADS", "QMF_DECODE_THREADS")
+
 # Small and quiet for the test suite: 2 cores shared by several processes.
 TEST_CONF: dict[str, str] = {
     "spark.ui.enabled": "false",
@@ -245,6 +252,11 @@ def get_spark(
         options["spark.master"] = DEFAULT_MASTER
     options.update({k: v for k, v in defaults.items() if k not in existing})
     options.update({k: str(v) for k, v in (conf or {}).items()})
+    cpus = options.get("spark.task.cpus") or existing.get("spark.task.cpus") or "1"
+    for var in TASK_THREAD_ENV:
+        key = f"spark.executorEnv.{var}"
+        if key not in options and key not in existing:
+            options[key] = cpus
     if logged is not None:
         _launch_logged(options, logged, app_name)
 

@@ -1720,9 +1720,11 @@ def decode_content(
 
 
 # Large batches are decoded by several threads (the kernels release the GIL):
-# records per chunk (about 256 body bytes each), and the most threads used.
+# records per chunk (about 256 body bytes each), and the most threads used
+# (``QMF_DECODE_THREADS``: Spark's Python workers get their task's cores,
+# pipeline.spark.TASK_THREAD_ENV).
 PARALLEL_RECORDS = 50_000
-DECODE_THREADS = max(1, min(4, os.cpu_count() or 1))
+DECODE_THREADS = max(1, int(os.environ.get("QMF_DECODE_THREADS") or min(4, os.cpu_count() or 1)))
 _POOL: list[ThreadPoolExecutor] = []
 _T = TypeVar("_T")
 _R = TypeVar("_R")

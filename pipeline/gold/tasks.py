@@ -146,6 +146,7 @@ class ComputeOutput:
     bucket: int
     files: dict[str, list[delta.DataFileInfo]] = field(default_factory=dict)
     rows: dict[str, int] = field(default_factory=dict)
+    seconds: dict[str, float] = field(default_factory=dict)  # read, gold, write
 
 
 
@@ -244,11 +245,16 @@ def _whole(existing: pl.DataFrame, changed: pl.DataFrame, keys: Sequence[str]) -
 
 def compute(bucket: int, files: Sequence[str], plan: GoldPlan) -> ComputeOutput:
     """One bucket: its agents' batch rows and table rows -> its files of every gold table."""
+    import time
+
+    t0 = time.perf_counter()
     state = _table_rows(plan, "rate_state", bucket)
     lifecycles = _table_rows(plan, "object_lifecycles", bucket)
     liveness = _table_rows(plan, "agent_liveness", bucket)
+    batch = _batch_rows(files)
+    t1 = time.perf_counter()
     out_rows = gold_batch(
-        _batch_rows(files),
+        batch,
         registry=from_ipc(plan.registry),
         state=state,
         lifecycles=lifecycles,
@@ -270,6 +276,7 @@ def compute(bucket: int, files: Sequence[str], plan: GoldPlan) -> ComputeOutput:
         "rate_state": conform(out_rows.state, RATE_STATE),
     }
     out = ComputeOutput(bucket)
+    t2 = time.perf_counter()
     staging = dict(plan.staging)
     out.rows = {
         "rates": out_rows.rates.height, "lifecycles": out_rows.lifecycles.height,
@@ -288,6 +295,7 @@ def compute(bucket: int, files: Sequence[str], plan: GoldPlan) -> ComputeOutput:
             raise
         if info is not None:
             out.files[name] = [info]
+    out.seconds = {"read": t1 - t0, "gold": t2 - t1, "write": time.perf_counter() - t2}
     return out
 
 

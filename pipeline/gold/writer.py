@@ -205,6 +205,9 @@ class GoldReport:
     seconds: float = 0.0
     compute_on: str = "driver"
     tasks: int = 0  # compute tasks (buckets) of the task path
+    # The task path's steps (plan, split, times, compute, commit; and the compute
+    # tasks' own read / gold_batch / write, summed over tasks), seconds.
+    steps: dict[str, float] = field(default_factory=dict)
 
 
 def batch_files(settings: GoldSettings, batch_id: int) -> list[list[DataFile]] | None:
@@ -283,6 +286,8 @@ class GoldBatchWriter:
         from pipeline.gold import tasks as gt
 
         s, aid = self.settings, self.app_id
+        t0 = time.perf_counter()
+        steps: dict[str, float] = {}
         spark = df.sparkSession
         parallelism = spark.sparkContext.defaultParallelism
         buckets = s.buckets or parallelism
@@ -299,12 +304,14 @@ class GoldBatchWriter:
             registry=to_ipc(delta.read_arrow(s.silver_path("schema_registry"))),
             tables=tuple((n, gt.table_listing(s.path(n))[0]) for n in gt.STATE_TABLES),
         )  # fmt: skip
+        steps["plan"] = time.perf_counter() - t0
         try:
             if files is not None:
                 units = gt.split_units(files, parallelism)
                 splits = gt.run_split_units(spark, units, plan)
             else:
                 splits = gt.run_split_dataframe(df, plan)
+            steps["split"] = time.perf_counter() - t0 - sum(steps.values())
             plan = dataclasses.replace(
                 plan,
                 now_ns=max([x.beat_ns for x in splits]
@@ -312,7 +319,9 @@ class GoldBatchWriter:
                 latest_ns=max([x.sample_ns for x in splits]
                               + [gt.column_max(s.path("rate_state"), "update_ns")]),
             )  # fmt: skip
+            steps["times"] = time.perf_counter() - t0 - sum(steps.values())
             outs = gt.run_compute(spark, splits, plan)
+            steps["compute"] = time.perf_counter() - t0 - sum(steps.values())
         finally:
             delta.remove_stage_dir(shuffle)
         try:
@@ -330,10 +339,14 @@ class GoldBatchWriter:
         finally:
             for _name, folder in staging:
                 delta.remove_stage_dir(folder)
+        steps["commit"] = time.perf_counter() - t0 - sum(steps.values())
         report.rows = {"input": sum(r for x in splits for _b, _p, r in x.files)}
         for o in outs:
             for k, v in o.rows.items():
                 report.rows[k] = report.rows.get(k, 0) + v
+            for step, secs in o.seconds.items():
+                steps[f"task_{step}"] = steps.get(f"task_{step}", 0.0) + secs
+        report.steps = steps
         self.reports.append(report)
         log.info("gold batch %d (tasks): %s", batch_id, report)
         return report
