@@ -67,6 +67,9 @@ if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
 
 LIVENESS_KEYS = ("agent", "up_start_ns")
+# Up to this many buckets a batch skips the split step: each compute task reads the
+# whole batch (``run_compute_direct``).
+DIRECT_MAX_BUCKETS = 4
 # Tables a compute task rewrites for its agents (the rest of each table is other buckets').
 STATE_TABLES = {
     "object_lifecycles": OBJECT_LIFECYCLES,
@@ -243,15 +246,32 @@ def _whole(existing: pl.DataFrame, changed: pl.DataFrame, keys: Sequence[str]) -
     return pl.concat([kept, changed.select(existing.columns)], how="vertical_relaxed")
 
 
-def compute(bucket: int, files: Sequence[str], plan: GoldPlan) -> ComputeOutput:
-    """One bucket: its agents' batch rows and table rows -> its files of every gold table."""
+def _bucket_rows(units: Sequence[tuple[str, DataFile]], bucket: int, plan: GoldPlan) -> pl.DataFrame:
+    """This bucket's rows of the batch, read from every silver file of the batch (the
+    direct path: no split step)."""
+    parts = []
+    for part in read_units(units):
+        keep = bucket_column(input_agent(part, plan.liveness), plan.buckets) == bucket
+        parts.append(part.filter(keep))
+    if not parts:
+        return _batch_rows([])
+    return pl.concat(parts, how="vertical_relaxed")
+
+
+def compute(
+    bucket: int, plan: GoldPlan, shuffled: Sequence[str] = (),
+    direct: Sequence[tuple[str, DataFile]] | None = None,
+) -> ComputeOutput:
+    """One bucket: its agents' batch rows and table rows -> its files of every gold table.
+    The batch rows come from the split step's files for the bucket (``shuffled``), or,
+    on the direct path, from every silver file of the batch (``direct``), filtered."""
     import time
 
     t0 = time.perf_counter()
     state = _table_rows(plan, "rate_state", bucket)
     lifecycles = _table_rows(plan, "object_lifecycles", bucket)
     liveness = _table_rows(plan, "agent_liveness", bucket)
-    batch = _batch_rows(files)
+    batch = _batch_rows(shuffled) if direct is None else _bucket_rows(direct, bucket, plan)
     t1 = time.perf_counter()
     out_rows = gold_batch(
         batch,
@@ -279,7 +299,7 @@ def compute(bucket: int, files: Sequence[str], plan: GoldPlan) -> ComputeOutput:
     t2 = time.perf_counter()
     staging = dict(plan.staging)
     out.rows = {
-        "rates": out_rows.rates.height, "lifecycles": out_rows.lifecycles.height,
+        "input": batch.height, "rates": out_rows.rates.height, "lifecycles": out_rows.lifecycles.height,
         "liveness": out_rows.liveness.height, "state": out_rows.state.height,
     }  # fmt: skip
     for name, table in results.items():
@@ -359,7 +379,42 @@ def run_compute(
             by[bucket].append(path)
     work = sorted(by.items())
     rdd = spark.sparkContext.parallelize(work, len(work))
-    return list(rdd.map(lambda bf: compute(bf[0], bf[1], plan)).collect())
+    return list(rdd.map(lambda bf: compute(bf[0], plan, shuffled=bf[1])).collect())
+
+
+def run_compute_direct(
+    spark: SparkSession, files: Sequence[Sequence[DataFile]], plan: GoldPlan
+) -> list[ComputeOutput]:
+    """The direct path: one task per bucket, each reading every silver file of the batch
+    and keeping its bucket's rows. With few buckets, reading the batch that many times
+    costs less than the split step's Spark job, its shuffle files and their read."""
+    units = [
+        (src, f) for src, fs in zip(("sample", "heartbeat"), files, strict=True) for f in fs
+    ]
+    rdd = spark.sparkContext.parallelize(range(plan.buckets), plan.buckets)
+    return list(rdd.map(lambda b: compute(b, plan, direct=units)).collect())
+
+
+def batch_times(
+    files: Sequence[Sequence[DataFile]], rules: LivenessRules
+) -> tuple[int, int]:
+    """The batch's latest heartbeat and sample times, as the split step takes them, read
+    on the driver for the direct path: the heartbeat files (one row per agent and
+    interval) whole, and one column of the sample files."""
+    import pyarrow.parquet as pq
+
+    samples, beats = files
+    beat_ns = 0
+    for part in read_units([("heartbeat", f) for f in beats]):
+        hb = heartbeat_rows(part.filter(pl.col("source") == "heartbeat"), rules)
+        beat_ns = max(beat_ns, max_ns(hb["ts_ns"]))
+    sample_ns = 0
+    for f in samples:
+        col = pq.read_table(f.path, columns=["update_ns"]).column("update_ns")
+        top = pc.max(col).as_py() if len(col) else None
+        if top is not None:
+            sample_ns = max(sample_ns, int(top))
+    return beat_ns, sample_ns
 
 
 def table_listing(path: str) -> tuple[bytes, int]:

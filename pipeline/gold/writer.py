@@ -279,8 +279,9 @@ class GoldBatchWriter:
     def write_tasks(
         self, df: DataFrame, files: list[list[DataFile]] | None, batch_id: int
     ) -> GoldReport:
-        """The task path (``pipeline.gold.tasks``): split the batch by bucket of agents,
-        compute each bucket in a task, commit every table's files in order."""
+        """The task path (``pipeline.gold.tasks``): split the batch by bucket of agents
+        (with few buckets, each compute task reads the whole batch instead), compute each
+        bucket in a task, commit every table's files in order."""
         import dataclasses
 
         from pipeline.gold import tasks as gt
@@ -288,12 +289,19 @@ class GoldBatchWriter:
         s, aid = self.settings, self.app_id
         t0 = time.perf_counter()
         steps: dict[str, float] = {}
+
+        def step(name: str) -> None:
+            steps[name] = time.perf_counter() - t0 - sum(steps.values())
+
         spark = df.sparkSession
         parallelism = spark.sparkContext.defaultParallelism
         buckets = s.buckets or parallelism
+        direct = files is not None and buckets <= gt.DIRECT_MAX_BUCKETS
         # The shuffle's folder: hidden inside the rates table (not among the gold root's
         # tables), named apart from the tables' own staging folders of this batch.
-        shuffle = delta.fresh_stage_dir(s.path("statistic_rates"), f"{aid}-shuffle", batch_id)
+        shuffle = "" if direct else delta.fresh_stage_dir(
+            s.path("statistic_rates"), f"{aid}-shuffle", batch_id
+        )
         staging = tuple(
             (name, delta.fresh_stage_dir(s.path(name), aid, batch_id))
             for name in ("statistic_rates", *gt.STATE_TABLES)
@@ -304,26 +312,35 @@ class GoldBatchWriter:
             registry=to_ipc(delta.read_arrow(s.silver_path("schema_registry"))),
             tables=tuple((n, gt.table_listing(s.path(n))[0]) for n in gt.STATE_TABLES),
         )  # fmt: skip
-        steps["plan"] = time.perf_counter() - t0
+        step("plan")
         try:
-            if files is not None:
-                units = gt.split_units(files, parallelism)
-                splits = gt.run_split_units(spark, units, plan)
+            splits: list[gt.SplitOutput] = []
+            if direct:
+                assert files is not None
+                beat_ns, sample_ns = gt.batch_times(files, s.liveness)
             else:
-                splits = gt.run_split_dataframe(df, plan)
-            steps["split"] = time.perf_counter() - t0 - sum(steps.values())
+                if files is not None:
+                    splits = gt.run_split_units(spark, gt.split_units(files, parallelism), plan)
+                else:
+                    splits = gt.run_split_dataframe(df, plan)
+                step("split")
+                beat_ns = max([x.beat_ns for x in splits], default=0)
+                sample_ns = max([x.sample_ns for x in splits], default=0)
             plan = dataclasses.replace(
                 plan,
-                now_ns=max([x.beat_ns for x in splits]
-                           + [gt.column_max(s.path("agent_liveness"), "last_heartbeat_ns")]),
-                latest_ns=max([x.sample_ns for x in splits]
-                              + [gt.column_max(s.path("rate_state"), "update_ns")]),
-            )  # fmt: skip
-            steps["times"] = time.perf_counter() - t0 - sum(steps.values())
-            outs = gt.run_compute(spark, splits, plan)
-            steps["compute"] = time.perf_counter() - t0 - sum(steps.values())
+                now_ns=max(beat_ns, gt.column_max(s.path("agent_liveness"), "last_heartbeat_ns")),
+                latest_ns=max(sample_ns, gt.column_max(s.path("rate_state"), "update_ns")),
+            )
+            step("times")
+            if direct:
+                assert files is not None
+                outs = gt.run_compute_direct(spark, files, plan)
+            else:
+                outs = gt.run_compute(spark, splits, plan)
+            step("compute")
         finally:
-            delta.remove_stage_dir(shuffle)
+            if shuffle:
+                delta.remove_stage_dir(shuffle)
         try:
             report = GoldReport(batch_id, compute_on="tasks", tasks=len(outs))
             for name in ("statistic_rates", "object_lifecycles", "agent_liveness"):
@@ -339,13 +356,12 @@ class GoldBatchWriter:
         finally:
             for _name, folder in staging:
                 delta.remove_stage_dir(folder)
-        steps["commit"] = time.perf_counter() - t0 - sum(steps.values())
-        report.rows = {"input": sum(r for x in splits for _b, _p, r in x.files)}
+        step("commit")
         for o in outs:
             for k, v in o.rows.items():
                 report.rows[k] = report.rows.get(k, 0) + v
-            for step, secs in o.seconds.items():
-                steps[f"task_{step}"] = steps.get(f"task_{step}", 0.0) + secs
+            for name, secs in o.seconds.items():
+                steps[f"task_{name}"] = steps.get(f"task_{name}", 0.0) + secs
         report.steps = steps
         self.reports.append(report)
         log.info("gold batch %d (tasks): %s", batch_id, report)

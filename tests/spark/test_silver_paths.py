@@ -245,3 +245,39 @@ def test_one_bronze_file_of_one_row_group_feeds_every_task(
     assert offsets == list(range(len(msgs)))
     # Files enough for every task: whole files, no slices.
     assert [[p.rows for p in u.parts] for u in plan_units(c.adds, 1)] == [[None]]
+
+
+def test_gold_stream_direct_split_and_driver_paths_agree(
+    spark: SparkSession, shared_dir: str, tmp_path: Path
+) -> None:
+    """The gold *stream* over the same silver (three agents, one restarting; one silver
+    commit per micro-batch), three ways: tasks with 3 buckets (the direct path: each
+    compute task reads the whole batch), tasks with 5 buckets (the split step over the
+    batch's known files), and the driver. Identical gold tables; the reports say which
+    way each batch went."""
+    from pipeline.gold import GoldBatchWriter, run_gold
+    from pipeline.gold.tasks import DIRECT_MAX_BUCKETS
+
+    msgs = _capture(tmp_path, "am2", shared_dir)
+    silver, _ = _stream(spark, tmp_path / "s", _split(msgs, 4), "driver")
+    roots = {}
+    for label, mode, buckets in (("direct", "tasks", 3), ("split", "tasks", 5),
+                                 ("driver", "driver", None)):  # fmt: skip
+        gs = GoldSettings(
+            silver=silver.root, root=str(tmp_path / label), checkpoint=str(tmp_path / f"{label}-ck"),
+            compute_on=mode, buckets=buckets, max_files_per_trigger=1,
+        )  # fmt: skip
+        w = GoldBatchWriter(gs)
+        assert run_gold(spark, gs, timeout_s=600, writer=w) == 0
+        steps = [r.steps for r in w.reports]
+        assert len(w.reports) >= 2 and all(r.compute_on == mode for r in w.reports), label
+        if mode == "tasks":
+            split = buckets is not None and buckets > DIRECT_MAX_BUCKETS
+            assert all(("split" in st) == split for st in steps), (label, steps)
+            assert all(r.tasks == buckets for r in w.reports), label
+        roots[label] = gs.root
+    assert delta.read_arrow(roots["direct"] + "/statistic_rates").num_rows > 0
+    assert_same_tables(spark, roots["direct"], roots["driver"], GOLD)
+    assert_same_tables(spark, roots["split"], roots["driver"], GOLD)
+    for root in roots.values():
+        assert [d for d, _, _ in os.walk(root) if delta.STAGING_DIR in d] == [], root
