@@ -28,6 +28,12 @@ agents' rows and state, given the two times:
    the rate state last (each replacing the table's files in one commit), every
    commit with the app transaction.
 
+With at most ``DIRECT_MAX_BUCKETS`` buckets and the batch's files known, step 1
+is skipped (the *direct* path): the driver reads the batch's two times itself
+(the heartbeat files, and one column of the sample files) and each compute task
+reads every silver file of the batch, keeping its bucket's rows. Reading a small
+batch a few times costs less than the split's Spark job and its shuffle files.
+
 The driver's work grows with files, buckets and agents; the rows go through
 tasks only. Bucket count: ``GoldSettings.buckets`` (default Spark's default
 parallelism); changing it is safe (files of another bucketing are read and
