@@ -326,6 +326,31 @@ def ceiling_worker(
     results.put((n, t0, time.monotonic(), time.process_time() - c0, len(units)))
 
 
+def run_pinned(
+    target: Any, args: Sequence[tuple[Any, ...]], ready_s: float
+) -> tuple[list[Any], OtherLoad]:
+    """``target(cpu, *args[i], ready, results)`` in one spawned process per ``args``, each
+    pinned to its own CPU (when there are enough): they get ready (warm-up), wait at a
+    barrier, then run and put one result each. The results, and the load gauge started at
+    the barrier (the workers report their own CPU time)."""
+    ctx = mp.get_context("spawn")
+    ready = ctx.Barrier(len(args) + 1)
+    results = ctx.Queue()
+    allowed = sorted(os.sched_getaffinity(0))
+    workers = []
+    for i, a in enumerate(args):
+        cpu = allowed[i] if len(allowed) >= len(args) else None
+        workers.append(ctx.Process(target=target, args=(cpu, *a, ready, results)))
+    for w in workers:
+        w.start()
+    ready.wait(timeout=ready_s)
+    load = OtherLoad(tree=False)
+    got = [results.get(timeout=1800) for _ in workers]
+    for w in workers:
+        w.join()
+    return got, load
+
+
 def run_ceiling(
     files: list[str], files_per_batch: int, procs: int, per_file: bool, out: Path
 ) -> dict[str, float]:
@@ -342,28 +367,13 @@ def run_ceiling(
             for i in range(procs):
                 if batch[i::procs]:
                     units[i].append(batch[i::procs])
-    ctx = mp.get_context("spawn")
-    ready = ctx.Barrier(procs + 1)
-    results = ctx.Queue()
-    allowed = sorted(os.sched_getaffinity(0))
-    workers = []
-    for i in range(procs):
-        cpu = allowed[i] if len(allowed) >= procs else None
-        where = str(out / f"p{i}")
-        workers.append(
-            ctx.Process(target=ceiling_worker, args=(cpu, units[i], where, ready, results))
-        )
-    for w in workers:
-        w.start()
-    ready.wait(timeout=300)
-    load = OtherLoad(tree=False)  # the workers report their own CPU time
-    got = [results.get(timeout=1800) for _ in workers]
+    got, load = run_pinned(
+        ceiling_worker, [(units[i], str(out / f"p{i}")) for i in range(procs)], 300
+    )
     n = sum(g[0] for g in got)
     wall = max(g[2] for g in got) - min(g[1] for g in got)
     cpu_s = sum(g[3] for g in got)
     others = load.others_cpu_s(cpu_s)
-    for w in workers:
-        w.join()
     shutil.rmtree(out, ignore_errors=True)
     return {
         "records": n,
@@ -613,21 +623,43 @@ def spark_session(cfg: dict[str, Any], run: Path) -> Any:
     )
 
 
-def child_scale(cfg: dict[str, Any]) -> dict[str, Any]:
-    """One configuration: the silver stream over one workload's bronze, measured."""
-    from pipeline.silver import SilverSettings, start_silver
-
+def child_session(cfg: dict[str, Any]) -> tuple[Any, Path, float, float]:
+    """A child's SparkSession in a fresh run folder, with local-cluster's executors
+    registered: (session, run folder, start-up seconds, of which waiting for executors)."""
     run = Path(cfg["run"])
     shutil.rmtree(run, ignore_errors=True)
     run.mkdir(parents=True)
     t_start = time.monotonic()
     spark = spark_session(cfg, run)
-    executors = 0
     waited = 0.0
     if cfg["master"].startswith("local-cluster"):
-        executors = int(cfg["master"].split("[")[1].split(",")[0])
-        waited = wait_executors(spark, executors)
-    startup = time.monotonic() - t_start
+        waited = wait_executors(spark, int(cfg["master"].split("[")[1].split(",")[0]))
+    return spark, run, time.monotonic() - t_start, waited
+
+
+def measure_query(
+    start: Any, timeout: float
+) -> tuple[float, float, BaseException | None, list[dict[str, Any]]]:
+    """Start a query (``start()``) and wait for it: (wall seconds, other processes' CPU
+    seconds meanwhile, its exception, the progress of its batches that ran)."""
+    load = OtherLoad()
+    t0 = time.monotonic()
+    query = start()
+    query.awaitTermination(timeout)
+    wall = time.monotonic() - t0
+    others = load.others_cpu_s()
+    failure = query.exception()
+    progress = [p for p in query.recentProgress if p["durationMs"].get("addBatch") is not None]
+    if query.isActive:
+        query.stop()
+    return wall, others, failure, progress
+
+
+def child_scale(cfg: dict[str, Any]) -> dict[str, Any]:
+    """One configuration: the silver stream over one workload's bronze, measured."""
+    from pipeline.silver import SilverSettings, start_silver
+
+    spark, run, startup, waited = child_session(cfg)
     handler = ReportLog()
     wlog = logging.getLogger("pipeline.silver.writer")
     wlog.addHandler(handler)
@@ -644,16 +676,9 @@ def child_scale(cfg: dict[str, Any]) -> dict[str, Any]:
     )
     peaks = Peaks()
     peaks.start()
-    load = OtherLoad()
-    t0 = time.monotonic()
-    query = start_silver(spark, settings)
-    query.awaitTermination(cfg["timeout"])
-    wall = time.monotonic() - t0
-    others = load.others_cpu_s()
-    failure = query.exception()
-    progress = [p for p in query.recentProgress if p["durationMs"].get("addBatch") is not None]
-    if query.isActive:
-        query.stop()
+    wall, others, failure, progress = measure_query(
+        lambda: start_silver(spark, settings), cfg["timeout"]
+    )
     peaks.stop.set()
     memory = {**heap_peak_mb(spark), **{f"{k}_rss_mb": v for k, v in jvm_peaks().items()}}
     parallelism = spark.sparkContext.defaultParallelism

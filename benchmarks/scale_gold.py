@@ -30,7 +30,6 @@ from __future__ import annotations
 
 import itertools
 import logging
-import multiprocessing as mp
 import os
 import shutil
 import time
@@ -101,18 +100,11 @@ def agent_buckets(silver: str) -> dict[int, list[str]]:
 
 def child_gold(cfg: dict[str, Any]) -> dict[str, Any]:
     """One master: the gold stream over the silver input, measured."""
-    from bench_scale import OtherLoad, spark_session, wait_executors
+    from bench_scale import child_session, measure_query
 
     from pipeline.gold import GoldBatchWriter, GoldSettings, start_gold
 
-    run = Path(cfg["run"])
-    shutil.rmtree(run, ignore_errors=True)
-    run.mkdir(parents=True)
-    t_start = time.monotonic()
-    spark = spark_session(cfg, run)
-    if cfg["master"].startswith("local-cluster"):
-        wait_executors(spark, int(cfg["master"].split("[")[1].split(",")[0]))
-    startup = time.monotonic() - t_start
+    spark, run, startup, _waited = child_session(cfg)
     logging.getLogger("pipeline.gold").setLevel(logging.WARNING)
     settings = GoldSettings(
         silver=cfg["silver"], root=str(run / "gold"), checkpoint=str(run / "checkpoint"),
@@ -120,16 +112,9 @@ def child_gold(cfg: dict[str, Any]) -> dict[str, Any]:
         max_rows_per_trigger=None, trigger="availableNow",
     )  # fmt: skip
     writer = GoldBatchWriter(settings)
-    load = OtherLoad()
-    t0 = time.monotonic()
-    query = start_gold(spark, settings, writer)
-    query.awaitTermination(cfg["timeout"])
-    wall = time.monotonic() - t0
-    others = load.others_cpu_s()
-    failure = query.exception()
-    progress = [p for p in query.recentProgress if p["durationMs"].get("addBatch") is not None]
-    if query.isActive:
-        query.stop()
+    wall, others, failure, progress = measure_query(
+        lambda: start_gold(spark, settings, writer), cfg["timeout"]
+    )
     parallelism = spark.sparkContext.defaultParallelism
     spark.stop()
     if failure is not None:
@@ -245,26 +230,13 @@ def _upsert(existing: Any, changed: Any, keys: list[str]) -> Any:
 
 def run_ceiling(silver: str, procs: int, out: Path) -> dict[str, float]:
     """The ceiling in ``procs`` processes (the buckets dealt out among them)."""
-    from bench_scale import OtherLoad
+    from bench_scale import run_pinned
 
-    ctx = mp.get_context("spawn")
-    ready = ctx.Barrier(procs + 1)
-    results = ctx.Queue()
-    allowed = sorted(os.sched_getaffinity(0))
-    workers = []
-    for i in range(procs):
-        cpu = allowed[i] if len(allowed) >= procs else None
-        mine = [b for b in range(BUCKETS) if b % procs == i]
-        workers.append(ctx.Process(
-            target=_ceiling_worker, args=(cpu, silver, mine, str(out / f"p{i}"), ready, results)
-        ))  # fmt: skip
-    for w in workers:
-        w.start()
-    ready.wait(timeout=600)
-    load = OtherLoad(tree=False)
-    got = [results.get(timeout=1800) for _ in workers]
-    for w in workers:
-        w.join()
+    args = [
+        (silver, [b for b in range(BUCKETS) if b % procs == i], str(out / f"p{i}"))
+        for i in range(procs)
+    ]
+    got, load = run_pinned(_ceiling_worker, args, 600)
     wall = max(g[3] for g in got) - min(g[2] for g in got)
     cpu_s = sum(g[4] for g in got)
     others = load.others_cpu_s(cpu_s)
