@@ -249,7 +249,9 @@ def end_offset(start: Mapping[str, Any], end: Position) -> dict[str, Any]:
 
 def batch_start(end: Mapping[str, Any]) -> Position | None:
     """The start a batch's end offset names (``end_offset``); None for an offset written
-    before ends named their start."""
+    before ends named their start. A source with nothing new in a batch has its start
+    logged again as its end: that end names an earlier batch's start, so callers
+    check ``end == start`` (the previous entry) first."""
     start = end.get("from")
     return None if not isinstance(start, Mapping) else Position.from_json(start)
 
@@ -683,8 +685,9 @@ def batch_files(
 
     ``reads``: (table path, schema) per source, in the order of the query's
     offset log. Each source's files from the batch's start (the ``"from"`` its
-    end offset names: ``end_offset``) to its end (``range_files``), so a first
-    batch is known too and a backlog is never collected through the JVM (a
+    end offset names: ``end_offset``) to its end (``range_files``); none for a
+    source whose end equals the previous entry's (nothing new from it in this
+    batch, its start logged again). So a first batch is known too and a backlog is never collected through the JVM (a
     1,000,000-sample first batch ran Spark's 2 GB driver heap out, and the
     query then hung). An end written before ends named their start falls back
     to the previous batch's entry, or for a first batch that ends inside a
@@ -696,27 +699,28 @@ def batch_files(
     ends = offset_log_sources(checkpoint, batch_id)
     if ends is None or len(ends) != len(reads):
         return None
-    end = [json.loads(e) for e in ends]
-    start: list[dict[str, Any]] = []
-    for e in end:
-        named = batch_start(e)
-        if named is None:
-            break
-        start.append(named.to_json())
-    else:
-        return [
-            range_files(path, schema, s, e, options)
-            for (path, schema), s, e in zip(reads, start, end, strict=True)
-        ]
-    before = (
-        offset_log_sources(checkpoint, batch_id - 1) if batch_id > 0 else _snapshot_starts(ends)
-    )
-    if before is None or len(before) != len(reads):
-        return None
-    return [
-        range_files(path, schema, json.loads(s), e, options)
-        for (path, schema), s, e in zip(reads, before, end, strict=True)
-    ]
+    before = offset_log_sources(checkpoint, batch_id - 1) if batch_id > 0 else None
+    if before is not None and len(before) != len(reads):
+        before = None
+    out: list[list[DataFile]] = []
+    for i, ((path, schema), text) in enumerate(zip(reads, ends, strict=True)):
+        end = json.loads(text)
+        previous = None if before is None else json.loads(before[i])
+        if end == previous:
+            out.append([])  # this source had nothing new: Spark logged its start again
+            continue
+        named = batch_start(end)
+        if named is not None:
+            start = named.to_json()
+        elif previous is not None:
+            start = previous
+        else:
+            snap = _snapshot_starts([text]) if batch_id == 0 else None
+            if snap is None:
+                return None
+            start = json.loads(snap[0])
+        out.append(range_files(path, schema, start, end, options))
+    return out
 
 
 def read_batch(
@@ -965,6 +969,8 @@ class DeltaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
     def partitions(self, start: dict[str, Any], end: dict[str, Any]) -> Sequence[FileGroup]:
         """The batch's files, from the start its end names: a first batch replayed after
         a restart gets a new ``initialOffset()`` (a newer snapshot) as ``start``."""
+        if end == start:
+            return []  # nothing new from this source (the batch is another source's)
         begin = batch_start(end) or Position.from_json(start)
         files = self.planner().files_between(begin, Position.from_json(end))
         return group_files(files, self.opts.max_bytes_per_partition)

@@ -682,23 +682,27 @@ def test_batch_files_knows_every_batch_of_a_query_the_first_included(
 ) -> None:
     """What a driver reads from the offset log (``read_batch``) is each batch's rows, also
     for a first batch that took the whole starting snapshot and for one after a restart
-    (these went through Spark's scan, a backlog collected through the JVM)."""
+    (these went through Spark's scan, a backlog collected through the JVM), and for a
+    union whose second source has nothing new in a batch: Spark logs that source's
+    start again as its end, whose "from" names an earlier batch's start."""
     from pipeline.delta_source import read_batch
 
-    path = new_table(tmp_path / "t")
-    rs_append(path, range(0, 4))
-    rs_append(path, range(4, 6))
+    a, b = new_table(tmp_path / "a"), new_table(tmp_path / "b")
+    rs_append(a, range(0, 4))
+    rs_append(a, range(4, 6))
+    rs_append(b, range(100, 102))
     ck = tmp_path / "ck"
-    both: list[tuple[int, list[int], list[int]]] = []
+    both: list[tuple[int, list[int], list[int], list[int]]] = []
 
     def collect(df: DataFrame, batch_id: int) -> None:
-        got = read_batch(str(ck), batch_id, [(path, SPARK_EVENTS, ["id"])])
+        got = read_batch(str(ck), batch_id, [(a, SPARK_EVENTS, ["id"]), (b, SPARK_EVENTS, ["id"])])
         assert got is not None, f"batch {batch_id} not known from the offset log"
-        both.append((batch_id, ids_of(df.toArrow()), sorted(got[0].column("id").to_pylist())))
+        both.append((batch_id, ids_of(df.toArrow()), ids_of(got[0]), ids_of(got[1])))
 
     for appended in (range(6, 9), range(9, 10)):
         query = (
-            stream(qmf, {"path": path})
+            stream(qmf, {"path": a})
+            .unionByName(stream(qmf, {"path": b}))
             .writeStream.foreachBatch(collect)
             .option("checkpointLocation", str(ck))
             .trigger(availableNow=True)
@@ -706,5 +710,19 @@ def test_batch_files_knows_every_batch_of_a_query_the_first_included(
         )
         query.awaitTermination(240)
         assert query.exception() is None
-        rs_append(path, appended)
-    assert both == [(0, list(range(6)), list(range(6))), (1, [6, 7, 8], [6, 7, 8])]
+        rs_append(a, appended)  # b gets nothing more
+    assert both == [
+        (0, [*range(6), 100, 101], list(range(6)), [100, 101]),
+        (1, [6, 7, 8], [6, 7, 8], []),
+    ]
+
+
+def test_a_source_with_nothing_new_reads_nothing(tmp_path: Path) -> None:
+    """Its end offset is its start, unchanged (and names an earlier batch's start)."""
+    path = new_table(tmp_path / "t")
+    rs_append(path, range(0, 3))
+    r = reader(path)
+    end = r.latestOffset(r.initialOffset(), ReadAllAvailable())
+    again = r.latestOffset(end, ReadAllAvailable())
+    assert again == end and "from" in again
+    assert r.partitions(end, again) == []
