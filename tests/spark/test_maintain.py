@@ -484,3 +484,23 @@ def test_merges_and_replaces_racing_compaction_lose_and_double_nothing(tmp_path:
         t = delta.read_arrow(path)
         got = sorted(zip(t.column("k").to_pylist(), t.column("v").to_pylist(), strict=True))
         assert got == expected, path
+
+
+def test_pin_of_an_uncommitted_batch_is_the_start_its_end_names(tmp_path: Path) -> None:
+    """A replay reads from the start the batch's end offset names (``"from"``): an
+    uncommitted first batch no longer pins every version, and a later one pins that
+    start, a source with nothing new included (its end names an earlier start: kept)."""
+    ck = tmp_path / "ck"
+    (ck / "offsets").mkdir(parents=True)
+    (ck / "commits").mkdir()
+    first = {"version": 9, "index": 0, "from": {"version": 5, "index": 0, "snapshot": True}}
+    (ck / "offsets" / "0").write_text(f"v1\n{{}}\n{json.dumps(first)}\n")
+    assert read_pin(str(ck)) == 5
+    (ck / "commits" / "0").write_text("v1\n{}\n")
+    second = {"version": 12, "index": 0, "from": {"version": 9, "index": 0}}
+    (ck / "offsets" / "1").write_text(f"v1\n{{}}\n{json.dumps(second)}\n{json.dumps(first)}\n")
+    assert read_pin(str(ck)) == 5
+    (ck / "offsets" / "1").write_text(f"v1\n{{}}\n{json.dumps(second)}\n")
+    assert read_pin(str(ck)) == 9
+    (ck / "offsets" / "2").write_text('v1\n{}\n{"version": 14, "index": 0}\n')  # older form
+    assert read_pin(str(ck)) == 12  # the previous entry is the start
