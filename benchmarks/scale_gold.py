@@ -159,8 +159,21 @@ def _ceiling_worker(
 
     from pipeline import delta
     from pipeline.delta_source import DataFile, DeltaLogReader
-    from pipeline.gold.tasks import bucket_column, input_agent, read_units
-    from pipeline.gold.transforms import LivenessRules, RateRules, conform, frame, gold_batch
+    from pipeline.gold.tasks import (
+        LIVENESS_KEYS,
+        bucket_column,
+        input_agent,
+        read_units,
+        upsert_rows,
+    )
+    from pipeline.gold.transforms import (
+        LIFECYCLE_KEYS,
+        LivenessRules,
+        RateRules,
+        conform,
+        frame,
+        gold_batch,
+    )
     from schemas.gold import AGENT_LIVENESS, OBJECT_LIFECYCLES, RATE_STATE, STATISTIC_RATES
 
     rates_rules, live_rules = RateRules(), LivenessRules()
@@ -199,8 +212,8 @@ def _ceiling_worker(
             batch_id=batch_id,
         )  # fmt: skip
         t["state"] = got.state
-        t["lifecycles"] = _upsert(t["lifecycles"], got.lifecycles, ["agent", "object_id", "create_ns"])
-        t["liveness"] = _upsert(t["liveness"], got.liveness, ["agent", "up_start_ns"])
+        t["lifecycles"] = upsert_rows(t["lifecycles"], got.lifecycles, LIFECYCLE_KEYS)
+        t["liveness"] = upsert_rows(t["liveness"], got.liveness, LIVENESS_KEYS)
         for name, df, schema in (("rates", got.rates, STATISTIC_RATES), ("state", got.state, RATE_STATE),
                                  ("lifecycles", t["lifecycles"], OBJECT_LIFECYCLES)):  # fmt: skip
             w = delta.DataFileWriter(os.path.join(where, f"{name}-{batch_id}-{k}.parquet"), schema, unique=())
@@ -217,15 +230,6 @@ def _ceiling_worker(
             a, b = one(batch_id, k, parts[k], out)
             n, r = n + a, r + b
     results.put((n, r, t0, time.monotonic(), time.process_time() - c0))
-
-
-def _upsert(existing: Any, changed: Any, keys: list[str]) -> Any:
-    import polars as pl
-
-    if changed.height == 0:
-        return existing
-    kept = existing.join(changed.select(keys), on=keys, how="anti", nulls_equal=True)
-    return pl.concat([kept, changed.select(existing.columns)], how="vertical_relaxed")
 
 
 def run_ceiling(silver: str, procs: int, out: Path) -> dict[str, float]:

@@ -244,7 +244,7 @@ def _batch_rows(files: Sequence[str]) -> pl.DataFrame:
     return frame(pa.concat_tables(tables, promote_options="permissive"))
 
 
-def _whole(existing: pl.DataFrame, changed: pl.DataFrame, keys: Sequence[str]) -> pl.DataFrame:
+def upsert_rows(existing: pl.DataFrame, changed: pl.DataFrame, keys: Sequence[str]) -> pl.DataFrame:
     """``existing`` upserted with ``changed`` on ``keys`` (what a MERGE would leave)."""
     if changed.height == 0:
         return existing
@@ -294,10 +294,10 @@ def compute(
     results = {
         "statistic_rates": conform(out_rows.rates, STATISTIC_RATES),
         "object_lifecycles": conform(
-            _whole(lifecycles, out_rows.lifecycles, LIFECYCLE_KEYS), OBJECT_LIFECYCLES
+            upsert_rows(lifecycles, out_rows.lifecycles, LIFECYCLE_KEYS), OBJECT_LIFECYCLES
         ),
         "agent_liveness": conform(
-            _whole(liveness, out_rows.liveness, LIVENESS_KEYS), AGENT_LIVENESS
+            upsert_rows(liveness, out_rows.liveness, LIVENESS_KEYS), AGENT_LIVENESS
         ),
         "rate_state": conform(out_rows.state, RATE_STATE),
     }
@@ -407,19 +407,18 @@ def batch_times(
     """The batch's latest heartbeat and sample times, as the split step takes them, read
     on the driver for the direct path: the heartbeat files (one row per agent and
     interval) whole, and one column of the sample files."""
-    import pyarrow.parquet as pq
-
     samples, beats = files
     beat_ns = 0
     for part in read_units([("heartbeat", f) for f in beats]):
         hb = heartbeat_rows(part.filter(pl.col("source") == "heartbeat"), rules)
         beat_ns = max(beat_ns, max_ns(hb["ts_ns"]))
     sample_ns = 0
+    times = pa.schema([pa.field("update_ns", pa.int64())])
     for f in samples:
-        col = pq.read_table(f.path, columns=["update_ns"]).column("update_ns")
-        top = pc.max(col).as_py() if len(col) else None
-        if top is not None:
-            sample_ns = max(sample_ns, int(top))
+        for b in read_file(f, times):
+            top = pc.max(b.column(0)).as_py() if b.num_rows else None
+            if top is not None:
+                sample_ns = max(sample_ns, int(top))
     return beat_ns, sample_ns
 
 
