@@ -1028,6 +1028,8 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     ap.add_argument("--gold-agents", type=int, default=8)
     ap.add_argument("--gold-queues", type=int, default=1_250, help="queues per agent")
     ap.add_argument("--gold-intervals", type=int, default=8)
+    ap.add_argument("--gold-per-batch", type=int, default=1,
+                    help="gold: publish intervals (silver commits) per micro-batch")
     ap.add_argument("--timeout", type=float, default=900.0, help="per Spark query, seconds")
     ap.add_argument("--default-allocators", action="store_true",
                     help="keep the allocators' environment as it is (see ALLOCATOR_ENV)")  # fmt: skip

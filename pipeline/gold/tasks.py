@@ -141,6 +141,7 @@ class GoldPlan:
     tables: tuple[tuple[str, bytes], ...] = ()  # (table, pickled (schema, live files))
     now_ns: int = 0
     latest_ns: int = 0
+    keep_bytes: int = 0  # what a worker keeps of the tables its tasks wrote (``Kept``)
 
 
 @dataclass
@@ -156,6 +157,9 @@ class ComputeOutput:
     files: dict[str, list[delta.DataFileInfo]] = field(default_factory=dict)
     rows: dict[str, int] = field(default_factory=dict)
     seconds: dict[str, float] = field(default_factory=dict)  # read, gold, write
+    kept: int = 0  # table files taken from the worker's memory (``KEPT``)
+    read: int = 0  # table files read
+    used: list[str] = field(default_factory=list)  # the kept ones (dropped after the write)
 
 
 
@@ -210,23 +214,92 @@ def arrow_schema_of(schema: pa.Schema) -> pa.Schema:
 # ---------------------------------------------------------------- step 3: compute
 
 
-def _table_rows(plan: GoldPlan, name: str, bucket: int) -> pl.DataFrame:
-    """This bucket's agents' rows of a gold table as listed in the plan."""
+class Kept:
+    """The table files a Python worker's compute tasks wrote, as the frames they wrote,
+    kept in that worker for the next batch: Spark reuses its Python workers, and a
+    bucket's next task that lands on the same worker reads its lifecycles, liveness and
+    rate state from memory instead of their files (on one core, every time; on more,
+    when the bucket lands where it ran before).
+
+    Exact, not a guess: data files are immutable and uniquely named, so a file's path
+    says its content. Only files the plan lists as live are read from here; a file that
+    was never committed (a failed or replayed batch) is never listed. At each task, a
+    table's entries of an earlier batch that are no longer live are dropped (those of
+    its own batch are not live yet: the other buckets' tasks of the batch wrote them);
+    a task drops the entries it used once it wrote their successors (a retried batch
+    reads those files again), so a worker holds about one version of what it wrote.
+    Bounded by the plan's ``keep_bytes`` (a frame that does not fit is not kept)."""
+
+    def __init__(self) -> None:
+        self.frames: dict[str, pl.DataFrame] = {}
+        self.batch: dict[str, int] = {}
+
+    @staticmethod
+    def key(path: str) -> str:
+        return os.path.normpath(os.path.abspath(path))
+
+    def get(self, path: str) -> pl.DataFrame | None:
+        return self.frames.get(self.key(path))
+
+    def put(self, path: str, df: pl.DataFrame, batch_id: int, limit: int) -> None:
+        used = sum(f.estimated_size() for f in self.frames.values())
+        if used + df.estimated_size() <= limit:
+            self.frames[self.key(path)] = df
+            self.batch[self.key(path)] = batch_id
+
+    def retain(self, root: str, live: Iterable[str], batch_id: int) -> None:
+        """Drop this table's entries (files under ``root``) of batches before
+        ``batch_id`` that are not ``live``."""
+        prefix = self.key(root) + os.sep
+        keep = {self.key(p) for p in live}
+        for k in [k for k in self.frames if k.startswith(prefix) and k not in keep]:
+            if self.batch[k] < batch_id:
+                del self.frames[k], self.batch[k]
+
+    def drop(self, paths: Iterable[str]) -> None:
+        for k in map(self.key, paths):
+            self.frames.pop(k, None)
+            self.batch.pop(k, None)
+
+    def clear(self) -> None:
+        self.frames.clear()
+        self.batch.clear()
+
+
+KEPT = Kept()
+
+
+def _table_rows(plan: GoldPlan, name: str, bucket: int, out: ComputeOutput) -> pl.DataFrame:
+    """This bucket's agents' rows of a gold table as listed in the plan (from ``KEPT``
+    where this worker wrote the file)."""
     import pickle
 
     schema, files = pickle.loads(dict(plan.tables)[name])
+    KEPT.retain(_table_root(plan, name), [f.local_path for f in files], plan.batch_id)
     mine = [f for f in files if file_bucket(f.local_path, plan.buckets) in (bucket, None)]
     pieces = []
     for f in mine:
+        df = KEPT.get(f.local_path)
+        if df is not None:
+            pieces.append(df)
+            out.kept += 1
+            out.used.append(f.local_path)
+            continue
         t = delta.read_data_file(f, schema)
         if file_bucket(f.local_path, plan.buckets) is None and t.num_rows:
             agents = t.column("agent").to_pylist()
             keep = pa.array([bucket_of(a, plan.buckets) == bucket for a in agents], pa.bool_())
             t = t.filter(keep)
-        pieces.append(t)
+        pieces.append(frame(t.cast(schema)))
+        out.read += 1
     if not pieces:
         return frame(schema.empty_table())
-    return frame(pa.concat_tables(pieces).cast(schema))
+    return pieces[0] if len(pieces) == 1 else pl.concat(pieces, how="vertical_relaxed")
+
+
+def _table_root(plan: GoldPlan, name: str) -> str:
+    """A gold table's root: its staging folder is ``<root>/_staging/<folder>``."""
+    return os.path.dirname(os.path.dirname(dict(plan.staging)[name]))
 
 
 def _batch_rows(files: Sequence[str]) -> pl.DataFrame:
@@ -274,9 +347,10 @@ def compute(
     import time
 
     t0 = time.perf_counter()
-    state = _table_rows(plan, "rate_state", bucket)
-    lifecycles = _table_rows(plan, "object_lifecycles", bucket)
-    liveness = _table_rows(plan, "agent_liveness", bucket)
+    out = ComputeOutput(bucket)
+    state = _table_rows(plan, "rate_state", bucket, out)
+    lifecycles = _table_rows(plan, "object_lifecycles", bucket, out)
+    liveness = _table_rows(plan, "agent_liveness", bucket, out)
     batch = _batch_rows(shuffled) if direct is None else _bucket_rows(direct, bucket, plan)
     t1 = time.perf_counter()
     out_rows = gold_batch(
@@ -301,7 +375,6 @@ def compute(
         ),
         "rate_state": conform(out_rows.state, RATE_STATE),
     }
-    out = ComputeOutput(bucket)
     t2 = time.perf_counter()
     staging = dict(plan.staging)
     out.rows = {
@@ -321,6 +394,11 @@ def compute(
             raise
         if info is not None:
             out.files[name] = [info]
+            if name in STATE_TABLES and plan.keep_bytes:
+                where = os.path.join(_table_root(plan, name), info.name)
+                KEPT.put(where, frame(table), plan.batch_id, plan.keep_bytes)
+    KEPT.drop(out.used)
+    out.used = []
     out.seconds = {"read": t1 - t0, "gold": t2 - t1, "write": time.perf_counter() - t2}
     return out
 

@@ -56,8 +56,12 @@ from schemas.gold import AGENT_LIVENESS, GOLD_TABLES, OBJECT_LIFECYCLES, RATE_ST
 from schemas.silver import HEARTBEATS, OBJECT_SAMPLES
 
 if TYPE_CHECKING:
+    from collections.abc import Sequence
+
     from pyspark.sql import DataFrame, SparkSession
     from pyspark.sql.streaming.query import StreamingQuery
+
+    from pipeline.gold import tasks as gt
 
 log = logging.getLogger(__name__)
 
@@ -102,6 +106,10 @@ class GoldSettings:
     driver_max_bytes: int = 4 << 20
     # Buckets of agents on the task path (default: Spark's default parallelism).
     buckets: int | None = None
+    # Task path: what a compute task wrote (its bucket's lifecycles, liveness and rate
+    # state) stays in its Python worker, up to this many MiB, so the next batch's task
+    # there reads those tables from memory instead of their files (0: always read).
+    keep_mib: int = 512
 
     def __post_init__(self) -> None:
         trigger_kwargs(self.trigger)
@@ -111,6 +119,8 @@ class GoldSettings:
             )
         if self.buckets is not None and self.buckets < 1:
             raise ValueError(f"buckets {self.buckets}: must be >= 1")
+        if self.keep_mib < 0:
+            raise ValueError(f"keep_mib {self.keep_mib}: must be >= 0")
 
     def source_options(self) -> dict[str, str]:
         """Options of the ``qmf-delta`` reads besides ``path`` (limits: the stream's only)."""
@@ -282,11 +292,8 @@ class GoldBatchWriter:
         """The task path (``pipeline.gold.tasks``): split the batch by bucket of agents
         (with few buckets, each compute task reads the whole batch instead), compute each
         bucket in a task, commit every table's files in order."""
-        import dataclasses
-
         from pipeline.gold import tasks as gt
 
-        s, aid = self.settings, self.app_id
         t0 = time.perf_counter()
         steps: dict[str, float] = {}
 
@@ -295,42 +302,26 @@ class GoldBatchWriter:
 
         spark = df.sparkSession
         parallelism = spark.sparkContext.defaultParallelism
-        buckets = s.buckets or parallelism
+        buckets = self.settings.buckets or parallelism
         direct = files is not None and buckets <= gt.DIRECT_MAX_BUCKETS
-        # The shuffle's folder: hidden inside the rates table (not among the gold root's
-        # tables), named apart from the tables' own staging folders of this batch.
-        shuffle = "" if direct else delta.fresh_stage_dir(
-            s.path("statistic_rates"), f"{aid}-shuffle", batch_id
-        )
-        staging = tuple(
-            (name, delta.fresh_stage_dir(s.path(name), aid, batch_id))
-            for name in ("statistic_rates", *gt.STATE_TABLES)
-        )
-        plan = gt.GoldPlan(
-            batch_id=batch_id, buckets=buckets, shuffle=shuffle, staging=staging,
-            rates=s.rates, liveness=s.liveness,
-            registry=to_ipc(delta.read_arrow(s.silver_path("schema_registry"))),
-            tables=tuple((n, gt.table_listing(s.path(n))[0]) for n in gt.STATE_TABLES),
-        )  # fmt: skip
+        plan = self.plan_tasks(batch_id, buckets, shuffle=not direct)
         step("plan")
         try:
             splits: list[gt.SplitOutput] = []
             if direct:
                 assert files is not None
-                beat_ns, sample_ns = gt.batch_times(files, s.liveness)
+                times = gt.batch_times(files, self.settings.liveness)
             else:
                 if files is not None:
                     splits = gt.run_split_units(spark, gt.split_units(files, parallelism), plan)
                 else:
                     splits = gt.run_split_dataframe(df, plan)
                 step("split")
-                beat_ns = max([x.beat_ns for x in splits], default=0)
-                sample_ns = max([x.sample_ns for x in splits], default=0)
-            plan = dataclasses.replace(
-                plan,
-                now_ns=max(beat_ns, gt.column_max(s.path("agent_liveness"), "last_heartbeat_ns")),
-                latest_ns=max(sample_ns, gt.column_max(s.path("rate_state"), "update_ns")),
-            )
+                times = (
+                    max([x.beat_ns for x in splits], default=0),
+                    max([x.sample_ns for x in splits], default=0),
+                )
+            plan = self.timed_plan(plan, *times)
             step("times")
             if direct:
                 assert files is not None
@@ -338,11 +329,72 @@ class GoldBatchWriter:
             else:
                 outs = gt.run_compute(spark, splits, plan)
             step("compute")
-        finally:
-            if shuffle:
-                delta.remove_stage_dir(shuffle)
+        except BaseException:
+            self.drop_plan(plan)
+            raise
+        if plan.shuffle:
+            delta.remove_stage_dir(plan.shuffle)
+        report = self.commit_tasks(plan, outs)
+        step("commit")
+        for o in outs:
+            for name, secs in o.seconds.items():
+                steps[f"task_{name}"] = steps.get(f"task_{name}", 0.0) + secs
+        report.steps = steps
+        self.reports.append(report)
+        log.info("gold batch %d (tasks): %s", batch_id, report)
+        return report
+
+    def plan_tasks(self, batch_id: int, buckets: int, *, shuffle: bool) -> gt.GoldPlan:
+        """The task path's plan of a batch, before its two times are known: staging
+        folders (and the split step's shuffle folder), the registry, the gold tables'
+        live files."""
+        from pipeline.gold import tasks as gt
+
+        s, aid = self.settings, self.app_id
+        # The shuffle's folder: hidden inside the rates table (not among the gold root's
+        # tables), named apart from the tables' own staging folders of this batch.
+        folder = (
+            delta.fresh_stage_dir(s.path("statistic_rates"), f"{aid}-shuffle", batch_id)
+            if shuffle else ""
+        )  # fmt: skip
+        return gt.GoldPlan(
+            batch_id=batch_id, buckets=buckets, shuffle=folder,
+            staging=tuple(
+                (name, delta.fresh_stage_dir(s.path(name), aid, batch_id))
+                for name in ("statistic_rates", *gt.STATE_TABLES)
+            ),
+            rates=s.rates, liveness=s.liveness, keep_bytes=s.keep_mib << 20,
+            registry=to_ipc(delta.read_arrow(s.silver_path("schema_registry"))),
+            tables=tuple((n, gt.table_listing(s.path(n))[0]) for n in gt.STATE_TABLES),
+        )  # fmt: skip
+
+    def timed_plan(self, plan: gt.GoldPlan, beat_ns: int, sample_ns: int) -> gt.GoldPlan:
+        """The plan with the batch's two times taken over the batch's latest heartbeat and
+        sample times and the tables' (``pipeline.gold.tasks``)."""
+        import dataclasses
+
+        from pipeline.gold import tasks as gt
+
+        s = self.settings
+        return dataclasses.replace(
+            plan,
+            now_ns=max(beat_ns, gt.column_max(s.path("agent_liveness"), "last_heartbeat_ns")),
+            latest_ns=max(sample_ns, gt.column_max(s.path("rate_state"), "update_ns")),
+        )
+
+    def drop_plan(self, plan: gt.GoldPlan) -> None:
+        """Remove a plan's staging and shuffle folders (after a failure, or its commit)."""
+        for folder in (plan.shuffle, *(f for _n, f in plan.staging)):
+            if folder:
+                delta.remove_stage_dir(folder)
+
+    def commit_tasks(self, plan: gt.GoldPlan, outs: Sequence[gt.ComputeOutput]) -> GoldReport:
+        """Commit the compute tasks' files, in order: rates (append), lifecycles, liveness,
+        then the rate state last (each replacing the table's files), with the app
+        transaction. The plan's folders are removed after, whatever happens."""
+        s, aid, batch_id = self.settings, self.app_id, plan.batch_id
+        report = GoldReport(batch_id, compute_on="tasks", tasks=len(outs))
         try:
-            report = GoldReport(batch_id, compute_on="tasks", tasks=len(outs))
             for name in ("statistic_rates", "object_lifecycles", "agent_liveness"):
                 tfiles = [f for o in outs for f in o.files.get(name, ())]
                 result = delta.commit_staged(
@@ -354,17 +406,12 @@ class GoldBatchWriter:
             if self.write_state_files([f for o in outs for f in o.files.get("rate_state", ())], batch_id):
                 report.committed.append("rate_state")
         finally:
-            for _name, folder in staging:
-                delta.remove_stage_dir(folder)
-        step("commit")
+            self.drop_plan(plan)
         for o in outs:
             for k, v in o.rows.items():
                 report.rows[k] = report.rows.get(k, 0) + v
-            for name, secs in o.seconds.items():
-                steps[f"task_{name}"] = steps.get(f"task_{name}", 0.0) + secs
-        report.steps = steps
-        self.reports.append(report)
-        log.info("gold batch %d (tasks): %s", batch_id, report)
+            report.rows["files_kept"] = report.rows.get("files_kept", 0) + o.kept
+            report.rows["files_read"] = report.rows.get("files_read", 0) + o.read
         return report
 
     def _done(self, batch_id: int) -> bool:
