@@ -1207,11 +1207,15 @@ def spark_run(
     return res
 
 
+def parse_masters(text: str) -> list[str]:
+    """``--masters``: commas inside brackets belong to the master (local-cluster[2,1,1024])."""
+    return [m.strip() for m in re.findall(r"[^,\[]+(?:\[[^\]]*\])?", text) if m.strip()]
+
+
 def run_scale(args: argparse.Namespace, work: Path) -> dict[str, Any]:
     """Bronze, the ceiling, then each master over each workload; the figures."""
     names = [w for w in args.workloads.split(",") if w]
-    # Commas inside brackets belong to the master: local-cluster[2,1,1024].
-    masters = [m.strip() for m in re.findall(r"[^,\[]+(?:\[[^\]]*\])?", args.masters) if m.strip()]
+    masters = parse_masters(args.masters)
     wls = {
         "mix": Workload("mix", args.mix_messages, args.mix_files, args.batches),
         "queue-i": Workload("queue-i", args.queue_messages, args.queue_files, args.batches),

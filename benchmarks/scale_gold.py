@@ -304,6 +304,7 @@ def run(args: Any, work: Path) -> dict[str, Any]:
         TARGET_VS_CEILING,
         TWO_CORES,
         met,
+        parse_masters,
         run_child,
     )  # fmt: skip
 
@@ -328,7 +329,7 @@ def run(args: Any, work: Path) -> dict[str, Any]:
               + (": DISTURBED)" if c["others_core"] > DISTURBED_CORE else ")")
               + f"; per batch gold_batch {c['gold_s']:.3f} s, writes {c['write_s']:.3f} s")  # fmt: skip
     runs: dict[str, dict[str, Any]] = {}
-    masters = [x for x in args.masters.split(",") if x]
+    masters = parse_masters(args.masters)
     for need in (ONE_CORE, TWO_CORES):
         if need not in masters:
             masters.append(need)

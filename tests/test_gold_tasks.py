@@ -147,3 +147,8 @@ def test_a_batch_computed_but_not_committed_leaves_nothing_used(
     _run_driver(str(tmp_path / "driver"), root, batches)
     for name in GOLD_TABLES:
         assert _rows(str(tmp_path / "crash"), name) == _rows(str(tmp_path / "driver"), name)
+
+
+def test_keep_mib_is_checked(tmp_path: Path) -> None:
+    with pytest.raises(ValueError, match="keep_mib -1: must be >= 0"):
+        GoldSettings(silver=str(tmp_path), root=str(tmp_path), keep_mib=-1)

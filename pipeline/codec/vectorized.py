@@ -1724,7 +1724,23 @@ def decode_content(
 # (``QMF_DECODE_THREADS``: Spark's Python workers get their task's cores,
 # pipeline.spark.TASK_THREAD_ENV).
 PARALLEL_RECORDS = 50_000
-DECODE_THREADS = max(1, int(os.environ.get("QMF_DECODE_THREADS") or min(4, os.cpu_count() or 1)))
+
+
+def decode_threads(value: str | None, cores: int | None) -> int:
+    """The most decode threads: ``QMF_DECODE_THREADS`` if set (a whole number >= 1),
+    else the cores, at most 4."""
+    if not value:
+        return max(1, min(4, cores or 1))
+    try:
+        n = int(value)
+    except ValueError:
+        n = 0
+    if n < 1:
+        raise ValueError(f"QMF_DECODE_THREADS={value!r}: expected a whole number >= 1")
+    return n
+
+
+DECODE_THREADS = decode_threads(os.environ.get("QMF_DECODE_THREADS"), os.cpu_count())
 _POOL: list[ThreadPoolExecutor] = []
 _T = TypeVar("_T")
 _R = TypeVar("_R")

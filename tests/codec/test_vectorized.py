@@ -672,6 +672,18 @@ def test_split_across_decode_threads_gives_the_same_tables(
     assert (split.fast_messages, split.fallback_messages) == (90, 0)
 
 
+def test_decode_threads_setting_is_checked() -> None:
+    """``QMF_DECODE_THREADS``: unset means the cores up to 4; a bad value is named."""
+    from pipeline.codec.vectorized import decode_threads
+
+    assert [decode_threads(None, c) for c in (None, 1, 2, 16)] == [1, 1, 2, 4]
+    assert decode_threads("", 8) == 4
+    assert decode_threads("6", 2) == 6
+    for bad in ("two", "0", "-1", "1.5"):
+        with pytest.raises(ValueError, match=f"QMF_DECODE_THREADS='{bad}': expected a whole"):
+            decode_threads(bad, 2)
+
+
 def test_a_container_value_the_codec_rejects_sends_only_its_message_per_record() -> None:
     """A map whose entry has an unknown type code: the kernel's grouped container
     decode marks it, that message takes the per-record path (and its problem), the
