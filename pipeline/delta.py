@@ -618,6 +618,12 @@ def stage_dir(path: str | os.PathLike[str], app_id: str, batch_id: int) -> str:
     return d
 
 
+def staged_table_root(folder: str) -> str:
+    """The table a staging folder of ``stage_dir`` belongs to (its files, once
+    committed, are ``<root>/<name>``)."""
+    return os.path.dirname(os.path.dirname(os.path.abspath(folder).rstrip(os.sep)))
+
+
 def remove_stage_dir(folder: str) -> None:
     """Remove a staging folder (and the table's ``_staging`` once empty): after the
     batch's commit, or its failure; what was committed was moved out before."""

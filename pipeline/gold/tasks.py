@@ -159,7 +159,6 @@ class ComputeOutput:
     seconds: dict[str, float] = field(default_factory=dict)  # read, gold, write
     kept: int = 0  # table files taken from the worker's memory (``KEPT``)
     read: int = 0  # table files read
-    used: list[str] = field(default_factory=list)  # the kept ones (dropped after the write)
 
 
 
@@ -269,9 +268,11 @@ class Kept:
 KEPT = Kept()
 
 
-def _table_rows(plan: GoldPlan, name: str, bucket: int, out: ComputeOutput) -> pl.DataFrame:
+def _table_rows(
+    plan: GoldPlan, name: str, bucket: int, out: ComputeOutput, used: list[str]
+) -> pl.DataFrame:
     """This bucket's agents' rows of a gold table as listed in the plan (from ``KEPT``
-    where this worker wrote the file)."""
+    where this worker wrote the file: those files are added to ``used``)."""
     import pickle
 
     schema, files = pickle.loads(dict(plan.tables)[name])
@@ -283,7 +284,7 @@ def _table_rows(plan: GoldPlan, name: str, bucket: int, out: ComputeOutput) -> p
         if df is not None:
             pieces.append(df)
             out.kept += 1
-            out.used.append(f.local_path)
+            used.append(f.local_path)
             continue
         t = delta.read_data_file(f, schema)
         if file_bucket(f.local_path, plan.buckets) is None and t.num_rows:
@@ -298,8 +299,7 @@ def _table_rows(plan: GoldPlan, name: str, bucket: int, out: ComputeOutput) -> p
 
 
 def _table_root(plan: GoldPlan, name: str) -> str:
-    """A gold table's root: its staging folder is ``<root>/_staging/<folder>``."""
-    return os.path.dirname(os.path.dirname(dict(plan.staging)[name]))
+    return delta.staged_table_root(dict(plan.staging)[name])
 
 
 def _batch_rows(files: Sequence[str]) -> pl.DataFrame:
@@ -348,9 +348,10 @@ def compute(
 
     t0 = time.perf_counter()
     out = ComputeOutput(bucket)
-    state = _table_rows(plan, "rate_state", bucket, out)
-    lifecycles = _table_rows(plan, "object_lifecycles", bucket, out)
-    liveness = _table_rows(plan, "agent_liveness", bucket, out)
+    used: list[str] = []  # files taken from KEPT: dropped once their successors are written
+    state = _table_rows(plan, "rate_state", bucket, out, used)
+    lifecycles = _table_rows(plan, "object_lifecycles", bucket, out, used)
+    liveness = _table_rows(plan, "agent_liveness", bucket, out, used)
     batch = _batch_rows(shuffled) if direct is None else _bucket_rows(direct, bucket, plan)
     t1 = time.perf_counter()
     out_rows = gold_batch(
@@ -397,8 +398,7 @@ def compute(
             if name in STATE_TABLES and plan.keep_bytes:
                 where = os.path.join(_table_root(plan, name), info.name)
                 KEPT.put(where, frame(table), plan.batch_id, plan.keep_bytes)
-    KEPT.drop(out.used)
-    out.used = []
+    KEPT.drop(used)
     out.seconds = {"read": t1 - t0, "gold": t2 - t1, "write": time.perf_counter() - t2}
     return out
 

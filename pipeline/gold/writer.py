@@ -332,8 +332,6 @@ class GoldBatchWriter:
         except BaseException:
             self.drop_plan(plan)
             raise
-        if plan.shuffle:
-            delta.remove_stage_dir(plan.shuffle)
         report = self.commit_tasks(plan, outs)
         step("commit")
         for o in outs:
