@@ -48,7 +48,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--timeout", type=float, default=None,
                    help="seconds: run time for processingTime, upper bound for availableNow")
     p.add_argument("--parked-max-age", type=float, default=3600.0, metavar="SECONDS",
-                   help="report parked messages older than this")
+                   help="report parked messages of keys waiting longer than this")
     p.add_argument("--decode-on", choices=("auto", "tasks", "driver", "spark"), default="auto",
                    help="where a micro-batch is decoded and written: Spark tasks (the driver "
                         "commits their files), the driver, or auto: the driver for batches of at "

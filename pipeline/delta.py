@@ -1604,20 +1604,41 @@ def overwrite_range(
         )
 
 
-def read_before_batch(path: str, app_id: str, batch_id: int) -> pa.Table:
-    """The table as it was before ``app_id`` committed ``batch_id`` (or now, if it has not).
+def version_before_batch(path: str, app_id: str, batch_id: int) -> int | None:
+    """The version ``app_id``'s ``batch_id`` first saw: the one before its first commit
+    of (app_id, >= batch_id); None when it has not committed the batch (the latest),
+    -1 when that commit created the table (empty before it).
 
-    Commits of one app come in batch order, so the version before the first
-    commit of (app_id, >= batch_id) is the state that batch first saw.
+    Commits of one app come in batch order, so this is the state that batch first saw.
     """
     done = committed_batch(path, app_id)
     if done is None or done < batch_id:
-        return read_arrow(path)
+        return None
     first: int | None = None
     for h in DeltaTable(path).history():
         if h.get("qmf.app_id") == app_id and int(h.get("qmf.batch_id", -1)) >= batch_id:
             v = int(h["version"])
             first = v if first is None else min(first, v)
-    if first is None or first == 0:
-        return read_arrow(path) if first is None else read_arrow(path, 0).slice(0, 0)
-    return read_arrow(path, first - 1)
+    return None if first is None else first - 1
+
+
+def read_before_batch(path: str, app_id: str, batch_id: int) -> pa.Table:
+    """The table as it was before ``app_id`` committed ``batch_id`` (or now, if it has not)."""
+    version = version_before_batch(path, app_id, batch_id)
+    if version is None:
+        return read_arrow(path)
+    if version < 0:
+        return read_arrow(path, 0).slice(0, 0)
+    return read_arrow(path, version)
+
+
+def files_before_batch(
+    path: str, app_id: str, batch_id: int
+) -> tuple[pa.Schema, list[LiveFile]]:
+    """(schema, live files) of the table as ``batch_id`` first saw it
+    (``version_before_batch``): for tasks that read it themselves (``read_data_file``)."""
+    version = version_before_batch(path, app_id, batch_id)
+    dt = _open(path, 0 if version is not None and version < 0 else version)
+    if version is not None and version < 0:
+        return table_schema(dt), []
+    return table_schema(dt), live_files(dt)

@@ -8,8 +8,9 @@ One package, one module per role:
 * ``writer``: ``SilverBatchWriter``, the ``foreachBatch`` function (plans and commits);
 * ``tasks``: the row work in Spark tasks (decode, write Parquet, describe the files);
 * ``decode``: the pure Arrow decode of bronze rows into every table;
-* ``agents``, ``methods``, ``registry``: the state that crosses rows or batches
-  (agent observations, v1 method-call pairing, the schema registry);
+* ``agents``, ``methods``, ``registry``, ``parked``: the state that crosses rows or
+  batches (agent observations, v1 method-call pairing, the schema registry, what
+  parked messages wait for);
 * ``transforms``: DataFrame -> DataFrame views for readers (wide views per class);
 * ``testdata``: bronze rows from captured messages (tests, benchmarks).
 """

@@ -10,16 +10,23 @@ file per silver table into that table's staging folder, and returns only
   rows, footer statistics), checked against the table schema in the task;
 * the schema records it met (registry rows) and its agent observations, already
   aggregated (one row per agent and dialect);
-* the rare rows whose completion needs the whole batch or earlier batches:
-  messages parked for want of a schema (another task, or a later batch, may
-  bring it) and the halves of v1 method calls (paired across batches).
+* a summary of the messages it parked for want of a schema, by key
+  (``pipeline.silver.parked``: the messages themselves are in its ``parked`` file);
+* the halves of v1 method calls (rare: console calls; paired across batches).
+
+When a batch brings a schema that parked messages wait for (this batch's, in
+another task's file, or earlier batches', in the ``parked`` table), a second
+job decodes them (``resolve_task``): each task reads its share of those files,
+decodes what is now decodable, writes the rows as the first job does, rewrites
+this batch's parked files without what it decoded, and marks the earlier
+batches' messages it decoded in ``parked_resolved``.
 
 The driver then finishes the batch as on the driver path
 (``SilverBatchWriter.finish``) and commits each table's files, its own
 included, in one Delta commit with the app transaction
 (``pipeline.delta.commit_staged``). Its work grows with files, schemas,
-agents, parked messages and method calls, not with object samples, events or
-heartbeats.
+agents, the keys parked messages wait for and method calls, not with object
+samples, events, heartbeats or parked messages.
 """
 
 from __future__ import annotations
@@ -31,12 +38,14 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 import pyarrow as pa
+import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from pipeline import delta
 from pipeline.codec.schema import ClassSchema, SchemaRegistry
 from pipeline.delta_source import DataFile, arrow_schema, read_file
 from pipeline.ipc import from_ipc, to_ipc
+from pipeline.silver import parked
 from pipeline.silver.agents import agent_rows, merge_agent_rows
 from pipeline.silver.decode import (
     CALL_PARTS_T,
@@ -52,16 +61,20 @@ from pipeline.silver.decode import (
     decode_arrow,
 )
 from pipeline.silver.registry import StatisticKinds
-from schemas.silver import AGENTS
+from schemas.silver import AGENTS, PARKED, RESOLVED
 from schemas.tables import BRONZE
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
 
 # Written by the tasks, straight into the tables' staging folders.
-TASK_TABLES = (SAMPLES, EVENTS_T, HEARTBEATS_T, METHODS_T, QUARANTINE_T)
+TASK_TABLES = (SAMPLES, EVENTS_T, HEARTBEATS_T, METHODS_T, QUARANTINE_T, PARKED_T)
+# ... and by the tasks that decode parked messages again.
+RESOLVED_T = "parked_resolved"
+RESOLVE_TABLES = (*TASK_TABLES, RESOLVED_T)
+RESOLVE_SCHEMAS = {**{n: OUTPUT_SCHEMAS[n] for n in TASK_TABLES}, RESOLVED_T: RESOLVED}
 # Returned to the driver (small, and completed with the whole batch).
-SIDE_TABLES = (SEEN_T, PARKED_T, CALL_PARTS_T)
+SIDE_TABLES = (SEEN_T, CALL_PARTS_T)
 # Bronze columns the decode reads.
 DECODE_COLUMNS = (
     "partition", "offset", "msg_key", "received_at", "body", "correlation_id",
@@ -86,6 +99,8 @@ class TaskOutput:
     files: dict[str, list[delta.DataFileInfo]] = field(default_factory=dict)
     side: dict[str, bytes] = field(default_factory=dict)
     agents: bytes = b""
+    pending: bytes = b""  # parked.PENDING: what the messages it parked wait for
+    resolved: int = 0  # earlier batches' parked messages it decoded (resolve_task)
     fast_messages: int = 0
     fallback_messages: int = 0
     messages: int = 0
@@ -100,17 +115,9 @@ class TaskResults:
     agents: pa.Table
     tasks: int
     messages: int
-    staging: list[str] = field(default_factory=list)  # the batch's staging folders
-
-    def samples_reader(self) -> pa.Table:
-        """This batch's object samples as the tasks wrote them (read only when needed:
-        the class of an AM1 method call's object)."""
-        files = self.files.get(SAMPLES, [])
-        if not files:
-            return OUTPUT_SCHEMAS[SAMPLES].empty_table()
-        return pa.concat_tables([pq.read_table(f.location) for f in files])
-
-
+    pending: pa.Table = field(default_factory=parked.PENDING.empty_table)
+    resolved: int = 0
+    staging: dict[str, str] = field(default_factory=dict)  # table -> its staging folder
 
 
 def run_task(batches: Iterable[pa.RecordBatch], plan: TaskPlan) -> TaskOutput:
@@ -125,32 +132,53 @@ def run_task(batches: Iterable[pa.RecordBatch], plan: TaskPlan) -> TaskOutput:
         )
         for name in TASK_TABLES
     }
-    side: dict[str, list[pa.Table]] = {n: [] for n in SIDE_TABLES}
-    agents: list[pa.Table] = []
+    rows = _Rows(plan.batch_id)
     out = TaskOutput()
     try:
         for b in batches:
             out.messages += b.num_rows
             d = decode_arrow(b, reg, plan.batch_id, plan.kinds)
-            out.fast_messages += d.fast_messages
-            out.fallback_messages += d.fallback_messages
-            for name, t in d.tables.items():
-                if name in writers:
-                    writers[name].write(t)
-                elif name in side and t.num_rows:
-                    side[name].append(t)
-            agents.append(agent_rows(d, plan.batch_id))
-        for name, w in writers.items():
-            info = w.close()
-            if info is not None:
-                out.files[name] = [info]
+            rows.add(d, writers)
+            rows.pending.append(parked.summarize(d.get(PARKED_T)))
+        rows.close(writers, out)
     except BaseException:
         for w in writers.values():
             w.abort()
         raise
-    out.side = {n: to_ipc(pa.concat_tables(ts)) for n, ts in side.items() if ts}
-    out.agents = to_ipc(merge_agent_rows(agents, plan.batch_id))
     return out
+
+
+class _Rows:
+    """What a task collects from its decodes besides the files: side rows, agents,
+    the pending summary of what it parked."""
+
+    def __init__(self, batch_id: int) -> None:
+        self.batch_id = batch_id
+        self.side: dict[str, list[pa.Table]] = {n: [] for n in SIDE_TABLES}
+        self.agents: list[pa.Table] = []
+        self.pending: list[pa.Table] = []
+        self.fast = self.fallback = 0
+
+    def add(self, d: Decoded, writers: dict[str, delta.DataFileWriter]) -> None:
+        self.fast += d.fast_messages
+        self.fallback += d.fallback_messages
+        for name, t in d.tables.items():
+            if name in writers:
+                writers[name].write(t)
+            elif name in self.side and t.num_rows:
+                self.side[name].append(t)
+        self.agents.append(agent_rows(d, self.batch_id))
+
+    def close(self, writers: dict[str, delta.DataFileWriter], out: TaskOutput) -> None:
+        for name, w in writers.items():
+            info = w.close()
+            if info is not None:
+                out.files[name] = [info]
+        out.fast_messages += self.fast
+        out.fallback_messages += self.fallback
+        out.side = {n: to_ipc(pa.concat_tables(ts)) for n, ts in self.side.items() if ts}
+        out.agents = to_ipc(merge_agent_rows(self.agents, self.batch_id))
+        out.pending = to_ipc(parked.merge(self.pending))
 
 
 def gather(outputs: Sequence[TaskOutput], batch_id: int) -> TaskResults:
@@ -174,6 +202,8 @@ def gather(outputs: Sequence[TaskOutput], batch_id: int) -> TaskResults:
         agents=agents,
         tasks=len(outputs),
         messages=sum(o.messages for o in outputs),
+        pending=parked.merge(from_ipc(o.pending) for o in outputs if o.pending),
+        resolved=sum(o.resolved for o in outputs),
     )
 
 
@@ -299,6 +329,153 @@ def run_dataframe(df: DataFrame, plan: TaskPlan) -> list[TaskOutput]:
         .collect()
     )
     return [pickle.loads(r["output"]) for r in rows]
+
+
+# ------------------------------------------------------ parked messages, again
+
+
+@dataclass(frozen=True)
+class ResolvePlan:
+    """What every task of a batch's second job needs: the registry with the batch's
+    schemas, which keys are decodable now, and where earlier resolutions are."""
+
+    schemas: tuple[ClassSchema, ...]
+    batch_id: int
+    kinds: StatisticKinds
+    known: tuple[str, ...]  # missing keys decodable now (this batch's parked files)
+    retry: tuple[str, ...]  # stored keys of earlier batches' messages to decode again
+    staging: tuple[tuple[str, str], ...]  # (table, staging folder) of RESOLVE_TABLES
+    parked_schema: pa.Schema
+    resolved_schema: pa.Schema
+    resolved_files: tuple[delta.LiveFile, ...]  # parked_resolved as of before the batch
+
+
+@dataclass(frozen=True)
+class ParkedPart:
+    """A file of parked messages: this batch's (staged by a task of the first job), or
+    one of the ``parked`` table as of before the batch (``live``)."""
+
+    path: str
+    size: int
+    live: delta.LiveFile | None = None
+
+
+def resolve_task(parts: Sequence[ParkedPart], plan: ResolvePlan) -> TaskOutput:
+    """Decode the parked messages of ``parts`` whose schema is known now.
+
+    This batch's files are rewritten: what is still waiting goes to a new parked
+    file (with what a decoded message parked again for another of its classes).
+    Earlier batches' messages decoded are written to ``parked_resolved``; those
+    that park again stay pending where they are, under their stored key (the
+    summary says what they wait for now).
+    """
+    staging = dict(plan.staging)
+    writers = {
+        name: delta.DataFileWriter(
+            os.path.join(staging[name], delta.data_file_name(plan.batch_id)),
+            RESOLVE_SCHEMAS[name],
+        )
+        for name in RESOLVE_TABLES
+    }
+    rows = _Rows(plan.batch_id)
+    out = TaskOutput()
+    known = pa.array(plan.known, pa.string())
+    retry = pa.array(plan.retry, pa.string())
+    done: pa.Table | None = None
+    try:
+        for part in parts:
+            if part.live is None:  # this batch's: split into waiting and decodable
+                t = pq.read_table(part.path)
+                now = pc.is_in(t.column("missing"), known)
+                wait = t.filter(pc.invert(now))
+                writers[PARKED_T].write(wait)
+                rows.pending.append(parked.summarize(wait))
+                d = decode_arrow(t.filter(now), SchemaRegistry(plan.schemas), plan.batch_id, plan.kinds)
+                rows.pending.append(parked.summarize(d.get(PARKED_T)))
+                rows.add(d, writers)
+                out.messages += t.num_rows
+                continue
+            t = delta.read_data_file(part.live, plan.parked_schema)
+            t = t.filter(pc.is_in(t.column("missing"), retry))
+            if done is None:
+                done = _resolved_before(plan)
+            t = parked.without(t, done)
+            if t.num_rows == 0:
+                continue
+            out.messages += t.num_rows
+            d = decode_arrow(t, SchemaRegistry(plan.schemas), plan.batch_id, plan.kinds)
+            still = d.tables.pop(PARKED_T, None)
+            if still is None:
+                still = PARKED.empty_table()
+            stored = dict(
+                zip(
+                    zip(t.column("partition").to_pylist(), t.column("offset").to_pylist(), strict=True),
+                    t.column("missing").to_pylist(),
+                    strict=True,
+                )
+            )
+            rows.pending.append(
+                parked.summarize(
+                    still,
+                    pa.array(
+                        [
+                            stored[k]
+                            for k in zip(
+                                still.column("partition").to_pylist(),
+                                still.column("offset").to_pylist(),
+                                strict=True,
+                            )
+                        ],
+                        pa.string(),
+                    ),
+                )
+            )
+            decoded = parked.without(t, still)
+            writers[RESOLVED_T].write(
+                pa.table(
+                    {
+                        "partition": decoded.column("partition"),
+                        "offset": decoded.column("offset"),
+                        "batch_id": pa.array([plan.batch_id] * decoded.num_rows, pa.int64()),
+                        "parked_batch": decoded.column("batch_id"),
+                    }
+                )
+            )
+            out.resolved += decoded.num_rows
+            rows.add(d, writers)
+        rows.close(writers, out)
+    except BaseException:
+        for w in writers.values():
+            w.abort()
+        raise
+    return out
+
+
+def _resolved_before(plan: ResolvePlan) -> pa.Table:
+    cols = ["partition", "offset"]
+    parts = [delta.read_data_file(f, plan.resolved_schema, cols) for f in plan.resolved_files]
+    if not parts:
+        return pa.table({"partition": pa.array([], pa.string()), "offset": pa.array([], pa.int64())})
+    return pa.concat_tables(parts)
+
+
+def run_resolve(
+    spark: SparkSession | None, parts: Sequence[ParkedPart], plan: ResolvePlan, tasks: int
+) -> list[TaskOutput]:
+    """``resolve_task`` over ``parts`` spread by size over at most ``tasks`` tasks: Spark
+    tasks, or here when ``spark`` is None (small work, or no Spark)."""
+    n = max(1, min(tasks, len(parts)))
+    units: list[list[ParkedPart]] = [[] for _ in range(n)]
+    weight = [0] * n
+    for p in sorted(parts, key=lambda p: -p.size):
+        i = weight.index(min(weight))
+        units[i].append(p)
+        weight[i] += max(p.size, 1)
+    units = [u for u in units if u]
+    if spark is None:
+        return [resolve_task(u, plan) for u in units]
+    rdd = spark.sparkContext.parallelize(units, len(units))
+    return list(rdd.map(lambda u: resolve_task(u, plan)).collect())
 
 
 def decode_to_arrow(

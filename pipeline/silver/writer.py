@@ -13,8 +13,10 @@ One micro-batch (``SilverBatchWriter.__call__``), streaming or batch:
    ``auto`` by the size of the batch's bronze files;
 3. schemas met in the batch decode the batch's messages that were parked for
    want of them (content before its schema, or in another task), and the
-   messages parked by earlier batches whose schema is now known (read as of
-   before this batch); v1 method calls are paired (``pipeline.silver.methods``);
+   messages parked by earlier batches whose schema is now known (the ``parked``
+   table as of before this batch, read by tasks: ``tasks.resolve_task``; the
+   driver keeps only what they wait for, ``pipeline.silver.parked``); v1 method
+   calls are paired (``pipeline.silver.methods``);
 4. each non-empty table gets one Delta commit of all its files carrying
    ``(app_id, batch_id)`` (``pipeline.delta.commit_staged``,
    ``append_parquet``): a replay commits nothing twice. ``parked_resolved``
@@ -22,8 +24,9 @@ One micro-batch (``SilverBatchWriter.__call__``), streaming or batch:
    and the replay decodes them again into tables that skip the committed batch;
 5. the registry gets the new schemas (merge, same app transaction).
 
-Parked messages older than ``parked_max_age_s`` are reported (log warning,
-``SilverBatchWriter.stale_parked``) on every batch until their schema arrives.
+Parked messages of a key that has waited longer than ``parked_max_age_s`` are
+reported (log warning, ``SilverBatchWriter.stale_parked``: the keys) on every
+batch until their schema arrives.
 """
 
 from __future__ import annotations
@@ -32,16 +35,18 @@ import logging
 import os
 import time
 from dataclasses import dataclass, field
-from datetime import UTC, datetime, timedelta
+from datetime import datetime
 from typing import TYPE_CHECKING
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
+import pyarrow.parquet as pq
 
 from pipeline import delta
 from pipeline.bronze.writer import checkpoint_query_id
 from pipeline.codec.schema import SchemaRegistry
+from pipeline.silver import parked
 from pipeline.silver.agents import agent_rows, merge_agent_rows
 from pipeline.silver.batch import bronze_files, read_bronze
 from pipeline.silver.decode import (
@@ -55,10 +60,10 @@ from pipeline.silver.decode import (
 from pipeline.silver.methods import MethodCallTable
 from pipeline.silver.registry import SeenSchema, schema_from_row
 from pipeline.silver.settings import SilverSettings, ensure_tables
-from schemas.silver import METHOD_CALLS, PARKED, RESOLVED, SILVER_TABLES
+from schemas.silver import METHOD_CALLS, SILVER_TABLES
 
 if TYPE_CHECKING:
-    from pyspark.sql import DataFrame
+    from pyspark.sql import DataFrame, SparkSession
 
     from pipeline.delta_source import DataFile
     from pipeline.silver.tasks import TaskResults
@@ -79,20 +84,6 @@ WRITE_ORDER = (
 )
 
 
-def without(table: pa.Table, other: pa.Table) -> pa.Table:
-    """Rows of ``table`` whose (partition, offset) is not in ``other`` (small tables: parking)."""
-    drop = set(
-        zip(other.column("partition").to_pylist(), other.column("offset").to_pylist(), strict=True)
-    )
-    keep = [
-        k not in drop
-        for k in zip(
-            table.column("partition").to_pylist(), table.column("offset").to_pylist(), strict=True
-        )
-    ]
-    return table.filter(pa.array(keep, pa.bool_()))
-
-
 # ------------------------------------------------------------------ the writer
 
 
@@ -107,6 +98,7 @@ class BatchReport:
     decode_on: str = "driver"
     tasks: int = 0  # Spark tasks of the task path (0: decoded on the driver)
     resolved: int = 0
+    resolved_on: str = ""  # where parked messages were decoded again: "tasks", "driver"
     stale_parked: int = 0
     seconds: dict[str, float] = field(default_factory=dict)
 
@@ -120,14 +112,15 @@ class SilverBatchWriter:
         self.registry = ensure_tables(settings)
         self.kinds = self.registry.kinds
         self._reg_cache: tuple[tuple[int, int], SchemaRegistry] | None = None
-        # State after the last batch this writer finished: (batch id, registry, pending
-        # parked). The next batch id starts from it instead of re-reading the tables
-        # (this writer is the only one writing them); any other batch id reloads.
+        # State after the last batch this writer finished: (batch id, registry, what
+        # parked messages wait for: parked.PENDING). The next batch id starts from it
+        # instead of re-reading the tables (this writer is the only one writing them);
+        # any other batch id reloads.
         self._after: tuple[int, SchemaRegistry, pa.Table] | None = None
         self._agents_seen: dict[tuple[str, str], datetime] | None = None
         self.calls = MethodCallTable(settings.path("method_calls"), settings.path("object_samples"))
         self.reports: list[BatchReport] = []
-        self.stale_parked: pa.Table = PARKED.empty_table()
+        self.stale_parked: pa.Table = parked.PENDING.empty_table()
 
     @property
     def app_id(self) -> str:
@@ -177,16 +170,14 @@ class SilverBatchWriter:
         return self._reg_cache[1].copy()
 
     def pending_parked(self, batch_id: int) -> pa.Table:
-        """Parked messages not resolved, as of before this batch."""
+        """What parked messages not resolved wait for, as of before this batch
+        (``parked.PENDING``)."""
         if self._after is not None and self._after[0] == batch_id - 1:
             return self._after[2]
-        parked = delta.read_before_batch(self.settings.path("parked"), self.app_id, batch_id)
-        if parked.num_rows == 0:
-            return parked
-        resolved = delta.read_before_batch(self.settings.path("parked_resolved"), self.app_id, batch_id)
-        if resolved.num_rows == 0:
-            return parked
-        return without(parked, resolved)
+        return parked.from_tables(
+            self.settings.path("parked"), self.settings.path("parked_resolved"), self.app_id,
+            batch_id,
+        )  # fmt: skip
 
     def __call__(self, df: DataFrame, batch_id: int) -> None:
         """Decode on the driver or in Spark tasks (``decode_on``; ``auto`` by the size of
@@ -208,9 +199,9 @@ class SilverBatchWriter:
             decoded = staged.side
         t1 = time.perf_counter()
         try:
-            report = self.finish(decoded, registry, batch_id, staged)
+            report = self.finish(decoded, registry, batch_id, staged, df.sparkSession)
         finally:
-            for folder in [] if staged is None else staged.staging:
+            for folder in [] if staged is None else staged.staging.values():
                 delta.remove_stage_dir(folder)
         report.decode_on = mode
         report.tasks = 0 if staged is None else staged.tasks
@@ -240,7 +231,7 @@ class SilverBatchWriter:
         else:
             outputs = tasks.run_dataframe(df, plan)
         results = tasks.gather(outputs, batch_id)
-        results.staging = [folder for _name, folder in staging]
+        results.staging = dict(staging)
         return results
 
     def decode_local(self, bronze: pa.Table, batch_id: int) -> BatchReport:
@@ -255,9 +246,11 @@ class SilverBatchWriter:
         registry: SchemaRegistry,
         batch_id: int,
         staged: TaskResults | None = None,
+        spark: SparkSession | None = None,
     ) -> BatchReport:
         """Steps 3-5 of the module docstring on a decoded batch. ``staged``: what the
-        tasks wrote and returned (task path); ``decoded`` is then their side rows."""
+        tasks wrote and returned (task path); ``decoded`` is then their side rows.
+        ``spark``: where parked messages are decoded again when there are many."""
         t0 = time.perf_counter()
         report = BatchReport(batch_id)
         seen_rows = [decoded.get(SEEN_T)]
@@ -268,92 +261,70 @@ class SilverBatchWriter:
                 report.new_schemas += 1
                 ext.add(s)
         parts = [decoded]
-        parked_now = decoded.get(PARKED_T)
-        if parked_now.num_rows and report.new_schemas:
-            known = np.array(
-                [parse_key_text(m) in ext for m in parked_now.column("missing").to_pylist()]
-            )
-            if known.any():
-                again = decode_arrow(
-                    parked_now.filter(pa.array(known)), ext.copy(), batch_id, self.kinds
+        files = {} if staged is None else {k: list(v) for k, v in staged.files.items()}
+        if staged is None:  # the driver path holds this batch's parked messages
+            parked_now = decoded.get(PARKED_T)
+            if parked_now.num_rows and report.new_schemas:
+                known = np.array(
+                    [parse_key_text(m) in ext for m in parked_now.column("missing").to_pylist()]
                 )
-                decoded.tables[PARKED_T] = parked_now.filter(pa.array(~known))
-                parts.append(again)
-                seen_rows.append(again.get(SEEN_T))
-        resolved = RESOLVED.empty_table()
-        pending = self.pending_parked(batch_id)
-        if pending.num_rows:
-            known = np.array(
-                [parse_key_text(m) in ext for m in pending.column("missing").to_pylist()], bool
-            )
-            if known.any():
-                todo = pending.filter(pa.array(known))
-                again = decode_arrow(todo, ext.copy(), batch_id, self.kinds)
-                still = again.get(PARKED_T)
-                again.tables.pop(PARKED_T, None)  # still parked: stays pending, not parked twice
-                done = without(todo, still)
-                resolved = pa.table(
-                    {
-                        "partition": done.column("partition"),
-                        "offset": done.column("offset"),
-                        "batch_id": pa.array(np.full(done.num_rows, batch_id, np.int64)),
-                        "parked_batch": done.column("batch_id"),
-                    }
-                ).cast(RESOLVED)
-                parts.append(again)
-                seen_rows.append(again.get(SEEN_T))
-                report.resolved = resolved.num_rows
-        merged = Decoded.concat(parts)
-        agents = [agent_rows(merged, batch_id)]
-        if staged is not None:
-            agents.append(staged.agents)
-        merged.tables["agents"] = self._agents_to_write(merge_agent_rows(agents, batch_id))
-        merged.tables["parked_resolved"] = resolved
-        calls = merged.tables.pop(CALL_PARTS_T, None)
-        if calls is None:
-            calls = METHOD_CALLS.empty_table()
-        samples = merged.get("object_samples")
-        if staged is not None:
-            here, tasks_wrote = samples, staged.samples_reader
+                if known.any():
+                    again = decode_arrow(
+                        parked_now.filter(pa.array(known)), ext.copy(), batch_id, self.kinds
+                    )
+                    decoded.tables[PARKED_T] = parked_now.filter(pa.array(~known))
+                    parts.append(again)
+                    seen_rows.append(again.get(SEEN_T))
+            now = parked.merge(parked.summarize(p.get(PARKED_T)) for p in parts)
+        else:
+            now = staged.pending
+        before = self.pending_parked(batch_id)
+        retry = parked.retry_keys(before, ext)
+        known_now = parked.decodable(now, ext) if staged is not None else []
+        stages: list[str] = []
+        try:
+            if retry or known_now:
+                again_t, report.resolved_on = self._resolve(
+                    batch_id, ext, retry, known_now, staged, spark, files, stages
+                )
+                report.resolved = again_t.resolved
+                parts.append(again_t.side)
+                seen_rows.append(again_t.side.get(SEEN_T))
+                if known_now:  # this batch's parked files were rewritten
+                    now = parked.PENDING.empty_table()
+                now = parked.merge([now, again_t.pending])
+                extra_agents = [again_t.agents]
+            else:
+                extra_agents = []
+            pending = parked.merge([parked.keep_others(before, retry), now])
+            merged = Decoded.concat(parts)
+            agents = [agent_rows(merged, batch_id), *extra_agents]
+            if staged is not None:
+                agents.append(staged.agents)
+            merged.tables["agents"] = self._agents_to_write(merge_agent_rows(agents, batch_id))
+            calls = merged.tables.pop(CALL_PARTS_T, None)
+            if calls is None:
+                calls = METHOD_CALLS.empty_table()
+            samples = merged.get("object_samples")
+            staged_samples = list(files.get("object_samples", ()))
 
             def batch_samples() -> pa.Table:
-                return pa.concat_tables([here, tasks_wrote().cast(here.schema)])
+                """This batch's samples: the driver's and the tasks' files (read only
+                when needed: the class of an AM1 method call's object)."""
+                read = [pq.read_table(f.location).cast(samples.schema) for f in staged_samples]
+                return pa.concat_tables([samples, *read])
 
             merged.tables["method_calls"] = self.calls.build(
                 calls, batch_samples, ext, self.app_id, batch_id
             )
-        else:
-            merged.tables["method_calls"] = self.calls.build(
-                calls, samples, ext, self.app_id, batch_id
-            )
-        still = without(pending, resolved)
-        self._report_stale(still, merged.get(PARKED_T), report)
-        self._ask_for_schemas(still, merged.get(PARKED_T), ext)
-        self._after = None
-        t1 = time.perf_counter()
-        files = {} if staged is None else staged.files
-        for name in WRITE_ORDER:
-            t = merged.tables.get(name)
-            n = (0 if t is None else t.num_rows) + sum(f.rows for f in files.get(name, ()))
-            if n == 0:
-                continue
-            report.rows[name] = n
-            path = self.settings.path(name)
-            if name == "method_calls":  # completes earlier rows: an upsert, not an append
-                assert t is not None
-                done = delta.merge_arrow(
-                    t, path, keys=["call_id"], app_id=self.app_id, batch_id=batch_id
-                )
-            elif name in files:
-                done = delta.commit_staged(
-                    path, self._with_driver_rows(name, t, files[name], batch_id),
-                    app_id=self.app_id, batch_id=batch_id,
-                )  # fmt: skip
-            else:
-                assert t is not None
-                done = delta.append_parquet(path, t, app_id=self.app_id, batch_id=batch_id)
-            if not done.skipped:
-                report.committed.append(name)
+            self._report_stale(pending, report)
+            self._ask_for_schemas(pending, ext)
+            self._after = None
+            t1 = time.perf_counter()
+            self._commit(merged, files, batch_id, report)
+        finally:
+            for folder in stages:
+                delta.remove_stage_dir(folder)
         seen = [
             SeenSchema(schema_from_row(r), r["source_agent"], r["first_seen"])
             for t in seen_rows
@@ -371,15 +342,104 @@ class SilverBatchWriter:
         for sc in seen:
             if sc.schema.key not in ext:
                 ext.add(sc.schema)
-        self._after = (
-            batch_id,
-            ext,
-            pa.concat_tables(
-                [still.select(PARKED.names), merged.get(PARKED_T).select(PARKED.names).cast(PARKED)]
-            ),
-        )
+        self._after = (batch_id, ext, pending)
         self.reports.append(report)
         return report
+
+    def _resolve(
+        self,
+        batch_id: int,
+        ext: SchemaRegistry,
+        retry: list[str],
+        known_now: list[str],
+        staged: TaskResults | None,
+        spark: SparkSession | None,
+        files: dict[str, list[delta.DataFileInfo]],
+        stages: list[str],
+    ) -> tuple[TaskResults, str]:
+        """Decode the parked messages whose schema is known now (``tasks.resolve_task``):
+        this batch's parked files when ``known_now``, the ``parked`` table's messages
+        stored under ``retry``. In Spark tasks on the task path or above
+        ``driver_max_bytes`` of files; here otherwise (the second value says which).
+        Their files join ``files``."""
+        from pipeline.silver import tasks
+
+        path = self.settings.path
+        parts: list[tasks.ParkedPart] = []
+        if known_now and staged is not None:
+            parts += [tasks.ParkedPart(f.location, f.size) for f in files.pop(PARKED_T, [])]
+        if retry:
+            schema, live = delta.files_before_batch(path("parked"), self.app_id, batch_id)
+            parts += [
+                tasks.ParkedPart(f.local_path, os.path.getsize(f.local_path), f) for f in live
+            ]
+        else:
+            schema = SILVER_TABLES["parked"]
+        rschema, rfiles = delta.files_before_batch(path("parked_resolved"), self.app_id, batch_id)
+        staging: list[tuple[str, str]] = []
+        for name in tasks.RESOLVE_TABLES:
+            folder = None if staged is None else staged.staging.get(name)
+            if folder is None:
+                folder = delta.fresh_stage_dir(path(name), self.app_id, batch_id)
+                stages.append(folder)
+            staging.append((name, folder))
+        plan = tasks.ResolvePlan(
+            schemas=tuple(ext),
+            batch_id=batch_id,
+            kinds=self.kinds,
+            known=tuple(known_now),
+            retry=tuple(retry),
+            staging=tuple(staging),
+            parked_schema=schema,
+            resolved_schema=rschema,
+            resolved_files=tuple(rfiles),
+        )
+        small = sum(p.size for p in parts) <= self.settings.driver_max_bytes
+        where = None if spark is None or (staged is None and small) else spark
+        cores = 1 if where is None else where.sparkContext.defaultParallelism
+        got = tasks.gather(
+            tasks.run_resolve(where, parts, plan, cores * self.settings.tasks_per_core), batch_id
+        )
+        for name, fs in got.files.items():
+            files.setdefault(name, []).extend(fs)
+        on = "driver" if where is None else "tasks"
+        log.info(
+            "silver batch %d: %d parked message(s) decoded again, %d of earlier batches (%s)",
+            batch_id, got.messages, got.resolved, on,
+        )  # fmt: skip
+        return got, on
+
+    def _commit(
+        self,
+        merged: Decoded,
+        files: dict[str, list[delta.DataFileInfo]],
+        batch_id: int,
+        report: BatchReport,
+    ) -> None:
+        """One commit per non-empty table, in ``WRITE_ORDER``: the driver's rows plus
+        the files the tasks wrote."""
+        for name in WRITE_ORDER:
+            t = merged.tables.get(name)
+            n = (0 if t is None else t.num_rows) + sum(f.rows for f in files.get(name, ()))
+            if n == 0:
+                continue
+            report.rows[name] = n
+            path = self.settings.path(name)
+            if name == "method_calls":  # completes earlier rows: an upsert, not an append
+                assert t is not None
+                done = delta.merge_arrow(
+                    t, path, keys=["call_id"], app_id=self.app_id, batch_id=batch_id
+                )
+            elif files.get(name):
+                done = delta.commit_staged(
+                    path, self._with_driver_rows(name, t, files[name], batch_id),
+                    app_id=self.app_id, batch_id=batch_id,
+                )  # fmt: skip
+            else:
+                assert t is not None
+                done = delta.append_parquet(path, t, app_id=self.app_id, batch_id=batch_id)
+            if not done.skipped:
+                report.committed.append(name)
 
     def _with_driver_rows(
         self,
@@ -401,7 +461,7 @@ class SilverBatchWriter:
         assert info is not None
         return [*files, info]
 
-    def _ask_for_schemas(self, pending: pa.Table, new: pa.Table, known: SchemaRegistry) -> None:
+    def _ask_for_schemas(self, pending: pa.Table, known: SchemaRegistry) -> None:
         """List the schema keys parked messages wait for where the console reads them,
         and withdraw the keys decoded since (``receivers.schema_wants``)."""
         if self.settings.schema_wants is None:
@@ -409,35 +469,20 @@ class SilverBatchWriter:
         from receivers.schema_wants import SchemaWants
 
         wants = SchemaWants(self.settings.schema_wants)
-        missing = {
-            parse_key_text(m) for t in (pending, new) for m in t.column("missing").to_pylist() if m
-        }
+        missing = {parse_key_text(m) for m in pending.column("missing").to_pylist() if m}
         wants.done([k for k in wants.pending() if k in known and k not in missing])
         if wants.want(sorted(missing, key=lambda k: (k.package, k.name, k.hash))):
             log.info("asked the console for %d schema(s) parked messages wait for", len(missing))
 
-    def _report_stale(self, pending: pa.Table, new: pa.Table, report: BatchReport) -> None:
-        both = pa.concat_tables(
-            [pending.select(PARKED.names), new.select(PARKED.names).cast(PARKED)]
-        )
-        if both.num_rows == 0:
-            self.stale_parked = PARKED.empty_table()
-            return
-        limit = datetime.now(UTC) - timedelta(seconds=self.settings.parked_max_age_s)
-        old = both.filter(
-            pc.less(
-                both.column("received_at"), pa.scalar(limit, both.schema.field("received_at").type)
-            )
-        )
+    def _report_stale(self, pending: pa.Table, report: BatchReport) -> None:
+        old = parked.stale(pending, self.settings.parked_max_age_s)
         self.stale_parked = old
-        report.stale_parked = old.num_rows
+        report.stale_parked = int(pc.sum(old.column("messages")).as_py() or 0)
         if old.num_rows:
             missing = sorted(set(old.column("missing").to_pylist()))
             log.warning(
-                "%d parked message(s) older than %.0f s still wait for schemas: %s",
-                old.num_rows,
+                "%d parked message(s) wait for schemas not seen for over %.0f s: %s",
+                report.stale_parked,
                 self.settings.parked_max_age_s,
                 ", ".join(missing[:10]),
             )
-
-

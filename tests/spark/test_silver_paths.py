@@ -187,6 +187,85 @@ def test_auto_decodes_small_batches_on_the_driver_and_large_ones_in_tasks(
     assert_same_tables(spark, auto.root, driver.root, SILVER)
 
 
+def test_parked_messages_wait_and_resolve_alike_on_every_path(
+    spark: SparkSession, tmp_path: Path
+) -> None:
+    """Content waits for its schema across batches, and one message for two schemas: it
+    parks for the first, and once that arrives, parks again for the second (stored under
+    the first key, waiting for the second). The task path (parked messages decoded again
+    in Spark tasks that read the ``parked`` table), the driver path (decoded again on the
+    driver) and the driver path above ``driver_max_bytes`` (again in tasks) write the
+    same tables, and exactly these rows."""
+    from pipeline.codec.records import Am2ObjectId, ObjectSample
+    from pipeline.codec.schema import ClassSchema, Element, SchemaKey, SchemaRegistry
+    from pipeline.codec.v1 import encode_records
+    from tests.spark import test_silver_late as late
+
+    gadget = ClassSchema(
+        key=SchemaKey(late.PKG, "gadget", b"\x03" * 16),
+        properties=(Element("name", 6, access=1, index=True),),
+        statistics=(Element("count", 4),),
+    )
+    g = ObjectSample(
+        dialect="AM2", opcode="g", seq=9, package=late.PKG, class_name="gadget",
+        schema_hash=gadget.key.hash, update_ns=late.T0, create_ns=late.T0, delete_ns=0,
+        object_id=Am2ObjectId(0, 1, 1, 0, 99), values={"name": "g1", "count": 5}, agent="1.0",
+    )  # fmt: skip
+    both = late.msg(encode_records([late.rec(late.V1, "g", 3), g], SchemaRegistry([late.V1, gadget])))
+    batches = [
+        [late.content(late.V1, ("c", 1), ("i", 1)), both, late.heartbeat()],  # both park
+        [late.announce(late.V1), late.content(late.V1, ("i", 2))],  # `both` parks again
+        [late.heartbeat()],  # nothing to decode again
+        [late.announce(gadget)],  # `both` decodes
+    ]
+    wkey, gkey = (f"{late.PKG}:{n}({h * 16})" for n, h in (("widget", "01"), ("gadget", "03")))
+    runs = {  # where parked messages are decoded again
+        "tasks": ({"decode_on": "tasks"}, "tasks"),
+        "driver": ({"decode_on": "driver"}, "driver"),
+        "driver-big": ({"decode_on": "driver", "driver_max_bytes": 0}, "tasks"),
+    }
+    for name, (kw, on) in runs.items():
+        run = late.Run(spark, tmp_path / name, parked_max_age_s=0.0, **kw)
+        got = []
+        for k, msgs in enumerate(batches):
+            r = run.batch(k, msgs)
+            pending = run.writer.pending_parked(k + 1).select(["stored", "missing", "messages"])
+            got.append((r.resolved, r.resolved_on, r.stale_parked, pending.to_pylist()))
+        assert got == [
+            (0, "", 2, [{"stored": wkey, "missing": wkey, "messages": 2}]),
+            (1, on, 1, [{"stored": wkey, "missing": gkey, "messages": 1}]),
+            (0, "", 1, [{"stored": wkey, "missing": gkey, "messages": 1}]),
+            (1, on, 0, []),
+        ], name
+        # The summary read back from the tables (a restarted writer) is the same.
+        fresh = SilverBatchWriter(run.s, app_id="test-silver")
+        assert fresh.pending_parked(2).select(["stored", "missing", "messages"]).to_pylist() == [
+            {"stored": wkey, "missing": wkey, "messages": 1}
+        ], name  # as of before batch 2: the table says `both` waits for its stored key
+        assert fresh.pending_parked(4).num_rows == 0
+        parked = run.table("parked").sort_by("offset")
+        assert parked.select(["offset", "batch_id", "missing"]).to_pylist() == [
+            {"offset": 0, "batch_id": 0, "missing": wkey},
+            {"offset": 1, "batch_id": 0, "missing": wkey},
+        ], name
+        assert run.table("parked_resolved").sort_by("offset").to_pylist() == [
+            {"partition": "p0", "offset": 0, "batch_id": 1, "parked_batch": 0},
+            {"partition": "p0", "offset": 1, "batch_id": 3, "parked_batch": 0},
+        ], name
+        samples = run.table("object_samples").sort_by([("offset", "ascending"), ("record_index", "ascending")])
+        assert [
+            (r["offset"], r["class_name"], r["opcode"], r["batch_id"]) for r in samples.to_pylist()
+        ] == [
+            (0, "widget", "c", 1), (0, "widget", "i", 1), (1, "widget", "g", 3),
+            (1, "gadget", "g", 3), (4, "widget", "i", 1),
+        ], name  # fmt: skip
+    for other in ("driver", "driver-big"):
+        assert_same_tables(
+            spark, str(tmp_path / "tasks" / "silver"), str(tmp_path / other / "silver"),
+            (*SILVER, "parked_resolved"),
+        )  # fmt: skip
+
+
 def test_what_crosses_tasks_is_completed_on_the_driver(spark: SparkSession, tmp_path: Path) -> None:
     """One micro-batch, two bronze files, two tasks: content whose schema only the other
     task sees, and a v1 method call whose request (on an object sampled in this batch)
