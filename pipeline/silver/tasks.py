@@ -72,7 +72,7 @@ TASK_TABLES = (SAMPLES, EVENTS_T, HEARTBEATS_T, METHODS_T, QUARANTINE_T, PARKED_
 # ... and by the tasks that decode parked messages again.
 RESOLVED_T = "parked_resolved"
 RESOLVE_TABLES = (*TASK_TABLES, RESOLVED_T)
-RESOLVE_SCHEMAS = {**{n: OUTPUT_SCHEMAS[n] for n in TASK_TABLES}, RESOLVED_T: RESOLVED}
+RESOLVE_SCHEMAS = {**OUTPUT_SCHEMAS, RESOLVED_T: RESOLVED}
 # Returned to the driver (small, and completed with the whole batch).
 SIDE_TABLES = (SEEN_T, CALL_PARTS_T)
 # Bronze columns the decode reads.
@@ -124,53 +124,57 @@ def run_task(batches: Iterable[pa.RecordBatch], plan: TaskPlan) -> TaskOutput:
     """One task: decode its bronze batches, write each task table's rows into one
     Parquet file in its staging folder, describe the files, keep the side rows."""
     reg = SchemaRegistry(plan.schemas)  # plans do not pickle: rebuilt in the task
-    staging = dict(plan.staging)
-    writers = {
-        name: delta.DataFileWriter(
-            os.path.join(staging[name], delta.data_file_name(plan.batch_id)),
-            OUTPUT_SCHEMAS[name],
-        )
-        for name in TASK_TABLES
-    }
-    rows = _Rows(plan.batch_id)
+    rows = _Rows(plan.batch_id, plan.staging, OUTPUT_SCHEMAS)
     out = TaskOutput()
     try:
         for b in batches:
             out.messages += b.num_rows
             d = decode_arrow(b, reg, plan.batch_id, plan.kinds)
-            rows.add(d, writers)
+            rows.add(d)
             rows.pending.append(parked.summarize(d.get(PARKED_T)))
-        rows.close(writers, out)
+        rows.close(out)
     except BaseException:
-        for w in writers.values():
-            w.abort()
+        rows.abort()
         raise
     return out
 
 
 class _Rows:
-    """What a task collects from its decodes besides the files: side rows, agents,
-    the pending summary of what it parked."""
+    """What a task makes of its decodes: one Parquet file per table it writes (into
+    ``staging``), and what it returns besides: side rows, agents, the summary of
+    what it parked."""
 
-    def __init__(self, batch_id: int) -> None:
+    def __init__(
+        self, batch_id: int, staging: Sequence[tuple[str, str]], schemas: dict[str, pa.Schema]
+    ) -> None:
         self.batch_id = batch_id
+        self.writers = {
+            name: delta.DataFileWriter(
+                os.path.join(folder, delta.data_file_name(batch_id)), schemas[name]
+            )
+            for name, folder in staging
+        }
         self.side: dict[str, list[pa.Table]] = {n: [] for n in SIDE_TABLES}
         self.agents: list[pa.Table] = []
         self.pending: list[pa.Table] = []
         self.fast = self.fallback = 0
 
-    def add(self, d: Decoded, writers: dict[str, delta.DataFileWriter]) -> None:
+    def add(self, d: Decoded) -> None:
         self.fast += d.fast_messages
         self.fallback += d.fallback_messages
         for name, t in d.tables.items():
-            if name in writers:
-                writers[name].write(t)
+            if name in self.writers:
+                self.writers[name].write(t)
             elif name in self.side and t.num_rows:
                 self.side[name].append(t)
         self.agents.append(agent_rows(d, self.batch_id))
 
-    def close(self, writers: dict[str, delta.DataFileWriter], out: TaskOutput) -> None:
-        for name, w in writers.items():
+    def abort(self) -> None:
+        for w in self.writers.values():
+            w.abort()
+
+    def close(self, out: TaskOutput) -> None:
+        for name, w in self.writers.items():
             info = w.close()
             if info is not None:
                 out.files[name] = [info]
@@ -369,15 +373,7 @@ def resolve_task(parts: Sequence[ParkedPart], plan: ResolvePlan) -> TaskOutput:
     that park again stay pending where they are, under their stored key (the
     summary says what they wait for now).
     """
-    staging = dict(plan.staging)
-    writers = {
-        name: delta.DataFileWriter(
-            os.path.join(staging[name], delta.data_file_name(plan.batch_id)),
-            RESOLVE_SCHEMAS[name],
-        )
-        for name in RESOLVE_TABLES
-    }
-    rows = _Rows(plan.batch_id)
+    rows = _Rows(plan.batch_id, plan.staging, RESOLVE_SCHEMAS)
     out = TaskOutput()
     known = pa.array(plan.known, pa.string())
     retry = pa.array(plan.retry, pa.string())
@@ -388,11 +384,13 @@ def resolve_task(parts: Sequence[ParkedPart], plan: ResolvePlan) -> TaskOutput:
                 t = pq.read_table(part.path)
                 now = pc.is_in(t.column("missing"), known)
                 wait = t.filter(pc.invert(now))
-                writers[PARKED_T].write(wait)
+                rows.writers[PARKED_T].write(wait)
                 rows.pending.append(parked.summarize(wait))
-                d = decode_arrow(t.filter(now), SchemaRegistry(plan.schemas), plan.batch_id, plan.kinds)
+                d = decode_arrow(
+                    t.filter(now), SchemaRegistry(plan.schemas), plan.batch_id, plan.kinds
+                )
                 rows.pending.append(parked.summarize(d.get(PARKED_T)))
-                rows.add(d, writers)
+                rows.add(d)
                 out.messages += t.num_rows
                 continue
             t = delta.read_data_file(part.live, plan.parked_schema)
@@ -407,31 +405,9 @@ def resolve_task(parts: Sequence[ParkedPart], plan: ResolvePlan) -> TaskOutput:
             still = d.tables.pop(PARKED_T, None)
             if still is None:
                 still = PARKED.empty_table()
-            stored = dict(
-                zip(
-                    zip(t.column("partition").to_pylist(), t.column("offset").to_pylist(), strict=True),
-                    t.column("missing").to_pylist(),
-                    strict=True,
-                )
-            )
-            rows.pending.append(
-                parked.summarize(
-                    still,
-                    pa.array(
-                        [
-                            stored[k]
-                            for k in zip(
-                                still.column("partition").to_pylist(),
-                                still.column("offset").to_pylist(),
-                                strict=True,
-                            )
-                        ],
-                        pa.string(),
-                    ),
-                )
-            )
+            rows.pending.append(parked.summarize(still, _stored_keys(t, still)))
             decoded = parked.without(t, still)
-            writers[RESOLVED_T].write(
+            rows.writers[RESOLVED_T].write(
                 pa.table(
                     {
                         "partition": decoded.column("partition"),
@@ -442,13 +418,24 @@ def resolve_task(parts: Sequence[ParkedPart], plan: ResolvePlan) -> TaskOutput:
                 )
             )
             out.resolved += decoded.num_rows
-            rows.add(d, writers)
-        rows.close(writers, out)
+            rows.add(d)
+        rows.close(out)
     except BaseException:
-        for w in writers.values():
-            w.abort()
+        rows.abort()
         raise
     return out
+
+
+def _stored_keys(read: pa.Table, still: pa.Table) -> pa.Array:
+    """The key each row of ``still`` was stored under in ``read`` (by partition, offset)."""
+
+    def ids(t: pa.Table) -> list[tuple[str, int]]:
+        return list(
+            zip(t.column("partition").to_pylist(), t.column("offset").to_pylist(), strict=True)
+        )
+
+    stored = dict(zip(ids(read), read.column("missing").to_pylist(), strict=True))
+    return pa.array([stored[k] for k in ids(still)], pa.string())
 
 
 def _resolved_before(plan: ResolvePlan) -> pa.Table:
