@@ -1266,9 +1266,9 @@ def _v2_walk(body: pa.Array, comp: CompiledRegistry, rows: I64, encs: I64) -> tu
 
 def _v2_decode(
     table: pa.Table, body: pa.Array, comp: CompiledRegistry, msg_keys: pa.Array, c: _V2Cands
-) -> tuple[tuple[pa.Table, I64], set[int], dict[str, int]]:
+) -> tuple[tuple[pa.Table, I64], set[int], dict[str, int], set[int]]:
     """The v2 candidates' records as one compact table: (table and message rows, rows decoded,
-    refusals by reason)."""
+    refusals by reason, rows refused for want of a schema)."""
     failed: dict[str, int] = {}
     rows, encs = c.rows, c.encs
     for _attempt in range(2):
@@ -1288,8 +1288,9 @@ def _v2_decode(
         name = V.V_STATUS_NAMES[code]
         failed[name] = failed.get(name, 0) + int(np.count_nonzero(status == code))
     ok_rows = set(rows[~bad].tolist())
+    unknown = set(rows[status == V.V_UNKNOWN_SCHEMA].tolist())
     return (_v2_table(data, rec, comp, msg_keys, c, ints, i_ok, flts, f_ok, tkind, tpos, tlen,
-                      texts_py), rec[V.W_MSG]), ok_rows, failed  # fmt: skip
+                      texts_py), rec[V.W_MSG]), ok_rows, failed, unknown  # fmt: skip
 
 
 def _v2_python_values(
@@ -1555,64 +1556,164 @@ def decode_content(
     and ``routing_key`` / ``app_id`` / ``content_type`` /
     ``application_properties`` are used when present. Output rows are in
     input order (message row, then record index). As in the per-record codec,
-    schema responses met in fallback messages are added to ``registry``.
+    schema responses met in fallback messages are added to ``registry``, and
+    content after its schema decodes, content before it does not.
     ``per_record`` replaces the per-message decoder (tests, instrumentation).
     ``compact=True``: every class's table has ``COMPACT_SCHEMA`` (identity,
     index key, typed value lists in slot order) instead of one column per element;
     then QMF v2 data indications are decoded by the v2 kernel too, unless
     ``v2_kernel=False`` (the per-record path for them: tests' and benchmarks' baseline).
+
+    A batch that brings schemas for content later in it (a console that starts
+    with its agents, a backlog) is cut after each message that adds a schema
+    some later content lacks, and each part is walked with the registry as it
+    stands there: that content stays on the kernels instead of going to the
+    per-record path (see "schemas met in the batch" in docs/performance.md).
     """
     table = batch if isinstance(batch, pa.Table) else pa.Table.from_batches([batch])
     names = table.column_names
     if any(table.column(c).num_chunks > 1 for c in _ONE_CHUNK if c in names):
         table = table.combine_chunks()
-    n = table.num_rows
+    if "msg_key" not in names:  # the row number, kept across the parts of a cut batch
+        keys = pa.array(np.arange(table.num_rows).astype(str).astype(object), pa.string())
+        table = table.append_column("msg_key", keys)
+    decode_one = per_record or per_record_decode
+    whole = _Walked(table, registry, compact, v2_kernel)
+    done: dict[int, _Decoded] = {}  # per-record results found by the look-ahead, by row
+    cuts = _schema_cuts(whole, registry, decode_one, done)
+    if not cuts:
+        return _finish(whole, registry, decode_one, done, 0)
+    parts = []
+    for a, b in itertools.pairwise([0, *cuts, table.num_rows]):
+        part = _Walked(table.slice(a, b - a), registry, compact, v2_kernel)
+        parts.append(_finish(part, registry, decode_one, done, a))
+    return _joined(parts)
 
-    def single(name: str, t: pa.DataType) -> pa.Array:
-        col = table.column(name)
-        arr = col.chunk(0) if col.num_chunks else pa.array([], t)
-        return arr if arr.type == t or t == pa.binary() else arr.cast(t)
 
-    body = single("body", pa.binary())
-    msg_keys = (
-        single("msg_key", pa.string())
-        if "msg_key" in names
-        else pa.array([str(i) for i in range(n)], pa.string())
-    )
-    rkeys = single("routing_key", pa.string()) if "routing_key" in names else None
-    comp = compile_registry(registry)
-    w = _walk_parallel(body, comp)
-    ctx = _Ctx(w, comp, msg_keys, rkeys)
+_Decoded = tuple[int, list[Any], list[Any]]  # registry generation before, records, problems
 
-    fallback: set[int] = (
-        set(np.flatnonzero(w.status != K.ST_OK).tolist()) if w.status.any() else set()
-    )
-    reasons: dict[str, int] = {}
-    v2_part: tuple[pa.Table, I64] | None = None
-    v2_ok: set[int] = set()
-    if compact and v2_kernel and fallback:
-        cands = _v2_candidates(table, body)
-        if cands is not None:
-            v2_part, v2_ok, v2_failed = _v2_decode(table, body, comp, msg_keys, cands)
-            fallback -= v2_ok
-            for name, count in v2_failed.items():
-                reasons[name] = reasons.get(name, 0) + count
-    for m in fallback:
-        if m in v2_ok:
-            continue
-        name = K.STATUS_NAMES[int(w.status[m])]
-        reasons[name] = reasons.get(name, 0) + 1
-    if v2_part is not None and v2_failed:  # v2 failures were counted by their own reasons
-        reasons["not AM1/AM2"] -= sum(v2_failed.values())
-        if not reasons["not AM1/AM2"]:
-            del reasons["not AM1/AM2"]
 
+class _Walked:
+    """One batch (or part of one) walked by the kernels with the registry as it stands:
+    what they decoded, and which messages go to the per-record path and why."""
+
+    def __init__(
+        self, table: pa.Table, registry: SchemaRegistry, compact: bool, v2_kernel: bool
+    ) -> None:
+        self.table, self.compact = table, compact
+        n = table.num_rows
+
+        def single(name: str, t: pa.DataType) -> pa.Array:
+            col = table.column(name)
+            arr = col.chunk(0) if col.num_chunks else pa.array([], t)
+            return arr if arr.type == t or t == pa.binary() else arr.cast(t)
+
+        self.body = body = single("body", pa.binary())
+        self.msg_keys = msg_keys = single("msg_key", pa.string())
+        names = table.column_names
+        rkeys = single("routing_key", pa.string()) if "routing_key" in names else None
+        self.comp = comp = compile_registry(registry)
+        self.w = w = _walk_parallel(body, comp)
+        self.ctx = _Ctx(w, comp, msg_keys, rkeys)
+        self.n = n
+        fallback: set[int] = (
+            set(np.flatnonzero(w.status != K.ST_OK).tolist()) if w.status.any() else set()
+        )
+        # Messages the kernels left for want of a schema: a schema met earlier in
+        # the batch may serve them (``_schema_cuts``).
+        self.unknown: set[int] = set(np.flatnonzero(w.status == K.ST_UNKNOWN_SCHEMA).tolist())
+        reasons: dict[str, int] = {}
+        self.v2_part: tuple[pa.Table, I64] | None = None
+        self.v2_ok: set[int] = set()
+        v2_failed: dict[str, int] = {}
+        if compact and v2_kernel and fallback:
+            cands = _v2_candidates(table, body)
+            if cands is not None:
+                self.v2_part, self.v2_ok, v2_failed, v2_unknown = _v2_decode(
+                    table, body, comp, msg_keys, cands
+                )
+                fallback -= self.v2_ok
+                self.unknown |= v2_unknown
+                for name, count in v2_failed.items():
+                    reasons[name] = reasons.get(name, 0) + count
+        for m in fallback:
+            name = K.STATUS_NAMES[int(w.status[m])]
+            reasons[name] = reasons.get(name, 0) + 1
+        if self.v2_part is not None and v2_failed:  # v2 failures were counted by their own reasons
+            reasons["not AM1/AM2"] -= sum(v2_failed.values())
+            if not reasons["not AM1/AM2"]:
+                del reasons["not AM1/AM2"]
+        self.fallback, self.reasons = fallback, reasons
+
+    def meta(self, m: int) -> dict[str, Any]:
+        """Message ``m``'s properties as the per-record codec takes them."""
+        names = self.table.column_names
+        meta = {c: self.table.column(c)[m].as_py() for c in _META_COLS if c in names}
+        if isinstance(meta.get("application_properties"), list):  # Arrow map -> pairs
+            meta["application_properties"] = dict(meta["application_properties"])
+        return meta
+
+
+_META_COLS = ("routing_key", "app_id", "content_type", "application_properties")
+
+
+def _schema_cuts(
+    whole: _Walked, registry: SchemaRegistry, decode_one: PerRecord, done: dict[int, _Decoded]
+) -> list[int]:
+    """Rows to cut the batch before: each just after a message that adds a schema, when
+    content the kernels left for want of a schema follows it (before the next such cut).
+
+    The per-record messages before the last such content are decoded here in
+    order, on a copy of the registry, to see which ones add schemas; their
+    results are kept in ``done`` for ``_finish``, so none is decoded twice.
+    """
+    if not whole.unknown or len(whole.fallback) == len(whole.unknown):
+        return []
+    last = max(whole.unknown)
+    scratch = registry.copy()
+    grew: list[int] = []
+    for m in sorted(whole.fallback - whole.unknown):
+        if m > last:
+            break
+        gen = scratch.generation
+        recs, problems = decode_one(whole.body[m].as_py() or b"", scratch, whole.meta(m))
+        done[m] = (gen, recs, problems)
+        if scratch.generation != gen:
+            grew.append(m)
+    if not grew:
+        return []
+    unknown = np.array(sorted(whole.unknown), np.int64)
+    ends = [*grew[1:], whole.n]
+    return [
+        g + 1
+        for g, nxt in zip(grew, ends, strict=True)
+        if np.any((unknown > g) & (unknown < nxt))
+    ]
+
+
+def _finish(
+    walked: _Walked,
+    registry: SchemaRegistry,
+    decode_one: PerRecord,
+    done: dict[int, _Decoded],
+    first_row: int,
+) -> ContentResult:
+    """The class tables of what the kernels took, then the per-record messages in order.
+
+    ``done`` holds per-record results found ahead (``_schema_cuts``) by batch row
+    (``first_row`` is this part's first): one is used when the registry stands
+    where it stood then (the schemas it added are added again); any other change
+    of the registry drops them all.
+    """
+    ctx, comp, compact = walked.ctx, walked.comp, walked.compact
+    body, msg_keys, fallback = walked.body, walked.msg_keys, walked.fallback
+    reasons = dict(walked.reasons)
     # Build every class table; a container value the codec rejects sends its
     # message to the per-record path, and the build runs once more without it
     # (bounded: the second pass only has records that passed the first).
     tables: dict[SchemaKey, list[tuple[pa.Table, I64]]] = {}
     whole: list[tuple[pa.Table, I64]] = []  # compact: every class's kernel rows, one table
-    rec = w.rec
+    rec = walked.w.rec
     for _attempt in range(2):
         tables, whole = {}, []
         late: set[int] = set()
@@ -1644,7 +1745,7 @@ def decode_content(
         if not late:
             break
         reasons["container value rejected"] = len(late)
-        fallback |= late
+        fallback = fallback | late
         rec = np.ascontiguousarray(
             rec[:, ~np.isin(rec[K.R_MSG], np.array(sorted(late), dtype=np.int64))]
         )
@@ -1654,17 +1755,20 @@ def decode_content(
     other_index: list[int] = []
     per_class: dict[SchemaKey, list[pa.Table]] = {}
     fb_rows: dict[SchemaKey, list[int]] = {}
-    decode_one = per_record or per_record_decode
-    meta_cols = [
-        c for c in ("routing_key", "app_id", "content_type", "application_properties") if c in names
-    ]
     for m in sorted(fallback):
         key = msg_keys[m].as_py()
         raw = body[m].as_py() or b""
-        meta = {c: table.column(c)[m].as_py() for c in meta_cols}
-        if isinstance(meta.get("application_properties"), list):  # Arrow map -> pairs
-            meta["application_properties"] = dict(meta["application_properties"])
-        recs, problems = decode_one(raw, registry, meta)
+        ahead = done.pop(first_row + m, None)
+        gen = registry.generation
+        if ahead is not None and ahead[0] == gen:
+            _, recs, problems = ahead
+            for r in recs:  # what decoding it added to the copy, added here too
+                if isinstance(getattr(r, "schema", None), ClassSchema):
+                    registry.add(r.schema)
+        else:
+            recs, problems = decode_one(raw, registry, walked.meta(m))
+            if registry.generation != gen:
+                done.clear()  # the registry took another way than the look-ahead's copy
         mine: dict[SchemaKey, list[tuple[str, int, Any]]] = {}
         for i, r in enumerate(recs):
             if _is_sample(r):
@@ -1691,8 +1795,8 @@ def decode_content(
                     "body": raw,
                 }
             )
-    if v2_part is not None and v2_part[0].num_rows:
-        whole.append(v2_part)
+    if walked.v2_part is not None and walked.v2_part[0].num_rows:
+        whole.append(walked.v2_part)
     for sk, parts in per_class.items():
         sch = registry.get(sk)
         assert sch is not None
@@ -1711,11 +1815,35 @@ def decode_content(
         if quarantine
         else _NO_QUARANTINE,
         others=others,
-        fast_messages=n - len(fallback),
+        fast_messages=walked.n - len(fallback),
         fallback_messages=len(fallback),
         fallback_reasons=reasons,
         other_index=other_index,
-        v2_messages=len(v2_ok),
+        v2_messages=len(walked.v2_ok),
+    )
+
+
+def _joined(parts: list[ContentResult]) -> ContentResult:
+    """The results of a cut batch's parts (in batch order) as one."""
+    samples: dict[SchemaKey, list[pa.Table]] = {}
+    reasons: dict[str, int] = {}
+    for p in parts:
+        for k, t in p.samples.items():
+            samples.setdefault(k, []).append(t)
+        for name, c in p.fallback_reasons.items():
+            reasons[name] = reasons.get(name, 0) + c
+    quarantine = [p.quarantine for p in parts if p.quarantine.num_rows]
+    tables = [p.table for p in parts if p.table is not None]
+    return ContentResult(
+        samples={k: pa.concat_tables(v) for k, v in samples.items()},
+        table=pa.concat_tables(tables) if tables else None,
+        quarantine=pa.concat_tables(quarantine) if quarantine else _NO_QUARANTINE,
+        others=[o for p in parts for o in p.others],
+        fast_messages=sum(p.fast_messages for p in parts),
+        fallback_messages=sum(p.fallback_messages for p in parts),
+        fallback_reasons=reasons,
+        other_index=[i for p in parts for i in p.other_index],
+        v2_messages=sum(p.v2_messages for p in parts),
     )
 
 

@@ -452,6 +452,66 @@ def test_schema_response_earlier_in_the_batch_is_used() -> None:
     t = got.samples[q.key]
     assert t.column("msg_key").to_pylist() == ["m2"]
     assert got.quarantine.column("reason").to_pylist()[0].startswith("MissingSchema")
+    # the content after its schema was decoded by the kernel, not per record
+    assert (got.fast_messages, got.fallback_messages) == (1, 2)
+
+
+def test_schemas_met_in_the_batch_keep_later_content_on_the_kernel() -> None:
+    """A batch that brings two classes' schemas amid their content (a console that starts
+    with its agents) is cut after each schema that later content lacks: content after
+    its schema takes the kernel, content before it stays unknown, as per record; each
+    per-record message is decoded once."""
+    from pipeline.codec.v1 import schema_response_for
+
+    q = queue_like()
+    other = ClassSchema(
+        key=SchemaKey("org.example", "widget", b"\x33" * 16), statistics=(Element("x", 4),)
+    )
+    both = SchemaRegistry([q, other])
+
+    def widget(i: int) -> bytes:
+        rec = ObjectSample(
+            dialect="AM2", opcode="i", seq=i, package="org.example", class_name="widget",
+            schema_hash=other.key.hash, update_ns=2000 + i, create_ns=0, delete_ns=0,
+            object_id=Am2ObjectId(0, 1, 1, 0, 100 + i), values={"x": i},
+        )  # fmt: skip
+        return encode_records([rec], both)
+
+    def queue(i: int) -> bytes:
+        return encode_records([sample_rec("g", i, q)], both)
+
+    def announce(s: ClassSchema) -> bytes:
+        return encode_records([schema_response_for(s, "AM2")], SchemaRegistry())
+
+    beat = encode_records([Heartbeat(dialect="AM2", opcode="h", timestamp_ns=5)], both)
+    bodies = [
+        queue(0), widget(0), announce(q), beat, queue(1), widget(1),  # m0-m5
+        announce(other), queue(2), widget(2), beat, announce(q), queue(3),  # m6-m11
+    ]  # fmt: skip
+    calls: list[bytes] = []
+
+    def counted(body: bytes, registry: SchemaRegistry, meta: Any) -> Any:
+        calls.append(body)
+        return per_record_decode(body, registry, meta)
+
+    table = bodies_batch(bodies)
+    got = assert_same(table, SchemaRegistry())
+    assert got.samples[q.key].column("msg_key").to_pylist() == ["m4", "m7", "m11"]
+    assert got.samples[other.key].column("msg_key").to_pylist() == ["m8"]
+    assert [(r["msg_key"], r["reason"].split(" at ")[0]) for r in got.quarantine.to_pylist()] == [
+        ("m0", "MissingSchema: no schema for org.apache.qpid.broker:queue(" + "11" * 16 + ")"),
+        ("m1", "MissingSchema: no schema for org.example:widget(" + "33" * 16 + ")"),
+        ("m5", "MissingSchema: no schema for org.example:widget(" + "33" * 16 + ")"),
+    ]
+    # m4, m7, m8 and m11 on the kernel; the schemas, heartbeats and m0, m1, m5 per record
+    for compact in (False, True):
+        calls.clear()
+        reg = SchemaRegistry()
+        res = decode_content(table, reg, per_record=counted, compact=compact)
+        assert (res.fast_messages, res.fallback_messages) == (4, 8)
+        assert res.fallback_reasons == {"non-content record": 5, "unknown schema": 3}
+        assert sorted(calls) == sorted(bodies[i] for i in (0, 1, 2, 3, 5, 6, 9, 10))
+        assert sorted(s.key.name for s in reg) == ["queue", "widget"]
 
 
 # ------------------------------------------------------------------ mapInArrow adapter

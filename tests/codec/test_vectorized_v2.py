@@ -141,6 +141,35 @@ def test_whole_capture_v2_mixed_with_am2_in_one_batch(
     assert dialects == expected
 
 
+@pytest.mark.parametrize(
+    ("name", "fast", "v2", "parked"),
+    [
+        ("default-60s.jsonl", 392, 392, 0),
+        ("qmf1-qmf2-60s.jsonl", 784, 392, 5),
+        ("qpidd-capture-20s.jsonl", 409, 209, 0),
+    ],
+)
+def test_whole_capture_with_an_empty_registry_learns_its_schemas_on_the_way(
+    samples: dict[str, list[CapturedMessage]], name: str, fast: int, v2: int, parked: int
+) -> None:
+    """A consumer that starts with nothing known: the capture's own schema responses serve
+    the content after them, which takes the kernels as with every schema known (before
+    2026-11-28 all of it went per record); content before its schema stays unknown."""
+    from tests.codec.test_vectorized import assert_same
+
+    msgs = samples[name]
+    table = batch_of(msgs)
+    assert_same(table, SchemaRegistry())  # equal to the per-record path, message by message
+    got, _ = same(table, SchemaRegistry())
+    known = decode_content(table, registry_of(msgs), compact=True)
+    assert (got.fast_messages, got.v2_messages) == (known.fast_messages, known.v2_messages)
+    assert (got.fast_messages, got.v2_messages) == (fast, v2)
+    reasons = [r.split(":")[0] for r in got.quarantine.column("reason").to_pylist()]
+    assert reasons == ["MissingSchema"] * parked
+    assert got.table is not None and known.table is not None
+    assert got.table.num_rows == known.table.num_rows
+
+
 def test_v2_queue_row_holds_the_real_values(samples: dict[str, list[CapturedMessage]]) -> None:
     """One queue sample read by hand from the AMQP 1.0 body, against the kernel's row."""
     msgs = samples["qmf1-qmf2-60s.jsonl"]
