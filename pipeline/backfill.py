@@ -446,10 +446,14 @@ def decode_silver(
     came before them; messages whose schema is still unknown stay out (the
     stream keeps them in ``parked``). Rows carry their bronze ``batch_id``.
     """
-    import pyarrow as pa
 
-    from pipeline.silver.decode import PARKED_T, SEEN_T, Decoded, decode_arrow, parse_key_text
-    from pipeline.silver.registry import schema_from_row
+    from pipeline.silver.decode import (
+        PARKED_T,
+        Decoded,
+        decode_arrow,
+        decode_parked_again,
+        with_batch_schemas,
+    )
     from pipeline.silver.tasks import decode_to_arrow
     from schemas.silver import SILVER_TABLES as SCHEMAS
 
@@ -461,16 +465,10 @@ def decode_silver(
         os.makedirs(hidden, exist_ok=True)
         with tempfile.TemporaryDirectory(prefix="qmf-backfill-", dir=hidden) as scratch:
             decoded = decode_to_arrow(bronze, registry, 0, kinds, scratch)
-    parked = decoded.get(PARKED_T)
-    if parked.num_rows:
-        ext = registry.copy()
-        for r in decoded.get(SEEN_T).to_pylist():
-            sc = schema_from_row(r)
-            if sc.key not in ext:
-                ext.add(sc)
-        known = [parse_key_text(m) in ext for m in parked.column("missing").to_pylist()]
-        if any(known):
-            again = decode_arrow(parked.filter(pa.array(known)), ext.copy(), 0, kinds)
+    if decoded.get(PARKED_T).num_rows:
+        ext, _ = with_batch_schemas(registry, decoded)
+        again = decode_parked_again(decoded, ext, 0, kinds)
+        if again is not None:
             decoded = Decoded.concat([decoded, again])
     lookup = bronze.select("partition", "offset", "batch_id").toArrow()
     out: dict[str, pa.Table] = {}

@@ -1638,7 +1638,7 @@ def files_before_batch(
     """(schema, live files) of the table as ``batch_id`` first saw it
     (``version_before_batch``): for tasks that read it themselves (``read_data_file``)."""
     version = version_before_batch(path, app_id, batch_id)
-    dt = _open(path, 0 if version is not None and version < 0 else version)
-    if version is not None and version < 0:
-        return table_schema(dt), []
+    if version is not None and version < 0:  # the batch created it: empty before
+        return table_schema(_open(path, None)), []
+    dt = _open(path, version)
     return table_schema(dt), live_files(dt)

@@ -49,7 +49,7 @@ from pipeline.codec.vectorized import (
     decode_content,
     to_json,
 )
-from pipeline.silver.registry import StatisticKinds, registry_row, rows_table
+from pipeline.silver.registry import StatisticKinds, registry_row, rows_table, schema_from_row
 from schemas.silver import (
     EVENTS,
     HEARTBEATS,
@@ -490,6 +490,37 @@ def decode_arrow(
                 cols[f.name] = _column(sub, f.name, len(park_rows), f.type)
         out.tables[PARKED_T] = pa.table(cols).select(PARKED.names).cast(PARKED)
     return out
+
+
+def with_batch_schemas(registry: SchemaRegistry, decoded: Decoded) -> tuple[SchemaRegistry, int]:
+    """A copy of ``registry`` with the schemas the batch met, and how many of them were new."""
+    ext = registry.copy()
+    new = 0
+    for r in decoded.get(SEEN_T).to_pylist():
+        s = schema_from_row(r)
+        if s.key not in ext:
+            new += 1
+            ext.add(s)
+    return ext, new
+
+
+def decode_parked_again(
+    decoded: Decoded, ext: SchemaRegistry, batch_id: int, kinds: StatisticKinds | None
+) -> Decoded | None:
+    """The batch's parked messages whose schema ``ext`` has now (one its batch brought),
+    decoded; ``decoded``'s parked table keeps only the others. None when there are none.
+
+    For a batch decoded in one piece (the driver path, a backfill); the task path
+    does this in a second job (``tasks.resolve_task``).
+    """
+    waiting = decoded.get(PARKED_T)
+    if not waiting.num_rows:
+        return None
+    known = np.array([parse_key_text(m) in ext for m in waiting.column("missing").to_pylist()])
+    if not known.any():
+        return None
+    decoded.tables[PARKED_T] = waiting.filter(pa.array(~known))
+    return decode_arrow(waiting.filter(pa.array(known)), ext.copy(), batch_id, kinds)
 
 
 _KINDS: StatisticKinds | None = None

@@ -38,7 +38,6 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import TYPE_CHECKING
 
-import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
@@ -55,7 +54,9 @@ from pipeline.silver.decode import (
     SEEN_T,
     Decoded,
     decode_arrow,
+    decode_parked_again,
     parse_key_text,
+    with_batch_schemas,
 )
 from pipeline.silver.methods import MethodCallTable
 from pipeline.silver.registry import SeenSchema, schema_from_row
@@ -254,27 +255,18 @@ class SilverBatchWriter:
         t0 = time.perf_counter()
         report = BatchReport(batch_id)
         seen_rows = [decoded.get(SEEN_T)]
-        ext = registry.copy()
-        for r in decoded.get(SEEN_T).to_pylist():
-            s = schema_from_row(r)
-            if s.key not in ext:
-                report.new_schemas += 1
-                ext.add(s)
+        ext, report.new_schemas = with_batch_schemas(registry, decoded)
         parts = [decoded]
         files = {} if staged is None else {k: list(v) for k, v in staged.files.items()}
         if staged is None:  # the driver path holds this batch's parked messages
-            parked_now = decoded.get(PARKED_T)
-            if parked_now.num_rows and report.new_schemas:
-                known = np.array(
-                    [parse_key_text(m) in ext for m in parked_now.column("missing").to_pylist()]
-                )
-                if known.any():
-                    again = decode_arrow(
-                        parked_now.filter(pa.array(known)), ext.copy(), batch_id, self.kinds
-                    )
-                    decoded.tables[PARKED_T] = parked_now.filter(pa.array(~known))
-                    parts.append(again)
-                    seen_rows.append(again.get(SEEN_T))
+            again = (
+                decode_parked_again(decoded, ext, batch_id, self.kinds)
+                if report.new_schemas
+                else None
+            )
+            if again is not None:
+                parts.append(again)
+                seen_rows.append(again.get(SEEN_T))
             now = parked.merge(parked.summarize(p.get(PARKED_T)) for p in parts)
         else:
             now = staged.pending
@@ -368,14 +360,16 @@ class SilverBatchWriter:
         parts: list[tasks.ParkedPart] = []
         if known_now and staged is not None:
             parts += [tasks.ParkedPart(f.location, f.size) for f in files.pop(PARKED_T, [])]
-        if retry:
+        schema, rschema = SILVER_TABLES["parked"], SILVER_TABLES["parked_resolved"]
+        rfiles: list[delta.LiveFile] = []
+        if retry:  # earlier batches' messages: those not resolved before this batch
             schema, live = delta.files_before_batch(path("parked"), self.app_id, batch_id)
             parts += [
                 tasks.ParkedPart(f.local_path, os.path.getsize(f.local_path), f) for f in live
             ]
-        else:
-            schema = SILVER_TABLES["parked"]
-        rschema, rfiles = delta.files_before_batch(path("parked_resolved"), self.app_id, batch_id)
+            rschema, rfiles = delta.files_before_batch(
+                path("parked_resolved"), self.app_id, batch_id
+            )
         staging: list[tuple[str, str]] = []
         for name in tasks.RESOLVE_TABLES:
             folder = None if staged is None else staged.staging.get(name)
