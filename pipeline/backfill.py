@@ -438,14 +438,19 @@ def _bronze_batches(table: pa.Table, lookup: pa.Table) -> pa.Array:
 
 
 def decode_silver(
-    spark: SparkSession, s: BackfillSettings, bronze: DataFrame
-) -> dict[str, pa.Table]:
-    """The silver rows of the bronze range, decoded with the whole current registry.
+    spark: SparkSession, s: BackfillSettings, bronze: DataFrame, scratch: str
+) -> dict[str, tuple[DataFrame, int]]:
+    """The silver rows of the bronze range, decoded with the whole current registry:
+    ``{table: (rows, how many)}``.
 
     As the silver writer does, schemas met in the range decode content that
     came before them; messages whose schema is still unknown stay out (the
     stream keeps them in ``parked``). Rows carry their bronze ``batch_id``.
+    On the task path (the default) the tasks write the rows as Parquet files
+    into ``scratch`` (shared storage the executors see) and the frames read
+    them, so the driver holds no row: ``scratch`` must outlive the frames.
     """
+    from pyspark.sql import functions as F
 
     from pipeline.silver.decode import (
         PARKED_T,
@@ -454,32 +459,52 @@ def decode_silver(
         decode_parked_again,
         with_batch_schemas,
     )
-    from pipeline.silver.tasks import decode_to_arrow
+    from pipeline.silver.tasks import decode_to_files
     from schemas.silver import SILVER_TABLES as SCHEMAS
 
     registry, kinds = _registry(s)
     if s.decode_on == "driver":
         decoded = decode_arrow(bronze.toArrow(), registry.copy(), 0, kinds)
-    else:
-        hidden = os.path.join(s.silver, "_staging")  # shared storage the executors see
-        os.makedirs(hidden, exist_ok=True)
-        with tempfile.TemporaryDirectory(prefix="qmf-backfill-", dir=hidden) as scratch:
-            decoded = decode_to_arrow(bronze, registry, 0, kinds, scratch)
-    if decoded.get(PARKED_T).num_rows:
-        ext, _ = with_batch_schemas(registry, decoded)
-        again = decode_parked_again(decoded, ext, 0, kinds)
-        if again is not None:
-            decoded = Decoded.concat([decoded, again])
-    lookup = bronze.select("partition", "offset", "batch_id").toArrow()
-    out: dict[str, pa.Table] = {}
+        if decoded.get(PARKED_T).num_rows:
+            ext, _ = with_batch_schemas(registry, decoded)
+            again = decode_parked_again(decoded, ext, 0, kinds)
+            if again is not None:
+                decoded = Decoded.concat([decoded, again])
+        lookup = bronze.select("partition", "offset", "batch_id").toArrow()
+        out: dict[str, tuple[DataFrame, int]] = {}
+        for name in SILVER_TABLES:
+            schema = SCHEMAS[name]
+            t = decoded.get(name)
+            t = t.set_column(
+                t.schema.get_field_index("batch_id"), "batch_id", _bronze_batches(t, lookup)
+            )
+            out[name] = (_to_frame(spark, t.select(schema.names).cast(schema)), t.num_rows)
+        return out
+    got = decode_to_files(bronze, registry, 0, kinds, scratch)
+    batches = bronze.select(*IDENTITY, F.col("batch_id").alias(_BRONZE_BATCH)).dropDuplicates(
+        list(IDENTITY)
+    )
+    out = {}
     for name in SILVER_TABLES:
         schema = SCHEMAS[name]
-        t = decoded.get(name)
-        t = t.set_column(
-            t.schema.get_field_index("batch_id"), "batch_id", _bronze_batches(t, lookup)
+        files = got.files.get(name, [])
+        rows = sum(f.rows for f in files)
+        if not rows:
+            out[name] = (_to_frame(spark, schema.empty_table()), 0)
+            continue
+        # Every row comes from a bronze message of the range: an inner join keeps them all.
+        frame = (
+            spark.read.parquet(*[f.location for f in files])
+            .drop("batch_id")
+            .join(F.broadcast(batches), list(IDENTITY), "inner")
+            .withColumnRenamed(_BRONZE_BATCH, "batch_id")
+            .select(*schema.names)
         )
-        out[name] = t.select(schema.names).cast(schema)
+        out[name] = (frame, rows)
     return out
+
+
+_BRONZE_BATCH = "__bronze_batch_id"
 
 
 def _to_frame(spark: SparkSession, table: pa.Table) -> DataFrame:
@@ -607,27 +632,38 @@ def run_backfill(spark: SparkSession, s: BackfillSettings) -> BackfillReport:
         raise FileNotFoundError(f"backfill needs existing tables; missing: {', '.join(missing)}")
     run = choose_run(s)
     report = BackfillReport(s.app_id, run, s.start, s.end, s.dry_run)
-    paths = s.tables()
-    common: dict[str, Any] = {"app_id": s.app_id, "batch_id": run, "dry_run": s.dry_run}
+    hidden = os.path.join(s.silver, "_staging")  # shared storage the executors see
+    os.makedirs(hidden, exist_ok=True)
+    with tempfile.TemporaryDirectory(prefix="qmf-backfill-", dir=hidden) as scratch:
+        return _run(spark, s, report, scratch)
 
+
+def _run(
+    spark: SparkSession, s: BackfillSettings, report: BackfillReport, scratch: str
+) -> BackfillReport:
+    """``run_backfill`` with its scratch folder (the decoded silver files live there)."""
+    paths = s.tables()
+    common: dict[str, Any] = {"app_id": s.app_id, "batch_id": report.run, "dry_run": s.dry_run}
+    run = report.run
     t0 = time.perf_counter()
     new_silver: dict[str, DataFrame] = {}
     ids: DataFrame | None = None
     if "silver" in s.layers:
         bronze = bronze_in_range(spark, s).persist()
         try:
-            decoded = decode_silver(spark, s, bronze)
+            decoded = decode_silver(spark, s, bronze, scratch)
             ids = bronze.select(*IDENTITY).localCheckpoint()
+            for name, (frame, _) in decoded.items():  # read once: two commits read them
+                new_silver[name] = frame.localCheckpoint()
             log.info("silver range decoded (%.1f s)", time.perf_counter() - t0)
             t0 = time.perf_counter()
         finally:
             bronze.unpersist()
-        for name, table in decoded.items():
+        for name, (_, rows) in decoded.items():
             label = f"silver/{name}"
-            new_silver[name] = _to_frame(spark, table)
             report.tables[label] = replace_rows(
                 new_silver[name], paths[label], label=label, keys=IDENTITY, key_rows=ids,
-                rows=table.num_rows, check=False, **common,
+                rows=rows, check=False, **common,
             )  # fmt: skip
             log.info("%s (%.1f s)", report.tables[label], time.perf_counter() - t0)
             t0 = time.perf_counter()

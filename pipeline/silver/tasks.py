@@ -59,6 +59,7 @@ from pipeline.silver.decode import (
     SEEN_T,
     Decoded,
     decode_arrow,
+    with_batch_schemas,
 )
 from pipeline.silver.registry import StatisticKinds
 from schemas.silver import AGENTS, PARKED, RESOLVED
@@ -465,6 +466,49 @@ def run_resolve(
     return list(rdd.map(lambda u: resolve_task(u, plan)).collect())
 
 
+def decode_to_files(
+    df: DataFrame,
+    registry: SchemaRegistry,
+    batch_id: int,
+    kinds: StatisticKinds,
+    scratch: str,
+) -> TaskResults:
+    """The task decode of a DataFrame of bronze rows into Parquet files under ``scratch``
+    (a folder per table), for a caller that reads them with Spark (a backfill).
+
+    Parked messages whose schema the rows brought (content before its schema) are
+    decoded again by a second job over the parked files, as the streaming writer does
+    in one batch (``resolve_task``): the returned ``parked`` files hold only what still
+    waits. The driver gets file descriptions and the side rows, not the rows.
+    """
+    staging = []
+    for name in RESOLVE_TABLES:
+        folder = os.path.join(scratch, name)
+        os.makedirs(folder, exist_ok=True)
+        staging.append((name, folder))
+    first = [(n, f) for n, f in staging if n in TASK_TABLES]
+    plan1 = TaskPlan(tuple(registry), batch_id, kinds, tuple(first))
+    got = gather(run_dataframe(df, plan1), batch_id)
+    ext, _ = with_batch_schemas(registry, got.side)
+    known = parked.decodable(got.pending, ext)
+    if not known:
+        return got
+    parts = [ParkedPart(f.location, f.size) for f in got.files.pop(PARKED_T, [])]
+    plan = ResolvePlan(
+        schemas=tuple(ext), batch_id=batch_id, kinds=kinds, known=tuple(known), retry=(),
+        staging=tuple(staging), parked_schema=PARKED, resolved_schema=RESOLVED,
+        resolved_files=(),
+    )  # fmt: skip
+    spark = df.sparkSession
+    cores = spark.sparkContext.defaultParallelism
+    again = gather(run_resolve(spark, parts, plan, cores), batch_id)
+    for name, fs in again.files.items():
+        got.files.setdefault(name, []).extend(fs)
+    got.side = Decoded.concat([got.side, again.side])
+    got.pending = again.pending
+    return got
+
+
 def decode_to_arrow(
     df: DataFrame,
     registry: SchemaRegistry,
@@ -472,23 +516,14 @@ def decode_to_arrow(
     kinds: StatisticKinds,
     scratch: str,
 ) -> Decoded:
-    """The task decode of a DataFrame, its files (under ``scratch``) read back here.
-
-    For a caller that needs the decoded rows themselves on the driver (a
-    backfill replaces ranges from there, and tests compare both decodes); the
-    streaming writer commits the files instead.
-    """
-    staging = []
-    for name in TASK_TABLES:
-        folder = os.path.join(scratch, name)
-        os.makedirs(folder, exist_ok=True)
-        staging.append((name, folder))
-    plan = TaskPlan(tuple(registry), batch_id, kinds, tuple(staging))
-    got = gather(run_dataframe(df, plan), batch_id)
+    """``decode_to_files``, its files read back here: for tests that compare the rows
+    of both decodes (the streaming writer and the backfill keep them in files)."""
+    got = decode_to_files(df, registry, batch_id, kinds, scratch)
     out = Decoded(tables=dict(got.side.tables))
     out.fast_messages, out.fallback_messages = got.side.fast_messages, got.side.fallback_messages
     for name, files in got.files.items():
-        out.tables[name] = pa.concat_tables(
-            [pq.read_table(f.location).cast(OUTPUT_SCHEMAS[name]) for f in files]
-        )
+        if name in OUTPUT_SCHEMAS:
+            out.tables[name] = pa.concat_tables(
+                [pq.read_table(f.location).cast(OUTPUT_SCHEMAS[name]) for f in files]
+            )
     return out

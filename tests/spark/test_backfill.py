@@ -321,3 +321,69 @@ def test_a_reversed_range_is_refused_before_spark_starts(
     argv = ["--data", "nowhere", "--from", "2027-01-15T09:00:00Z", "--to", "2027-01-15T08:00Z"]
     assert main(argv) == 2
     assert "empty range" in capsys.readouterr().err
+
+
+def test_a_schema_met_in_the_range_decodes_the_content_before_it_on_both_paths(
+    spark: SparkSession, tmp_path: Path
+) -> None:
+    """Content before its class's schema in the range is decoded (the stream parks it and
+    decodes it when the schema comes). On the task path a second job decodes the
+    tasks' parked files, and the driver holds no decoded row; both paths write the same
+    rows, with their bronze batch ids. Content of a class whose schema never came
+    stays out."""
+    from pipeline.codec.capture import CapturedMessage
+    from pipeline.codec.records import Am2ObjectId, ObjectSample
+    from pipeline.codec.schema import ClassSchema, Element, SchemaKey, SchemaRegistry
+    from pipeline.codec.v1 import encode_records, schema_response_for
+    from pipeline.silver import SilverSettings, bronze_rows, ensure_tables, write_bronze
+
+    widget = ClassSchema(
+        key=SchemaKey("org.test", "widget", b"\x05" * 16),
+        properties=(Element("name", 6, access=1, index=True),),
+        statistics=(Element("count", 4),),
+    )
+    never = ClassSchema(key=SchemaKey("org.test", "never", b"\x06" * 16), statistics=(Element("x", 4),))
+    known = SchemaRegistry([widget, never])
+
+    def sample(schema: ClassSchema, n: int, values: dict[str, Any]) -> CapturedMessage:
+        rec = ObjectSample(
+            dialect="AM2", opcode="g", seq=n, package="org.test", class_name=schema.key.name,
+            schema_hash=schema.key.hash, update_ns=ns(START) + n, create_ns=ns(START), delete_ns=0,
+            object_id=Am2ObjectId(0, 1, 1, 0, n), values=values, agent="1.0",
+        )  # fmt: skip
+        return CapturedMessage(
+            body=encode_records([rec], known), routing_key="console.obj.1.0.org.test",
+            received_at="2027-01-15T08:00:05Z",
+        )  # fmt: skip
+
+    announce = CapturedMessage(
+        body=encode_records([schema_response_for(widget, "AM2")], SchemaRegistry()),
+        routing_key="console.schema.1.0.org.test.widget", received_at="2027-01-15T08:00:05Z",
+    )  # fmt: skip
+    first = [sample(widget, 1, {"name": "w1", "count": 10}), sample(never, 2, {"x": 1})]
+    second = [announce, sample(widget, 3, {"name": "w3", "count": 30})]
+    roots = {}
+    for path in ("tasks", "driver"):
+        root = tmp_path / path
+        write_bronze(
+            str(root / "bronze"),
+            [bronze_rows(first, batch_id=4), bronze_rows(second, first_offset=2, batch_id=5)],
+        )
+        ensure_tables(SilverSettings(bronze=str(root / "bronze"), root=str(root / "silver")))
+        s = BackfillSettings(
+            bronze=str(root / "bronze"), silver=str(root / "silver"), gold=str(root / "gold"),
+            start=START, end=END, layers=("silver",), decode_on=path,
+        )  # fmt: skip
+        report = run_backfill(spark, s)
+        assert {t: (c.in_range, c.written) for t, c in report.tables.items()} == {
+            f"silver/{n}": (0, 2 if n == "object_samples" else 0) for n in SILVER
+        }
+        roots[path] = root
+        samples = delta.read_arrow(str(root / "silver/object_samples")).sort_by("offset")
+        assert samples.select(["offset", "batch_id", "class_name", "ints"]).to_pylist() == [
+            {"offset": 0, "batch_id": 4, "class_name": "widget", "ints": [10]},
+            {"offset": 3, "batch_id": 5, "class_name": "widget", "ints": [30]},
+        ]
+        assert not list((root / "silver" / "_staging").iterdir())  # the scratch is gone
+    for n in SILVER:
+        same(spark, roots["tasks"] / "silver" / n, roots["driver"] / "silver" / n)
