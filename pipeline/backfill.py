@@ -200,8 +200,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "--decode-on",
         choices=("tasks", "driver", "spark"),
         default="tasks",
-        help="decode the range's bronze in Spark tasks (their files read back here) or on "
-        "the driver ('spark' = tasks)",
+        help="decode the range's bronze in Spark tasks (they write files the replace reads "
+        "with Spark: no row on the driver) or on the driver ('spark' = tasks)",
     )
     p.add_argument(
         "--min-interval",
