@@ -414,29 +414,6 @@ def _registry(s: BackfillSettings) -> tuple[SchemaRegistry, StatisticKinds]:
     return RegistryTable(os.path.join(s.silver, "schema_registry"), kinds).load(), kinds
 
 
-def _bronze_batches(table: pa.Table, lookup: pa.Table) -> pa.Array:
-    """The bronze ``batch_id`` of each row of ``table`` (by its ``(partition, offset)``)."""
-    import numpy as np
-    import pyarrow as pa
-
-    out = np.full(table.num_rows, -1, np.int64)
-    parts = np.array(table.column("partition").to_pylist(), dtype=object)
-    offs = table.column("offset").to_numpy()
-    lparts = np.array(lookup.column("partition").to_pylist(), dtype=object)
-    loffs = lookup.column("offset").to_numpy()
-    lbatch = lookup.column("batch_id").to_numpy()
-    for p in set(parts.tolist()):
-        sel = lparts == p
-        order = np.argsort(loffs[sel], kind="stable")
-        ko, kb = loffs[sel][order], lbatch[sel][order]
-        rows = parts == p
-        idx = np.searchsorted(ko, offs[rows])
-        if (idx >= len(ko)).any() or (ko[np.minimum(idx, len(ko) - 1)] != offs[rows]).any():
-            raise ValueError(f"silver rows of partition {p!r} without a bronze message in range")
-        out[rows] = kb[idx]
-    return pa.array(out, pa.int64())
-
-
 def decode_silver(
     spark: SparkSession, s: BackfillSettings, bronze: DataFrame, scratch: str
 ) -> dict[str, tuple[DataFrame, int]]:
@@ -463,6 +440,10 @@ def decode_silver(
     from schemas.silver import SILVER_TABLES as SCHEMAS
 
     registry, kinds = _registry(s)
+    batches = bronze.select(*IDENTITY, F.col("batch_id").alias(_BRONZE_BATCH)).dropDuplicates(
+        list(IDENTITY)
+    )
+    out: dict[str, tuple[DataFrame, int]] = {}
     if s.decode_on == "driver":
         decoded = decode_arrow(bronze.toArrow(), registry.copy(), 0, kinds)
         if decoded.get(PARKED_T).num_rows:
@@ -470,21 +451,13 @@ def decode_silver(
             again = decode_parked_again(decoded, ext, 0, kinds)
             if again is not None:
                 decoded = Decoded.concat([decoded, again])
-        lookup = bronze.select("partition", "offset", "batch_id").toArrow()
-        out: dict[str, tuple[DataFrame, int]] = {}
         for name in SILVER_TABLES:
-            schema = SCHEMAS[name]
             t = decoded.get(name)
-            t = t.set_column(
-                t.schema.get_field_index("batch_id"), "batch_id", _bronze_batches(t, lookup)
-            )
-            out[name] = (_to_frame(spark, t.select(schema.names).cast(schema)), t.num_rows)
+            rows = t.num_rows
+            frame = _to_frame(spark, t.select(SCHEMAS[name].names).cast(SCHEMAS[name]))
+            out[name] = (_with_bronze_batch(frame, batches, SCHEMAS[name]) if rows else frame, rows)
         return out
     got = decode_to_files(bronze, registry, 0, kinds, scratch)
-    batches = bronze.select(*IDENTITY, F.col("batch_id").alias(_BRONZE_BATCH)).dropDuplicates(
-        list(IDENTITY)
-    )
-    out = {}
     for name in SILVER_TABLES:
         schema = SCHEMAS[name]
         files = got.files.get(name, [])
@@ -492,16 +465,24 @@ def decode_silver(
         if not rows:
             out[name] = (_to_frame(spark, schema.empty_table()), 0)
             continue
-        # Every row comes from a bronze message of the range: an inner join keeps them all.
-        frame = (
-            spark.read.parquet(*[f.location for f in files])
-            .drop("batch_id")
-            .join(F.broadcast(batches), list(IDENTITY), "inner")
-            .withColumnRenamed(_BRONZE_BATCH, "batch_id")
-            .select(*schema.names)
-        )
-        out[name] = (frame, rows)
+        frame = spark.read.parquet(*[f.location for f in files])
+        out[name] = (_with_bronze_batch(frame, batches, schema), rows)
     return out
+
+
+def _with_bronze_batch(frame: DataFrame, batches: DataFrame, schema: pa.Schema) -> DataFrame:
+    """Silver rows with the ``batch_id`` of their bronze message (by ``(partition, offset)``).
+
+    Every row comes from a bronze message of the range, so an inner join keeps them
+    all; ``batches`` holds each identity once, so none is doubled."""
+    from pyspark.sql import functions as F
+
+    return (
+        frame.drop("batch_id")
+        .join(F.broadcast(batches), list(IDENTITY), "inner")
+        .withColumnRenamed(_BRONZE_BATCH, "batch_id")
+        .select(*schema.names)
+    )
 
 
 _BRONZE_BATCH = "__bronze_batch_id"

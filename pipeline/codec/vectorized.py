@@ -1648,13 +1648,14 @@ class _Walked:
     def meta(self, m: int) -> dict[str, Any]:
         """Message ``m``'s properties as the per-record codec takes them."""
         names = self.table.column_names
-        meta = {c: self.table.column(c)[m].as_py() for c in _META_COLS if c in names}
+        meta = {c: self.table.column(c)[m].as_py() for c in MESSAGE_COLUMNS if c in names}
         if isinstance(meta.get("application_properties"), list):  # Arrow map -> pairs
             meta["application_properties"] = dict(meta["application_properties"])
         return meta
 
 
-_META_COLS = ("routing_key", "app_id", "content_type", "application_properties")
+# The message properties the per-record path reads besides ``body`` (callers pass them on).
+MESSAGE_COLUMNS = ("routing_key", "app_id", "content_type", "application_properties")
 
 
 def _schema_cuts(

@@ -46,6 +46,7 @@ from pipeline.codec.records import (
 from pipeline.codec.schema import SchemaKey, SchemaRegistry
 from pipeline.codec.types import Am1ObjectId, Am2ObjectId
 from pipeline.codec.vectorized import (
+    MESSAGE_COLUMNS,
     decode_content,
     to_json,
 )
@@ -90,7 +91,6 @@ ENVELOPE = pa.schema(
         pa.field("payload", pa.binary(), nullable=False),
     ]
 )
-_META = ("routing_key", "app_id", "content_type", "application_properties")
 _MISSING = re.compile(r"no schema for (?P<pkg>[^:]*):(?P<cls>.*)\((?P<h>[0-9a-f]*)\) at offset")
 _EMPTY_I64 = np.zeros(0, np.int64)
 
@@ -348,7 +348,7 @@ def decode_arrow(
         "body": table.column("body"),
         "msg_key": pa.array(np.arange(n).astype(str).astype(object), pa.string()),
     }
-    for c in _META:
+    for c in MESSAGE_COLUMNS:
         if c in table.column_names:
             inp[c] = table.column(c)
     res = decode_content(pa.table(inp), registry, compact=True)

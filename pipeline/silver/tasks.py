@@ -481,11 +481,10 @@ def decode_to_files(
     in one batch (``resolve_task``): the returned ``parked`` files hold only what still
     waits. The driver gets file descriptions and the side rows, not the rows.
     """
-    staging = []
-    for name in RESOLVE_TABLES:
-        folder = os.path.join(scratch, name)
-        os.makedirs(folder, exist_ok=True)
-        staging.append((name, folder))
+    staging = [(name, os.path.join(scratch, name)) for name in RESOLVE_TABLES]
+    for name, folder in staging:
+        if name != RESOLVED_T:  # no earlier batch is decoded again: never written
+            os.makedirs(folder, exist_ok=True)
     first = [(n, f) for n, f in staging if n in TASK_TABLES]
     plan1 = TaskPlan(tuple(registry), batch_id, kinds, tuple(first))
     got = gather(run_dataframe(df, plan1), batch_id)
