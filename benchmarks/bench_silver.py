@@ -59,9 +59,10 @@ sys.path.insert(0, os.path.dirname(__file__))
 from bench_decode import mixed_stream, queue_stream
 
 from pipeline import delta
+from pipeline.codec.layout import sample_schema
 from pipeline.codec.message import decode_message
 from pipeline.codec.schema import SchemaRegistry
-from pipeline.codec.vectorized import decode_content, sample_schema, tune_malloc
+from pipeline.codec.vectorized import decode_content, tune_malloc
 from pipeline.silver import SilverBatchWriter, SilverSettings
 from pipeline.silver.decode import decode_arrow
 from pipeline.silver.registry import StatisticKinds, seed_table, to_registry

@@ -35,6 +35,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from pipeline.codec.layout import to_json
 from pipeline.codec.records import (
     Event,
     Heartbeat,
@@ -45,11 +46,7 @@ from pipeline.codec.records import (
 )
 from pipeline.codec.schema import SchemaKey, SchemaRegistry
 from pipeline.codec.types import Am1ObjectId, Am2ObjectId
-from pipeline.codec.vectorized import (
-    MESSAGE_COLUMNS,
-    decode_content,
-    to_json,
-)
+from pipeline.codec.vectorized import MESSAGE_COLUMNS, decode_content
 from pipeline.silver.registry import StatisticKinds, registry_row, rows_table, schema_from_row
 from schemas.silver import (
     EVENTS,

@@ -115,10 +115,10 @@ class MethodCallTable:
 
         ``samples``: this batch's object samples, or a function reading them (the
         task path reads them back only for an AM1 request)."""
+        from pipeline.codec.layout import to_json
         from pipeline.codec.methods import MethodContext, PendingCall
         from pipeline.codec.records import MethodRequest, MethodResponse
         from pipeline.codec.schema import SchemaKey
-        from pipeline.codec.vectorized import to_json
 
         pending = self.pending_before(app_id, batch_id)
         rows = sorted(parts.to_pylist(), key=_call_order)

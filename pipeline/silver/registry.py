@@ -26,6 +26,7 @@ from typing import Any
 
 import pyarrow as pa
 
+from pipeline.codec.layout import SLOT_FLOATS, SLOT_INTS, SLOT_TEXTS, slot_kind
 from pipeline.codec.schema import (
     KIND_EVENT,
     ClassSchema,
@@ -99,8 +100,8 @@ EVENT = "event"
 SEED = "seed"
 WIRE = "wire"
 
-# Where an element's value goes in object_samples (the codec's compact layout).
-from pipeline.codec.vectorized import SLOT_FLOATS, SLOT_INTS, SLOT_TEXTS, slot_kind  # noqa: E402
+# Where an element's value goes in object_samples: the codec's compact layout
+# (SLOT_INTS, SLOT_FLOATS, SLOT_TEXTS, slot_kind).
 
 
 def slots(schema: ClassSchema) -> list[tuple[str, int]]:

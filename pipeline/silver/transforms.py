@@ -12,7 +12,7 @@ import pyarrow as pa
 from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
 
-from pipeline.codec.vectorized import SLOT_FLOATS, SLOT_INTS, SLOT_TEXTS, arrow_type, column_name
+from pipeline.codec.layout import SLOT_FLOATS, SLOT_INTS, SLOT_TEXTS, arrow_type, column_name
 from schemas.silver import OBJECT_SAMPLES
 
 # ---------------------------------------------------------------- wide views

@@ -15,9 +15,10 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from pipeline.codec.capture import read_capture
+from pipeline.codec.layout import slot_kind
 from pipeline.codec.schema import ClassSchema, Element, SchemaKey
 from pipeline.codec.seed import seeded_registry
-from pipeline.codec.vectorized import decode_content, slot_kind
+from pipeline.codec.vectorized import decode_content
 
 
 def _queue() -> ClassSchema:

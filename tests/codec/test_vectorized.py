@@ -23,18 +23,16 @@ from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
 from pipeline.codec.capture import CapturedMessage, read_capture
+from pipeline.codec.layout import COMPACT_SCHEMA, QUARANTINE_SCHEMA, sample_schema
 from pipeline.codec.records import Heartbeat, ObjectSample, Record
 from pipeline.codec.schema import ClassSchema, Element, SchemaKey, SchemaRegistry
 from pipeline.codec.types import Am1ObjectId, Am2ObjectId, TypedList, TypedMap
 from pipeline.codec.v1 import encode_records
 from pipeline.codec.vectorized import (
-    COMPACT_SCHEMA,
-    QUARANTINE_SCHEMA,
     arrow_mapper,
     decode_content,
     per_record_decode,
     records_to_table,
-    sample_schema,
     wide_to_compact,
 )
 from tests.codec.strategies import object_samples

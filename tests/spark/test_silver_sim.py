@@ -19,8 +19,8 @@ import pytest
 from pipeline import delta
 from pipeline.cli import main as qmf
 from pipeline.codec.capture import read_capture
+from pipeline.codec.layout import to_json
 from pipeline.codec.schema import v2_name
-from pipeline.codec.vectorized import to_json
 from pipeline.silver import SilverSettings, bronze_rows, run_silver_batch, write_bronze
 
 if TYPE_CHECKING:

@@ -9,8 +9,9 @@ import pytest
 from pyspark.sql import SparkSession
 
 from pipeline.codec.capture import read_capture
+from pipeline.codec.layout import sample_schema
 from pipeline.codec.schema import SchemaRegistry
-from pipeline.codec.vectorized import arrow_mapper, decode_content, sample_schema
+from pipeline.codec.vectorized import arrow_mapper, decode_content
 from schemas.tables import spark_schema
 
 pytestmark = pytest.mark.spark
