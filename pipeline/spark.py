@@ -192,6 +192,14 @@ def _launch_logged(options: Mapping[str, str], log_file: Path, app_name: str) ->
     sparklog.follow(log_file)
 
 
+# The driver JVM's thread stacks. A query stopped during a Python foreachBatch makes
+# Spark's stream thread match a regex over the long py4j traceback, which overflows
+# the default 1 MB stack (StackOverflowError; reproduced 2026-11-28; 16 MB passed
+# every try). Stacks are reserved, not committed: the cost is address space.
+# ``streaming.stop_query`` avoids such stops; this covers the ones it cannot.
+DRIVER_STACK = "-Xss16m"
+
+
 def get_spark(
     app_name: str,
     *,
@@ -241,7 +249,9 @@ def get_spark(
         # on the terminal), or everything in the log file.
         level = "error" if test else "warn"
         config = _log4j_config(level) if logged is None else _file_log4j_config(logged)
-        defaults["spark.driver.extraJavaOptions"] = f"-Dlog4j2.configurationFile=file:{config}"
+        defaults["spark.driver.extraJavaOptions"] = (
+            f"{DRIVER_STACK} -Dlog4j2.configurationFile=file:{config}"
+        )
         if test:
             os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
 

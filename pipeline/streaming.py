@@ -7,9 +7,11 @@ import os
 import re
 import threading
 import time
-from typing import TYPE_CHECKING
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
+    from pyspark.sql import DataFrame
     from pyspark.sql.streaming.query import StreamingQuery
 
 log = logging.getLogger(__name__)
@@ -57,6 +59,101 @@ def offset_log_sources(checkpoint: str, batch_id: int) -> list[str] | None:
     return sources
 
 
+# How long a stop waits for the batch in flight before it cancels it (seconds).
+STOP_GRACE_S = 60.0
+
+
+class StopGate:
+    """A ``foreachBatch`` function wrapped so that a stop lands between batches.
+
+    Why: ``StreamingQuery.stop()`` during a batch cancels its Spark jobs. Exactly
+    once holds (the batch is replayed and our writers skip what they committed),
+    but the batch's work is lost, and with a Python ``foreachBatch`` Spark's stream
+    thread then runs a regex over the long py4j traceback, which overflowed the
+    thread's stack (``java.lang.StackOverflowError``: the thread dies without its
+    clean-up, e.g. the sources' ``stop``). Spark has no "stop after this batch";
+    so ``stop_query`` asks the gate, and the gate stops the query from another
+    thread as soon as the batch in flight has returned.
+    """
+
+    def __init__(self, fn: Callable[[DataFrame, int], Any]) -> None:
+        self.fn = fn
+        self.query: StreamingQuery | None = None
+        self.in_batch = False
+        self.stopped_between = False  # the gate, not a cancel, stopped the query
+        self._requested = threading.Event()
+        self._lock = threading.Lock()
+
+    def __call__(self, df: DataFrame, batch_id: int) -> None:
+        with self._lock:
+            self.in_batch = True
+        try:
+            self.fn(df, batch_id)
+        finally:
+            with self._lock:
+                self.in_batch = False
+        if self._requested.is_set() and self.query is not None:
+            # stop() waits for this thread's caller (Spark's stream thread): not here.
+            self.stopped_between = True
+            threading.Thread(target=self.query.stop, name="qmf-stop", daemon=True).start()
+
+    def bind(self, query: StreamingQuery) -> StreamingQuery:
+        """Remember the started query (``stop_query`` finds the gate by its id)."""
+        self.query = query
+        _GATES[str(query.id)] = self
+        return query
+
+    def busy(self) -> bool:
+        """A batch is in the wrapped function now."""
+        with self._lock:
+            return self.in_batch
+
+    def request_stop(self) -> bool:
+        """Ask for a stop at the end of the batch in flight; False when none is in flight."""
+        with self._lock:
+            self._requested.set()
+            return self.in_batch
+
+
+_GATES: dict[str, StopGate] = {}
+
+
+def stop_query(query: StreamingQuery, grace_s: float = STOP_GRACE_S) -> bool:
+    """Stop ``query`` between batches: at once when it is idle, else when the batch in
+    flight returns (``StopGate``), cancelling it only after ``grace_s``.
+
+    True when no batch was cancelled (as far as can be seen: a batch starting in the
+    instant between the idle check and ``stop()`` is cancelled; it is replayed).
+    A query started without a gate is stopped at once.
+    """
+    from pyspark.errors import StreamingQueryException
+
+    gate = _GATES.pop(str(query.id), None)
+    if gate is None or not query.isActive:
+        if query.isActive:
+            query.stop()
+        return gate is not None
+    deadline = time.monotonic() + grace_s
+    in_batch = gate.request_stop()
+    while query.isActive:
+        if not in_batch and not query.status["isTriggerActive"]:
+            break  # idle: no batch in flight
+        left = deadline - time.monotonic()
+        if left <= 0:
+            log.warning("%s: the batch in flight did not end within %.0f s: cancelled",
+                        query.name, grace_s)  # fmt: skip
+            query.stop()
+            return False
+        try:
+            query.awaitTermination(min(0.1, left))  # type: ignore[arg-type]
+        except StreamingQueryException:
+            return True  # it failed meanwhile: the caller reads query.exception()
+        in_batch = gate.busy()
+    if query.isActive:
+        query.stop()
+    return True
+
+
 def await_query(
     query: StreamingQuery,
     name: str,
@@ -85,8 +182,7 @@ def await_query(
         log.error("%s query failed: %s", name, exc)
         return 1
     finally:
-        if query.isActive:
-            query.stop()
+        stop_query(query)
     if query.exception() is not None:
         log.error("%s query failed: %s", name, query.exception())
         return 1

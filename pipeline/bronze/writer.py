@@ -50,7 +50,7 @@ from pipeline.source import (
     register,
     split_ranges,
 )
-from pipeline.streaming import await_query, offset_log_sources
+from pipeline.streaming import StopGate, await_query, offset_log_sources
 from receivers.landing import LandingLog
 from schemas.tables import BRONZE
 
@@ -302,10 +302,11 @@ def start_bronze(spark: SparkSession, settings: BronzeSettings) -> StreamingQuer
     reader = spark.readStream.format("qmf")
     for k, v in settings.source_options().items():
         reader = reader.option(k, v)
-    return (
+    gate = StopGate(BronzeBatchWriter(settings))
+    return gate.bind(
         reader.load()
         .writeStream.queryName(settings.query_name)
-        .foreachBatch(BronzeBatchWriter(settings))
+        .foreachBatch(gate)
         .option("checkpointLocation", settings.checkpoint)
         .trigger(**trigger_kwargs(settings.trigger))  # type: ignore[arg-type]
         .start()

@@ -476,14 +476,13 @@ def run(args: argparse.Namespace) -> int:
                 break
             time.sleep(1.0)
     finally:
+        from pipeline.streaming import stop_query
+
         maintenance.stop()
         if sim is not None and sim.poll() is None:
             sim.kill()
-        if query.isActive:
-            query.stop()
-        for q in downstream:
-            if q.isActive:
-                q.stop()
+        for q in (query, *downstream):
+            stop_query(q)  # between batches: the batch in flight ends, not cancelled
         for s, h in previous.items():
             signal.signal(s, h)
     failed = query.exception() or next((q.exception() for q in downstream if q.exception()), None)

@@ -51,7 +51,7 @@ from pipeline.gold.transforms import (
     gold_batch,
 )
 from pipeline.ipc import to_ipc
-from pipeline.streaming import await_query
+from pipeline.streaming import StopGate, await_query
 from schemas.gold import AGENT_LIVENESS, GOLD_TABLES, OBJECT_LIFECYCLES, RATE_STATE, STATISTIC_RATES
 from schemas.silver import HEARTBEATS, OBJECT_SAMPLES
 
@@ -526,9 +526,10 @@ def start_gold(
         )
 
     stream = gold_input(read("object_samples", OBJECT_SAMPLES), read("heartbeats", HEARTBEATS))
-    return (
+    gate = StopGate(writer)
+    return gate.bind(
         stream.writeStream.queryName(settings.query_name)
-        .foreachBatch(writer)
+        .foreachBatch(gate)
         .option("checkpointLocation", settings.checkpoint)
         .trigger(**trigger_kwargs(settings.trigger))  # type: ignore[arg-type]
         .start()

@@ -11,7 +11,7 @@ from pipeline import delta
 from pipeline.bronze.writer import trigger_kwargs
 from pipeline.silver.settings import SilverSettings
 from pipeline.silver.writer import BatchReport, SilverBatchWriter
-from pipeline.streaming import await_query
+from pipeline.streaming import StopGate, await_query
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
@@ -67,10 +67,11 @@ def start_silver(spark: SparkSession, settings: SilverSettings) -> StreamingQuer
         .options(**settings.source_options())
         .option("path", settings.bronze)
     )
-    return (
+    gate = StopGate(writer)
+    return gate.bind(
         reader.load()
         .writeStream.queryName(settings.query_name)
-        .foreachBatch(writer)
+        .foreachBatch(gate)
         .option("checkpointLocation", settings.checkpoint)
         .trigger(**trigger_kwargs(settings.trigger))  # type: ignore[arg-type]
         .start()
