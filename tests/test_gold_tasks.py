@@ -152,3 +152,59 @@ def test_a_batch_computed_but_not_committed_leaves_nothing_used(
 def test_keep_mib_is_checked(tmp_path: Path) -> None:
     with pytest.raises(ValueError, match="keep_mib -1: must be >= 0"):
         GoldSettings(silver=str(tmp_path), root=str(tmp_path), keep_mib=-1)
+
+
+def test_the_rate_pairing_splits_by_bucket_of_series(silver: tuple[str, list[Units]]) -> None:
+    """The rates and the state, computed per bucket of series (each bucket with its own
+    value and state rows and the batch's per-agent facts whole), equal one pairing over
+    everything, batch after batch: three agents, one restarting, each bucket carrying its
+    own state. The ground for partitioning gold's rates by series, not by agent."""
+    from pipeline.gold import transforms as tg
+    from pipeline.gold.tasks import LIVENESS_KEYS, upsert_rows
+
+    root, batches = silver
+    registry = delta.read_arrow(os.path.join(root, "schema_registry"))
+    rules, live_rules = tg.RateRules(), GoldSettings(silver=root, root="-").liveness
+    buckets = 3
+    empty = {name: pl.DataFrame(schema=pl.from_arrow(s.empty_table()).schema)  # type: ignore[union-attr]
+             for name, s in GOLD_TABLES.items()}  # fmt: skip
+    state, lifecycles, liveness = empty["rate_state"], empty["object_lifecycles"], empty["agent_liveness"]
+    parts = [state] * buckets  # each bucket's own state
+    seen = set()
+    for batch_id, units in enumerate(batches):
+        batch = pl.concat(list(read_units(units)), how="vertical_relaxed")
+        whole = tg.gold_batch(
+            batch, registry=registry, state=state, lifecycles=lifecycles, liveness=liveness,
+            rate_rules=rules, liveness_rules=live_rules, batch_id=batch_id,
+        )  # fmt: skip
+        # The rate input as the agent stage makes it (gold_batch's own steps).
+        samples = batch.filter(pl.col("source") == "sample")
+        hb = tg.heartbeat_rows(batch.filter(pl.col("source") == "heartbeat"), live_rules)
+        known = lifecycles.filter(pl.col("index_key").is_not_null())
+        ident = tg.identify(samples, known.select("agent", "object_id", "index_key"))
+        inp = tg.RateInput(
+            values=tg.statistic_values(ident, tg.statistic_defs(registry)),
+            activity=tg.agent_activity(ident, hb, lifecycles, liveness),
+            keys=tg.taught_keys(ident), gone=tg.deleted_objects(ident),
+        )  # fmt: skip
+        latest = tg.max_ns(samples["update_ns"], *(p["update_ns"] for p in parts))
+        vb = tg.series_buckets(inp.values, buckets)
+        # A state row's bucket is its series' after the rekey (a rekey can move it).
+        moved = tg.rekey_state(pl.concat(parts), inp.keys)
+        sb = tg.series_buckets(moved, buckets)
+        rates, parts = [], []
+        for b in range(buckets):
+            mine = tg.RateInput(inp.values.filter(vb == b), inp.activity, inp.keys, inp.gone)
+            r, s = tg.rate_stage(mine, moved.filter(sb == b), rules, batch_id, latest)
+            rates.append(r)
+            parts.append(s)
+            seen.add((b, r.height > 0))
+        got, want = pl.concat(rates), whole.rates
+        assert got.sort(got.columns).equals(want.sort(want.columns)), batch_id
+        got, want = pl.concat(parts), whole.state
+        assert got.sort(got.columns).equals(want.sort(want.columns)), batch_id
+        state = whole.state
+        lifecycles = upsert_rows(lifecycles, whole.lifecycles, tg.LIFECYCLE_KEYS)
+        liveness = upsert_rows(liveness, whole.liveness, LIVENESS_KEYS)
+    assert {b for b, some in seen if some} == set(range(buckets))  # every bucket had rates
+    assert state.height > 0 and lifecycles.height > 0

@@ -276,15 +276,21 @@ def statistic_values(identified: pl.DataFrame, defs: pl.DataFrame) -> pl.DataFra
     return out.select(*_VALUE_COLS, *_ARRIVAL, "deleted", "is_state").cast(_VALUE_SCHEMA)  # type: ignore[arg-type]
 
 
-def rekey_state(state: pl.DataFrame, identified: pl.DataFrame) -> pl.DataFrame:
-    """State rows of series keyed by an object id whose index key is now known (its
-    statistics came before its properties, in an earlier micro-batch) move to the
-    index-key series, where one batch over the same samples would have put them."""
-    keys = (
+def taught_keys(identified: pl.DataFrame) -> pl.DataFrame:
+    """(agent, object_id, _k): the index key the batch's samples give each object
+    (``rekey_state``'s input)."""
+    return (
         identified.filter(pl.col("index_key").is_not_null())
         .group_by("agent", "object_id")
         .agg(pl.col("index_key").max().alias("_k"))
     )
+
+
+def rekey_state(state: pl.DataFrame, keys: pl.DataFrame) -> pl.DataFrame:
+    """State rows of series keyed by an object id whose index key is now known (its
+    statistics came before its properties, in an earlier micro-batch) move to the
+    index-key series, where one batch over the same samples would have put them.
+    ``keys``: ``taught_keys`` of the batch. Applying it twice changes nothing."""
     s = state.join(keys, on=["agent", "object_id"], how="left").with_columns(
         _o=pl.col("index_key").is_null() & pl.col("_k").is_not_null()
     )
@@ -596,12 +602,16 @@ def rates_from_pairs(rates: pl.DataFrame, batch_id: int) -> pl.DataFrame:
     return out.with_columns(length_s=pl.Series(length), rate=pl.Series(rate).fill_nan(None))
 
 
-def state_from_pairs(state: pl.DataFrame, identified: pl.DataFrame | None = None) -> pl.DataFrame:
-    """The baselines of ``pair_values`` minus every series of the objects ``identified``
-    (the batch's samples) reports deleted: also a series keyed by the object id."""
-    if identified is None:
+def deleted_objects(identified: pl.DataFrame) -> pl.DataFrame:
+    """(agent, object_id) of the objects the batch's samples report deleted."""
+    return identified.filter(pl.col("delete_ns").fill_null(0) != 0).select("agent", "object_id").unique()
+
+
+def state_from_pairs(state: pl.DataFrame, gone: pl.DataFrame | None = None) -> pl.DataFrame:
+    """The baselines of ``pair_values`` minus every series of the objects ``gone``
+    (``deleted_objects``): also a series keyed by the object id."""
+    if gone is None:
         return state
-    gone = identified.filter(pl.col("delete_ns").fill_null(0) != 0).select("agent", "object_id").unique()
     return state.join(gone, on=["agent", "object_id"], how="anti")
 
 
@@ -944,18 +954,63 @@ def gold_batch(
     updates = object_updates(ident, property_defs(registry))
     merged = with_names(merge_lifecycles(lifecycles, updates, live_rows, batch_id), ref_positions(registry))
 
-    values = pl.concat(
-        [statistic_values(ident, statistic_defs(registry)), state_values(rekey_state(state, ident))]
+    inp = RateInput(
+        values=statistic_values(ident, statistic_defs(registry)),
+        activity=agent_activity(ident, hb, lifecycles, liveness),
+        keys=taught_keys(ident),
+        gone=deleted_objects(ident),
     )
-    pairs = pair_values(
-        values, rate_rules, agent_activity(ident, hb, lifecycles, liveness), latest_ns or None
-    )
+    rates, new_state = rate_stage(inp, state, rate_rules, batch_id, latest_ns)
     return GoldRows(
-        rates=rates_from_pairs(pairs.rates, batch_id),
+        rates=rates,
         lifecycles=changed_rows(merged, lifecycles),
         liveness=live_rows,
-        state=state_from_pairs(pairs.state, ident),
+        state=new_state,
     )
+
+
+@dataclass(frozen=True)
+class RateInput:
+    """What the rate pairing needs from a batch besides the rate state: its value rows,
+    and three per-agent facts.
+
+    Why apart: the pairing is per series, so it can run per bucket of series
+    (``series_buckets``) with each bucket's value and state rows and the three facts
+    whole (they are per agent or object, far fewer rows than the values); docs/DESIGN.md,
+    Gold, "The plan for a finer key".
+    """
+
+    values: pl.DataFrame  # statistic_values: one row per (sample, numeric statistic)
+    activity: pl.DataFrame  # agent_activity: when each agent was seen
+    keys: pl.DataFrame  # taught_keys: index keys the batch gives objects (rekey_state)
+    gone: pl.DataFrame  # deleted_objects: their series end (state_from_pairs)
+
+
+def rate_stage(
+    inp: RateInput, state: pl.DataFrame, rules: RateRules, batch_id: int, latest_ns: int | None
+) -> tuple[pl.DataFrame, pl.DataFrame]:
+    """(statistic_rates rows, new rate state) of a batch, or of a bucket of its series
+    (``latest_ns``: over the whole batch and state, as ``gold_batch`` takes it)."""
+    values = pl.concat([inp.values, state_values(rekey_state(state, inp.keys))])
+    pairs = pair_values(values, rules, inp.activity, latest_ns or None)
+    return rates_from_pairs(pairs.rates, batch_id), state_from_pairs(pairs.state, inp.gone)
+
+
+def series_buckets(rows: pl.DataFrame, buckets: int) -> pl.Series:
+    """The bucket of each value or state row's series (agent, package, class, series):
+    blake2b per distinct series, so the same in every process and run. The statistic
+    is left out: one object's statistics stay together."""
+    import hashlib
+
+    keys = ("agent", "package", "class_name", "series")
+    uniq = rows.select(keys).unique()
+    joined = uniq.select(pl.concat_str([pl.col(k).fill_null("") for k in keys], separator="\x1f"))
+    digest = [
+        int.from_bytes(hashlib.blake2b(k.encode("utf-8"), digest_size=8).digest(), "big") % buckets
+        for k in joined.to_series().to_list()
+    ]
+    table = uniq.with_columns(_b=pl.Series(digest, dtype=pl.Int32))
+    return rows.select(keys).join(table, on=list(keys), how="left", nulls_equal=True, maintain_order="left")["_b"]
 
 
 def max_ns(*columns: pl.Series) -> int:
