@@ -7,7 +7,7 @@ import os
 import re
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
@@ -59,6 +59,16 @@ def offset_log_sources(checkpoint: str, batch_id: int) -> list[str] | None:
     return sources
 
 
+def trigger_kwargs(trigger: str) -> dict[str, bool | str]:
+    """``availableNow`` -> ``{"availableNow": True}``; ``processingTime=5 seconds`` -> that."""
+    if trigger == "availableNow":
+        return {"availableNow": True}
+    name, sep, value = trigger.partition("=")
+    if name == "processingTime" and sep and value.strip():
+        return {"processingTime": value.strip()}
+    raise ValueError(f"trigger {trigger!r}: expected availableNow or processingTime=<interval>")
+
+
 # How long a stop waits for the batch in flight before it cancels it (seconds).
 STOP_GRACE_S = 60.0
 
@@ -81,7 +91,7 @@ class StopGate:
         self.query: StreamingQuery | None = None
         self.in_batch = False
         self.stopped_between = False  # the gate, not a cancel, stopped the query
-        self._requested = threading.Event()
+        self._requested = False
         self._lock = threading.Lock()
 
     def __call__(self, df: DataFrame, batch_id: int) -> None:
@@ -92,7 +102,8 @@ class StopGate:
         finally:
             with self._lock:
                 self.in_batch = False
-        if self._requested.is_set() and self.query is not None:
+                requested = self._requested
+        if requested and self.query is not None:
             # stop() waits for this thread's caller (Spark's stream thread): not here.
             self.stopped_between = True
             threading.Thread(target=self.query.stop, name="qmf-stop", daemon=True).start()
@@ -111,11 +122,34 @@ class StopGate:
     def request_stop(self) -> bool:
         """Ask for a stop at the end of the batch in flight; False when none is in flight."""
         with self._lock:
-            self._requested.set()
+            self._requested = True
             return self.in_batch
 
 
 _GATES: dict[str, StopGate] = {}
+
+
+def start_gated(
+    stream: DataFrame,
+    fn: Callable[[DataFrame, int], Any],
+    *,
+    name: str,
+    checkpoint: str,
+    trigger: str,
+) -> StreamingQuery:
+    """Start ``stream`` with ``fn`` as its ``foreachBatch``, behind a ``StopGate``.
+
+    Every job starts its query here, so that ``stop_query`` can land its stop
+    between batches.
+    """
+    gate = StopGate(fn)
+    return gate.bind(
+        stream.writeStream.queryName(name)
+        .foreachBatch(gate)
+        .option("checkpointLocation", checkpoint)
+        .trigger(**trigger_kwargs(trigger))  # type: ignore[arg-type]
+        .start()
+    )
 
 
 def stop_query(query: StreamingQuery, grace_s: float = STOP_GRACE_S) -> bool:
@@ -126,32 +160,52 @@ def stop_query(query: StreamingQuery, grace_s: float = STOP_GRACE_S) -> bool:
     instant between the idle check and ``stop()`` is cancelled; it is replayed).
     A query started without a gate is stopped at once.
     """
+    return stop_queries([query], grace_s)[0]
+
+
+def stop_queries(queries: Sequence[StreamingQuery], grace_s: float = STOP_GRACE_S) -> list[bool]:
+    """``stop_query`` for several queries at once: every gate is asked first, then all
+    are awaited against one deadline, so the whole stop takes at most ``grace_s``
+    (not ``grace_s`` per query). One flag per query, as ``stop_query`` returns.
+    """
     from pyspark.errors import StreamingQueryException
 
-    gate = _GATES.pop(str(query.id), None)
-    if gate is None or not query.isActive:
-        if query.isActive:
-            query.stop()
-        return gate is not None
     deadline = time.monotonic() + grace_s
-    in_batch = gate.request_stop()
-    while query.isActive:
-        if not in_batch and not query.status["isTriggerActive"]:
-            break  # idle: no batch in flight
+    result = [True] * len(queries)
+    waiting: dict[int, tuple[StopGate, bool]] = {}
+    for i, query in enumerate(queries):
+        gate = _GATES.pop(str(query.id), None)
+        if gate is None or not query.isActive:
+            if query.isActive:
+                query.stop()
+            result[i] = gate is not None
+        else:
+            waiting[i] = (gate, gate.request_stop())
+    while waiting:
+        for i, (_gate, in_batch) in list(waiting.items()):
+            query = queries[i]
+            if not query.isActive:
+                del waiting[i]
+            elif not in_batch and not query.status["isTriggerActive"]:
+                query.stop()  # idle: no batch in flight
+                del waiting[i]
+        if not waiting:
+            break
         left = deadline - time.monotonic()
         if left <= 0:
-            log.warning("%s: the batch in flight did not end within %.0f s: cancelled",
-                        query.name, grace_s)  # fmt: skip
-            query.stop()
-            return False
+            for i in waiting:
+                log.warning("%s: the batch in flight did not end within %.0f s: cancelled",
+                            queries[i].name, grace_s)  # fmt: skip
+                queries[i].stop()
+                result[i] = False
+            break
+        first = queries[next(iter(waiting))]
         try:
-            query.awaitTermination(min(0.1, left))  # type: ignore[arg-type]
+            first.awaitTermination(min(0.1, left))  # type: ignore[arg-type]
         except StreamingQueryException:
-            return True  # it failed meanwhile: the caller reads query.exception()
-        in_batch = gate.busy()
-    if query.isActive:
-        query.stop()
-    return True
+            pass  # it failed meanwhile: the caller reads query.exception()
+        waiting = {i: (gate, gate.busy()) for i, (gate, _) in waiting.items()}
+    return result
 
 
 def await_query(

@@ -50,7 +50,7 @@ from pipeline.source import (
     register,
     split_ranges,
 )
-from pipeline.streaming import StopGate, await_query, offset_log_sources
+from pipeline.streaming import await_query, offset_log_sources, start_gated, trigger_kwargs
 from receivers.landing import LandingLog
 from schemas.tables import BRONZE
 
@@ -112,16 +112,6 @@ class BronzeSettings:
             opts["maxRecordsPerTrigger"] = str(self.max_records_per_trigger)
         opts.update({f"receiver.{k}": v for k, v in self.receiver_options.items()})
         return opts
-
-
-def trigger_kwargs(trigger: str) -> dict[str, bool | str]:
-    """``availableNow`` -> ``{"availableNow": True}``; ``processingTime=5 seconds`` -> that."""
-    if trigger == "availableNow":
-        return {"availableNow": True}
-    name, sep, value = trigger.partition("=")
-    if name == "processingTime" and sep and value.strip():
-        return {"processingTime": value.strip()}
-    raise ValueError(f"trigger {trigger!r}: expected availableNow or processingTime=<interval>")
 
 
 def checkpoint_query_id(checkpoint: str) -> str:
@@ -302,14 +292,12 @@ def start_bronze(spark: SparkSession, settings: BronzeSettings) -> StreamingQuer
     reader = spark.readStream.format("qmf")
     for k, v in settings.source_options().items():
         reader = reader.option(k, v)
-    gate = StopGate(BronzeBatchWriter(settings))
-    return gate.bind(
-        reader.load()
-        .writeStream.queryName(settings.query_name)
-        .foreachBatch(gate)
-        .option("checkpointLocation", settings.checkpoint)
-        .trigger(**trigger_kwargs(settings.trigger))  # type: ignore[arg-type]
-        .start()
+    return start_gated(
+        reader.load(),
+        BronzeBatchWriter(settings),
+        name=settings.query_name,
+        checkpoint=settings.checkpoint,
+        trigger=settings.trigger,
     )
 
 

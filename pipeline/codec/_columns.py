@@ -18,6 +18,7 @@ from pipeline.codec._compiled import CompiledRegistry, _Walk
 from pipeline.codec.layout import (
     ARROW_OF,
     COMPACT_SCHEMA,
+    I64,
     IDENTITY_FIELDS,
     INT_TYPES,
     SLOT_FLOATS,
@@ -29,9 +30,6 @@ from pipeline.codec.layout import (
     to_json,
 )
 from pipeline.codec.schema import ClassSchema, Element, SchemaKey
-
-I64 = npt.NDArray[np.int64]
-
 
 _NUMPY_OF: dict[int, Any] = {t: a.to_pandas_dtype() for t, a in ARROW_OF.items() if t in INT_TYPES}
 

@@ -13,11 +13,8 @@ import pyarrow as pa
 
 from pipeline.codec import _kernels as K
 from pipeline.codec import _v2kernels as V
-from pipeline.codec.layout import SLOT_TEXTS, sample_schema, slot_kind
+from pipeline.codec.layout import I64, SLOT_TEXTS, sample_schema, slot_kind
 from pipeline.codec.schema import KIND_TABLE, ClassSchema, SchemaKey, SchemaRegistry
-
-I64 = npt.NDArray[np.int64]
-
 
 # ------------------------------------------------------------ compiled registry
 

@@ -29,14 +29,12 @@ from pipeline.codec._compiled import CompiledRegistry, _body_buffers
 from pipeline.codec.layout import (
     COMPACT_NAMES,
     COMPACT_SCHEMA,
+    I64,
     SLOT_FLOATS,
     SLOT_INTS,
     SLOT_TEXTS,
     cell,
 )
-
-I64 = npt.NDArray[np.int64]
-
 
 # ------------------------------------------------------------ QMF v2 data indications
 #

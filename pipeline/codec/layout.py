@@ -13,10 +13,13 @@ from collections.abc import Mapping
 from typing import Any
 
 import numpy as np
+import numpy.typing as npt
 import pyarrow as pa
 
 from pipeline.codec.schema import ClassSchema
 from schemas.tables import CONTENT_QUARANTINE, OBJECT_SAMPLE_IDENTITY
+
+I64 = npt.NDArray[np.int64]  # positions and offsets the kernels return
 
 # ------------------------------------------------------------------ table layout
 

@@ -58,7 +58,6 @@ from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 import numpy as np
-import numpy.typing as npt
 import pyarrow as pa
 
 from pipeline.codec import _kernels as K
@@ -68,6 +67,7 @@ from pipeline.codec._v2batch import _v2_candidates, _v2_decode
 from pipeline.codec.layout import (
     COMPACT_NAMES,
     COMPACT_SCHEMA,
+    I64,
     QUARANTINE_SCHEMA,
     cell,
     column_name,
@@ -91,7 +91,6 @@ __all__ = [
     "wide_to_compact",
 ]
 
-I64 = npt.NDArray[np.int64]
 
 
 # ------------------------------------------------------------------- results

@@ -476,13 +476,14 @@ def run(args: argparse.Namespace) -> int:
                 break
             time.sleep(1.0)
     finally:
-        from pipeline.streaming import stop_query
+        from pipeline.streaming import stop_queries
 
         maintenance.stop()
         if sim is not None and sim.poll() is None:
             sim.kill()
-        for q in (query, *downstream):
-            stop_query(q)  # between batches: the batch in flight ends, not cancelled
+        # Between batches, all at once: each batch in flight ends (not cancelled) within
+        # one grace period for the three queries.
+        stop_queries([query, *downstream])
         for s, h in previous.items():
             signal.signal(s, h)
     failed = query.exception() or next((q.exception() for q in downstream if q.exception()), None)

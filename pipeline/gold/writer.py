@@ -40,7 +40,7 @@ import polars as pl
 import pyarrow as pa
 
 from pipeline import delta
-from pipeline.bronze.writer import checkpoint_query_id, trigger_kwargs
+from pipeline.bronze.writer import checkpoint_query_id
 from pipeline.delta_source import DataFile, read_batch
 from pipeline.gold.transforms import (
     LIFECYCLE_KEYS,
@@ -51,7 +51,7 @@ from pipeline.gold.transforms import (
     gold_batch,
 )
 from pipeline.ipc import to_ipc
-from pipeline.streaming import StopGate, await_query
+from pipeline.streaming import await_query, start_gated, trigger_kwargs
 from schemas.gold import AGENT_LIVENESS, GOLD_TABLES, OBJECT_LIFECYCLES, RATE_STATE, STATISTIC_RATES
 from schemas.silver import HEARTBEATS, OBJECT_SAMPLES
 
@@ -526,13 +526,12 @@ def start_gold(
         )
 
     stream = gold_input(read("object_samples", OBJECT_SAMPLES), read("heartbeats", HEARTBEATS))
-    gate = StopGate(writer)
-    return gate.bind(
-        stream.writeStream.queryName(settings.query_name)
-        .foreachBatch(gate)
-        .option("checkpointLocation", settings.checkpoint)
-        .trigger(**trigger_kwargs(settings.trigger))  # type: ignore[arg-type]
-        .start()
+    return start_gated(
+        stream,
+        writer,
+        name=settings.query_name,
+        checkpoint=settings.checkpoint,
+        trigger=settings.trigger,
     )
 
 

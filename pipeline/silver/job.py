@@ -8,10 +8,9 @@ from datetime import datetime
 from typing import TYPE_CHECKING
 
 from pipeline import delta
-from pipeline.bronze.writer import trigger_kwargs
 from pipeline.silver.settings import SilverSettings
 from pipeline.silver.writer import BatchReport, SilverBatchWriter
-from pipeline.streaming import StopGate, await_query
+from pipeline.streaming import await_query, start_gated
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
@@ -67,14 +66,12 @@ def start_silver(spark: SparkSession, settings: SilverSettings) -> StreamingQuer
         .options(**settings.source_options())
         .option("path", settings.bronze)
     )
-    gate = StopGate(writer)
-    return gate.bind(
-        reader.load()
-        .writeStream.queryName(settings.query_name)
-        .foreachBatch(gate)
-        .option("checkpointLocation", settings.checkpoint)
-        .trigger(**trigger_kwargs(settings.trigger))  # type: ignore[arg-type]
-        .start()
+    return start_gated(
+        reader.load(),
+        writer,
+        name=settings.query_name,
+        checkpoint=settings.checkpoint,
+        trigger=settings.trigger,
     )
 
 

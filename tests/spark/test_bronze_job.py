@@ -17,9 +17,10 @@ from deltalake import DeltaTable
 from pyspark.sql import SparkSession
 
 from pipeline import delta
-from pipeline.bronze import BronzeSettings, checkpoint_query_id, start_bronze, trigger_kwargs
+from pipeline.bronze import BronzeSettings, checkpoint_query_id, start_bronze
 from pipeline.bronze.transforms import bronze_batch
 from pipeline.source import register
+from pipeline.streaming import trigger_kwargs
 from receivers.landing import LandedMessage, LandingLog, LandingWriter, message_key
 from schemas.tables import BRONZE, LANDING, spark_schema
 from tests.spark.test_source import REPO, land, spark_submit_env

@@ -15,7 +15,7 @@ import pyarrow as pa
 import pytest
 from pyspark.sql import DataFrame, SparkSession
 
-from pipeline.streaming import StopGate, stop_query
+from pipeline.streaming import StopGate, start_gated, stop_queries, stop_query
 
 pytestmark = [pytest.mark.spark]
 
@@ -105,6 +105,40 @@ def test_the_grace_bounds_the_wait(spark: SparkSession, tmp_path: Path) -> None:
     assert stop_query(q, grace_s=0.5) is False  # the batch was cancelled
     assert not q.isActive and q.exception() is None
     assert rec.ended == []
+
+
+def _rate(spark: SparkSession) -> DataFrame:
+    return spark.readStream.format("rate").option("rowsPerSecond", 5).load()
+
+
+def test_several_queries_stop_together_within_one_grace(spark: SparkSession, tmp_path: Path) -> None:
+    """``qmf run`` stops its three queries with ``stop_queries``: every gate is asked
+    first, so the stop waits one grace period in all, not one per query."""
+    busy, idle = Recorder(), Recorder()
+    qb = start_gated(_rate(spark), busy, name="busy", checkpoint=str(tmp_path / "b"),
+                     trigger="processingTime=0 seconds")  # fmt: skip
+    qi = start_gated(_rate(spark), idle, name="idle", checkpoint=str(tmp_path / "i"),
+                     trigger="processingTime=1 hour")  # fmt: skip
+    _wait(lambda: idle.ended and busy.started)
+    _wait(lambda: not qi.status["isTriggerActive"])
+    assert stop_queries([qb, qi]) == [True, True]
+    assert not qb.isActive and not qi.isActive
+    assert busy.started == busy.ended  # the batch in flight ended: nothing cancelled
+    assert idle.started == idle.ended == [0]
+
+    # Two batches in flight and a grace shorter than either: both are cancelled, and
+    # the whole stop took one grace, not two.
+    one, two = Recorder(), Recorder()
+    q1 = start_gated(_rate(spark), one, name="one", checkpoint=str(tmp_path / "1"),
+                     trigger="processingTime=0 seconds")  # fmt: skip
+    q2 = start_gated(_rate(spark), two, name="two", checkpoint=str(tmp_path / "2"),
+                     trigger="processingTime=0 seconds")  # fmt: skip
+    _wait(lambda: one.started and two.started)
+    t0 = time.monotonic()
+    assert stop_queries([q1, q2], grace_s=JOB_S / 2) == [False, False]
+    assert time.monotonic() - t0 < JOB_S * 0.9
+    assert not q1.isActive and not q2.isActive
+    assert one.ended == [] and two.ended == []
 
 
 def test_the_driver_jvm_gets_deep_thread_stacks(spark: SparkSession) -> None:
