@@ -50,6 +50,10 @@ def build_parser() -> argparse.ArgumentParser:
                    help="auto: largest batch (silver file bytes) computed on the driver")
     p.add_argument("--buckets", type=int, default=None,
                    help="task path: buckets of agents (default: Spark's default parallelism)")
+    p.add_argument("--rate-buckets", type=int, default=None, metavar="N",
+                   help="task path: buckets of series of the rate stage, which pairs the rates "
+                        "apart from the agent tasks so one big agent's rates spread too "
+                        "(default: as many as --buckets; 0: no rate stage)")
     p.add_argument("--keep-mib", type=int, default=512, metavar="MIB",
                    help="task path: MiB of the table files a Python worker's tasks wrote kept "
                         "in that worker for the next batch (0: read them back from storage)")
@@ -96,6 +100,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         compute_on=args.compute_on,
         driver_max_bytes=args.driver_max_bytes,
         buckets=args.buckets,
+        rate_buckets=args.rate_buckets,
         keep_mib=args.keep_mib,
         rates=RateRules(args.min_interval, args.max_gap, args.state_ttl, args.min_interval_jitter),
         liveness=LivenessRules(args.missed_heartbeats, args.v1_agent, args.v1_interval),

@@ -15,9 +15,17 @@ import pytest
 from pipeline import delta
 from pipeline.cli import main as qmf
 from pipeline.codec.capture import read_capture
-from pipeline.delta_source import DataFile, DeltaLogReader
+from pipeline.delta_source import DataFile
 from pipeline.gold import GoldBatchWriter, GoldSettings
-from pipeline.gold.tasks import KEPT, STATE_TABLES, batch_times, compute, read_units
+from pipeline.gold.tasks import (
+    KEPT,
+    STATE_TABLES,
+    batch_times,
+    compute,
+    rate_compute,
+    read_units,
+    series_file,
+)
 from pipeline.silver import SilverBatchWriter, SilverSettings, bronze_rows
 from schemas.gold import GOLD_TABLES
 
@@ -28,7 +36,19 @@ Units = list[tuple[str, DataFile]]
 def silver(tmp_path_factory: pytest.TempPathFactory) -> tuple[str, list[Units]]:
     """Three AM2 agents (the second restarting) in silver, one commit per quarter of the
     capture; and each commit's files as gold's units."""
-    tmp = tmp_path_factory.mktemp("gold-tasks")
+    return _silver(tmp_path_factory.mktemp("gold-tasks"), late_keys=False)
+
+
+@pytest.fixture(scope="module")
+def silver_late_keys(tmp_path_factory: pytest.TempPathFactory) -> tuple[str, list[Units]]:
+    """As ``silver``, but the first half's statistics-only messages (AM2 'i') come as
+    a batch of their own (with the half's heartbeats) before the rest of it (then a
+    batch per quarter): that batch's series are keyed by object
+    id (no index key yet), and the next batch's properties rekey them."""
+    return _silver(tmp_path_factory.mktemp("gold-tasks-late"), late_keys=True)
+
+
+def _silver(tmp: Path, *, late_keys: bool) -> tuple[str, list[Units]]:
     cap = str(tmp / "sim.jsonl")
     args = ["--dialect", "am2", "--agents", "3", "--queues", "4", "--intervals", "5",
             "--restart", "1:2", "--start-ns", "1795300000000000000"]  # fmt: skip
@@ -37,49 +57,60 @@ def silver(tmp_path_factory: pytest.TempPathFactory) -> tuple[str, list[Units]]:
     ss = SilverSettings(bronze=str(tmp / "bronze"), root=str(tmp / "silver"))
     writer = SilverBatchWriter(ss, app_id="gold-tasks-test")
     step = -(-len(msgs) // 4)
-    for k, i in enumerate(range(0, len(msgs), step)):
-        writer.decode_local(bronze_rows(msgs[i : i + step], first_offset=i), k)
-
-    def adds(name: str) -> list[list[DataFile]]:
-        log = DeltaLogReader(os.path.join(ss.root, name))
-        out = []
-        v = 1
-        while (c := log.commit(v)) is not None:
-            out.append([DataFile(f.path, os.path.getsize(f.path), None) for f in c.adds])
-            v += 1
-        return out
-
-    samples, beats = adds("object_samples"), adds("heartbeats")
-    assert len(samples) == len(beats) == 4
-    batches = [
-        [("sample", f) for f in s] + [("heartbeat", f) for f in h]
-        for s, h in zip(samples, beats, strict=True)
-    ]
+    parts = [msgs[i : i + step] for i in range(0, len(msgs), step)]
+    if late_keys:
+        first = parts.pop(0) + parts.pop(0)
+        early = [m for m in first if m.body[3:4] in (b"i", b"h")]  # with heartbeats
+        assert {m.body[3:4] for m in early} == {b"i", b"h"}
+        parts[:0] = [early, [m for m in first if m not in early]]
+    batches: list[Units] = []
+    seen: set[str] = set()
+    offset = 0
+    for k, part in enumerate(parts):
+        writer.decode_local(bronze_rows(part, first_offset=offset), k)
+        offset += len(part)
+        units: Units = []
+        for source, name in (("sample", "object_samples"), ("heartbeat", "heartbeats")):
+            for f in delta.snapshot_files(os.path.join(ss.root, name))[2]:
+                if f.local_path not in seen:  # the batch's new files
+                    seen.add(f.local_path)
+                    units.append((source, DataFile(f.local_path, os.path.getsize(f.local_path), None)))
+        assert units
+        batches.append(units)
     return ss.root, batches
 
 
 def _run_tasks(
     root: str, silver: str, batches: Sequence[Units], *, keep_mib: int = 512,
     forget: bool = False, fail_commit_of: int | None = None,
+    rate_buckets: Sequence[int] | None = None,
 ) -> list[dict[str, int]]:  # fmt: skip
     """Each batch as the task path runs it with 2 buckets (direct: each task reads the
     whole batch), its tasks in this process. ``forget``: the worker's memory is cleared
     before each task (as if another worker ran it). ``fail_commit_of``: that batch is
-    computed once without being committed (a crash before its commit), then again."""
+    computed once without being committed (a crash before its commit), then again.
+    ``rate_buckets``: each batch's buckets of series of the rate stage (0: none)."""
     gs = GoldSettings(silver=silver, root=root, buckets=2, keep_mib=keep_mib)
     w = GoldBatchWriter(gs, app_id="gold-tasks-test")
     rows = []
     for batch_id, units in enumerate(batches):
         files = [[f for s, f in units if s == "sample"], [f for s, f in units if s == "heartbeat"]]
         attempts = 2 if batch_id == fail_commit_of else 1
+        rb = 0 if rate_buckets is None else rate_buckets[batch_id]
         for attempt in range(attempts):
-            plan = w.plan_tasks(batch_id, 2, shuffle=False)
+            plan = w.plan_tasks(batch_id, 2, rb, shuffle=rb > 0)
             plan = w.timed_plan(plan, *batch_times(files, gs.liveness))
             outs = []
             for b in range(2):
                 if forget:
                     KEPT.clear()
                 outs.append(compute(b, plan, direct=units))
+            facts = [o.facts for o in outs]
+            for b in range(rb):
+                if forget:
+                    KEPT.clear()
+                values = [p for o in outs for sb, p in o.values if sb == b]
+                outs.append(rate_compute(b, plan, values, facts))
             if attempt + 1 < attempts:
                 w.drop_plan(plan)  # the crash: nothing committed
                 continue
@@ -149,6 +180,50 @@ def test_a_batch_computed_but_not_committed_leaves_nothing_used(
         assert _rows(str(tmp_path / "crash"), name) == _rows(str(tmp_path / "driver"), name)
 
 
+def test_the_rate_stage_gives_the_driver_paths_tables(
+    silver_late_keys: tuple[str, list[Units]], tmp_path: Path
+) -> None:
+    """Rates paired by bucket of series in a stage of their own (3 buckets of series
+    over 2 of agents) give the driver path's tables: from the worker's memory, from
+    files, and when the bucketing changes between batches (none, 3, 2, 3 buckets of
+    series: each batch reads the rate state the previous one wrote, whatever its
+    bucketing). The first batch's series are keyed by object id: its state goes to 'u'
+    files, which every rate task of the next batch reads and rekeys."""
+    root, batches = silver_late_keys
+    assert len(batches) == 4
+    _run_driver(str(tmp_path / "driver"), root, batches)
+    runs = {
+        "kept": {"rate_buckets": [3, 3, 3, 3]},
+        "read": {"rate_buckets": [3, 3, 3, 3], "forget": True},
+        "mixed": {"rate_buckets": [0, 3, 2, 3]},
+        "unkeyed": {"rate_buckets": [3, 2, 0, 3]},
+    }
+    rows = {}
+    for label, kw in runs.items():
+        KEPT.clear()
+        rows[label] = _run_tasks(str(tmp_path / label), root, batches, **kw)  # type: ignore[arg-type]
+        for name in GOLD_TABLES:
+            assert _rows(str(tmp_path / label), name) == _rows(str(tmp_path / "driver"), name), (label, name)
+    # The rate state's files are the series bucketing's: 's' files by bucket of series.
+    def kinds(label: str) -> set[tuple[str, int] | None]:
+        live = delta.snapshot_files(str(tmp_path / label / "rate_state"))[2]
+        return {series_file(f.local_path, 3) for f in live}
+
+    assert kinds("kept") == {("s", 0), ("s", 1), ("s", 2)}
+    # After the first batch alone, every series is keyed by object id: 'u' files only.
+    _run_tasks(str(tmp_path / "first"), root, batches[:1], rate_buckets=[3])
+    first = kinds("first")
+    assert first and {k[0] for k in first if k} == {"u"} and None not in first, first
+    # From memory: after batch 0 every table file is the worker's; the 'u' files of
+    # batch 0 are read by every rate task of batch 1 (3 tasks), the rest once.
+    kept = [r["files_kept"] for r in rows["kept"]]
+    read = [r["files_read"] for r in rows["read"]]
+    assert [r["files_read"] for r in rows["kept"]] == [0] * 4
+    assert [r["files_kept"] for r in rows["read"]] == [0] * 4
+    assert kept[0] == 0 and kept[2:] == read[2:] and min(kept[2:]) >= 5, (kept, read)
+    assert read[1] == kept[1] + 3 * len(first), (kept, read, first)
+
+
 def test_keep_mib_is_checked(tmp_path: Path) -> None:
     with pytest.raises(ValueError, match="keep_mib -1: must be >= 0"):
         GoldSettings(silver=str(tmp_path), root=str(tmp_path), keep_mib=-1)
@@ -177,16 +252,12 @@ def test_the_rate_pairing_splits_by_bucket_of_series(silver: tuple[str, list[Uni
             batch, registry=registry, state=state, lifecycles=lifecycles, liveness=liveness,
             rate_rules=rules, liveness_rules=live_rules, batch_id=batch_id,
         )  # fmt: skip
-        # The rate input as the agent stage makes it (gold_batch's own steps).
+        # The rate input as the agent stage makes it.
+        inp = tg.agent_stage(
+            batch, registry=registry, lifecycles=lifecycles, liveness=liveness,
+            liveness_rules=live_rules, batch_id=batch_id,
+        ).rate_input  # fmt: skip
         samples = batch.filter(pl.col("source") == "sample")
-        hb = tg.heartbeat_rows(batch.filter(pl.col("source") == "heartbeat"), live_rules)
-        known = lifecycles.filter(pl.col("index_key").is_not_null())
-        ident = tg.identify(samples, known.select("agent", "object_id", "index_key"))
-        inp = tg.RateInput(
-            values=tg.statistic_values(ident, tg.statistic_defs(registry)),
-            activity=tg.agent_activity(ident, hb, lifecycles, liveness),
-            keys=tg.taught_keys(ident), gone=tg.deleted_objects(ident),
-        )  # fmt: skip
         latest = tg.max_ns(samples["update_ns"], *(p["update_ns"] for p in parts))
         vb = tg.series_buckets(inp.values, buckets)
         # A state row's bucket is its series' after the rekey (a rekey can move it).

@@ -46,7 +46,7 @@ import hashlib
 import os
 import re
 import uuid
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
@@ -59,12 +59,17 @@ from pipeline.delta_source import DataFile, arrow_schema, read_file
 from pipeline.gold.transforms import (
     LIFECYCLE_KEYS,
     LivenessRules,
+    RateInput,
     RateRules,
+    agent_stage,
     conform,
+    empty_rate_input,
     frame,
-    gold_batch,
     heartbeat_rows,
     max_ns,
+    rate_stage,
+    rekey_state,
+    series_buckets,
 )
 from pipeline.ipc import from_ipc
 from schemas.gold import AGENT_LIVENESS, OBJECT_LIFECYCLES, RATE_STATE, STATISTIC_RATES
@@ -83,6 +88,10 @@ STATE_TABLES = {
     "rate_state": RATE_STATE,
 }
 _BUCKET_FILE = re.compile(r"-k(?P<n>\d+)b(?P<b>\d+)-")
+# A rate state file of the series bucketing: ``s`` holds its bucket's series keyed by an
+# index key, ``u`` the rows it owns of series still keyed by an object id (every rate
+# task reads all ``u`` files: a rekey can move such a row to another bucket).
+_SERIES_FILE = re.compile(r"-k(?P<n>\d+)(?P<kind>[su])(?P<b>\d+)-")
 
 
 def bucket_of(agent: str | None, buckets: int) -> int:
@@ -116,6 +125,19 @@ def bucket_file_name(batch_id: int, buckets: int, bucket: int, ext: str = "parqu
     return f"part-{batch_id:08d}-k{buckets}b{bucket}-{uuid.uuid4().hex}.{ext}"
 
 
+def series_file_name(batch_id: int, buckets: int, bucket: int, *, keyed: bool) -> str:
+    kind = "s" if keyed else "u"
+    return f"part-{batch_id:08d}-k{buckets}{kind}{bucket}-{uuid.uuid4().hex}.parquet"
+
+
+def series_file(name: str, buckets: int) -> tuple[str, int] | None:
+    """(``s`` or ``u``, bucket) of a rate state file of this series bucketing, else None."""
+    m = _SERIES_FILE.search(os.path.basename(name))
+    if m is None or int(m["n"]) != buckets:
+        return None
+    return m["kind"], int(m["b"])
+
+
 def file_bucket(name: str, buckets: int) -> int | None:
     """The bucket a data file holds (its name says, for this bucket count), else None."""
     m = _BUCKET_FILE.search(os.path.basename(name))
@@ -142,6 +164,9 @@ class GoldPlan:
     now_ns: int = 0
     latest_ns: int = 0
     keep_bytes: int = 0  # what a worker keeps of the tables its tasks wrote (``Kept``)
+    # Buckets of series of the rate stage (``rate_compute``); 0: the agent tasks pair the
+    # rates themselves (one task per bucket of agents does all).
+    rate_buckets: int = 0
 
 
 @dataclass
@@ -159,6 +184,10 @@ class ComputeOutput:
     seconds: dict[str, float] = field(default_factory=dict)  # read, gold, write
     kept: int = 0  # table files taken from the worker's memory (``KEPT``)
     read: int = 0  # table files read
+    # With a rate stage: the value rows' shuffle files (series bucket, path), and the
+    # files of the per-agent facts every rate task reads (activity, keys, gone).
+    values: list[tuple[int, str]] = field(default_factory=list)
+    facts: dict[str, str] = field(default_factory=dict)
 
 
 
@@ -273,26 +302,70 @@ def _table_rows(
 ) -> pl.DataFrame:
     """This bucket's agents' rows of a gold table as listed in the plan (from ``KEPT``
     where this worker wrote the file: those files are added to ``used``)."""
+
+    def mine(path: str) -> str:
+        b = file_bucket(path, plan.buckets)
+        return "filter" if b is None else "whole" if b == bucket else "skip"
+
+    def keep(t: pa.Table) -> pa.Table:
+        agents = t.column("agent").to_pylist()
+        return t.filter(pa.array([bucket_of(a, plan.buckets) == bucket for a in agents], pa.bool_()))
+
+    return _rows_of(plan, name, out, used, mine, keep)
+
+
+def _series_state(
+    plan: GoldPlan, bucket: int, keys: pl.DataFrame, out: ComputeOutput, used: list[str]
+) -> pl.DataFrame:
+    """The rate state rows of a bucket of series: its ``s`` files whole; every other file
+    (``u`` files, a file of the agent bucketing, of another count or a compaction's) read,
+    rekeyed with the batch's ``keys`` (``rekey_state``: a series keyed by an object id
+    may now have its index key) and filtered by series bucket."""
+
+    def mine(path: str) -> str:
+        f = series_file(path, plan.rate_buckets)
+        if f is not None and f[0] == "s":
+            return "whole" if f[1] == bucket else "skip"
+        return "filter"
+
+    def keep(t: pa.Table) -> pa.Table:
+        rows = rekey_state(frame(t), keys)
+        return rows.filter(series_buckets(rows, plan.rate_buckets) == bucket).to_arrow()
+
+    return _rows_of(plan, "rate_state", out, used, mine, keep)
+
+
+def _rows_of(
+    plan: GoldPlan,
+    name: str,
+    out: ComputeOutput,
+    used: list[str],
+    mine: Callable[[str], str],
+    keep: Callable[[pa.Table], pa.Table],
+) -> pl.DataFrame:
+    """Rows of a gold table as listed in the plan: each live file ``mine`` calls
+    ``whole`` is taken as it is, from ``KEPT`` where this worker wrote it (then added to
+    ``used``); a ``filter`` file is read and its rows passed through ``keep``."""
     import pickle
 
     schema, files = pickle.loads(dict(plan.tables)[name])
     KEPT.retain(_table_root(plan, name), [f.local_path for f in files], plan.batch_id)
-    mine = [f for f in files if file_bucket(f.local_path, plan.buckets) in (bucket, None)]
     pieces = []
-    for f in mine:
+    for f in files:
+        how = mine(f.local_path)
+        if how == "skip":
+            continue
         df = KEPT.get(f.local_path)
-        if df is not None:
+        if df is not None and how == "whole":
             pieces.append(df)
             out.kept += 1
             used.append(f.local_path)
             continue
-        t = delta.read_data_file(f, schema)
-        if file_bucket(f.local_path, plan.buckets) is None and t.num_rows:
-            agents = t.column("agent").to_pylist()
-            keep = pa.array([bucket_of(a, plan.buckets) == bucket for a in agents], pa.bool_())
-            t = t.filter(keep)
+        t = df.to_arrow() if df is not None else delta.read_data_file(f, schema)
+        out.read += df is None
+        if how == "filter" and t.num_rows:
+            t = keep(t)
         pieces.append(frame(t.cast(schema)))
-        out.read += 1
     if not pieces:
         return frame(schema.empty_table())
     return pieces[0] if len(pieces) == 1 else pl.concat(pieces, how="vertical_relaxed")
@@ -341,65 +414,146 @@ def compute(
     bucket: int, plan: GoldPlan, shuffled: Sequence[str] = (),
     direct: Sequence[tuple[str, DataFile]] | None = None,
 ) -> ComputeOutput:
-    """One bucket: its agents' batch rows and table rows -> its files of every gold table.
-    The batch rows come from the split step's files for the bucket (``shuffled``), or,
-    on the direct path, from every silver file of the batch (``direct``), filtered."""
+    """One bucket of agents: its agents' batch rows and table rows -> its files of every
+    gold table (with a rate stage, ``plan.rate_buckets``: of lifecycles and liveness, and
+    the rate stage's input as shuffle files by bucket of series). The batch rows come
+    from the split step's files for the bucket (``shuffled``), or, on the direct path,
+    from every silver file of the batch (``direct``), filtered."""
     import time
 
     t0 = time.perf_counter()
     out = ComputeOutput(bucket)
     used: list[str] = []  # files taken from KEPT: dropped once their successors are written
-    state = _table_rows(plan, "rate_state", bucket, out, used)
     lifecycles = _table_rows(plan, "object_lifecycles", bucket, out, used)
     liveness = _table_rows(plan, "agent_liveness", bucket, out, used)
     batch = _batch_rows(shuffled) if direct is None else _bucket_rows(direct, bucket, plan)
     t1 = time.perf_counter()
-    out_rows = gold_batch(
+    agents = agent_stage(
         batch,
         registry=from_ipc(plan.registry),
-        state=state,
         lifecycles=lifecycles,
         liveness=liveness,
-        rate_rules=plan.rates,
         liveness_rules=plan.liveness,
         batch_id=plan.batch_id,
         now_ns=plan.now_ns,
-        latest_ns=plan.latest_ns,
     )
     results = {
-        "statistic_rates": conform(out_rows.rates, STATISTIC_RATES),
         "object_lifecycles": conform(
-            upsert_rows(lifecycles, out_rows.lifecycles, LIFECYCLE_KEYS), OBJECT_LIFECYCLES
+            upsert_rows(lifecycles, agents.lifecycles, LIFECYCLE_KEYS), OBJECT_LIFECYCLES
         ),
         "agent_liveness": conform(
-            upsert_rows(liveness, out_rows.liveness, LIVENESS_KEYS), AGENT_LIVENESS
+            upsert_rows(liveness, agents.liveness, LIVENESS_KEYS), AGENT_LIVENESS
         ),
-        "rate_state": conform(out_rows.state, RATE_STATE),
     }
-    t2 = time.perf_counter()
-    staging = dict(plan.staging)
     out.rows = {
-        "input": batch.height, "rates": out_rows.rates.height, "lifecycles": out_rows.lifecycles.height,
-        "liveness": out_rows.liveness.height, "state": out_rows.state.height,
+        "input": batch.height, "lifecycles": agents.lifecycles.height,
+        "liveness": agents.liveness.height,
     }  # fmt: skip
+    if plan.rate_buckets:
+        t2 = time.perf_counter()
+        _shuffle_rate_input(agents.rate_input, bucket, plan, out)
+    else:
+        state = _table_rows(plan, "rate_state", bucket, out, used)
+        rates, new_state = rate_stage(
+            agents.rate_input, state, plan.rates, plan.batch_id, plan.latest_ns or None
+        )
+        results["statistic_rates"] = conform(rates, STATISTIC_RATES)
+        results["rate_state"] = conform(new_state, RATE_STATE)
+        out.rows.update(rates=rates.height, state=new_state.height)
+        t2 = time.perf_counter()
     for name, table in results.items():
-        if table.num_rows == 0:
-            continue
-        name_ = bucket_file_name(plan.batch_id, plan.buckets, bucket)
-        w = delta.DataFileWriter(os.path.join(staging[name], name_), table.schema, unique=())
-        try:
-            w.write(table)
-            info = w.close()
-        except BaseException:
-            w.abort()
-            raise
-        if info is not None:
-            out.files[name] = [info]
-            if name in STATE_TABLES and plan.keep_bytes:
-                where = os.path.join(_table_root(plan, name), info.name)
-                KEPT.put(where, frame(table), plan.batch_id, plan.keep_bytes)
+        _write_result(plan, name, table, bucket_file_name(plan.batch_id, plan.buckets, bucket), out)
     KEPT.drop(used)
     out.seconds = {"read": t1 - t0, "gold": t2 - t1, "write": time.perf_counter() - t2}
+    return out
+
+
+def _write_result(plan: GoldPlan, name: str, table: pa.Table, file_name: str, out: ComputeOutput) -> None:
+    """A task's rows of a gold table -> one Parquet file in the table's staging folder
+    (none when empty), described in ``out``; a state table's frame stays in ``KEPT``."""
+    if table.num_rows == 0:
+        return
+    w = delta.DataFileWriter(os.path.join(dict(plan.staging)[name], file_name), table.schema, unique=())
+    try:
+        w.write(table)
+        info = w.close()
+    except BaseException:
+        w.abort()
+        raise
+    if info is not None:
+        out.files.setdefault(name, []).append(info)
+        if name in STATE_TABLES and plan.keep_bytes:
+            where = os.path.join(_table_root(plan, name), info.name)
+            KEPT.put(where, frame(table), plan.batch_id, plan.keep_bytes)
+
+
+def _write_ipc(path: str, df: pl.DataFrame) -> str:
+    t = df.to_arrow()
+    with pa.OSFile(path, "wb") as sink, pa.ipc.new_file(sink, t.schema) as w:
+        w.write_table(t)
+    return path
+
+
+def _read_ipc(paths: Sequence[str]) -> pl.DataFrame | None:
+    tables = [pa.ipc.open_file(pa.memory_map(p)).read_all() for p in paths]
+    if not tables:
+        return None
+    return frame(pa.concat_tables(tables, promote_options="permissive"))
+
+
+def _shuffle_rate_input(inp: RateInput, bucket: int, plan: GoldPlan, out: ComputeOutput) -> None:
+    """An agent task's rate input -> the shuffle folder: its value rows, one IPC file per
+    bucket of series (``series_buckets``), and its three per-agent facts, one file each
+    (every rate task reads all agents' facts; activity is kept to its distinct times)."""
+    tag = f"a{bucket}-{uuid.uuid4().hex}"
+    if inp.values.height:
+        b = series_buckets(inp.values, plan.rate_buckets)
+        keyed = inp.values.with_columns(b.alias("_sb"))
+        for (sb,), rows in keyed.group_by("_sb"):
+            path = os.path.join(plan.shuffle, f"values-{tag}-s{sb}.arrow")
+            out.values.append((int(sb), _write_ipc(path, rows.drop("_sb"))))
+    facts = {"activity": inp.activity.unique(), "keys": inp.keys, "gone": inp.gone}
+    for name, df in facts.items():
+        out.facts[name] = _write_ipc(os.path.join(plan.shuffle, f"{name}-{tag}.arrow"), df)
+
+
+def rate_compute(
+    bucket: int, plan: GoldPlan, values: Sequence[str], facts: Sequence[dict[str, str]]
+) -> ComputeOutput:
+    """One bucket of series: its value rows (``values``: the agent tasks' shuffle files
+    for it), every agent's facts, and its rate state -> its rates and its new rate state
+    (``s`` file: series keyed by an index key; ``u`` file: those still keyed by an
+    object id, which every rate task of the next batch reads)."""
+    import time
+
+    t0 = time.perf_counter()
+    out = ComputeOutput(bucket)
+    used: list[str] = []
+    empty = empty_rate_input()
+
+    def read(paths: Sequence[str], default: pl.DataFrame) -> pl.DataFrame:
+        df = _read_ipc(paths)
+        return default if df is None else df
+
+    inp = RateInput(
+        values=read(values, empty.values),
+        activity=read([f["activity"] for f in facts], empty.activity),
+        keys=read([f["keys"] for f in facts], empty.keys),
+        gone=read([f["gone"] for f in facts], empty.gone),
+    )
+    state = _series_state(plan, bucket, inp.keys, out, used)
+    t1 = time.perf_counter()
+    rates, new_state = rate_stage(inp, state, plan.rates, plan.batch_id, plan.latest_ns or None)
+    t2 = time.perf_counter()
+    out.rows = {"rates": rates.height, "state": new_state.height}
+    _write_result(plan, "statistic_rates", conform(rates, STATISTIC_RATES),
+                  series_file_name(plan.batch_id, plan.rate_buckets, bucket, keyed=True), out)  # fmt: skip
+    keyed = new_state["index_key"].is_not_null()
+    for is_keyed, rows in ((True, new_state.filter(keyed)), (False, new_state.filter(~keyed))):
+        name = series_file_name(plan.batch_id, plan.rate_buckets, bucket, keyed=is_keyed)
+        _write_result(plan, "rate_state", conform(rows, RATE_STATE), name, out)
+    KEPT.drop(used)
+    out.seconds = {"rate_read": t1 - t0, "rate": t2 - t1, "rate_write": time.perf_counter() - t2}
     return out
 
 
@@ -464,6 +618,21 @@ def run_compute(
     work = sorted(by.items())
     rdd = spark.sparkContext.parallelize(work, len(work))
     return list(rdd.map(lambda bf: compute(bf[0], plan, shuffled=bf[1])).collect())
+
+
+def run_rates(
+    spark: SparkSession, outs: Sequence[ComputeOutput], plan: GoldPlan
+) -> list[ComputeOutput]:
+    """The rate stage: one task per bucket of series (every bucket: its state ages even
+    without values), reading the agent tasks' shuffle files."""
+    by: dict[int, list[str]] = {b: [] for b in range(plan.rate_buckets)}
+    for o in outs:
+        for b, path in o.values:
+            by[b].append(path)
+    facts = [o.facts for o in outs if o.facts]
+    work = sorted(by.items())
+    rdd = spark.sparkContext.parallelize(work, len(work))
+    return list(rdd.map(lambda bv: rate_compute(bv[0], plan, bv[1], facts)).collect())
 
 
 def run_compute_direct(

@@ -939,14 +939,51 @@ def gold_batch(
     A caller computing one group of agents (``pipeline.gold.tasks``) passes both, taken
     over every group; by default they come from this call's inputs.
     """
+    if latest_ns is None:
+        samples = batch.filter(pl.col("source") == "sample")
+        latest_ns = max_ns(samples["update_ns"], state["update_ns"])
+    agents = agent_stage(
+        batch, registry=registry, lifecycles=lifecycles, liveness=liveness,
+        liveness_rules=liveness_rules, batch_id=batch_id, now_ns=now_ns,
+    )  # fmt: skip
+    rates, new_state = rate_stage(agents.rate_input, state, rate_rules, batch_id, latest_ns)
+    return GoldRows(
+        rates=rates,
+        lifecycles=agents.lifecycles,
+        liveness=agents.liveness,
+        state=new_state,
+    )
+
+
+@dataclass(frozen=True)
+class AgentRows:
+    """What a batch's agent stage gives: changed lifecycle rows, liveness rows, and the
+    rate stage's input (``RateInput``)."""
+
+    lifecycles: pl.DataFrame
+    liveness: pl.DataFrame
+    rate_input: RateInput
+
+
+def agent_stage(
+    batch: pl.DataFrame,
+    *,
+    registry: pa.Table,
+    lifecycles: pl.DataFrame,
+    liveness: pl.DataFrame,
+    liveness_rules: LivenessRules,
+    batch_id: int,
+    now_ns: int | None = None,
+) -> AgentRows:
+    """The part of ``gold_batch`` that needs an agent's rows together (identities, index
+    keys, lifecycles and names, liveness, activity); its ``RateInput`` is then paired per
+    series (``rate_stage``), which the task path runs per bucket of series."""
     samples = batch.filter(pl.col("source") == "sample")
     beats = batch.filter(pl.col("source") == "heartbeat")
 
     hb = heartbeat_rows(beats, liveness_rules)
     if now_ns is None:
         now_ns = max_ns(hb["ts_ns"], liveness["last_heartbeat_ns"])
-    if latest_ns is None:
-        latest_ns = max_ns(samples["update_ns"], state["update_ns"])
     live_rows = agent_liveness(hb, latest_liveness(liveness), now_ns, liveness_rules, batch_id)
 
     known = lifecycles.filter(pl.col("index_key").is_not_null()).select("agent", "object_id", "index_key")
@@ -960,13 +997,7 @@ def gold_batch(
         keys=taught_keys(ident),
         gone=deleted_objects(ident),
     )
-    rates, new_state = rate_stage(inp, state, rate_rules, batch_id, latest_ns)
-    return GoldRows(
-        rates=rates,
-        lifecycles=changed_rows(merged, lifecycles),
-        liveness=live_rows,
-        state=new_state,
-    )
+    return AgentRows(lifecycles=changed_rows(merged, lifecycles), liveness=live_rows, rate_input=inp)
 
 
 @dataclass(frozen=True)
@@ -984,6 +1015,17 @@ class RateInput:
     activity: pl.DataFrame  # agent_activity: when each agent was seen
     keys: pl.DataFrame  # taught_keys: index keys the batch gives objects (rekey_state)
     gone: pl.DataFrame  # deleted_objects: their series end (state_from_pairs)
+
+
+def empty_rate_input() -> RateInput:
+    """A ``RateInput`` without rows (a rate task whose bucket got none), typed as
+    ``agent_stage`` makes one."""
+    return RateInput(
+        values=pl.DataFrame(schema=_VALUE_SCHEMA),
+        activity=pl.DataFrame(schema={"agent": pl.Utf8, "t_ns": pl.Int64, "is_sample": pl.Boolean}),
+        keys=pl.DataFrame(schema={"agent": pl.Utf8, "object_id": pl.Utf8, "_k": pl.Utf8}),
+        gone=pl.DataFrame(schema={"agent": pl.Utf8, "object_id": pl.Utf8}),
+    )
 
 
 def rate_stage(

@@ -106,6 +106,10 @@ class GoldSettings:
     driver_max_bytes: int = 4 << 20
     # Buckets of agents on the task path (default: Spark's default parallelism).
     buckets: int | None = None
+    # Task path: buckets of series of the rate stage, which pairs the rates apart from
+    # the agent tasks, so one big agent's rates spread over tasks too (default: as many
+    # as buckets of agents; 0: no rate stage, each agent task pairs its own agents').
+    rate_buckets: int | None = None
     # Task path: what a compute task wrote (its bucket's lifecycles, liveness and rate
     # state) stays in its Python worker, up to this many MiB, so the next batch's task
     # there reads those tables from memory instead of their files (0: always read).
@@ -119,6 +123,8 @@ class GoldSettings:
             )
         if self.buckets is not None and self.buckets < 1:
             raise ValueError(f"buckets {self.buckets}: must be >= 1")
+        if self.rate_buckets is not None and self.rate_buckets < 0:
+            raise ValueError(f"rate_buckets {self.rate_buckets}: must be >= 0 (0: no rate stage)")
         if self.keep_mib < 0:
             raise ValueError(f"keep_mib {self.keep_mib}: must be >= 0")
 
@@ -303,8 +309,9 @@ class GoldBatchWriter:
         spark = df.sparkSession
         parallelism = spark.sparkContext.defaultParallelism
         buckets = self.settings.buckets or parallelism
+        rate_buckets = buckets if self.settings.rate_buckets is None else self.settings.rate_buckets
         direct = files is not None and buckets <= gt.DIRECT_MAX_BUCKETS
-        plan = self.plan_tasks(batch_id, buckets, shuffle=not direct)
+        plan = self.plan_tasks(batch_id, buckets, rate_buckets, shuffle=not direct or rate_buckets > 0)
         step("plan")
         try:
             splits: list[gt.SplitOutput] = []
@@ -329,6 +336,9 @@ class GoldBatchWriter:
             else:
                 outs = gt.run_compute(spark, splits, plan)
             step("compute")
+            if plan.rate_buckets:
+                outs += gt.run_rates(spark, outs, plan)
+                step("rates")
         except BaseException:
             self.drop_plan(plan)
             raise
@@ -342,7 +352,9 @@ class GoldBatchWriter:
         log.info("gold batch %d (tasks): %s", batch_id, report)
         return report
 
-    def plan_tasks(self, batch_id: int, buckets: int, *, shuffle: bool) -> gt.GoldPlan:
+    def plan_tasks(
+        self, batch_id: int, buckets: int, rate_buckets: int = 0, *, shuffle: bool
+    ) -> gt.GoldPlan:
         """The task path's plan of a batch, before its two times are known: staging
         folders (and the split step's shuffle folder), the registry, the gold tables'
         live files."""
@@ -356,7 +368,7 @@ class GoldBatchWriter:
             if shuffle else ""
         )  # fmt: skip
         return gt.GoldPlan(
-            batch_id=batch_id, buckets=buckets, shuffle=folder,
+            batch_id=batch_id, buckets=buckets, rate_buckets=rate_buckets, shuffle=folder,
             staging=tuple(
                 (name, delta.fresh_stage_dir(s.path(name), aid, batch_id))
                 for name in ("statistic_rates", *gt.STATE_TABLES)
