@@ -108,7 +108,8 @@ def child_gold(cfg: dict[str, Any]) -> dict[str, Any]:
     logging.getLogger("pipeline.gold").setLevel(logging.WARNING)
     settings = GoldSettings(
         silver=cfg["silver"], root=str(run / "gold"), checkpoint=str(run / "checkpoint"),
-        compute_on="tasks", buckets=BUCKETS, max_files_per_trigger=cfg["per_batch"],
+        compute_on="tasks", buckets=BUCKETS, rate_buckets=cfg.get("rate_buckets"),
+        max_files_per_trigger=cfg["per_batch"],
         max_rows_per_trigger=None, trigger="availableNow",
     )  # fmt: skip
     writer = GoldBatchWriter(settings)
@@ -333,14 +334,16 @@ def run(args: Any, work: Path) -> dict[str, Any]:
     for need in (ONE_CORE, TWO_CORES):
         if need not in masters:
             masters.append(need)
-    print(f"\n  the gold stream, compute_on=tasks, 2 buckets, {n} silver commit(s) per micro-batch:")
+    rb = BUCKETS if args.gold_rate_buckets is None else args.gold_rate_buckets
+    print(f"\n  the gold stream, compute_on=tasks, {BUCKETS} buckets of agents, "
+          f"{rb or 'no'} rate stage buckets of series, {n} silver commit(s) per micro-batch:")
     for master in masters:
         label = f"gold-{master.replace('[', '-').replace(']', '').replace(',', '-')}"
         cfg = {
             "kind": "gold", "label": label, "master": master, "silver": m["silver"],
             "cpus": [min(os.sched_getaffinity(0))] if master == ONE_CORE else None,
             "run": str(work / "runs" / label), "result": str(work / "runs" / f"{label}.json"),
-            "timeout": args.timeout, "per_batch": n,
+            "timeout": args.timeout, "per_batch": n, "rate_buckets": args.gold_rate_buckets,
         }  # fmt: skip
         res = run_child(cfg)
         shutil.rmtree(cfg["run"], ignore_errors=True)
@@ -379,7 +382,7 @@ def run(args: Any, work: Path) -> dict[str, Any]:
     main = ratios[TWO_CORES]
     return {
         "agents": args.gold_agents, "queues_per_agent": args.gold_queues,
-        "intervals_per_batch": n, "rows_per_batch": per_batch,
+        "intervals_per_batch": n, "rows_per_batch": per_batch, "rate_buckets": rb,
         "agents_per_bucket": [len(a) for a in split.values()],
         "records_per_s_1core": round(one), "records_per_s": main["records_per_s"],
         "ceiling_per_core": round(ceil), "ceiling_2proc": round(ceiling[2]["records_per_s"]),

@@ -1,43 +1,46 @@
-"""Gold's row work in Spark tasks, partitioned by agent.
+"""Gold's row work in Spark tasks: an agent stage by bucket of agents, then a rate stage
+by bucket of series.
 
-Every gold result depends on the rows of one agent only: an object's
-lifecycle, its names (references resolve within the agent), the rate series
-(keyed by agent first), the agent's activity and its liveness. Two times are
-taken over everything: ``now_ns``, when liveness is judged (the latest
-heartbeat time seen), and ``latest_ns``, where the rate state's TTL counts
-back from (the latest sample time of the batch and state). So a batch
-divides into *buckets* of agents (``bucket_of``: a stable hash of the agent
-id), each computed by ``pipeline.gold.transforms.gold_batch`` on its own
-agents' rows and state, given the two times:
+Every gold result depends on the rows of one agent only: an object's lifecycle, its
+names (references resolve within the agent), the rate series (keyed by agent first),
+the agent's activity and its liveness. Two times are taken over everything:
+``now_ns``, when liveness is judged (the latest heartbeat time seen), and
+``latest_ns``, where the rate state's TTL counts back from (the latest sample time of
+the batch and state). So a batch divides into *buckets* of agents (``bucket_of``: a
+stable hash of the agent id), and the rates, per series, further into buckets of series
+(``transforms.series_buckets``):
 
-1. **split** (one task per unit of the batch's silver files): each task reads
-   its samples or heartbeats, projects them on gold's input, and writes one
-   Arrow IPC file per bucket into the gold root's staging folder (a shuffle
-   through shared storage); it returns the files' names, row counts and the
-   part's latest heartbeat and sample times;
-2. the driver takes the two times over every part and the tables' latest
-   values (liveness, rate state: one column each), and lists the gold tables'
-   files as of now;
-3. **compute** (one task per bucket): each task reads its bucket's input
-   files and its agents' rows of the rate state, lifecycles and liveness
-   (files named for its bucket; any other file is read and filtered), runs
-   ``gold_batch``, and writes its rates, and its agents' whole new lifecycle,
-   liveness and state rows, as Parquet into the tables' staging folders
-   (file names carry the bucket); it returns the files' descriptions;
-4. the driver commits, in order, rates (append), lifecycles, liveness, then
-   the rate state last (each replacing the table's files in one commit), every
-   commit with the app transaction.
+1. **split** (one task per unit of the batch's silver files): each task reads its
+   samples or heartbeats, projects them on gold's input, and writes one Arrow IPC file
+   per bucket of agents into the gold root's shuffle folder (a shuffle through shared
+   storage); it returns the files' names, row counts and the part's latest heartbeat
+   and sample times;
+2. the driver takes the two times over every part and the tables' latest values
+   (liveness, rate state: one column each), and lists the gold tables' files as of now;
+3. **agent stage** (``compute``, one task per bucket of agents): each task reads its
+   bucket's input files and its agents' rows of the lifecycles and liveness (files named
+   for its bucket; any other file is read and filtered), runs ``agent_stage``, writes its
+   agents' whole new lifecycle and liveness rows as Parquet into the tables' staging
+   folders, and its rate input into the shuffle folder (value rows by bucket of series;
+   the per-agent facts);
+4. **rate stage** (``rate_compute``, one task per bucket of series): each task reads its
+   value files, every agent's facts and its rows of the rate state (``_series_state``),
+   runs ``rate_stage`` and writes its rates and new state (``s`` and ``u`` files);
+5. the driver commits, in order, rates (append), lifecycles, liveness, then the rate
+   state last (each replacing the table's files in one commit), every commit with the
+   app transaction.
 
-With at most ``DIRECT_MAX_BUCKETS`` buckets and the batch's files known, step 1
-is skipped (the *direct* path): the driver reads the batch's two times itself
-(the heartbeat files, and one column of the sample files) and each compute task
-reads every silver file of the batch, keeping its bucket's rows. Reading a small
-batch a few times costs less than the split's Spark job and its shuffle files.
+With ``plan.rate_buckets`` 0 there is no rate stage: each agent task reads its agents'
+rate state too and pairs their rates itself. With at most ``DIRECT_MAX_BUCKETS`` buckets
+and the batch's files known, step 1 is skipped (the *direct* path): the driver reads the
+batch's two times itself (the heartbeat files, and one column of the sample files) and
+each agent task reads every silver file of the batch, keeping its bucket's rows. Reading
+a small batch a few times costs less than the split's Spark job and its shuffle files.
 
-The driver's work grows with files, buckets and agents; the rows go through
-tasks only. Bucket count: ``GoldSettings.buckets`` (default Spark's default
-parallelism); changing it is safe (files of another bucketing are read and
-filtered by every task until rewritten).
+The driver's work grows with files, buckets and agents; the rows go through tasks only.
+Bucket counts: ``GoldSettings.buckets`` (default Spark's default parallelism) and
+``rate_buckets`` (default the same); changing them is safe (files of another bucketing
+are read and filtered by every task until rewritten).
 """
 
 from __future__ import annotations

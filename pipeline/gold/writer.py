@@ -296,8 +296,9 @@ class GoldBatchWriter:
         self, df: DataFrame, files: list[list[DataFile]] | None, batch_id: int
     ) -> GoldReport:
         """The task path (``pipeline.gold.tasks``): split the batch by bucket of agents
-        (with few buckets, each compute task reads the whole batch instead), compute each
-        bucket in a task, commit every table's files in order."""
+        (with few buckets, each agent task reads the whole batch instead), run each
+        bucket's agent stage in a task, then (``rate_buckets``) the rates per bucket of
+        series in tasks of their own, and commit every table's files in order."""
         from pipeline.gold import tasks as gt
 
         t0 = time.perf_counter()
