@@ -109,8 +109,8 @@ def _run_tasks(
             for b in range(rb):
                 if forget:
                     KEPT.clear()
-                values = [p for o in outs for sb, p in o.values if sb == b]
-                outs.append(rate_compute(b, plan, values, facts))
+                samples = [p for o in outs for sb, p in o.samples if sb == b]
+                outs.append(rate_compute(b, plan, samples, facts))
             if attempt + 1 < attempts:
                 w.drop_plan(plan)  # the crash: nothing committed
                 continue
@@ -240,6 +240,7 @@ def test_the_rate_pairing_splits_by_bucket_of_series(silver: tuple[str, list[Uni
     root, batches = silver
     registry = delta.read_arrow(os.path.join(root, "schema_registry"))
     rules, live_rules = tg.RateRules(), GoldSettings(silver=root, root="-").liveness
+    defs = tg.statistic_defs(registry)
     buckets = 3
     empty = {name: pl.DataFrame(schema=pl.from_arrow(s.empty_table()).schema)  # type: ignore[union-attr]
              for name, s in GOLD_TABLES.items()}  # fmt: skip
@@ -259,14 +260,14 @@ def test_the_rate_pairing_splits_by_bucket_of_series(silver: tuple[str, list[Uni
         ).rate_input  # fmt: skip
         samples = batch.filter(pl.col("source") == "sample")
         latest = tg.max_ns(samples["update_ns"], *(p["update_ns"] for p in parts))
-        vb = tg.series_buckets(inp.values, buckets)
+        vb = tg.series_buckets(inp.samples, buckets)
         # A state row's bucket is its series' after the rekey (a rekey can move it).
         moved = tg.rekey_state(pl.concat(parts), inp.keys)
         sb = tg.series_buckets(moved, buckets)
         rates, parts = [], []
         for b in range(buckets):
-            mine = tg.RateInput(inp.values.filter(vb == b), inp.activity, inp.keys, inp.gone)
-            r, s = tg.rate_stage(mine, moved.filter(sb == b), rules, batch_id, latest)
+            mine = tg.RateInput(inp.samples.filter(vb == b), inp.activity, inp.keys, inp.gone)
+            r, s = tg.rate_stage(mine, defs, moved.filter(sb == b), rules, batch_id, latest)
             rates.append(r)
             parts.append(s)
             seen.add((b, r.height > 0))

@@ -73,6 +73,7 @@ from pipeline.gold.transforms import (
     rate_stage,
     rekey_state,
     series_buckets,
+    statistic_defs,
 )
 from pipeline.ipc import from_ipc
 from schemas.gold import AGENT_LIVENESS, OBJECT_LIFECYCLES, RATE_STATE, STATISTIC_RATES
@@ -187,9 +188,9 @@ class ComputeOutput:
     seconds: dict[str, float] = field(default_factory=dict)  # read, gold, write
     kept: int = 0  # table files taken from the worker's memory (``KEPT``)
     read: int = 0  # table files read
-    # With a rate stage: the value rows' shuffle files (series bucket, path), and the
-    # files of the per-agent facts every rate task reads (activity, keys, gone).
-    values: list[tuple[int, str]] = field(default_factory=list)
+    # With a rate stage: the identified samples' shuffle files (series bucket, path), and
+    # the files of the per-agent facts every rate task reads (activity, keys, gone).
+    samples: list[tuple[int, str]] = field(default_factory=list)
     facts: dict[str, str] = field(default_factory=dict)
 
 
@@ -381,8 +382,8 @@ def _table_root(plan: GoldPlan, name: str) -> str:
 def _batch_rows(files: Sequence[str]) -> pl.DataFrame:
     from pipeline.gold.writer import gold_input_arrow
 
-    tables = [pa.ipc.open_file(pa.memory_map(p)).read_all() for p in files]
-    if not tables:
+    rows = _read_ipc(files)
+    if rows is None:
         from pipeline.gold.writer import source_columns
         from schemas.silver import HEARTBEATS, OBJECT_SAMPLES
 
@@ -390,7 +391,7 @@ def _batch_rows(files: Sequence[str]) -> pl.DataFrame:
             OBJECT_SAMPLES.empty_table().select(source_columns(OBJECT_SAMPLES)),
             HEARTBEATS.empty_table().select(source_columns(HEARTBEATS)),
         )
-    return frame(pa.concat_tables(tables, promote_options="permissive"))
+    return rows
 
 
 def upsert_rows(existing: pl.DataFrame, changed: pl.DataFrame, keys: Sequence[str]) -> pl.DataFrame:
@@ -431,9 +432,10 @@ def compute(
     liveness = _table_rows(plan, "agent_liveness", bucket, out, used)
     batch = _batch_rows(shuffled) if direct is None else _bucket_rows(direct, bucket, plan)
     t1 = time.perf_counter()
+    registry = from_ipc(plan.registry)
     agents = agent_stage(
         batch,
-        registry=from_ipc(plan.registry),
+        registry=registry,
         lifecycles=lifecycles,
         liveness=liveness,
         liveness_rules=plan.liveness,
@@ -458,7 +460,8 @@ def compute(
     else:
         state = _table_rows(plan, "rate_state", bucket, out, used)
         rates, new_state = rate_stage(
-            agents.rate_input, state, plan.rates, plan.batch_id, plan.latest_ns or None
+            agents.rate_input, statistic_defs(registry), state, plan.rates, plan.batch_id,
+            plan.latest_ns or None,
         )
         results["statistic_rates"] = conform(rates, STATISTIC_RATES)
         results["rate_state"] = conform(new_state, RATE_STATE)
@@ -505,26 +508,27 @@ def _read_ipc(paths: Sequence[str]) -> pl.DataFrame | None:
 
 
 def _shuffle_rate_input(inp: RateInput, bucket: int, plan: GoldPlan, out: ComputeOutput) -> None:
-    """An agent task's rate input -> the shuffle folder: its value rows, one IPC file per
-    bucket of series (``series_buckets``), and its three per-agent facts, one file each
-    (every rate task reads all agents' facts; activity is kept to its distinct times)."""
+    """An agent task's rate input -> the shuffle folder: its identified samples, one IPC
+    file per bucket of series (``series_buckets``), and its three per-agent facts, one
+    file each (every rate task reads all agents' facts; activity is kept to its distinct
+    times)."""
     tag = f"a{bucket}-{uuid.uuid4().hex}"
-    if inp.values.height:
-        b = series_buckets(inp.values, plan.rate_buckets)
-        keyed = inp.values.with_columns(b.alias("_sb"))
+    if inp.samples.height:
+        b = series_buckets(inp.samples, plan.rate_buckets)
+        keyed = inp.samples.with_columns(b.alias("_sb"))
         for (sb,), rows in keyed.group_by("_sb"):
-            path = os.path.join(plan.shuffle, f"values-{tag}-s{sb}.arrow")
-            out.values.append((int(sb), _write_ipc(path, rows.drop("_sb"))))
+            path = os.path.join(plan.shuffle, f"samples-{tag}-s{sb}.arrow")
+            out.samples.append((int(sb), _write_ipc(path, rows.drop("_sb"))))
     facts = {"activity": inp.activity.unique(), "keys": inp.keys, "gone": inp.gone}
     for name, df in facts.items():
         out.facts[name] = _write_ipc(os.path.join(plan.shuffle, f"{name}-{tag}.arrow"), df)
 
 
 def rate_compute(
-    bucket: int, plan: GoldPlan, values: Sequence[str], facts: Sequence[dict[str, str]]
+    bucket: int, plan: GoldPlan, samples: Sequence[str], facts: Sequence[dict[str, str]]
 ) -> ComputeOutput:
-    """One bucket of series: its value rows (``values``: the agent tasks' shuffle files
-    for it), every agent's facts, and its rate state -> its rates and its new rate state
+    """One bucket of series: its samples (``samples``: the agent tasks' shuffle files for
+    it), every agent's facts, and its rate state -> its rates and its new rate state
     (``s`` file: series keyed by an index key; ``u`` file: those still keyed by an
     object id, which every rate task of the next batch reads)."""
     import time
@@ -539,14 +543,15 @@ def rate_compute(
         return default if df is None else df
 
     inp = RateInput(
-        values=read(values, empty.values),
+        samples=read(samples, empty.samples),
         activity=read([f["activity"] for f in facts], empty.activity),
         keys=read([f["keys"] for f in facts], empty.keys),
         gone=read([f["gone"] for f in facts], empty.gone),
     )
     state = _series_state(plan, bucket, inp.keys, out, used)
     t1 = time.perf_counter()
-    rates, new_state = rate_stage(inp, state, plan.rates, plan.batch_id, plan.latest_ns or None)
+    defs = statistic_defs(from_ipc(plan.registry))
+    rates, new_state = rate_stage(inp, defs, state, plan.rates, plan.batch_id, plan.latest_ns or None)
     t2 = time.perf_counter()
     out.rows = {"rates": rates.height, "state": new_state.height}
     _write_result(plan, "statistic_rates", conform(rates, STATISTIC_RATES),
@@ -627,10 +632,10 @@ def run_rates(
     spark: SparkSession, outs: Sequence[ComputeOutput], plan: GoldPlan
 ) -> list[ComputeOutput]:
     """The rate stage: one task per bucket of series (every bucket: its state ages even
-    without values), reading the agent tasks' shuffle files."""
+    without samples), reading the agent tasks' shuffle files."""
     by: dict[int, list[str]] = {b: [] for b in range(plan.rate_buckets)}
     for o in outs:
-        for b, path in o.values:
+        for b, path in o.samples:
             by[b].append(path)
     facts = [o.facts for o in outs if o.facts]
     work = sorted(by.items())
