@@ -1029,8 +1029,8 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     ap.add_argument("--gold-queues", type=int, default=1_250, help="queues per agent")
     ap.add_argument("--gold-intervals", type=int, default=8)
     ap.add_argument("--gold-rate-buckets", type=int, default=None,
-                    help="gold: buckets of series of the rate stage (default: as many as the "
-                         "buckets of agents, 2; 0: no rate stage)")
+                    help="gold: buckets of series of the rate stage (default: auto, as many as "
+                         "the buckets of agents after a batch of uneven agent buckets; 0: none)")
     ap.add_argument("--gold-per-batch", type=int, default=1,
                     help="gold: publish intervals (silver commits) per micro-batch")
     ap.add_argument("--timeout", type=float, default=900.0, help="per Spark query, seconds")

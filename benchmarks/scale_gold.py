@@ -1,9 +1,11 @@
 """Gold's part of ``bench_scale.py`` (``--gold``, ``--gold-only``): the gold streaming job on
 its task path at 1 and 2 cores, next to the no-Spark ceiling, in the same run.
 
-Gold partitions a batch by *agent* (``pipeline.gold.tasks``: buckets of agents), so its
-scaling needs several agents: the input is ``qmf sim`` in AM2 with ``--gold-agents``
-agents (8) of ``--gold-queues`` queues each (1,250: 10,000 queues in all), publishing
+Gold partitions a batch by *agent* (``pipeline.gold.tasks``: buckets of agents), and its
+rates, with the rate stage (``--gold-rate-buckets``; default auto: on after a batch whose
+agents were uneven over their buckets), by bucket of series. The input is ``qmf sim`` in
+AM2 with ``--gold-agents`` agents (8) of ``--gold-queues`` queues each (1,250: 10,000
+queues in all; ``--gold-agents 1 --gold-queues 10000`` is one big broker), publishing
 every second for ``--gold-intervals`` intervals, decoded into silver with one commit per
 publish interval. Then:
 
@@ -334,9 +336,9 @@ def run(args: Any, work: Path) -> dict[str, Any]:
     for need in (ONE_CORE, TWO_CORES):
         if need not in masters:
             masters.append(need)
-    rb = BUCKETS if args.gold_rate_buckets is None else args.gold_rate_buckets
-    print(f"\n  the gold stream, compute_on=tasks, {BUCKETS} buckets of agents, "
-          f"{rb or 'no'} rate stage buckets of series, {n} silver commit(s) per micro-batch:")
+    rb = "auto" if args.gold_rate_buckets is None else args.gold_rate_buckets
+    print(f"\n  the gold stream, compute_on=tasks, {BUCKETS} buckets of agents, rate stage: "
+          f"{rb} buckets of series, {n} silver commit(s) per micro-batch:")
     for master in masters:
         label = f"gold-{master.replace('[', '-').replace(']', '').replace(',', '-')}"
         cfg = {

@@ -53,7 +53,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--rate-buckets", type=int, default=None, metavar="N",
                    help="task path: buckets of series of the rate stage, which pairs the rates "
                         "apart from the agent tasks so one big agent's rates spread too "
-                        "(default: as many as --buckets; 0: no rate stage)")
+                        "(default: auto, as many as --buckets after a batch whose agents were "
+                        "uneven over their buckets, else none; 0: no rate stage)")
     p.add_argument("--keep-mib", type=int, default=512, metavar="MIB",
                    help="task path: MiB of the table files a Python worker's tasks wrote kept "
                         "in that worker for the next batch (0: read them back from storage)")

@@ -224,9 +224,26 @@ def test_the_rate_stage_gives_the_driver_paths_tables(
     assert read[1] == kept[1] + 3 * len(first), (kept, read, first)
 
 
-def test_keep_mib_is_checked(tmp_path: Path) -> None:
+def test_keep_mib_and_rate_buckets_are_checked(tmp_path: Path) -> None:
     with pytest.raises(ValueError, match="keep_mib -1: must be >= 0"):
         GoldSettings(silver=str(tmp_path), root=str(tmp_path), keep_mib=-1)
+    with pytest.raises(ValueError, match=r"rate_buckets -1: must be >= 0 \(0: no rate stage\)"):
+        GoldSettings(silver=str(tmp_path), root=str(tmp_path), rate_buckets=-1)
+
+
+def test_auto_runs_the_rate_stage_after_a_batch_of_uneven_agent_buckets() -> None:
+    from pipeline.gold.writer import rate_stage_after
+
+    assert not rate_stage_after({}, 2)  # the first batch: nothing known
+    assert not rate_stage_after({0: 0, 1: 0}, 2)
+    assert not rate_stage_after({0: 100}, 1)  # one bucket: nothing to spread over
+    assert not rate_stage_after({0: 50, 1: 50}, 2)
+    assert not rate_stage_after({0: 74, 1: 26}, 2)
+    assert rate_stage_after({0: 75, 1: 25}, 2)  # 1.5 x the fair share
+    assert rate_stage_after({0: 100, 1: 0}, 2)  # one big agent
+    assert rate_stage_after({1: 100}, 2)  # an empty bucket reports no rows
+    assert not rate_stage_after({0: 40, 1: 35, 2: 25}, 3)
+    assert rate_stage_after({0: 50, 1: 50, 2: 0}, 3)
 
 
 def test_the_rate_pairing_splits_by_bucket_of_series(silver: tuple[str, list[Units]]) -> None:

@@ -107,8 +107,10 @@ class GoldSettings:
     # Buckets of agents on the task path (default: Spark's default parallelism).
     buckets: int | None = None
     # Task path: buckets of series of the rate stage, which pairs the rates apart from
-    # the agent tasks, so one big agent's rates spread over tasks too (default: as many
-    # as buckets of agents; 0: no rate stage, each agent task pairs its own agents').
+    # the agent tasks, so one big agent's rates spread over tasks too (0: no rate stage,
+    # each agent task pairs its own agents'). None (auto): as many as buckets of agents
+    # when the last batch's agents were uneven over their buckets (``rate_stage_after``),
+    # else none: with agents even, the stage's shuffle costs more than it spreads.
     rate_buckets: int | None = None
     # Task path: what a compute task wrote (its bucket's lifecycles, liveness and rate
     # state) stays in its Python worker, up to this many MiB, so the next batch's task
@@ -238,6 +240,22 @@ def batch_files(settings: GoldSettings, batch_id: int) -> list[list[DataFile]] |
     return files_of(settings.checkpoint, batch_id, reads, settings.source_options())
 
 
+# Auto rate stage: on when the last batch's largest bucket of agents held this many times
+# its fair share of the input rows (1.5: on 2 buckets, 75% of the rows in one).
+UNEVEN_BUCKETS = 1.5
+
+
+def rate_stage_after(bucket_rows: dict[int, int], buckets: int) -> bool:
+    """Whether a batch runs the rate stage (``rate_buckets`` auto), judged by the input
+    rows per bucket of agents of the batch before (``bucket_rows``; none known: no stage).
+    Uneven buckets mean one agent task does most of the work, and the rate stage spreads
+    its rates; with even buckets the agent tasks already use every core."""
+    total = sum(bucket_rows.values())
+    if buckets < 2 or total == 0:
+        return False
+    return max(bucket_rows.values()) >= UNEVEN_BUCKETS * total / buckets
+
+
 class GoldBatchWriter:
     """The ``foreachBatch`` function: one batch of gold input -> every gold table, exactly once.
 
@@ -253,6 +271,8 @@ class GoldBatchWriter:
         self._app_id = app_id
         ensure_tables(settings)
         self.reports: list[GoldReport] = []
+        # Input rows per bucket of agents of the last task-path batch (auto rate stage).
+        self.bucket_rows: dict[int, int] = {}
 
     @property
     def app_id(self) -> str:
@@ -310,7 +330,9 @@ class GoldBatchWriter:
         spark = df.sparkSession
         parallelism = spark.sparkContext.defaultParallelism
         buckets = self.settings.buckets or parallelism
-        rate_buckets = buckets if self.settings.rate_buckets is None else self.settings.rate_buckets
+        rate_buckets = self.settings.rate_buckets
+        if rate_buckets is None:
+            rate_buckets = buckets if rate_stage_after(self.bucket_rows, buckets) else 0
         direct = files is not None and buckets <= gt.DIRECT_MAX_BUCKETS
         plan = self.plan_tasks(batch_id, buckets, rate_buckets, shuffle=not direct or rate_buckets > 0)
         step("plan")
@@ -337,6 +359,7 @@ class GoldBatchWriter:
             else:
                 outs = gt.run_compute(spark, splits, plan)
             step("compute")
+            self.bucket_rows = {o.bucket: o.rows.get("input", 0) for o in outs}
             if plan.rate_buckets:
                 outs += gt.run_rates(spark, outs, plan)
                 step("rates")

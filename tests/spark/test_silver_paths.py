@@ -330,11 +330,11 @@ def test_gold_stream_direct_split_and_driver_paths_agree(
     spark: SparkSession, shared_dir: str, tmp_path: Path
 ) -> None:
     """The gold *stream* over the same silver (three agents, one restarting; one silver
-    commit per micro-batch), four ways: tasks with 3 buckets of agents (the direct path:
-    each compute task reads the whole batch), tasks with 5 (the split step over the
+    commit per micro-batch), five ways: tasks with 3 buckets of agents (the direct path:
+    each agent task reads the whole batch), tasks with 5 (the split step over the
     batch's known files), both with their rate stage (as many buckets of series), the
-    split without it (each agent task pairs its own rates), and the driver. Identical
-    gold tables; the reports say which way each batch went."""
+    split without it (each agent task pairs its own rates), the rate stage on auto, and
+    the driver. Identical gold tables; the reports say which way each batch went."""
     from pipeline.gold import GoldBatchWriter, run_gold
     from pipeline.gold.tasks import DIRECT_MAX_BUCKETS
 
@@ -342,8 +342,8 @@ def test_gold_stream_direct_split_and_driver_paths_agree(
     silver, _ = _stream(spark, tmp_path / "s", _split(msgs, 4), "driver")
     roots = {}
     for label, mode, buckets, rate_buckets in (
-        ("direct", "tasks", 3, None), ("split", "tasks", 5, None), ("split-agents", "tasks", 5, 0),
-        ("driver", "driver", None, None),
+        ("direct", "tasks", 3, 3), ("split", "tasks", 5, 5), ("split-agents", "tasks", 5, 0),
+        ("auto", "tasks", 3, None), ("driver", "driver", None, None),
     ):  # fmt: skip
         gs = GoldSettings(
             silver=silver.root, root=str(tmp_path / label), checkpoint=str(tmp_path / f"{label}-ck"),
@@ -356,13 +356,17 @@ def test_gold_stream_direct_split_and_driver_paths_agree(
         if mode == "tasks":
             split = buckets is not None and buckets > DIRECT_MAX_BUCKETS
             assert all(("split" in st) == split for st in steps), (label, steps)
-            assert all(("rates" in st) == (rate_buckets is None) for st in steps), (label, steps)
-            tasks = buckets if rate_buckets == 0 else 2 * buckets  # type: ignore[operator]
-            assert all(r.tasks == tasks for r in w.reports), label
+            # Auto: the agents 1.1 and 1.2 share one of the 3 buckets, 1.3 has one, the
+            # third is empty: uneven, so every batch after the first runs the stage.
+            staged = [rate_buckets != 0 and (rate_buckets is not None or i > 0)
+                      for i in range(len(steps))]  # fmt: skip
+            assert [("rates" in st) for st in steps] == staged, (label, steps)
+            assert [r.tasks for r in w.reports] == [buckets * (1 + on) for on in staged], label  # type: ignore[operator]
         roots[label] = gs.root
     assert delta.read_arrow(roots["direct"] + "/statistic_rates").num_rows > 0
     assert_same_tables(spark, roots["direct"], roots["driver"], GOLD)
     assert_same_tables(spark, roots["split"], roots["driver"], GOLD)
     assert_same_tables(spark, roots["split-agents"], roots["driver"], GOLD)
+    assert_same_tables(spark, roots["auto"], roots["driver"], GOLD)
     for root in roots.values():
         assert [d for d, _, _ in os.walk(root) if delta.STAGING_DIR in d] == [], root
