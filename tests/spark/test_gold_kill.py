@@ -4,7 +4,8 @@ The job runs as its own process (``jobs/gold.py``, stream mode over silver's
 logs, one silver commit per source per trigger) and is killed with SIGKILL
 once some micro-batches are committed; the restarted job must end with
 exactly the tables a batch-mode run over the same silver gives. The stream
-computes in Spark tasks (``--compute-on tasks``), the reference on the driver.
+computes in Spark tasks (``--compute-on tasks``, with the rate stage in every batch:
+``--rate-buckets 2``), the reference on the driver.
 """
 
 from __future__ import annotations
@@ -32,7 +33,8 @@ PARTS = 5  # silver commits: the stream has as many micro-batches (one file per 
 
 def _args(s: GoldSettings) -> list[str]:
     return ["--silver", s.silver, "--root", s.root, "--checkpoint", s.checkpoint,
-            "--max-files-per-trigger", "1", "--timeout", "900", "--compute-on", "tasks"]  # fmt: skip
+            "--max-files-per-trigger", "1", "--timeout", "900", "--compute-on", "tasks",
+            "--rate-buckets", "2"]  # fmt: skip
 
 
 def _sorted(df: DataFrame) -> DataFrame:
