@@ -14,6 +14,7 @@ from pathlib import Path
 import pyarrow as pa
 import pytest
 from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql.streaming.query import StreamingQuery
 
 from pipeline.streaming import StopGate, start_gated, stop_queries, stop_query
 
@@ -107,18 +108,19 @@ def test_the_grace_bounds_the_wait(spark: SparkSession, tmp_path: Path) -> None:
     assert rec.ended == []
 
 
-def _rate(spark: SparkSession) -> DataFrame:
-    return spark.readStream.format("rate").option("rowsPerSecond", 5).load()
+def _gated(spark: SparkSession, rec: Recorder, tmp: Path, name: str, every: str) -> StreamingQuery:
+    """A rate stream into ``rec``, started as the jobs start theirs (``start_gated``)."""
+    stream = spark.readStream.format("rate").option("rowsPerSecond", 5).load()
+    return start_gated(stream, rec, name=name, checkpoint=str(tmp / name),
+                       trigger=f"processingTime={every}")  # fmt: skip
 
 
 def test_several_queries_stop_together_within_one_grace(spark: SparkSession, tmp_path: Path) -> None:
     """``qmf run`` stops its three queries with ``stop_queries``: every gate is asked
     first, so the stop waits one grace period in all, not one per query."""
     busy, idle = Recorder(), Recorder()
-    qb = start_gated(_rate(spark), busy, name="busy", checkpoint=str(tmp_path / "b"),
-                     trigger="processingTime=0 seconds")  # fmt: skip
-    qi = start_gated(_rate(spark), idle, name="idle", checkpoint=str(tmp_path / "i"),
-                     trigger="processingTime=1 hour")  # fmt: skip
+    qb = _gated(spark, busy, tmp_path, "busy", "0 seconds")
+    qi = _gated(spark, idle, tmp_path, "idle", "1 hour")
     _wait(lambda: idle.ended and busy.started)
     _wait(lambda: not qi.status["isTriggerActive"])
     assert stop_queries([qb, qi]) == [True, True]
@@ -129,10 +131,8 @@ def test_several_queries_stop_together_within_one_grace(spark: SparkSession, tmp
     # Two batches in flight and a grace shorter than either: both are cancelled, and
     # the whole stop took one grace, not two.
     one, two = Recorder(), Recorder()
-    q1 = start_gated(_rate(spark), one, name="one", checkpoint=str(tmp_path / "1"),
-                     trigger="processingTime=0 seconds")  # fmt: skip
-    q2 = start_gated(_rate(spark), two, name="two", checkpoint=str(tmp_path / "2"),
-                     trigger="processingTime=0 seconds")  # fmt: skip
+    q1 = _gated(spark, one, tmp_path, "one", "0 seconds")
+    q2 = _gated(spark, two, tmp_path, "two", "0 seconds")
     _wait(lambda: one.started and two.started)
     t0 = time.monotonic()
     assert stop_queries([q1, q2], grace_s=JOB_S / 2) == [False, False]
