@@ -217,9 +217,7 @@ def split(parts: Iterable[pl.DataFrame], plan: GoldPlan, tag: str) -> SplitOutpu
     for bucket, tables in sorted(by.items()):
         t = pa.concat_tables(tables, promote_options="permissive")
         path = os.path.join(plan.shuffle, f"{tag}-k{plan.buckets}b{bucket}-{uuid.uuid4().hex}.arrow")
-        with pa.OSFile(path, "wb") as sink, pa.ipc.new_file(sink, t.schema) as w:
-            w.write_table(t)
-        out.files.append((bucket, path, t.num_rows))
+        out.files.append((bucket, write_ipc(path, t), t.num_rows))
     return out
 
 
@@ -493,8 +491,8 @@ def _write_result(plan: GoldPlan, name: str, table: pa.Table, file_name: str, ou
             KEPT.put(where, frame(table), plan.batch_id, plan.keep_bytes)
 
 
-def _write_ipc(path: str, df: pl.DataFrame) -> str:
-    t = df.to_arrow()
+def write_ipc(path: str, t: pa.Table) -> str:
+    """A shuffle file: ``t`` as an Arrow IPC file at ``path`` (returned)."""
     with pa.OSFile(path, "wb") as sink, pa.ipc.new_file(sink, t.schema) as w:
         w.write_table(t)
     return path
@@ -518,10 +516,10 @@ def _shuffle_rate_input(inp: RateInput, bucket: int, plan: GoldPlan, out: Comput
         keyed = inp.samples.with_columns(b.alias("_sb"))
         for (sb,), rows in keyed.group_by("_sb"):
             path = os.path.join(plan.shuffle, f"samples-{tag}-s{sb}.arrow")
-            out.samples.append((int(sb), _write_ipc(path, rows.drop("_sb"))))
+            out.samples.append((int(sb), write_ipc(path, rows.drop("_sb").to_arrow())))
     facts = {"activity": inp.activity.unique(), "keys": inp.keys, "gone": inp.gone}
     for name, df in facts.items():
-        out.facts[name] = _write_ipc(os.path.join(plan.shuffle, f"{name}-{tag}.arrow"), df)
+        out.facts[name] = write_ipc(os.path.join(plan.shuffle, f"{name}-{tag}.arrow"), df.to_arrow())
 
 
 def rate_compute(

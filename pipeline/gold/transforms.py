@@ -954,9 +954,9 @@ def gold_batch(
     A caller computing one group of agents (``pipeline.gold.tasks``) passes both, taken
     over every group; by default they come from this call's inputs.
     """
-    if latest_ns is None:
-        samples = batch.filter(pl.col("source") == "sample")
-        latest_ns = max_ns(samples["update_ns"], state["update_ns"])
+    if latest_ns is None:  # one column of the samples, not a filtered copy of the batch
+        sample_ns = batch.select(pl.col("update_ns").filter(pl.col("source") == "sample"))
+        latest_ns = max_ns(sample_ns.to_series(), state["update_ns"])
     agents = agent_stage(
         batch, registry=registry, lifecycles=lifecycles, liveness=liveness,
         liveness_rules=liveness_rules, batch_id=batch_id, now_ns=now_ns,
