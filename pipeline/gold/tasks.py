@@ -113,7 +113,8 @@ def bucket_column(agents: pl.Series, buckets: int) -> pl.Series:
         {"a": uniq, "b": [bucket_of(a, buckets) for a in uniq.to_list()]},
         schema={"a": agents.dtype, "b": pl.Int32},
     )
-    return agents.to_frame("a").join(table, on="a", how="left", nulls_equal=True)["b"]
+    joined = agents.to_frame("a").join(table, on="a", how="left", nulls_equal=True, maintain_order="left")
+    return joined["b"]
 
 
 def input_agent(batch: pl.DataFrame, rules: LivenessRules) -> pl.Series:
@@ -309,9 +310,8 @@ def _table_rows(
         b = file_bucket(path, plan.buckets)
         return "filter" if b is None else "whole" if b == bucket else "skip"
 
-    def keep(t: pa.Table) -> pa.Table:
-        agents = t.column("agent").to_pylist()
-        return t.filter(pa.array([bucket_of(a, plan.buckets) == bucket for a in agents], pa.bool_()))
+    def keep(rows: pl.DataFrame) -> pl.DataFrame:
+        return rows.filter(bucket_column(rows["agent"], plan.buckets) == bucket)
 
     return _rows_of(plan, name, out, used, mine, keep)
 
@@ -330,9 +330,9 @@ def _series_state(
             return "whole" if f[1] == bucket else "skip"
         return "filter"
 
-    def keep(t: pa.Table) -> pa.Table:
-        rows = rekey_state(frame(t), keys)
-        return rows.filter(series_buckets(rows, plan.rate_buckets) == bucket).to_arrow()
+    def keep(rows: pl.DataFrame) -> pl.DataFrame:
+        rows = rekey_state(rows, keys)
+        return rows.filter(series_buckets(rows, plan.rate_buckets) == bucket)
 
     return _rows_of(plan, "rate_state", out, used, mine, keep)
 
@@ -343,11 +343,12 @@ def _rows_of(
     out: ComputeOutput,
     used: list[str],
     mine: Callable[[str], str],
-    keep: Callable[[pa.Table], pa.Table],
+    keep: Callable[[pl.DataFrame], pl.DataFrame],
 ) -> pl.DataFrame:
     """Rows of a gold table as listed in the plan: each live file ``mine`` calls
     ``whole`` is taken as it is, from ``KEPT`` where this worker wrote it (then added to
-    ``used``); a ``filter`` file is read and its rows passed through ``keep``."""
+    ``used``); a ``filter`` file (from ``KEPT`` or read) has its rows passed through
+    ``keep``."""
     import pickle
 
     schema, files = pickle.loads(dict(plan.tables)[name])
@@ -363,11 +364,12 @@ def _rows_of(
             out.kept += 1
             used.append(f.local_path)
             continue
-        t = df.to_arrow() if df is not None else delta.read_data_file(f, schema)
-        out.read += df is None
-        if how == "filter" and t.num_rows:
-            t = keep(t)
-        pieces.append(frame(t.cast(schema)))
+        if df is None:
+            df = frame(delta.read_data_file(f, schema).cast(schema))
+            out.read += 1
+        if how == "filter" and df.height:
+            df = keep(df)
+        pieces.append(df)
     if not pieces:
         return frame(schema.empty_table())
     return pieces[0] if len(pieces) == 1 else pl.concat(pieces, how="vertical_relaxed")
