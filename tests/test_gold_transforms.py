@@ -56,11 +56,12 @@ INTERLEAVED = [
 
 def test_a_hash_collision_falls_back_to_the_exact_string_order() -> None:
     v = values(INTERLEAVED)
-    exact, groups = tg._sorted_by_series(v)
-    collided, cgroups = tg._sorted_by_series(v, hash_expr=pl.lit(7, pl.UInt64))  # every key collides
+    perm, groups = tg._series_order(v)
+    cperm, cgroups = tg._series_order(v, hash_expr=pl.lit(7, pl.UInt64))  # every key collides
     # Boundaries are exact either way: 3 series, each contiguous and in time order.
     assert int(groups.sum()) == int(cgroups.sum()) == 3
-    for t in (exact, collided):
+    assert sorted(perm.tolist()) == sorted(cperm.tolist()) == list(range(v.height))
+    for t in (v[perm], v[cperm]):
         keys = list(zip(t["series"], t["statistic"], strict=True))
         assert len({k for i, k in enumerate(keys) if i == 0 or keys[i - 1] != k}) == 3
         for k in set(keys):
@@ -244,3 +245,11 @@ def test_the_state_ttl_keeps_a_series_baseline_while_its_pending_sample_is_young
     old = samples([("q", 0.0, 0.0), ("q", 1.0, 10.0)])
     p = tg.pair_values(pl.concat([old, samples([("r", 20.0, 1.0)], agent="other")]), rules)
     assert p.state.filter(pl.col("series") == "q").height == 0
+
+
+def test_rows_at_keeps_the_rows_order_and_places_each_rows_values() -> None:
+    rows = pl.DataFrame({"s": ["a", "b", "c", "d"]})
+    got = tg._rows_at(rows, np.array([3, 0, 2]), {"x": np.array([30, 0, 20])})
+    assert got.rows() == [("a", 0), ("c", 20), ("d", 30)]  # a filter: the rows' own order
+    again = tg._rows_at(rows, np.array([2, 0, 2]), {"x": np.array([1, 2, 3])})
+    assert again.rows() == [("c", 1), ("a", 2), ("c", 3)]  # repeated: gathered as asked
