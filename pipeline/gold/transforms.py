@@ -504,8 +504,8 @@ def _series_order(
         pl.col("offset").cast(pl.Int64).fill_null(_MIN),
         pl.col("record_index").cast(pl.Int64).fill_null(_MIN),
     )
-    ties = np.arange(values.height)  # equal keys keep their order (as maintain_order)
-    perm = np.lexsort([ties, *(order[c].to_numpy() for c in reversed(order.columns)), h1])
+    # lexsort is stable: rows with equal keys keep their order (as maintain_order).
+    perm = np.lexsort([*(order[c].to_numpy() for c in reversed(order.columns)), h1])
     h1 = h1[perm]
     h2 = values.select(pl.struct(SERIES_KEYS).hash(seed=1)).to_series().to_numpy()[perm]
     same1 = h1[1:] == h1[:-1]
