@@ -38,7 +38,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
-from pipeline import delta
+from pipeline import delta, taskworker
 from pipeline.source import DEFAULT_MAX_RECORDS_PER_PARTITION, LandingRange, read_range
 from receivers.landing import SEGMENT_RE
 from schemas.tables import BRONZE, LANDING
@@ -172,6 +172,7 @@ def write_unit(unit: Unit, plan: UnitPlan) -> delta.DataFileInfo | None:
     """One Parquet file in the staging folder for one unit, described for the commit
     (None if every row was a matched redelivery). A failed write removes its file;
     whatever a killed task leaves goes with the staging folder."""
+    taskworker.settle()
     full = os.path.join(plan.staging, file_name(unit, plan.batch_id))
     writer: pq.ParquetWriter | None = None
     try:

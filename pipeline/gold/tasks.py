@@ -57,7 +57,7 @@ import polars as pl
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from pipeline import delta
+from pipeline import delta, taskworker
 from pipeline.delta_source import DataFile, arrow_schema, read_file
 from pipeline.gold.transforms import (
     LIFECYCLE_KEYS,
@@ -202,6 +202,7 @@ class ComputeOutput:
 
 def split(parts: Iterable[pl.DataFrame], plan: GoldPlan, tag: str) -> SplitOutput:
     """Gold input rows -> one Arrow IPC file per bucket in the shuffle folder."""
+    taskworker.settle()
     out = SplitOutput()
     by: dict[int, list[pa.Table]] = {}
     for part in parts:
@@ -425,6 +426,7 @@ def compute(
     from every silver file of the batch (``direct``), filtered."""
     import time
 
+    taskworker.settle()
     t0 = time.perf_counter()
     out = ComputeOutput(bucket)
     used: list[str] = []  # files taken from KEPT: dropped once their successors are written
@@ -533,6 +535,7 @@ def rate_compute(
     object id, which every rate task of the next batch reads)."""
     import time
 
+    taskworker.settle()
     t0 = time.perf_counter()
     out = ComputeOutput(bucket)
     used: list[str] = []

@@ -41,7 +41,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
-from pipeline import delta
+from pipeline import delta, taskworker
 from pipeline.codec.schema import ClassSchema, SchemaRegistry
 from pipeline.delta_source import DataFile, arrow_schema, read_file
 from pipeline.ipc import from_ipc, to_ipc
@@ -124,6 +124,7 @@ class TaskResults:
 def run_task(batches: Iterable[pa.RecordBatch], plan: TaskPlan) -> TaskOutput:
     """One task: decode its bronze batches, write each task table's rows into one
     Parquet file in its staging folder, describe the files, keep the side rows."""
+    taskworker.settle()
     reg = SchemaRegistry(plan.schemas)  # plans do not pickle: rebuilt in the task
     rows = _Rows(plan.batch_id, plan.staging, OUTPUT_SCHEMAS)
     out = TaskOutput()
@@ -374,6 +375,7 @@ def resolve_task(parts: Sequence[ParkedPart], plan: ResolvePlan) -> TaskOutput:
     that park again stay pending where they are, under their stored key (the
     summary says what they wait for now).
     """
+    taskworker.settle()
     rows = _Rows(plan.batch_id, plan.staging, RESOLVE_SCHEMAS)
     out = TaskOutput()
     known = pa.array(plan.known, pa.string())
