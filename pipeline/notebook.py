@@ -244,7 +244,7 @@ def spark_session(app_name: str = "qmf-notebook") -> SparkSession:
         return active
     from pipeline.spark import get_spark
 
-    return get_spark(app_name)
+    return get_spark(app_name, quick_jit=False)  # its queries scan in the JVM
 
 
 def read_spark(spark: SparkSession, layer: str, name: str | None = None) -> DataFrame:

@@ -199,6 +199,20 @@ def _launch_logged(options: Mapping[str, str], log_file: Path, app_name: str) ->
 # ``streaming.stop_query`` avoids such stops; this covers the ones it cannot.
 DRIVER_STACK = "-Xss16m"
 
+# The JIT of a job's driver JVM: C1 only. On the task paths no row passes through the
+# JVM, yet its C2 compiler kept compiling through the first minutes of a stream: 0.4-0.5
+# CPU-s per 3.5 s micro-batch of silver on one core (docs/performance.md, "the JVM's
+# JIT"), taken from the tasks' Python workers, and a slower start. C1 alone compiles
+# that code at a fraction of the cost; what runs slower is JVM-side row work (Spark's
+# own Parquet scan), which notebooks do, so they keep the full JIT (``quick_jit``).
+QUICK_JIT = "-XX:TieredStopAtLevel=1"
+
+
+def driver_java_options(log4j_config: str, quick_jit: bool) -> str:
+    """The options of a driver JVM that ``get_spark`` launches."""
+    jit = f" {QUICK_JIT}" if quick_jit else ""
+    return f"{DRIVER_STACK}{jit} -Dlog4j2.configurationFile=file:{log4j_config}"
+
 
 def get_spark(
     app_name: str,
@@ -207,6 +221,7 @@ def get_spark(
     conf: Mapping[str, Any] | None = None,
     test: bool = False,
     log_file: str | os.PathLike[str] | None = None,
+    quick_jit: bool = True,
 ) -> SparkSession:
     """Return the process's SparkSession, creating it with the project's settings.
 
@@ -216,6 +231,8 @@ def get_spark(
     log and the JVM's stdout and stderr go to that file instead of the terminal
     (``spark_log()`` says whether they did; see ``pipeline.sparklog``). Under
     spark-submit the JVM is spark-submit's and keeps its console.
+    ``quick_jit``: a JVM launched here compiles with C1 only (``QUICK_JIT``); notebooks,
+    whose queries do their row work in the JVM, pass False.
     """
     # Workers must run this very interpreter (the venv with pyarrow etc.);
     # this has to be in the environment before the JVM starts. Under
@@ -249,9 +266,7 @@ def get_spark(
         # on the terminal), or everything in the log file.
         level = "error" if test else "warn"
         config = _log4j_config(level) if logged is None else _file_log4j_config(logged)
-        defaults["spark.driver.extraJavaOptions"] = (
-            f"{DRIVER_STACK} -Dlog4j2.configurationFile=file:{config}"
-        )
+        defaults["spark.driver.extraJavaOptions"] = driver_java_options(config, quick_jit)
         if test:
             os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
 

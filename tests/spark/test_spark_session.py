@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 from pyspark.sql import SparkSession
 
-from pipeline.spark import get_spark
+from pipeline.spark import DRIVER_STACK, QUICK_JIT, driver_java_options, get_spark
 
 pytestmark = pytest.mark.spark
 
@@ -25,6 +25,21 @@ def test_test_session_settings(spark: SparkSession) -> None:
     assert conf.get("spark.ui.enabled") == "false"
     assert conf.get("spark.master") == "local[2]"
     assert os.environ["PYSPARK_PYTHON"] == sys.executable
+
+
+def test_a_launched_driver_jvm_compiles_with_c1_unless_a_notebook_asks(
+    spark: SparkSession,
+) -> None:
+    runtime = spark.sparkContext._jvm.java.lang.management.ManagementFactory.getRuntimeMXBean()  # type: ignore[union-attr]
+    args = list(runtime.getInputArguments())
+    assert QUICK_JIT == "-XX:TieredStopAtLevel=1"
+    assert QUICK_JIT in args and DRIVER_STACK in args
+    assert driver_java_options("/x.properties", True) == (
+        "-Xss16m -XX:TieredStopAtLevel=1 -Dlog4j2.configurationFile=file:/x.properties"
+    )
+    assert driver_java_options("/x.properties", False) == (
+        "-Xss16m -Dlog4j2.configurationFile=file:/x.properties"
+    )
 
 
 def test_get_spark_returns_the_running_session(spark: SparkSession) -> None:
@@ -60,7 +75,7 @@ def test_spark_submit_master_wins(tmp_path: Path) -> None:
     script.write_text(
         textwrap.dedent(
             """
-            from pipeline.spark import get_spark
+            from pipeline.spark import DRIVER_STACK, QUICK_JIT, driver_java_options, get_spark
             s = get_spark("probe")
             c = s.sparkContext.getConf()
             print("MASTER=" + c.get("spark.master"))
