@@ -75,7 +75,7 @@ def test_spark_submit_master_wins(tmp_path: Path) -> None:
     script.write_text(
         textwrap.dedent(
             """
-            from pipeline.spark import DRIVER_STACK, QUICK_JIT, driver_java_options, get_spark
+            from pipeline.spark import get_spark
             s = get_spark("probe")
             c = s.sparkContext.getConf()
             print("MASTER=" + c.get("spark.master"))
