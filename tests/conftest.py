@@ -1,4 +1,4 @@
-"""Shared fixtures: one SparkSession per test session, the project-local broker."""
+"""Shared fixtures: one SparkSession per test process, the project-local broker."""
 
 from __future__ import annotations
 
@@ -33,6 +33,8 @@ def pytest_sessionstart(session: pytest.Session) -> None:
     global _WARM
     if os.environ.get("QMF_WARM_PID"):
         return  # tools/test.sh started it before ruff and mypy
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        return  # under pytest-xdist the controlling process starts it, once
     code = (
         "from pipeline.commands.run import warm_decoder; "
         "warm_decoder(('am1', 'am2', 'v2', 'v2-amqp10'))"
@@ -52,7 +54,8 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
 
 @pytest.fixture(scope="session")
 def spark() -> Iterator[SparkSession]:
-    """One local SparkSession for the whole run (starting one costs 6-9 s)."""
+    """One local SparkSession per test process (starting one costs 6-9 s; tools/test.sh
+    runs two processes)."""
     from pipeline.spark import get_spark
 
     session = get_spark(app_name="qmf-tests", test=True)

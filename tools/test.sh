@@ -14,7 +14,12 @@ export QMF_WARM_PID=$!
 echo "== ruff"; .venv/bin/ruff check . || exit 1
 echo "== mypy"; .venv/bin/mypy || exit 1
 echo "== pytest"
-.venv/bin/python -m pytest "$@"
+# Two test processes (pytest-xdist), each with its own SparkSession, a file's tests in
+# one process (module fixtures such as a throw-away broker are built once): many tests
+# wait on brokers, kills and restarts, so the other process uses the core meanwhile
+# (41:48 serial -> 27:11 on the 2-core VM, docs/DESIGN.md "Tests"). QMF_TEST_WORKERS
+# sets the count (0: one process); a `-n` among the arguments wins.
+.venv/bin/python -m pytest -n "${QMF_TEST_WORKERS:-2}" --dist loadfile "$@"
 rc=$?
 if [ "$rc" -eq 5 ]; then
   echo "pytest collected no tests: that is a failure here"

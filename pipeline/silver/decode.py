@@ -17,10 +17,10 @@ What is not decoded goes somewhere, never nowhere:
 * any other codec problem puts the message into *quarantine* (reason, error
   offset, raw body), while the records decoded before the problem are kept.
 
-``decode_bronze`` runs ``decode_arrow`` inside Spark with ``mapInArrow``: each
-Arrow batch of bronze rows yields one envelope row per silver table (name +
-the table as Arrow IPC bytes), so one Spark job decodes into every table and
-the driver gets compact columnar results (``unpack``).
+``decode_arrow`` is what a Spark task of ``pipeline.silver.tasks`` runs over its
+bronze files (``run_task``) or its partition of bronze rows (``run_dataframe``,
+through ``mapInArrow``), and what the driver runs for a small batch: one code path,
+so the tables are the same wherever it runs.
 """
 
 from __future__ import annotations

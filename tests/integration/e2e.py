@@ -215,16 +215,6 @@ def receive_cmd(url: str, queue: str, landing: Path, partition: str, *extra: str
     )  # fmt: skip
 
 
-def spark_submit_env() -> dict[str, str]:
-    env = dict(os.environ)
-    env["PYTHONPATH"] = str(REPO)
-    env["PYSPARK_PYTHON"] = sys.executable
-    env["PYSPARK_DRIVER_PYTHON"] = sys.executable
-    env.pop("PYSPARK_GATEWAY_PORT", None)
-    env.pop("PYSPARK_GATEWAY_SECRET", None)
-    return env
-
-
 def bronze_cmd(landing: Path, table: Path, checkpoint: Path, *extra: str) -> list[str]:
     """``jobs/bronze.py`` through the real spark-submit, local[2] (the machine's 2 cores)."""
     return [

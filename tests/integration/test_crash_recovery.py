@@ -35,11 +35,11 @@ from tests.integration.e2e import (
     receive_cmd,
     sim_agent_uuid,
     sim_seed,
-    spark_submit_env,
     unique_tag,
     wait_for,
     wait_new_file,
 )
+from tests.submit import spark_submit_env
 
 pytestmark = [pytest.mark.broker, pytest.mark.spark, pytest.mark.slow]
 

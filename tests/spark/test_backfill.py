@@ -11,7 +11,6 @@ tables (pyarrow), not with the backfill's own code.
 from __future__ import annotations
 
 import subprocess
-import sys
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -259,10 +258,10 @@ def test_job_entry_point_runs_through_spark_submit_and_a_crashed_run_resumes(
 ) -> None:
     lake = copy_lake(sim_lake, tmp_path / "lake")
     v0 = versions(lake.root)
-    from tests.spark.test_source import spark_submit_env
+    from tests.submit import SPARK_SUBMIT, spark_submit_env
 
     proc = subprocess.run(
-        [str(Path(sys.executable).parent / "spark-submit"), "--master", "local[2]",
+        [SPARK_SUBMIT, "--master", "local[2]",
          "--conf", "spark.ui.enabled=false", "--driver-memory", "1g",
          str(REPO / "jobs/backfill.py"), "--data", str(lake.root),
          "--from", "2027-01-15T08:00:04Z", "--to", "2027-01-15T08:00:08Z", "--layers", "silver"],

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import dataclasses
 import subprocess
-import sys
 import time
 from collections.abc import Sequence
 from datetime import UTC, datetime
@@ -23,7 +22,8 @@ from pipeline.source import register
 from pipeline.streaming import trigger_kwargs
 from receivers.landing import LandedMessage, LandingLog, LandingWriter, message_key
 from schemas.tables import BRONZE, LANDING, spark_schema
-from tests.spark.test_source import REPO, land, spark_submit_env
+from tests.spark.test_source import REPO, land
+from tests.submit import SPARK_SUBMIT, spark_submit_env
 
 pytestmark = pytest.mark.spark
 
@@ -177,7 +177,7 @@ def test_bronze_job_through_spark_submit(tmp_path: Path) -> None:
     land_copies(root, "c", b[0:20], "b", 0)
     proc = subprocess.run(
         [
-            str(Path(sys.executable).parent / "spark-submit"),
+            SPARK_SUBMIT,
             "--master", "local[2]",
             "--conf", "spark.ui.enabled=false",
             "--conf", "spark.sql.shuffle.partitions=2",
@@ -288,7 +288,7 @@ def test_bronze_job_killed_twice_then_restarted(tmp_path: Path) -> None:
     land_copies(root, "c", a[5_000:6_000], "a", 5_000)
     land_copies(root, "c", b[100:600], "b", 100)
     cmd = [
-        str(Path(sys.executable).parent / "spark-submit"),
+        SPARK_SUBMIT,
         "--master", "local[2]",
         "--conf", "spark.ui.enabled=false",
         "--conf", "spark.sql.shuffle.partitions=2",

@@ -32,6 +32,8 @@ import pyarrow as pa
 import pytest
 
 from pipeline import delta
+from pipeline.spark import QUICK_JIT
+from tests.submit import EXECUTOR_QUICK_JIT, SPARK_SUBMIT
 
 REPO = Path(__file__).resolve().parents[2]
 MASTER = "local-cluster[2,1,1024]"
@@ -69,11 +71,13 @@ def node_env(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
 
 
 def submit_env(node: Path) -> dict[str, str]:
-    """The node's Python on the driver and the executors; no PYTHONPATH."""
+    """The node's Python on the driver and the executors, the driver JVM on C1
+    (``tests.submit``); no PYTHONPATH."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("PYSPARK_GATEWAY")}
     env.pop("PYTHONPATH", None)
     env["PYSPARK_PYTHON"] = str(node / "bin" / "python")
     env["PYSPARK_DRIVER_PYTHON"] = str(node / "bin" / "python")
+    env["SPARK_SUBMIT_OPTS"] = QUICK_JIT
     return env
 
 
@@ -85,8 +89,9 @@ def spark_submit(
     (script,) = node.glob(f"lib/python*/site-packages/jobs/{job}")
     events.mkdir(exist_ok=True)
     cmd = [
-        str(Path(sys.executable).parent / "spark-submit"),
+        SPARK_SUBMIT,
         "--master", MASTER,
+        *EXECUTOR_QUICK_JIT,
         "--conf", "spark.ui.enabled=false",
         "--conf", "spark.sql.shuffle.partitions=2",
         "--conf", "spark.eventLog.enabled=true",

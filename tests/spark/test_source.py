@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 import os
 import subprocess
-import sys
 import textwrap
 from collections.abc import Mapping, Sequence
 from datetime import UTC, datetime
@@ -28,6 +27,7 @@ from pipeline.source import (
 )
 from receivers.landing import LandedMessage, LandingLog, LandingWriter, message_key
 from schemas.tables import LANDING, spark_schema
+from tests.submit import EXECUTOR_QUICK_JIT, SPARK_SUBMIT, spark_submit_env
 
 pytestmark = pytest.mark.spark
 
@@ -423,16 +423,6 @@ spark.stop()
 """
 
 
-def spark_submit_env() -> dict[str, str]:
-    env = dict(os.environ)
-    env["PYTHONPATH"] = str(REPO)
-    env["PYSPARK_PYTHON"] = sys.executable
-    env["PYSPARK_DRIVER_PYTHON"] = sys.executable
-    env.pop("PYSPARK_GATEWAY_PORT", None)
-    env.pop("PYSPARK_GATEWAY_SECRET", None)
-    return env
-
-
 @pytest.mark.slow
 def test_source_on_local_cluster(tmp_path: Path) -> None:
     """read() runs in executor JVMs' Python workers, not in the driver."""
@@ -446,8 +436,9 @@ def test_source_on_local_cluster(tmp_path: Path) -> None:
     out, ck = tmp_path / "out", tmp_path / "ck"
     proc = subprocess.run(
         [
-            str(Path(sys.executable).parent / "spark-submit"),
+            SPARK_SUBMIT,
             "--master", "local-cluster[2,1,1024]",
+            *EXECUTOR_QUICK_JIT,
             "--conf", "spark.ui.enabled=false",
             "--conf", "spark.sql.shuffle.partitions=2",
             "--driver-memory", "512m",
