@@ -17,8 +17,8 @@ echo "== pytest"
 # Two test processes (pytest-xdist), each with its own SparkSession, a file's tests in
 # one process (module fixtures such as a throw-away broker are built once): many tests
 # wait on brokers, kills and restarts, so the other process uses the core meanwhile
-# (41:48 serial -> 27:11 on the 2-core VM, docs/DESIGN.md "Tests"). QMF_TEST_WORKERS
-# sets the count (0: one process); a `-n` among the arguments wins.
+# (CI's pytest on the 2-core VM: 41:48 in one process, 25:21 in two; docs/performance.md).
+# QMF_TEST_WORKERS sets the count (0: one process); a `-n` among the arguments wins.
 .venv/bin/python -m pytest -n "${QMF_TEST_WORKERS:-2}" --dist loadfile "$@"
 rc=$?
 if [ "$rc" -eq 5 ]; then
