@@ -31,9 +31,9 @@ from pipeline.codec.message import decode_message
 from pipeline.qmfxml import default_schema
 from pipeline.sim.manifest import read_manifest, record_row
 from receivers.landing import LandingLog
+from tests.submit import SPARK_SUBMIT
 
 REPO = Path(__file__).resolve().parents[2]
-BIN = Path(sys.executable).parent
 # Fields the simulator adds to a record's row in the manifest (the rest is record_row()).
 MANIFEST_EXTRA = ("interval", "message", "routing_key", "exchange", "agent_uuid", "source")
 
@@ -218,7 +218,7 @@ def receive_cmd(url: str, queue: str, landing: Path, partition: str, *extra: str
 def bronze_cmd(landing: Path, table: Path, checkpoint: Path, *extra: str) -> list[str]:
     """``jobs/bronze.py`` through the real spark-submit, local[2] (the machine's 2 cores)."""
     return [
-        str(BIN / "spark-submit"),
+        SPARK_SUBMIT,
         "--master", "local[2]",
         "--conf", "spark.ui.enabled=false",
         "--conf", "spark.sql.shuffle.partitions=2",

@@ -17,7 +17,6 @@ lacks fails here.
 from __future__ import annotations
 
 import json
-import os
 import re
 import shutil
 import site
@@ -32,8 +31,7 @@ import pyarrow as pa
 import pytest
 
 from pipeline import delta
-from pipeline.spark import QUICK_JIT
-from tests.submit import EXECUTOR_QUICK_JIT, SPARK_SUBMIT
+from tests.submit import EXECUTOR_QUICK_JIT, SPARK_SUBMIT, spark_submit_env
 
 REPO = Path(__file__).resolve().parents[2]
 MASTER = "local-cluster[2,1,1024]"
@@ -71,13 +69,12 @@ def node_env(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
 
 
 def submit_env(node: Path) -> dict[str, str]:
-    """The node's Python on the driver and the executors, the driver JVM on C1
-    (``tests.submit``); no PYTHONPATH."""
-    env = {k: v for k, v in os.environ.items() if not k.startswith("PYSPARK_GATEWAY")}
-    env.pop("PYTHONPATH", None)
+    """``spark_submit_env`` with the node's Python on the driver and the executors and
+    no PYTHONPATH (the wheel, not the checkout, must provide the jobs)."""
+    env = spark_submit_env()
+    env.pop("PYTHONPATH")
     env["PYSPARK_PYTHON"] = str(node / "bin" / "python")
     env["PYSPARK_DRIVER_PYTHON"] = str(node / "bin" / "python")
-    env["SPARK_SUBMIT_OPTS"] = QUICK_JIT
     return env
 
 
