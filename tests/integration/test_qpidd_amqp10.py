@@ -83,18 +83,23 @@ def _name_of(index_key: str | None) -> str | None:
 
 
 @pytest.fixture(scope="module")
-def lakes(broker: Any, spark: Any, shared_dir: str, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
-    """Both samples replayed and derived to gold once: ``{sample: data folder}``."""
+def lakes(
+    isolated_broker: Any, spark: Any, shared_dir: str, tmp_path_factory: pytest.TempPathFactory
+) -> dict[str, Path]:
+    """Both samples replayed and derived to gold once: ``{sample: data folder}``.
+
+    On a node of its own: the queue takes everything on the management exchanges
+    ("#"), and on the shared node another test process's traffic landed there too."""
     out: dict[str, Path] = {}
     for name in ("default-60s", "qmf1-qmf2-60s"):
         out[name] = _through_the_pipeline(
-            broker, spark, Path(shared_dir) / "samples" / "qpidd-amqp10" / f"{name}.jsonl",
+            isolated_broker, spark, Path(shared_dir) / "samples" / "qpidd-amqp10" / f"{name}.jsonl",
             tmp_path_factory.mktemp(name),
         )  # fmt: skip
     return out
 
 
-def _through_the_pipeline(broker: Any, spark: Any, sample: Path, tmp: Path) -> Path:
+def _through_the_pipeline(node: Any, spark: Any, sample: Path, tmp: Path) -> Path:
     from pipeline.gold import GoldSettings, run_gold_batch
     from pipeline.gold import ensure_tables as ensure_gold
     from pipeline.silver import SilverSettings, run_silver_batch
@@ -104,7 +109,10 @@ def _through_the_pipeline(broker: Any, spark: Any, sample: Path, tmp: Path) -> P
     data = tmp / "data"
     landing = tmp / "landing"
     queue = f"qmf-qpidd10-{unique_tag()}"
-    qmf_broker.declare_queue(queue, [("qpid.management", "#"), ("qmf.default.topic", "#")])
+    broker = qmf_broker.local_info(node)
+    qmf_broker.declare_queue(
+        queue, [("qpid.management", "#"), ("qmf.default.topic", "#")], cfg=node
+    )
     try:
         with children() as procs:
             receiver = Child("receiver", receive_cmd(broker.url, queue, landing, "r0"), tmp)
@@ -116,7 +124,7 @@ def _through_the_pipeline(broker: Any, spark: Any, sample: Path, tmp: Path) -> P
             wait_for(lambda: landed_rows(landing) >= len(capture), 60, "every message landed")
             assert receiver.terminate(60) == 0, receiver.stderr()[-3000:]
     finally:
-        qmf_broker.delete_queue(queue)
+        qmf_broker.delete_queue(queue, cfg=node)
     bronze = data / "bronze"
     drain_to_bronze(spark, landing, bronze, tmp / "ck-bronze")
     rows = delta.read_arrow(str(bronze))
