@@ -43,8 +43,11 @@ pytestmark = [pytest.mark.broker, pytest.mark.spark, pytest.mark.slow]
 
 
 def test_real_sample_through_broker_receiver_and_bronze(
-    broker: Any, spark: Any, shared_dir: str, tmp_path: Path
+    isolated_broker: Any, spark: Any, shared_dir: str, tmp_path: Path
 ) -> None:
+    # A node of its own: the queue takes everything on the management exchanges, and on
+    # the shared node another test process's traffic would land there too.
+    broker = qmf_broker.local_info(isolated_broker)
     sample = Path(shared_dir) / "samples" / "qpidd-capture-20s.jsonl"
     with open(sample, encoding="utf-8") as f:
         capture = [json.loads(line) for line in f if line.strip()]
@@ -56,7 +59,9 @@ def test_real_sample_through_broker_receiver_and_bronze(
     )
     assert sum(n - 1 for n in twins.values()) == 13  # the sample's twins
     queue = f"qmf-sample-{unique_tag()}"
-    qmf_broker.declare_queue(queue, [("qpid.management", "#"), ("qmf.default.topic", "#")])
+    qmf_broker.declare_queue(
+        queue, [("qpid.management", "#"), ("qmf.default.topic", "#")], cfg=isolated_broker
+    )
     landing, table, ck = tmp_path / "landing", tmp_path / "bronze", tmp_path / "ck"
     try:
         with children() as procs:
@@ -70,7 +75,7 @@ def test_real_sample_through_broker_receiver_and_bronze(
             wait_for(lambda: landed_rows(landing) >= 863, 60, "863 messages landed")
             assert receiver.terminate(60) == 0, receiver.stderr()[-3000:]
     finally:
-        qmf_broker.delete_queue(queue)
+        qmf_broker.delete_queue(queue, cfg=isolated_broker)
     drain_to_bronze(spark, landing, table, ck)
     out = delta.read_arrow(str(table))
     assert out.num_rows == 863

@@ -34,12 +34,17 @@ pytestmark = [pytest.mark.broker, pytest.mark.spark, pytest.mark.slow]
 
 
 def test_real_sample_through_broker_receiver_bronze_and_silver(
-    broker: Any, spark: Any, shared_dir: str, tmp_path: Path
+    isolated_broker: Any, spark: Any, shared_dir: str, tmp_path: Path
 ) -> None:
+    # A node of its own: the queue takes everything on the management exchanges, and on
+    # the shared node another test process's traffic would land there too.
+    broker = qmf_broker.local_info(isolated_broker)
     sample = Path(shared_dir) / "samples" / "qpidd-capture-20s.jsonl"
     summary = json.loads((Path(shared_dir) / "samples" / "qpidd-capture-20s.summary.json").read_text())
     queue = f"qmf-silver-{unique_tag()}"
-    qmf_broker.declare_queue(queue, [("qpid.management", "#"), ("qmf.default.topic", "#")])
+    qmf_broker.declare_queue(
+        queue, [("qpid.management", "#"), ("qmf.default.topic", "#")], cfg=isolated_broker
+    )
     landing, table, ck = tmp_path / "landing", tmp_path / "bronze", tmp_path / "ck"
     try:
         with children() as procs:
@@ -53,7 +58,7 @@ def test_real_sample_through_broker_receiver_bronze_and_silver(
             wait_for(lambda: landed_rows(landing) >= 863, 60, "863 messages landed")
             assert receiver.terminate(60) == 0, receiver.stderr()[-3000:]
     finally:
-        qmf_broker.delete_queue(queue)
+        qmf_broker.delete_queue(queue, cfg=isolated_broker)
     drain_to_bronze(spark, landing, table, ck)
     assert delta.read_arrow(str(table)).num_rows == 863
     s = SilverSettings(bronze=str(table), root=str(tmp_path / "silver"))
