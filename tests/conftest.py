@@ -52,6 +52,34 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
         _WARM.terminate()
 
 
+def _running(pid: int) -> bool:
+    """Whether process ``pid`` still runs (a zombie, finished but not yet reaped, does not)."""
+    try:
+        with open(f"/proc/{pid}/stat", encoding="ascii") as fh:
+            return fh.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except (OSError, IndexError):
+        return False
+
+
+@pytest.fixture(scope="session")
+def compiled_decoder() -> None:
+    """Wait (up to 10 minutes) for the numba warm-up ``tools/test.sh`` started.
+
+    With two test processes, a codec test that decodes before the warm-up is
+    done compiles the same kernels on the other core (a v2 test took 104 s
+    instead of under 10): waiting leaves the core to the warm-up, and the
+    test then loads the kernels from the disk cache.
+    """
+    import time
+
+    pid = os.environ.get("QMF_WARM_PID")
+    if not pid:
+        return
+    deadline = time.monotonic() + 600
+    while _running(int(pid)) and time.monotonic() < deadline:
+        time.sleep(0.5)
+
+
 @pytest.fixture(scope="session")
 def spark() -> Iterator[SparkSession]:
     """One local SparkSession per test process (starting one costs 6-9 s; tools/test.sh

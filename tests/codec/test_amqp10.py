@@ -63,6 +63,9 @@ from tests.codec import strategies as S
 from tests.codec.test_v2 import AGENT, HASH, QUEUE, list_bytes, props, schema_id
 from tests.codec.vectors import map_bytes, u8, u32, u64, v16
 
+# Decode with the kernels the warm-up compiles (tests/conftest.py).
+pytestmark = pytest.mark.usefixtures("compiled_decoder")
+
 REPO = Path(__file__).resolve().parents[2]
 UID = uuid.UUID("96e8ff02-7df9-4aaa-b0bd-0ef186095f23")
 

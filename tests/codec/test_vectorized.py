@@ -37,6 +37,9 @@ from pipeline.codec.vectorized import (
 )
 from tests.codec.strategies import object_samples
 
+# Decode with the kernels the warm-up compiles (tests/conftest.py).
+pytestmark = pytest.mark.usefixtures("compiled_decoder")
+
 # ------------------------------------------------------------------ helpers
 
 

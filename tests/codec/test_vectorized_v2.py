@@ -26,6 +26,9 @@ from pipeline.codec.types import TypedList, TypedMap, encode_list
 from pipeline.codec.vectorized import ContentResult, decode_content
 from tests.codec.test_vectorized import batch_of
 
+# Decode with the kernels the warm-up compiles (tests/conftest.py).
+pytestmark = pytest.mark.usefixtures("compiled_decoder")
+
 AMQP10_SAMPLES = ("default-60s.jsonl", "qmf1-qmf2-60s.jsonl")
 V2_REASONS = (
     "v2: malformed",
