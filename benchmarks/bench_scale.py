@@ -20,6 +20,14 @@ What it measures (issue 22, items 3 and 5), in one run:
   and its Delta commits, the foreachBatch call around the writer, the source's
   ``latestOffset``, the offset and commit logs, and the rest of Spark's streaming
   work. It also prints how much CPU other processes used meanwhile (a noise gauge).
+  Before the measured stream, the same stream runs once unmeasured into tables and a
+  checkpoint of its own, in the same session (``warm_stream``; ``--no-warm-stream``
+  leaves it out): a fresh driver JVM spends 3-4 CPU-s on its first stream (class
+  loading, the JIT of the stream's code paths) and about 1 on the next, which on
+  ``local[1]`` came out of the task's core. A long-running stream pays that once.
+  After the measured stream, the same batches' task jobs run without the stream
+  (``task_jobs``: ``plan_units``, ``run_units``, ``gather``; no offsets, registry,
+  resolve or commits), which splits the stream's own cost from its Spark jobs'.
 * **The no-Spark ceiling**: the same bronze files through
   ``pipeline.silver.tasks.run_task`` (what one Spark task runs: read the files with
   pyarrow, ``decode_arrow``, one Parquet file per silver table with
@@ -85,6 +93,7 @@ about +-0.1. ``--rounds N`` runs the masters N times in turn and keeps each one'
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import logging
 import multiprocessing as mp
@@ -551,6 +560,7 @@ def read_events(folder: Path) -> list[dict[str, Any]]:
                     "job": jid,
                     "start": ev["Submission Time"] / 1e3,
                     "batch": None if batch is None else int(batch),
+                    "query": props.get("sql.streaming.queryId"),
                     "tasks": [],
                 }
                 for s in ev.get("Stage IDs", []):
@@ -576,10 +586,16 @@ def read_events(folder: Path) -> list[dict[str, Any]]:
 
 
 def batch_jobs(
-    jobs: list[dict[str, Any]], batch_id: int, window: tuple[float, float]
+    jobs: list[dict[str, Any]],
+    batch_id: int,
+    window: tuple[float, float],
+    query_id: str | None = None,
 ) -> list[dict[str, Any]]:
-    """The jobs of one micro-batch: by Spark's batch-id property, else by time."""
-    tagged = [j for j in jobs if j["batch"] == batch_id]
+    """The jobs of one micro-batch (of query ``query_id``, when given): by Spark's
+    batch-id property, else by time."""
+    tagged = [
+        j for j in jobs if j["batch"] == batch_id and query_id in (None, j.get("query"))
+    ]
     if tagged or any(j["batch"] is not None for j in jobs):
         return tagged
     lo, hi = window
@@ -637,6 +653,23 @@ def child_session(cfg: dict[str, Any]) -> tuple[Any, Path, float, float]:
     return spark, run, time.monotonic() - t_start, waited
 
 
+def warm_stream(start: Any, timeout: float) -> float:
+    """Run a query to its end, unmeasured (``start()``: the same job over the same input
+    into tables and a checkpoint of its own): the JVMs' first-time work (class loading,
+    the JIT of the stream's code paths: 3-4 CPU-s of the driver JVM's on the first
+    stream, about 1 on the next) then does not land in the measured batches, which a
+    long-running stream's steady state does not pay either. Its seconds."""
+    t0 = time.monotonic()
+    query = start()
+    query.awaitTermination(timeout)
+    failure = query.exception()
+    if query.isActive:
+        query.stop()
+    if failure is not None:
+        raise RuntimeError(f"the warm-up stream failed: {failure}")
+    return time.monotonic() - t0
+
+
 def measure_query(
     start: Any, timeout: float
 ) -> tuple[float, float, BaseException | None, list[dict[str, Any]]]:
@@ -674,14 +707,29 @@ def child_scale(cfg: dict[str, Any]) -> dict[str, Any]:
         trigger="availableNow",
         tasks_per_core=cfg.get("tasks_per_core", 1),
     )
+    warmed = 0.0
+    if cfg.get("warm_stream", True):
+        warm = dataclasses.replace(
+            settings, root=str(run / "warm-silver"), checkpoint=str(run / "warm-checkpoint")
+        )
+        warmed = warm_stream(lambda: start_silver(spark, warm), cfg["timeout"])
+        shutil.rmtree(run / "warm-silver", ignore_errors=True)
+        handler.reports.clear()
+        handler.at.clear()
     peaks = Peaks()
     peaks.start()
     wall, others, failure, progress = measure_query(
         lambda: start_silver(spark, settings), cfg["timeout"]
     )
-    peaks.stop.set()
     memory = {**heap_peak_mb(spark), **{f"{k}_rss_mb": v for k, v in jvm_peaks().items()}}
     parallelism = spark.sparkContext.defaultParallelism
+    # With the samplers still running, as in the stream: only the stream differs.
+    plain = (
+        task_jobs(spark, cfg, parallelism * settings.tasks_per_core, run / "jobs")
+        if cfg.get("files") and failure is None
+        else []
+    )
+    peaks.stop.set()
     spark.stop()
     if failure is not None:
         raise RuntimeError(f"the silver query failed: {failure}")
@@ -698,7 +746,7 @@ def child_scale(cfg: dict[str, Any]) -> dict[str, Any]:
         d = p["durationMs"]
         fn = sum(r.seconds.get(k, 0.0) for k in ("plan", "decode", "resolve", "write"))
         window = (ended[b] - fn, ended[b])
-        js = batch_jobs(jobs, b, window)
+        js = batch_jobs(jobs, b, window, str(p["id"]))
         tasks = [t for j in js for t in j["tasks"]]
         job_s = sum(j.get("end", j["start"]) - j["start"] for j in js)
         batches.append(
@@ -737,12 +785,42 @@ def child_scale(cfg: dict[str, Any]) -> dict[str, Any]:
         "parallelism": parallelism,
         "startup_s": startup,
         "executors_wait_s": waited,
+        "warm_stream_s": warmed,
         "wall_s": wall,
         "others_cpu_s": others,
         "batches": batches,
         "table_rows": table_rows,
         "memory": memory,
+        "plain_jobs": plain,
     }
+
+
+def task_jobs(spark: Any, cfg: dict[str, Any], units: int, out: Path) -> list[dict[str, float]]:
+    """The stream's Spark jobs without the stream: each micro-batch's bronze files through
+    the writer's task job alone (``plan_units``, ``run_units``, ``gather``), in the same
+    session after the stream, with no offsets, registry, resolve or Delta commits. Set
+    beside the stream's batches, it splits the stream's own cost from the job's."""
+    from pipeline.silver.registry import StatisticKinds, seed_table, to_registry
+    from pipeline.silver.tasks import TASK_TABLES, TaskPlan, gather, plan_units, run_units
+
+    kinds = StatisticKinds.load()
+    schemas = tuple(to_registry(seed_table(kinds)))
+    files, per = cfg["files"], cfg["files_per_batch"]
+    got = []
+    for b, i in enumerate(range(0, len(files), per)):
+        t0 = time.monotonic()
+        staging = []
+        for name in TASK_TABLES:
+            folder = out / str(b) / name
+            folder.mkdir(parents=True)
+            staging.append((name, str(folder)))
+        batch = [DataFile(p, os.path.getsize(p), None) for p in files[i : i + per]]
+        results = gather(run_units(spark, plan_units(batch, units), TaskPlan(
+            schemas, b, kinds, tuple(staging))), b)  # fmt: skip
+        samples = sum(f.rows for f in results.files.get(SAMPLES, []))
+        got.append({"batch": b, "samples": samples, "seconds": time.monotonic() - t0})
+        shutil.rmtree(out / str(b), ignore_errors=True)
+    return got
 
 
 def reset_peak_rss() -> None:
@@ -902,6 +980,19 @@ def steady(res: dict[str, Any], warm: int) -> dict[str, Any]:
         - mean("add_batch_s")
         - mean("latest_offset_s")
         - mean("logs_s"),
+        **jobs_steady(res, warm),
+    }
+
+
+def jobs_steady(res: dict[str, Any], warm: int) -> dict[str, float]:
+    """The rate and mean seconds per batch of ``task_jobs`` (same batches left out)."""
+    js = [j for j in res.get("plain_jobs", []) if j["batch"] >= warm]
+    if not js:
+        return {"jobs_s": 0.0, "jobs_records_per_s": 0.0}
+    secs = sum(j["seconds"] for j in js)
+    return {
+        "jobs_s": secs / len(js),
+        "jobs_records_per_s": sum(j["samples"] for j in js) / secs,
     }
 
 
@@ -920,6 +1011,7 @@ COSTS = (
     ("  source latestOffset", "latest_offset_s"),
     ("  offset + commit logs", "logs_s"),
     ("  Spark's other streaming work", "streaming_other_s"),
+    ("the same tasks' jobs without the stream", "jobs_s"),
 )
 
 
@@ -931,6 +1023,11 @@ def print_config(res: dict[str, Any], warm: int, cores: int) -> dict[str, Any]:
         f"\n  [{res['workload']}] {res['master']}"
         + (f" pinned to CPU {res['cpus']}" if res.get("cpus") else "")
         + f": defaultParallelism {res['parallelism']}, start-up {res['startup_s']:.1f} s"
+        + (
+            f", warm-up stream {res['warm_stream_s']:.1f} s (not measured)"
+            if res.get("warm_stream_s")
+            else ""
+        )
         + f", stream {res['wall_s']:.1f} s (other processes meanwhile: "
         + f"{res['others_cpu_s'] / res['wall_s']:.2f} of a core"
         + (": DISTURBED)" if res["others_cpu_s"] / res["wall_s"] > DISTURBED_CORE else ")")
@@ -958,6 +1055,13 @@ def print_config(res: dict[str, Any], warm: int, cores: int) -> dict[str, Any]:
         f"the tasks ran {busy:.0%} of {cores} core(s)' time; tasks' JVM GC "
         f"{s['task_gc_s']:.2f} s per batch"
     )
+    if s["jobs_s"]:
+        print(
+            f"    the same batches' task jobs without the stream (plan_units, run_units, "
+            f"gather; no offsets, resolve or commits): {s['jobs_records_per_s']:,.0f} "
+            f"object samples/s, {s['jobs_s']:.2f} s per batch; the stream gets "
+            f"{s['records_per_s'] / s['jobs_records_per_s']:.2f} of it"
+        )
     ran = sorted({e for b in res["batches"] for e in b["executors"]})
     print(
         "    memory (MB): "
@@ -1018,6 +1122,10 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     ap.add_argument("--no-ceiling", action="store_true")
     ap.add_argument("--tasks-per-core", type=int, default=1,
                     help="silver's units per core (SilverSettings.tasks_per_core)")  # fmt: skip
+    ap.add_argument("--no-warm-stream", action="store_true",
+                    help="measure each session's first stream (no warm-up pass)")  # fmt: skip
+    ap.add_argument("--no-jobs", action="store_true",
+                    help="leave out the same tasks' Spark jobs without the stream")  # fmt: skip
     ap.add_argument("--keep-runs", action="store_true", help="keep the runs' tables and logs")
     ap.add_argument("--no-pin", action="store_true", help="local[1] not pinned to one CPU")
     ap.add_argument("--big", action="store_true", help="also the 5M-sample batch (item 5)")
@@ -1190,6 +1298,8 @@ def spark_run(
         "master": master,
         "workload": n,
         "bronze": manifest["bronze"],
+        "files": [] if args.no_jobs else manifest["files"],
+        "warm_stream": not args.no_warm_stream,
         "files_per_batch": wl.files_per_batch,
         "tasks_per_core": args.tasks_per_core,
         "cpus": [min(os.sched_getaffinity(0))] if master == ONE_CORE and not args.no_pin else None,
@@ -1335,6 +1445,13 @@ def run_scale(args: argparse.Namespace, work: Path) -> dict[str, Any]:
             if ceil:
                 f2["vs_ceiling"] = round(two / 2 / ceil, 3)
                 line += f"; vs_ceiling {f2['vs_ceiling']:.2f} ({met(f2['vs_ceiling'], TARGET_VS_CEILING)}, target {TARGET_VS_CEILING})"
+            jobs = r[master]["steady"]["jobs_records_per_s"]
+            if jobs:
+                f2["jobs_records_per_s"] = round(jobs)
+                line += f"; its task jobs without the stream {jobs:,.0f}/s"
+                if ceil:
+                    f2["jobs_vs_ceiling"] = round(jobs / 2 / ceil, 3)
+                    line += f" ({f2['jobs_vs_ceiling']:.2f} of the ceiling per core)"
             print(line)
             if master == TWO_CORES:
                 fig.update({k: v for k, v in f2.items()})

@@ -129,6 +129,100 @@ class StopGate:
 _GATES: dict[str, StopGate] = {}
 
 
+class CheckpointInUse(RuntimeError):
+    """Another process runs a query on this checkpoint."""
+
+
+CHECKPOINT_LOCK = "qmf-query.lock"
+
+
+class CheckpointLocks:
+    """Exclusive locks on the checkpoints of this process's running queries.
+
+    Two queries on one checkpoint would both write its offset log. Spark's own
+    check is a rename that refuses to overwrite, at the next batch's offsets;
+    ``pipeline.spark`` writes the logs through the FileSystem API, whose rename
+    overwrites, so this lock is the check, and it comes at start. A checkpoint
+    folder's lock is ``<checkpoint>/qmf-query.lock`` under ``fcntl.flock``: the
+    kernel drops it when the process dies, however it dies. It is held while the
+    query that took it runs (a thread waits for the query's end); a query started
+    again on the same checkpoint by this process takes the held lock over. A
+    remote checkpoint (a URI other than ``file:``) is not locked here.
+    """
+
+    def __init__(self) -> None:
+        self._held: dict[str, tuple[int, object]] = {}  # folder -> (fd, owning query)
+        self._mutex = threading.Lock()
+
+    @staticmethod
+    def folder(checkpoint: str) -> str | None:
+        if "://" in checkpoint and not checkpoint.startswith("file:"):
+            return None
+        return os.path.abspath(checkpoint.removeprefix("file://").removeprefix("file:"))
+
+    def acquire(self, checkpoint: str) -> str | None:
+        """Lock ``checkpoint`` (its folder, or None when not local) or raise ``CheckpointInUse``."""
+        import fcntl
+
+        folder = self.folder(checkpoint)
+        if folder is None:
+            return None
+        with self._mutex:
+            if folder in self._held:
+                return folder
+            os.makedirs(folder, exist_ok=True)
+            fd = os.open(os.path.join(folder, CHECKPOINT_LOCK), os.O_RDWR | os.O_CREAT, 0o644)
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                os.close(fd)
+                raise CheckpointInUse(
+                    f"checkpoint {folder} is in use: another process runs a query on it "
+                    f"(it holds {CHECKPOINT_LOCK} there); stop that one first, or give "
+                    "this job a checkpoint of its own"
+                ) from None
+            self._held[folder] = (fd, None)
+            return folder
+
+    def own(self, folder: str | None, query: StreamingQuery | None) -> None:
+        """``query`` (None: its start failed) owns the lock now; released when it ends."""
+        if folder is None:
+            return
+        with self._mutex:
+            if folder not in self._held:
+                return
+            self._held[folder] = (self._held[folder][0], query)
+        if query is None:
+            self._release(folder, None)
+            return
+        threading.Thread(
+            target=self._release_after, args=(folder, query), name="qmf-checkpoint-lock",
+            daemon=True,
+        ).start()  # fmt: skip
+
+    def _release_after(self, folder: str, query: StreamingQuery) -> None:
+        try:
+            query.awaitTermination()
+        except Exception:  # a failed or stopped query ended all the same
+            pass
+        self._release(folder, query)
+
+    def _release(self, folder: str, query: object) -> None:
+        with self._mutex:
+            held = self._held.get(folder)
+            if held is None or held[1] is not query:
+                return  # taken over by a query started again on the same checkpoint
+            del self._held[folder]
+        os.close(held[0])  # closing the only descriptor drops the flock
+
+    def held(self) -> list[str]:
+        with self._mutex:
+            return sorted(self._held)
+
+
+CHECKPOINTS = CheckpointLocks()
+
+
 def start_gated(
     stream: DataFrame,
     fn: Callable[[DataFrame, int], Any],
@@ -137,19 +231,26 @@ def start_gated(
     checkpoint: str,
     trigger: str,
 ) -> StreamingQuery:
-    """Start ``stream`` with ``fn`` as its ``foreachBatch``, behind a ``StopGate``.
+    """Start ``stream`` with ``fn`` as its ``foreachBatch``, behind a ``StopGate``,
+    its checkpoint locked while it runs (``CheckpointLocks``).
 
     Every job starts its query here, so that ``stop_query`` can land its stop
     between batches.
     """
+    folder = CHECKPOINTS.acquire(checkpoint)
     gate = StopGate(fn)
-    return gate.bind(
-        stream.writeStream.queryName(name)
-        .foreachBatch(gate)
-        .option("checkpointLocation", checkpoint)
-        .trigger(**trigger_kwargs(trigger))  # type: ignore[arg-type]
-        .start()
-    )
+    query = None
+    try:
+        query = gate.bind(
+            stream.writeStream.queryName(name)
+            .foreachBatch(gate)
+            .option("checkpointLocation", checkpoint)
+            .trigger(**trigger_kwargs(trigger))  # type: ignore[arg-type]
+            .start()
+        )
+    finally:
+        CHECKPOINTS.own(folder, query)
+    return query
 
 
 def stop_query(query: StreamingQuery, grace_s: float = STOP_GRACE_S) -> bool:

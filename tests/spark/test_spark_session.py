@@ -24,6 +24,10 @@ def test_test_session_settings(spark: SparkSession) -> None:
     assert spark.conf.get("spark.sql.shuffle.partitions") == "2"
     assert conf.get("spark.ui.enabled") == "false"
     assert conf.get("spark.master") == "local[2]"
+    # No chmod/readlink forks per offset-log file (tests/spark/test_checkpoint_lock.py).
+    assert spark.conf.get("spark.sql.streaming.checkpointFileManagerClass").endswith(
+        ".FileSystemBasedCheckpointFileManager"
+    )
     assert os.environ["PYSPARK_PYTHON"] == sys.executable
 
 
