@@ -77,8 +77,9 @@ Run it alone on the machine (it uses both cores):
     flock /tmp/qmf-heavy.lock .venv/bin/python benchmarks/bench_scale.py [--work DIR] [--big]
     flock /tmp/qmf-heavy.lock .venv/bin/python benchmarks/bench_scale.py --big-only
 
-About 6 minutes on 2 idle cores with the defaults (building bronze about 20 s of it;
-``--work DIR`` keeps the bronze tables there and reuses them on the next run);
+About 12 minutes on 2 idle cores with the defaults (building bronze about 25 s of it,
+and about half of the rest each configuration's warm-up stream and its task jobs
+without the stream; ``--work DIR`` keeps the bronze tables there and reuses them on the next run);
 ``--big`` adds about 2 minutes. ``--batches``, ``--warm``, ``--mix-files``,
 ``--queue-files``, ``--workloads`` and ``--masters`` scale it; ``--keep-runs`` keeps
 each configuration's tables, Spark log and event log under the work folder.
