@@ -1140,6 +1140,9 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     ap.add_argument("--gold-rate-buckets", type=int, default=None,
                     help="gold: buckets of series of the rate stage (default: auto, as many as "
                          "the buckets of agents after a batch of uneven agent buckets; 0: none)")
+    ap.add_argument("--gold-keep-mib", type=int, default=None,
+                    help="gold: GoldSettings.keep_mib (the workers' memory for table files; "
+                         "default the job's)")  # fmt: skip
     ap.add_argument("--gold-per-batch", type=int, default=1,
                     help="gold: publish intervals (silver commits) per micro-batch")
     ap.add_argument("--timeout", type=float, default=900.0, help="per Spark query, seconds")

@@ -116,6 +116,8 @@ def child_gold(cfg: dict[str, Any]) -> dict[str, Any]:
         max_files_per_trigger=cfg["per_batch"],
         max_rows_per_trigger=None, trigger="availableNow",
     )  # fmt: skip
+    if cfg.get("keep_mib") is not None:
+        settings = dataclasses.replace(settings, keep_mib=cfg["keep_mib"])
     warmed = 0.0
     if cfg.get("warm_stream", True):  # as bench_scale.child_scale: the JVMs' first stream
         warm = dataclasses.replace(
@@ -357,7 +359,7 @@ def run(args: Any, work: Path) -> dict[str, Any]:
             "cpus": [min(os.sched_getaffinity(0))] if master == ONE_CORE else None,
             "run": str(work / "runs" / label), "result": str(work / "runs" / f"{label}.json"),
             "timeout": args.timeout, "per_batch": n, "rate_buckets": args.gold_rate_buckets,
-            "warm_stream": not args.no_warm_stream,
+            "warm_stream": not args.no_warm_stream, "keep_mib": args.gold_keep_mib,
         }  # fmt: skip
         res = run_child(cfg)
         shutil.rmtree(cfg["run"], ignore_errors=True)

@@ -188,6 +188,12 @@ class CheckpointLocks:
         """``query`` (None: its start failed) owns the lock now; released when it ends."""
         if folder is None:
             return
+        if query is not None:
+            try:  # released meanwhile by the end of the query this one restarts
+                self.acquire(folder)
+            except CheckpointInUse as e:
+                log.warning("query %s runs without its checkpoint lock: %s", query.id, e)
+                return
         with self._mutex:
             if folder not in self._held:
                 return
