@@ -188,19 +188,18 @@ class CheckpointLocks:
         """``query`` (None: its start failed) owns the lock now; released when it ends."""
         if folder is None:
             return
-        if query is not None:
-            try:  # released meanwhile by the end of the query this one restarts
-                self.acquire(folder)
-            except CheckpointInUse as e:
-                log.warning("query %s runs without its checkpoint lock: %s", query.id, e)
-                return
+        if query is None:  # a lock this start took is dropped; an earlier query's is kept
+            self._release(folder, None)
+            return
+        try:  # released meanwhile by the end of the query this one restarts
+            self.acquire(folder)
+        except CheckpointInUse as e:
+            log.warning("query %s runs without its checkpoint lock: %s", query.id, e)
+            return
         with self._mutex:
             if folder not in self._held:
                 return
             self._held[folder] = (self._held[folder][0], query)
-        if query is None:
-            self._release(folder, None)
-            return
         threading.Thread(
             target=self._release_after, args=(folder, query), name="qmf-checkpoint-lock",
             daemon=True,

@@ -17,10 +17,9 @@ import pytest
 from pyspark.sql import DataFrame, SparkSession
 
 from pipeline.streaming import CHECKPOINT_LOCK, CHECKPOINTS, start_gated, stop_query
+from tests.submit import REPO
 
 pytestmark = [pytest.mark.spark]
-
-REPO = Path(__file__).resolve().parents[2]
 
 # A second process: take the checkpoint's lock as ``start_gated`` does (exit 3 when it
 # is in use, with the error's first words).
