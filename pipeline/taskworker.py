@@ -8,7 +8,7 @@ the worker's next task waits (docs/performance.md, "the daemon's collection").
 
 ``settle`` freezes (``gc.freeze``) what is alive when a task starts, right after the
 daemon's collection of the previous task's garbage: imported modules, compiled kernels,
-a worker's kept table frames (``pipeline.gold.tasks.Kept``), and the task's own command
+the tables a worker keeps (``pipeline.gold.tasks.Kept``), and the task's own command
 and plan. Later collections, the daemon's and the automatic ones during the task, then
 go through only what the task itself made. A frozen object that later becomes part of
 a garbage cycle is not collected while frozen, so every ``UNFREEZE_EVERY``-th task

@@ -147,7 +147,7 @@ def test_a_task_reads_what_its_worker_wrote_from_memory(
         for name in STATE_TABLES
         for f in delta.snapshot_files(str(tmp_path / "kept" / name))[2]
     }
-    assert set(KEPT.frames) == live and len(live) == files[-1]
+    assert set(KEPT.tables) == live and len(live) == files[-1]
     read = _run_tasks(str(tmp_path / "read"), root, batches, forget=True)
     assert [r["files_kept"] for r in read] == [0, 0, 0, 0]
     assert [r["files_read"] for r in read] == files

@@ -186,7 +186,7 @@ class ComputeOutput:
     bucket: int
     files: dict[str, list[delta.DataFileInfo]] = field(default_factory=dict)
     rows: dict[str, int] = field(default_factory=dict)
-    seconds: dict[str, float] = field(default_factory=dict)  # read, gold, write
+    seconds: dict[str, float] = field(default_factory=dict)  # read, gold (its steps), write
     kept: int = 0  # table files taken from the worker's memory (``KEPT``)
     read: int = 0  # table files read
     # With a rate stage: the identified samples' shuffle files (series bucket, path), and
@@ -247,11 +247,18 @@ def arrow_schema_of(schema: pa.Schema) -> pa.Schema:
 
 
 class Kept:
-    """The table files a Python worker's compute tasks wrote, as the frames they wrote,
-    kept in that worker for the next batch: Spark reuses its Python workers, and a
+    """The table files a Python worker's compute tasks wrote, as the Arrow tables they
+    wrote, kept in that worker for the next batch: Spark reuses its Python workers, and a
     bucket's next task that lands on the same worker reads its lifecycles, liveness and
     rate state from memory instead of their files (on one core, every time; on more,
     when the bucket lands where it ran before).
+
+    Kept as written (Arrow), not as polars frames: keeping then costs nothing at the
+    write, and a task that takes a file converts it (``frame``), which is what a read of
+    the file does after decoding its Parquet: a rate state of 224,000 rows read and cast
+    in 0.096 s, converted in 0.015 s (docs/performance.md, 2026-12-01). Keeping polars
+    frames converted every file written, kept or not taken, and cost the write more
+    than it saved the read.
 
     Exact, not a guess: data files are immutable and uniquely named, so a file's path
     says its content. Only files the plan lists as live are read from here; a file that
@@ -260,42 +267,50 @@ class Kept:
     its own batch are not live yet: the other buckets' tasks of the batch wrote them);
     a task drops the entries it used once it wrote their successors (a retried batch
     reads those files again), so a worker holds about one version of what it wrote.
-    Bounded by the plan's ``keep_bytes`` (a frame that does not fit is not kept)."""
+    Bounded by the plan's ``keep_bytes`` (a table that does not fit is not kept)."""
 
     def __init__(self) -> None:
-        self.frames: dict[str, pl.DataFrame] = {}
+        self.tables: dict[str, pa.Table] = {}
         self.batch: dict[str, int] = {}
+        self.bytes = 0
 
     @staticmethod
     def key(path: str) -> str:
         return os.path.normpath(os.path.abspath(path))
 
     def get(self, path: str) -> pl.DataFrame | None:
-        return self.frames.get(self.key(path))
+        t = self.tables.get(self.key(path))
+        return None if t is None else frame(t)
 
-    def put(self, path: str, df: pl.DataFrame, batch_id: int, limit: int) -> None:
-        used = sum(f.estimated_size() for f in self.frames.values())
-        if used + df.estimated_size() <= limit:
-            self.frames[self.key(path)] = df
-            self.batch[self.key(path)] = batch_id
+    def put(self, path: str, table: pa.Table, batch_id: int, limit: int) -> None:
+        k = self.key(path)
+        self.drop([k])
+        if self.bytes + table.nbytes <= limit:
+            self.tables[k] = table
+            self.batch[k] = batch_id
+            self.bytes += table.nbytes
 
     def retain(self, root: str, live: Iterable[str], batch_id: int) -> None:
         """Drop this table's entries (files under ``root``) of batches before
         ``batch_id`` that are not ``live``."""
         prefix = self.key(root) + os.sep
         keep = {self.key(p) for p in live}
-        for k in [k for k in self.frames if k.startswith(prefix) and k not in keep]:
-            if self.batch[k] < batch_id:
-                del self.frames[k], self.batch[k]
+        self.drop(
+            k for k in list(self.tables)
+            if k.startswith(prefix) and k not in keep and self.batch[k] < batch_id
+        )  # fmt: skip
 
     def drop(self, paths: Iterable[str]) -> None:
-        for k in map(self.key, paths):
-            self.frames.pop(k, None)
+        for k in [self.key(p) for p in paths]:
+            t = self.tables.pop(k, None)
             self.batch.pop(k, None)
+            if t is not None:
+                self.bytes -= t.nbytes
 
     def clear(self) -> None:
-        self.frames.clear()
+        self.tables.clear()
         self.batch.clear()
+        self.bytes = 0
 
 
 KEPT = Kept()
@@ -444,6 +459,7 @@ def compute(
         batch_id=plan.batch_id,
         now_ns=plan.now_ns,
     )
+    t_agent = time.perf_counter()
     results = {
         "object_lifecycles": conform(
             upsert_rows(lifecycles, agents.lifecycles, LIFECYCLE_KEYS), OBJECT_LIFECYCLES
@@ -460,11 +476,14 @@ def compute(
         t2 = time.perf_counter()
         _shuffle_rate_input(agents.rate_input, bucket, plan, out)
     else:
+        t_state = time.perf_counter()
         state = _table_rows(plan, "rate_state", bucket, out, used)
+        t_rate = time.perf_counter()
         rates, new_state = rate_stage(
             agents.rate_input, statistic_defs(registry), state, plan.rates, plan.batch_id,
             plan.latest_ns or None,
         )
+        out.seconds.update(state_read=t_rate - t_state, rate_stage=time.perf_counter() - t_rate)
         results["statistic_rates"] = conform(rates, STATISTIC_RATES)
         results["rate_state"] = conform(new_state, RATE_STATE)
         out.rows.update(rates=rates.height, state=new_state.height)
@@ -472,7 +491,9 @@ def compute(
     for name, table in results.items():
         _write_result(plan, name, table, bucket_file_name(plan.batch_id, plan.buckets, bucket), out)
     KEPT.drop(used)
-    out.seconds = {"read": t1 - t0, "gold": t2 - t1, "write": time.perf_counter() - t2}
+    # "gold" holds "agent_stage", and without a rate stage "state_read" and "rate_stage".
+    out.seconds.update(read=t1 - t0, gold=t2 - t1, agent_stage=t_agent - t1,
+                       write=time.perf_counter() - t2)  # fmt: skip
     return out
 
 
@@ -492,7 +513,7 @@ def _write_result(plan: GoldPlan, name: str, table: pa.Table, file_name: str, ou
         out.files.setdefault(name, []).append(info)
         if name in STATE_TABLES and plan.keep_bytes:
             where = os.path.join(_table_root(plan, name), info.name)
-            KEPT.put(where, frame(table), plan.batch_id, plan.keep_bytes)
+            KEPT.put(where, table, plan.batch_id, plan.keep_bytes)
 
 
 def write_ipc(path: str, t: pa.Table) -> str:

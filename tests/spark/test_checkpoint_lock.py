@@ -100,3 +100,38 @@ def test_remote_checkpoints_are_not_locked_here() -> None:
     assert CHECKPOINTS.folder("s3a://bucket/checkpoints/silver") is None
     assert CHECKPOINTS.folder("file:///tmp/ck") == "/tmp/ck"
     assert CHECKPOINTS.folder("file:/tmp/ck") == "/tmp/ck"
+
+
+def test_a_refused_second_start_in_this_process_keeps_the_running_querys_lock(
+    spark: SparkSession, tmp_path: Path
+) -> None:
+    """A second start of a running query in this process (same name, same checkpoint)
+    is refused by Spark; that failed start must not drop the lock the running query
+    holds: another process stays refused until the running query stops."""
+    from pyspark.errors import IllegalArgumentException
+
+    ck = tmp_path / "checkpoint"
+    batches: list[int] = []
+
+    def fn(df: DataFrame, batch_id: int) -> None:
+        batches.append(batch_id)
+
+    def start() -> object:
+        stream = spark.readStream.format("rate").option("rowsPerSecond", 5).load()
+        return start_gated(stream, fn, name="lock_twice", checkpoint=str(ck),
+                           trigger="processingTime=200 milliseconds")  # fmt: skip
+
+    q = start()
+    try:
+        _wait(lambda: len(batches) >= 2)
+        with pytest.raises(IllegalArgumentException, match="already active"):
+            start()
+        assert str(ck) in CHECKPOINTS.held()
+        assert _other_process(ck)[0] == 3
+        seen = len(batches)
+        _wait(lambda: len(batches) >= seen + 2)  # the running query goes on
+        assert q.isActive  # type: ignore[attr-defined]
+    finally:
+        assert stop_query(q) is True  # type: ignore[arg-type]
+    _wait(lambda: str(ck) not in CHECKPOINTS.held())
+    assert _other_process(ck) == (0, "locked")
