@@ -179,4 +179,13 @@ if [ -n "$jupyter" ]; then
   fi
   log "$(grep -oE '^jupyterlab==[^ ]+' "$jlock"): QMF_DATA=\$PWD/data .venv/bin/jupyter lab notebooks/"
 fi
+# Spark puts its own pyspark.zip and py4j zip first on its Python processes' path (its
+# workers, data source planners, streaming source runners). A zip holds no bytecode, so
+# each such process compiled pyspark from source: about 0.65 CPU-s per process, a
+# dozen and more per query start. This .pth moves those two zips, which ship inside the
+# installed pyspark (the same code), after site-packages, whose pyspark is compiled
+# (docs/DESIGN.md, "Conventions"; docs/performance.md, 2026-12-01).
+site="$(.venv/bin/python -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')"
+cmp -s tools/qmf-pyspark-path.pth "$site/qmf-pyspark-path.pth" \
+  || cp tools/qmf-pyspark-path.pth "$site/qmf-pyspark-path.pth"
 log "ready (.venv/bin/qmf; local broker: .venv/bin/qmf broker start)"

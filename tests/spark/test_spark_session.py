@@ -51,6 +51,34 @@ def test_get_spark_returns_the_running_session(spark: SparkSession) -> None:
     assert again is spark or again.sparkContext is spark.sparkContext
 
 
+def test_workers_import_the_installed_compiled_pyspark_not_sparks_zip(spark: SparkSession) -> None:
+    """Spark puts its pyspark.zip and py4j zip first on a worker's path; tools/setup.sh's
+    .pth moves them after site-packages, whose pyspark has bytecode (a zip has none, so
+    every worker compiled pyspark: about 0.65 CPU-s each). The zips stay on the path."""
+
+    def where(_: object) -> tuple[str, str, tuple[str, ...]]:
+        import sys as worker_sys
+
+        import py4j
+        import pyspark
+
+        # The path's entries from site-packages on: site-packages, then the zips.
+        after = [
+            p for p in worker_sys.path
+            if p.endswith("site-packages") or ("site-packages" in p and p.endswith(".zip"))
+        ]  # fmt: skip
+        return pyspark.__file__ or "", py4j.__file__ or "", tuple(os.path.basename(p) for p in after)
+
+    site = os.path.dirname(os.path.dirname(__import__("pyspark").__file__))
+    seen = set(spark.sparkContext.parallelize([1, 2], 2).map(where).collect())
+    assert len(seen) == 1
+    pyspark_file, py4j_file, order = seen.pop()
+    assert pyspark_file == os.path.join(site, "pyspark", "__init__.py")
+    assert py4j_file == os.path.join(site, "py4j", "__init__.py")
+    assert order[0] == "site-packages", order
+    assert sorted(n.split("-")[0] for n in order[1:]) == ["py4j", "pyspark.zip"], order
+
+
 def test_workers_run_this_interpreter(spark: SparkSession) -> None:
     def exe(_: object) -> str:
         import sys as worker_sys
