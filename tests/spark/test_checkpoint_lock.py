@@ -11,10 +11,12 @@ import os
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql.streaming import StreamingQuery
 
 from pipeline.streaming import CHECKPOINT_LOCK, CHECKPOINTS, start_gated, stop_query
 from tests.submit import REPO
@@ -50,19 +52,28 @@ def _wait(cond: object, timeout_s: float = 60) -> None:
         time.sleep(0.05)
 
 
+def _rate_query(
+    spark: SparkSession, ck: Path, name: str, batches: list[int]
+) -> Callable[[], StreamingQuery]:
+    """A start function: a rate stream on checkpoint ``ck`` whose batch ids go to ``batches``."""
+
+    def fn(df: DataFrame, batch_id: int) -> None:
+        batches.append(batch_id)
+
+    def start() -> StreamingQuery:
+        stream = spark.readStream.format("rate").option("rowsPerSecond", 5).load()
+        return start_gated(stream, fn, name=name, checkpoint=str(ck),
+                           trigger="processingTime=200 milliseconds")  # fmt: skip
+
+    return start
+
+
 def test_a_running_querys_checkpoint_is_locked_until_it_stops(
     spark: SparkSession, tmp_path: Path
 ) -> None:
     ck = tmp_path / "checkpoint"
     batches: list[int] = []
-
-    def fn(df: DataFrame, batch_id: int) -> None:
-        batches.append(batch_id)
-
-    def start() -> object:
-        stream = spark.readStream.format("rate").option("rowsPerSecond", 5).load()
-        return start_gated(stream, fn, name="lock_test", checkpoint=str(ck),
-                           trigger="processingTime=200 milliseconds")  # fmt: skip
+    start = _rate_query(spark, ck, "lock_test", batches)
 
     q = start()
     _wait(lambda: len(batches) >= 2)
@@ -72,7 +83,7 @@ def test_a_running_querys_checkpoint_is_locked_until_it_stops(
     assert (code, out) == (3, f"checkpoint {ck} is in use: another process runs a query"[:60])
 
     # Stopped: the lock goes with the query, and another process may take it.
-    assert stop_query(q) is True  # type: ignore[arg-type]
+    assert stop_query(q) is True
     _wait(lambda: str(ck) not in CHECKPOINTS.held())
     assert _other_process(ck) == (0, "locked")
 
@@ -82,7 +93,7 @@ def test_a_running_querys_checkpoint_is_locked_until_it_stops(
     _wait(lambda: len(batches) >= before + 2)
     assert _other_process(ck)[0] == 3
     assert batches[before] == batches[before - 1] + 1  # the checkpoint's next batch
-    assert stop_query(q) is True  # type: ignore[arg-type]
+    assert stop_query(q) is True
     _wait(lambda: str(ck) not in CHECKPOINTS.held())
 
 
@@ -112,14 +123,7 @@ def test_a_refused_second_start_in_this_process_keeps_the_running_querys_lock(
 
     ck = tmp_path / "checkpoint"
     batches: list[int] = []
-
-    def fn(df: DataFrame, batch_id: int) -> None:
-        batches.append(batch_id)
-
-    def start() -> object:
-        stream = spark.readStream.format("rate").option("rowsPerSecond", 5).load()
-        return start_gated(stream, fn, name="lock_twice", checkpoint=str(ck),
-                           trigger="processingTime=200 milliseconds")  # fmt: skip
+    start = _rate_query(spark, ck, "lock_twice", batches)
 
     q = start()
     try:
@@ -130,8 +134,8 @@ def test_a_refused_second_start_in_this_process_keeps_the_running_querys_lock(
         assert _other_process(ck)[0] == 3
         seen = len(batches)
         _wait(lambda: len(batches) >= seen + 2)  # the running query goes on
-        assert q.isActive  # type: ignore[attr-defined]
+        assert q.isActive
     finally:
-        assert stop_query(q) is True  # type: ignore[arg-type]
+        assert stop_query(q) is True
     _wait(lambda: str(ck) not in CHECKPOINTS.held())
     assert _other_process(ck) == (0, "locked")
