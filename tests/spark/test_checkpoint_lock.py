@@ -92,7 +92,10 @@ def test_a_running_querys_checkpoint_is_locked_until_it_stops(
     q = start()
     _wait(lambda: len(batches) >= before + 2)
     assert _other_process(ck)[0] == 3
-    assert batches[before] == batches[before - 1] + 1  # the checkpoint's next batch
+    # The checkpoint's next batch, or the last one again: the gate stops the query as
+    # soon as the batch returned, and the stop can land before Spark wrote that batch's
+    # commit log (seen on a loaded machine), so it is replayed (exactly once holds).
+    assert batches[before] - batches[before - 1] in (0, 1), batches
     assert stop_query(q) is True
     _wait(lambda: str(ck) not in CHECKPOINTS.held())
 
