@@ -7,10 +7,7 @@ unique key, landed like everything else, so schema responses end up in the
 landing log next to the content they describe):
 
 * on every (re)connection: Broker Request ``B`` -> ``b``; then Package Query
-  ``P`` -> ``p``...; Class Query ``Q`` per package -> ``q``...; a Broker Request
-  nobody answered (the agents came up after the receiver subscribed: ``qmf run``
-  starts its simulator beside the receiver) is sent again after
-  ``broker_retry_s``, then at twice that interval each time, up to ``retry_s``;
+  ``P`` -> ``p``...; Class Query ``Q`` per package -> ``q``...;
 * Schema Request ``S`` for every class key (package, class, hash) it has not
   seen a schema response ``s`` for: from class indications (replies or the
   ``schema.#`` broadcasts) and from content/event records whose key is new.
@@ -73,8 +70,6 @@ class ConsoleConfig:
     reply_key: str = field(default_factory=lambda: f"qmf-receiver-{uuid.uuid4().hex[:12]}")
     retry_s: float = 30.0
     max_attempts: int = 3
-    # An unanswered Broker Request is sent again after this, then at doubling intervals.
-    broker_retry_s: float = 2.0
     # Folder of schema keys the silver job still waits for (receivers.schema_wants);
     # read every ``wants_poll_s``: each wanted key is asked for again.
     wants: str | None = None
@@ -132,9 +127,6 @@ class ConsoleRole:
         self._seq = itertools.count(1)
         self.wants = None if config.wants is None else SchemaWants(config.wants)
         self._wants_read_at = float("-inf")
-        self.broker_answered = False
-        self._broker_asked_at: float | None = None  # None: not connected yet
-        self._broker_wait = config.broker_retry_s
 
     # --- addressing ----------------------------------------------------------------------
 
@@ -164,18 +156,12 @@ class ConsoleRole:
     def _seq_next(self) -> int:
         return next(self._seq)
 
-    def on_connected(self, now: float | None = None) -> list[tuple[str, bytes]]:
+    def on_connected(self) -> list[tuple[str, bytes]]:
         """A new connection (and reply queue): say hello, and forget what is unanswered."""
         self.packages_asked.clear()
         self.asked = {k: a for k, a in self.asked.items() if k in self.known}
-        self.broker_answered = False
-        self._broker_wait = self.config.broker_retry_s
-        return [self._broker_request(time.monotonic() if now is None else now)]
-
-    def _broker_request(self, now: float) -> tuple[str, bytes]:
-        self._broker_asked_at = now
         d = self.config.dialect
-        return self._encode(BrokerRequest(dialect=d, opcode="B", seq=self._seq_next()))
+        return [self._encode(BrokerRequest(dialect=d, opcode="B", seq=self._seq_next()))]
 
     def _schema_request(self, key: SchemaKey, now: float) -> list[tuple[str, bytes]]:
         if key in self.known:
@@ -219,7 +205,6 @@ class ConsoleRole:
                 key = SchemaKey(r.package, r.class_name, r.schema_hash)
                 out.extend(self._schema_request(key, now))
             elif isinstance(r, BrokerResponse):
-                self.broker_answered = True
                 out.append(
                     self._encode(
                         PackageQuery(dialect=self.config.dialect, opcode="P", seq=self._seq_next())
@@ -268,18 +253,10 @@ class ConsoleRole:
         return out
 
     def due(self, now: float | None = None) -> list[tuple[str, bytes]]:
-        """Requests to repeat: the Broker Request while nobody answered it (at doubling
-        intervals from ``broker_retry_s`` up to ``retry_s``), schema requests with no
-        answer within ``retry_s`` (bounded attempts), and the keys silver still waits for."""
+        """Schema requests to repeat: no answer within ``retry_s`` (bounded attempts),
+        and the keys silver still waits for."""
         now = time.monotonic() if now is None else now
         out: list[tuple[str, bytes]] = self._wanted(now)
-        asked_at = self._broker_asked_at
-        if not self.broker_answered and asked_at is not None and now - asked_at >= self._broker_wait:
-            log.info("console: no answer to the Broker Request after %.0f s: asking again",
-                     now - asked_at)  # fmt: skip
-            out.append(self._broker_request(now))
-            cap = max(self.config.retry_s, self.config.broker_retry_s)
-            self._broker_wait = min(2 * self._broker_wait, cap)
         for key, asked in self.asked.items():
             if (
                 key not in self.known

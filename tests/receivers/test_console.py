@@ -245,27 +245,3 @@ def test_console_on_real_qpidd_amqp10_traffic_knows_every_v2_schema(
     assert len(sent) == 49 and not c.asked
     assert len(c.known) == 45 and len(v2_keys) == 20
     assert v2_keys <= c.known
-
-
-def test_an_unanswered_broker_request_is_sent_again_at_doubling_intervals() -> None:
-    """The agents came up after the receiver subscribed (``qmf run`` starts its simulator
-    beside it): the Broker Request is asked again, 2 s, 4 s, 8 s ... up to ``retry_s``
-    apart, until a Broker Response comes; a new connection starts over."""
-    c = ConsoleRole(ConsoleConfig(dialect="AM1", broker_retry_s=2.0, retry_s=6.0))
-    assert c.due(now=1000.0) == []  # not connected: nothing to ask
-    [(_, body)] = c.on_connected(now=100.0)
-    assert body == b"AM1B\x00\x00\x00\x01"
-    assert c.due(now=101.9) == []
-    [(key, body)] = c.due(now=102.0)
-    assert (key, body) == ("broker", b"AM1B\x00\x00\x00\x02")
-    assert c.due(now=105.9) == []  # 4 s after the second
-    assert [b for _, b in c.due(now=106.0)] == [b"AM1B\x00\x00\x00\x03"]
-    assert c.due(now=111.9) == []  # capped at retry_s (6 s), not 8
-    assert [b for _, b in c.due(now=112.0)] == [b"AM1B\x00\x00\x00\x04"]
-    b = v1.encode_record(BrokerResponse(dialect="AM1", opcode="b", seq=4, broker_id=uuid.UUID(int=5)))
-    [(_, body)] = c.observe(msg(b), now=112.5)
-    assert decode(body) == [PackageQuery(dialect="AM1", opcode="P", seq=5)]
-    assert c.due(now=200.0) == []  # answered: no more
-    assert c.sent == {"B": 4, "P": 1}
-    [(_, body)] = c.on_connected(now=300.0)  # reconnected: answered again before it stops
-    assert c.due(now=301.0) == [] and len(c.due(now=302.0)) == 1
