@@ -449,19 +449,26 @@ def run(args: argparse.Namespace) -> int:
     stop = threading.Event()
     previous = {s: signal.signal(s, lambda *_: stop.set()) for s in (signal.SIGINT, signal.SIGTERM)}
     sim: subprocess.Popen[bytes] | None = None
-    query = start_bronze(spark, settings)
+    if not args.no_sim:
+        # Before the bronze stream: the embedded receiver's console (--console) sends its
+        # one Broker Request when it has subscribed, and the agents must be listening by
+        # then (started after the stream, they missed it in 3 of 6 runs on a loaded
+        # machine). What they publish meanwhile waits in the durable queue.
+        cmd = _sim_command(args, url, data / "sim-manifest.jsonl")
+        sim = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, env=os.environ.copy())
+        print(f"qmf run: {args.agents} simulated {args.dialect} agents publishing (what they "
+              f"send: {data / 'sim-manifest.jsonl'}, this run's only)", flush=True)  # fmt: skip
+    try:
+        query = start_bronze(spark, settings)
+    except BaseException:
+        if sim is not None:
+            sim.kill()
+        raise
     downstream: list[Any] = []
     rates = Rates()
     maintenance = PeriodicMaintenance(data, args.maintain_every * 60)  # docs/maintenance.md
     t0 = time.monotonic()
     try:
-        if not args.no_sim:
-            # At once, as before: the embedded receiver's console (--console) sends its
-            # first requests when it has subscribed, and the agents must be up by then.
-            cmd = _sim_command(args, url, data / "sim-manifest.jsonl")
-            sim = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, env=os.environ.copy())
-            print(f"qmf run: {args.agents} simulated {args.dialect} agents publishing (what they "
-                  f"send: {data / 'sim-manifest.jsonl'}, this run's only)", flush=True)  # fmt: skip
         _initialized(query)
         warm.join(300)
         downstream.append(start_silver(spark, silver_settings))
