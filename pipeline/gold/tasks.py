@@ -257,8 +257,8 @@ class Kept:
     write, and a task that takes a file converts it (``frame``), which is what a read of
     the file does after decoding its Parquet: a rate state of 224,000 rows read and cast
     in 0.096 s, converted in 0.015 s (docs/performance.md, 2026-12-01). Keeping polars
-    frames converted every file written, kept or not taken, and cost the write more
-    than it saved the read.
+    frames converted every file written, kept or not taken, and cost the write about
+    what the hits saved the read.
 
     Exact, not a guess: data files are immutable and uniquely named, so a file's path
     says its content. Only files the plan lists as live are read from here; a file that
