@@ -70,7 +70,9 @@ peak memory: the driver JVM's heap pools and RSS (VmHWM, reset before each), the
 Python driver's and the Python workers' RSS.
 
 Every process gets ``MALLOC_ARENA_MAX=1 MIMALLOC_PURGE_DELAY=-1`` (as ``bench_silver``,
-docs/performance.md session 8; ``--default-allocators`` keeps the environment).
+docs/performance.md session 8), and polars' jemalloc the pipeline's own setting
+(``pipeline.ALLOCATOR_ENV``, which every job gets); ``--default-allocators`` keeps the
+environment as it is and gives polars its own decay settings (``_RJEM_MALLOC_CONF`` empty).
 
 Run it alone on the machine (it uses both cores):
 
@@ -120,6 +122,7 @@ sys.path.insert(0, os.path.dirname(__file__))
 
 from bench_decode import SHARED, queue_stream
 
+from pipeline import ALLOCATOR_ENV as PIPELINE_ALLOCATOR_ENV
 from pipeline import delta
 from pipeline.delta_source import DataFile, arrow_schema, read_file
 from schemas.tables import BRONZE
@@ -626,7 +629,7 @@ def spark_session(cfg: dict[str, Any], run: Path) -> Any:
         "spark.eventLog.compress": "false",
         "spark.sql.shuffle.partitions": "2",
     }
-    for k in ALLOCATOR_ENV:
+    for k in (*ALLOCATOR_ENV, *PIPELINE_ALLOCATOR_ENV):
         if k in os.environ:
             conf[f"spark.executorEnv.{k}"] = os.environ[k]
     conf["spark.executorEnv.PYTHONPATH"] = str(REPO)
@@ -1227,13 +1230,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     if not args.default_allocators:
         os.environ.update(ALLOCATOR_ENV)  # read by every child process at its start
+    else:  # polars' own decay settings (it puts them first and appends a value given)
+        os.environ.update({k: "" for k in PIPELINE_ALLOCATOR_ENV})
     work = Path(args.work or tempfile.mkdtemp(prefix="bench-scale-")).resolve()
     work.mkdir(parents=True, exist_ok=True)
     t_run = time.monotonic()
     cores = len(os.sched_getaffinity(0))
     print(
         f"bench_scale: {cores} CPUs, load average {os.getloadavg()[0]:.2f}, work {work}; "
-        + ", ".join(f"{k}={os.environ.get(k, 'unset')}" for k in ALLOCATOR_ENV)
+        + ", ".join(f"{k}={os.environ.get(k, 'unset')}" for k in (*ALLOCATOR_ENV, *PIPELINE_ALLOCATOR_ENV))
     )
     result: dict[str, Any] = {"cores": 2}
     try:

@@ -20,6 +20,8 @@ from typing import Any
 from pyspark import SparkConf, SparkContext
 from pyspark.sql import SparkSession
 
+from pipeline import ALLOCATOR_ENV
+
 DEFAULT_MASTER = "local[2]"
 # A file for Spark's and the JVM's output when the caller gives none (jobs run with
 # python, notebooks): see get_spark's ``log_file``.
@@ -294,6 +296,10 @@ def get_spark(
         key = f"spark.executorEnv.{var}"
         if key not in options and key not in existing:
             options[key] = cpus
+    for var, value in ALLOCATOR_ENV.items():  # the driver's environment is not theirs
+        key = f"spark.executorEnv.{var}"
+        if key not in options and key not in existing:
+            options[key] = value
     if logged is not None:
         _launch_logged(options, logged, app_name)
 

@@ -79,6 +79,50 @@ def test_workers_import_the_installed_compiled_pyspark_not_sparks_zip(spark: Spa
     assert sorted(n.split("-")[0] for n in order[1:]) == ["py4j", "pyspark.zip"], order
 
 
+def test_workers_keep_polars_freed_pages_for_their_next_batch(spark: SparkSession) -> None:
+    """Polars' jemalloc in every Python worker gets ``ALLOCATOR_ENV`` (set as an executor
+    variable, which a cluster's workers need: they do not inherit the driver's
+    environment): with jemalloc's defaults each batch's frames fault their pages in
+    again (docs/performance.md, 2026-12-02)."""
+    from pipeline import ALLOCATOR_ENV
+
+    def conf(_: object) -> str | None:
+        import os as worker_os
+
+        import polars  # noqa: F401  (it adds its own settings in front of the variable's)
+
+        return worker_os.environ.get("_RJEM_MALLOC_CONF")
+
+    want = ALLOCATOR_ENV["_RJEM_MALLOC_CONF"]
+    assert want == "dirty_decay_ms:30000,muzzy_decay_ms:30000"
+    assert spark.conf.get("spark.executorEnv._RJEM_MALLOC_CONF") == want
+    seen = set(spark.sparkContext.parallelize([1, 2], 2).map(conf).collect())
+    # jemalloc takes the last of repeated options: ours, after polars' 500 ms and 1 s.
+    assert seen == {"dirty_decay_ms:500,muzzy_decay_ms:1000," + want}
+
+
+@pytest.mark.parametrize(
+    ("given", "seen"),
+    [
+        (None, "dirty_decay_ms:500,muzzy_decay_ms:1000,dirty_decay_ms:30000,muzzy_decay_ms:30000"),
+        ("", "dirty_decay_ms:500,muzzy_decay_ms:1000"),
+        ("narenas:1", "dirty_decay_ms:500,muzzy_decay_ms:1000,narenas:1"),
+    ],
+)
+def test_importing_pipeline_sets_the_allocator_unless_the_environment_has(
+    given: str | None, seen: str
+) -> None:
+    """Set before polars loads, which puts its own settings first (jemalloc reads them
+    once and takes the last of a repeated option); a value the user set, even an empty
+    one (polars' settings alone), is left as it is."""
+    env = {k: v for k, v in os.environ.items() if k != "_RJEM_MALLOC_CONF"}
+    if given is not None:
+        env["_RJEM_MALLOC_CONF"] = given
+    code = "import pipeline, os, polars; print(repr(os.environ.get('_RJEM_MALLOC_CONF')))"
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == repr(seen)
+
+
 def test_workers_run_this_interpreter(spark: SparkSession) -> None:
     def exe(_: object) -> str:
         import sys as worker_sys
