@@ -5,7 +5,8 @@ same gold tables as reading their files, and as the driver path."""
 from __future__ import annotations
 
 import os
-from collections.abc import Sequence
+import threading
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -17,9 +18,13 @@ from pipeline.cli import main as qmf
 from pipeline.codec.capture import read_capture
 from pipeline.delta_source import DataFile
 from pipeline.gold import GoldBatchWriter, GoldSettings
+from pipeline.gold import tasks as gt
 from pipeline.gold.tasks import (
     KEPT,
     STATE_TABLES,
+    ComputeOutput,
+    Kept,
+    claim_bucket,
     batch_times,
     compute,
     rate_compute,
@@ -83,16 +88,32 @@ def _silver(tmp: Path, *, late_keys: bool) -> tuple[str, list[Units]]:
 def _run_tasks(
     root: str, silver: str, batches: Sequence[Units], *, keep_mib: int = 512,
     forget: bool = False, fail_commit_of: int | None = None,
-    rate_buckets: Sequence[int] | None = None,
+    rate_buckets: Sequence[int] | None = None, workers: list[Kept] | None = None,
+    claim: bool = True,
 ) -> list[dict[str, int]]:  # fmt: skip
     """Each batch as the task path runs it with 2 buckets (direct: each task reads the
     whole batch), its tasks in this process. ``forget``: the worker's memory is cleared
     before each task (as if another worker ran it). ``fail_commit_of``: that batch is
     computed once without being committed (a crash before its commit), then again.
-    ``rate_buckets``: each batch's buckets of series of the rate stage (0: none)."""
+    ``rate_buckets``: each batch's buckets of series of the rate stage (0: none).
+    ``workers``: the memories of that many Python workers; task t of batch k runs in
+    worker (t + k) % len(workers), as Spark may hand them out, and claims its bucket
+    (``compute_claimed``) instead of being given one (``claim`` False: bucket t)."""
     gs = GoldSettings(silver=silver, root=root, buckets=2, keep_mib=keep_mib)
     w = GoldBatchWriter(gs, app_id="gold-tasks-test")
     rows = []
+
+    def run(k: int, t: int, fixed: Callable[[], ComputeOutput], claimed: Callable[[], ComputeOutput]) -> ComputeOutput:
+        if workers is None:
+            if forget:
+                KEPT.clear()
+            return fixed()
+        gt.KEPT = workers[(t + k) % len(workers)]
+        try:
+            return claimed() if claim else fixed()
+        finally:
+            gt.KEPT = KEPT
+
     for batch_id, units in enumerate(batches):
         files = [[f for s, f in units if s == "sample"], [f for s, f in units if s == "heartbeat"]]
         attempts = 2 if batch_id == fail_commit_of else 1
@@ -102,15 +123,17 @@ def _run_tasks(
             plan = w.timed_plan(plan, *batch_times(files, gs.liveness))
             outs = []
             for b in range(2):
-                if forget:
-                    KEPT.clear()
-                outs.append(compute(b, plan, direct=units))
+                outs.append(run(
+                    batch_id, b, lambda: compute(b, plan, direct=units),
+                    lambda: gt.compute_claimed(b, plan, direct=units),
+                ))  # fmt: skip
             facts = [o.facts for o in outs]
+            by = {b: [p for o in outs for sb, p in o.samples if sb == b] for b in range(rb)}
             for b in range(rb):
-                if forget:
-                    KEPT.clear()
-                samples = [p for o in outs for sb, p in o.samples if sb == b]
-                outs.append(rate_compute(b, plan, samples, facts))
+                outs.append(run(
+                    batch_id, b, lambda: rate_compute(b, plan, by[b], facts),
+                    lambda: gt.rate_compute_claimed(b, plan, by, facts),
+                ))  # fmt: skip
             if attempt + 1 < attempts:
                 w.drop_plan(plan)  # the crash: nothing committed
                 continue
@@ -159,6 +182,66 @@ def test_a_task_reads_what_its_worker_wrote_from_memory(
         want = _rows(str(tmp_path / "driver"), name)
         for label in ("kept", "read", "off"):
             assert _rows(str(tmp_path / label), name) == want, (label, name)
+
+
+def test_tasks_claim_the_buckets_their_workers_keep(
+    silver_late_keys: tuple[str, list[Units]], tmp_path: Path
+) -> None:
+    """Two Python workers, and each batch's tasks handed to them the other way round
+    from the batch before (what made half of the table files come from Parquet on two
+    cores): each task claims the bucket its worker keeps, so after the first batch no
+    table file is read, each worker keeps only its own buckets, and the tables equal
+    the driver path's; with the rate stage too."""
+    root, batches = silver_late_keys
+    _run_driver(str(tmp_path / "driver"), root, batches)
+    for label, rb in (("agents", None), ("series", [3, 3, 3, 3])):
+        reads = {}
+        for claim in (True, False):
+            workers = [Kept(), Kept()]
+            where = str(tmp_path / f"{label}-{claim}")
+            rows = _run_tasks(where, root, batches, rate_buckets=rb, workers=workers, claim=claim)
+            reads[claim] = [r["files_read"] for r in rows]
+            for name in GOLD_TABLES:
+                assert _rows(where, name) == _rows(str(tmp_path / "driver"), name), (label, claim, name)
+            held = [{gt.file_bucket(p, 2) for p in k.tables} - {None} for k in workers]
+            if rb is None and claim:  # each worker keeps one bucket of agents, its own
+                assert sorted(map(len, held)) == [1, 1] and held[0] != held[1], held
+        # Given fixed buckets, every task after the first batch ran where the other
+        # bucket's tables are: all its table files read.
+        assert reads[False][0] == 0 and min(reads[False][1:]) >= 4, reads
+        if rb is None:
+            assert reads[True] == [0, 0, 0, 0], reads
+        else:  # only the 'u' files (series keyed by object id), which every rate task reads
+            assert reads[True][0] == 0 and all(
+                t <= 2 < f for t, f in zip(reads[True][2:], reads[False][2:], strict=True)
+            ), reads
+
+
+def test_claim_bucket_gives_each_task_its_own_bucket(tmp_path: Path) -> None:
+    folder = str(tmp_path / "claims")
+    # The worker keeps bucket 2: task 0 takes it; task 2 then takes the first free one.
+    assert claim_bucket(folder, 0, 3, prefer=[2]) == 2
+    assert claim_bucket(folder, 2, 3, prefer=[2, 7]) == 0  # 7: not a bucket of 3
+    assert claim_bucket(folder, 1, 3) == 1
+    # A retried or speculative attempt of a task takes the bucket its task claimed.
+    assert claim_bucket(folder, 0, 3, prefer=[1]) == 2
+    assert claim_bucket(folder, 2, 3) == 0
+    assert sorted(os.listdir(folder)) == ["b0", "b1", "b2"]  # no temporary file left
+    with pytest.raises(RuntimeError, match="task 3: all 3 buckets claimed"):
+        claim_bucket(folder, 3, 3)
+    # Eight tasks at once, all preferring the same bucket: each gets one of its own.
+    got: dict[int, int] = {}
+    many = str(tmp_path / "many")
+
+    def take(t: int) -> None:
+        got[t] = claim_bucket(many, t, 8, prefer=[5])
+
+    threads = [threading.Thread(target=take, args=(t,)) for t in range(8)]
+    for th in threads:
+        th.start()
+    for th in threads:
+        th.join()
+    assert sorted(got.values()) == list(range(8)) and len(got) == 8
 
 
 def test_a_batch_computed_but_not_committed_leaves_nothing_used(

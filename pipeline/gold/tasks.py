@@ -37,6 +37,12 @@ batch's two times itself (the heartbeat files, and one column of the sample file
 each agent task reads every silver file of the batch, keeping its bucket's rows. Reading
 a small batch a few times costs less than the split's Spark job and its shuffle files.
 
+A stage runs one task per bucket, and each task *claims* its bucket (``claim_bucket``):
+the one whose tables its Python worker keeps from an earlier batch (``Kept``), else its
+own number, else any left. Spark hands a task whichever idle worker comes first, so a
+bucket given to a task by number found its tables in memory about half of the time on
+two cores.
+
 The driver's work grows with files, buckets and agents; the rows go through tasks only.
 Bucket counts: ``GoldSettings.buckets`` (default Spark's default parallelism) and
 ``rate_buckets`` (default the same); changing them is safe (files of another bucketing
@@ -149,6 +155,41 @@ def file_bucket(name: str, buckets: int) -> int | None:
     if m is None or int(m["n"]) != buckets:
         return None
     return int(m["b"])
+
+
+def claim_bucket(folder: str, task: int, buckets: int, prefer: Iterable[int] = ()) -> int:
+    """The bucket task ``task`` (its partition: one task per bucket) computes: the first
+    of ``prefer`` (the buckets whose tables this worker keeps, ``Kept.buckets``), then its
+    own, then any, that no other task of the job claimed. Why: Spark gives a task
+    whichever idle Python worker comes first, so with fixed buckets a bucket's next task
+    found its tables in that worker's memory half of the time on two cores; a task that
+    picks its bucket finds them (each result depends only on its bucket and the plan).
+
+    A claim is a file ``<folder>/b<bucket>`` holding the task, made whole by a hard link
+    (taken or not, never half written); a retried or speculative attempt of a task takes
+    the bucket its task claimed. One task per bucket, so none is left without one."""
+    os.makedirs(folder, exist_ok=True)
+    for name in os.listdir(folder):
+        if name.startswith("b") and name[1:].isdigit():
+            with open(os.path.join(folder, name)) as f:
+                if f.read() == str(task):
+                    return int(name[1:])
+    tmp = os.path.join(folder, f".t{task}-{uuid.uuid4().hex}")
+    with open(tmp, "w") as f:
+        f.write(str(task))
+    try:
+        order: dict[int, None] = dict.fromkeys([*prefer, task, *range(buckets)])
+        for b in order:
+            if not 0 <= b < buckets:
+                continue
+            try:
+                os.link(tmp, os.path.join(folder, f"b{b}"))
+            except FileExistsError:
+                continue
+            return b
+    finally:
+        os.remove(tmp)
+    raise RuntimeError(f"task {task}: all {buckets} buckets claimed (one task per bucket)")
 
 
 # ---------------------------------------------------------------- the plan
@@ -299,6 +340,28 @@ class Kept:
             k for k in list(self.tables)
             if k.startswith(prefix) and k not in keep and self.batch[k] < batch_id
         )  # fmt: skip
+
+    def buckets(self, plan: GoldPlan, series: bool = False) -> list[int]:
+        """The buckets of agents (``series``: of series) whose live table files of the
+        plan this worker keeps, most kept bytes first (``claim_bucket``'s preference)."""
+        import pickle
+
+        held: dict[int, int] = {}
+        for name, listing in plan.tables:
+            if series and name != "rate_state":
+                continue
+            for f in pickle.loads(listing)[1]:
+                t = self.tables.get(self.key(f.local_path))
+                if t is None:
+                    continue
+                if series:
+                    kind = series_file(f.local_path, plan.rate_buckets)
+                    b = kind[1] if kind is not None and kind[0] == "s" else None
+                else:
+                    b = file_bucket(f.local_path, plan.buckets)
+                if b is not None:
+                    held[b] = held.get(b, 0) + t.nbytes
+        return sorted(held, key=lambda b: -held[b])
 
     def drop(self, paths: Iterable[str]) -> None:
         for k in [self.key(p) for p in paths]:
@@ -589,6 +652,31 @@ def rate_compute(
     return out
 
 
+def claims_folder(plan: GoldPlan, stage: str) -> str:
+    """Where the tasks of a stage (``agents``, ``series``) of the plan's batch claim their
+    buckets: inside the rates' staging folder, which goes with the plan."""
+    return os.path.join(dict(plan.staging)["statistic_rates"], f"_claims-{stage}")
+
+
+def compute_claimed(
+    task: int, plan: GoldPlan, shuffled: dict[int, list[str]] | None = None,
+    direct: Sequence[tuple[str, DataFile]] | None = None,
+) -> ComputeOutput:
+    """``compute`` of the bucket of agents this task claims (``claim_bucket``): its
+    shuffle files from ``shuffled`` (by bucket), or on the direct path the batch's files."""
+    bucket = claim_bucket(claims_folder(plan, "agents"), task, plan.buckets, KEPT.buckets(plan))
+    return compute(bucket, plan, shuffled=(shuffled or {}).get(bucket, []), direct=direct)
+
+
+def rate_compute_claimed(
+    task: int, plan: GoldPlan, samples: dict[int, list[str]], facts: Sequence[dict[str, str]]
+) -> ComputeOutput:
+    """``rate_compute`` of the bucket of series this task claims (``claim_bucket``)."""
+    prefer = KEPT.buckets(plan, series=True)
+    bucket = claim_bucket(claims_folder(plan, "series"), task, plan.rate_buckets, prefer)
+    return rate_compute(bucket, plan, samples.get(bucket, []), facts)
+
+
 # ---------------------------------------------------------------- driver side
 
 
@@ -647,9 +735,8 @@ def run_compute(
     for s in splits:
         for bucket, path, _rows in s.files:
             by[bucket].append(path)
-    work = sorted(by.items())
-    rdd = spark.sparkContext.parallelize(work, len(work))
-    return list(rdd.map(lambda bf: compute(bf[0], plan, shuffled=bf[1])).collect())
+    rdd = spark.sparkContext.parallelize(range(plan.buckets), plan.buckets)
+    return list(rdd.map(lambda t: compute_claimed(t, plan, shuffled=by)).collect())
 
 
 def run_rates(
@@ -662,9 +749,8 @@ def run_rates(
         for b, path in o.samples:
             by[b].append(path)
     facts = [o.facts for o in outs if o.facts]
-    work = sorted(by.items())
-    rdd = spark.sparkContext.parallelize(work, len(work))
-    return list(rdd.map(lambda bv: rate_compute(bv[0], plan, bv[1], facts)).collect())
+    rdd = spark.sparkContext.parallelize(range(plan.rate_buckets), plan.rate_buckets)
+    return list(rdd.map(lambda t: rate_compute_claimed(t, plan, by, facts)).collect())
 
 
 def run_compute_direct(
@@ -677,7 +763,7 @@ def run_compute_direct(
         (src, f) for src, fs in zip(("sample", "heartbeat"), files, strict=True) for f in fs
     ]
     rdd = spark.sparkContext.parallelize(range(plan.buckets), plan.buckets)
-    return list(rdd.map(lambda b: compute(b, plan, direct=units)).collect())
+    return list(rdd.map(lambda t: compute_claimed(t, plan, direct=units)).collect())
 
 
 def batch_times(
