@@ -4,9 +4,10 @@ same gold tables as reading their files, and as the driver path."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import threading
-from collections.abc import Callable, Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -22,10 +23,9 @@ from pipeline.gold import tasks as gt
 from pipeline.gold.tasks import (
     KEPT,
     STATE_TABLES,
-    ComputeOutput,
     Kept,
-    claim_bucket,
     batch_times,
+    claim_bucket,
     compute,
     rate_compute,
     read_units,
@@ -103,17 +103,21 @@ def _run_tasks(
     w = GoldBatchWriter(gs, app_id="gold-tasks-test")
     rows = []
 
-    def run(k: int, t: int, fixed: Callable[[], ComputeOutput], claimed: Callable[[], ComputeOutput]) -> ComputeOutput:
+    @contextlib.contextmanager
+    def worker(k: int, t: int) -> Iterator[None]:
+        """Task t of batch k runs in its worker's memory (or a cleared one: ``forget``)."""
         if workers is None:
             if forget:
                 KEPT.clear()
-            return fixed()
+            yield
+            return
         gt.KEPT = workers[(t + k) % len(workers)]
         try:
-            return claimed() if claim else fixed()
+            yield
         finally:
             gt.KEPT = KEPT
 
+    claimed = workers is not None and claim
     for batch_id, units in enumerate(batches):
         files = [[f for s, f in units if s == "sample"], [f for s, f in units if s == "heartbeat"]]
         attempts = 2 if batch_id == fail_commit_of else 1
@@ -123,17 +127,19 @@ def _run_tasks(
             plan = w.timed_plan(plan, *batch_times(files, gs.liveness))
             outs = []
             for b in range(2):
-                outs.append(run(
-                    batch_id, b, lambda: compute(b, plan, direct=units),
-                    lambda: gt.compute_claimed(b, plan, direct=units),
-                ))  # fmt: skip
+                with worker(batch_id, b):
+                    if claimed:
+                        outs.append(gt.compute_claimed(b, plan, direct=units))
+                    else:
+                        outs.append(compute(b, plan, direct=units))
             facts = [o.facts for o in outs]
             by = {b: [p for o in outs for sb, p in o.samples if sb == b] for b in range(rb)}
             for b in range(rb):
-                outs.append(run(
-                    batch_id, b, lambda: rate_compute(b, plan, by[b], facts),
-                    lambda: gt.rate_compute_claimed(b, plan, by, facts),
-                ))  # fmt: skip
+                with worker(batch_id, b):
+                    if claimed:
+                        outs.append(gt.rate_compute_claimed(b, plan, by, facts))
+                    else:
+                        outs.append(rate_compute(b, plan, by[b], facts))
             if attempt + 1 < attempts:
                 w.drop_plan(plan)  # the crash: nothing committed
                 continue
