@@ -23,7 +23,27 @@ from tests.terminal import spark_noise
 pytestmark = [pytest.mark.broker, pytest.mark.spark, pytest.mark.slow]
 
 
-def test_readme_main_command_lands_every_published_message_once(broker: Any, tmp_path: Path) -> None:
+def _node_env(cfg: Any) -> dict[str, str]:
+    """The environment that points ``qmf`` at this module's own node (``isolated_broker``).
+
+    Why not the shared test node: other test files publish to its management exchange
+    and start consoles there at the same time, and ``qmf run`` subscribes to all of it.
+    Its summary then counted their agents' samples too (15,037 object samples for 2,953
+    published, in a CI run of 2026-12-02)."""
+    return {
+        **{k: v for k, v in os.environ.items() if k != "QMF_BROKER_URL"},
+        "PYSPARK_PYTHON": sys.executable,
+        "QMF_HOME": str(cfg.paths.state.parent),
+        "QMF_BROKER_PORT": str(cfg.port),
+        "QMF_BROKER_TLS_PORT": str(cfg.tls_port),
+        "QMF_BROKER_DIST_PORT": str(cfg.dist_port),
+        "QMF_BROKER_EPMD_PORT": str(cfg.epmd_port),
+    }
+
+
+def test_readme_main_command_lands_every_published_message_once(
+    isolated_broker: Any, tmp_path: Path
+) -> None:
     """The README's first command as written (``.venv/bin/qmf run``), only shorter.
 
     Default agents, queues and message sizes (large 'i' bodies: Parquet writes
@@ -34,13 +54,13 @@ def test_readme_main_command_lands_every_published_message_once(broker: Any, tmp
     JSON form of the same summary (saved beside the log) equals the manifest.
     """
     qmf = Path(sys.executable).parent / "qmf"
-    env = {**os.environ, "PYSPARK_PYTHON": sys.executable}
-    delete_queue(QUEUE)  # the run's durable queue: start without an earlier run's leftovers
+    env = _node_env(isolated_broker)
+    delete_queue(QUEUE, cfg=isolated_broker)  # the run's durable queue: start without leftovers
     try:
         proc = subprocess.run([str(qmf), "run", "--duration", "15"], cwd=tmp_path,
                               capture_output=True, text=True, timeout=600, env=env)  # fmt: skip
     finally:
-        delete_queue(QUEUE)  # a durable queue bound to mgmt.# would collect traffic forever
+        delete_queue(QUEUE, cfg=isolated_broker)  # bound to mgmt.#: it would collect traffic
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "qmf run: done." in proc.stdout
     data = tmp_path / "data"
@@ -65,12 +85,12 @@ def test_readme_main_command_lands_every_published_message_once(broker: Any, tmp
     expected, expected_records = manifest_messages(data / "sim-manifest.jsonl")
     agents = {json.loads(m)[0].split(".")[1] for m in expected}
     assert len(agents) == 2  # the default two agents
-    # The shared test broker may carry other traffic on the exchange: keep the
-    # rows of this run's agents (AM1 routing keys name them: mgmt.<agent>.*).
+    # This module's own node carries this run's traffic only: every row is its agents'
+    # (AM1 routing keys name them: mgmt.<agent>.*).
     table = delta.read_arrow(str(data / "bronze"))
     ours = [(k or "").split(".")[1:2] in ([a] for a in agents)
             for k in table.column("routing_key").to_pylist()]  # fmt: skip
-    table = table.filter(ours)
+    assert all(ours), Counter(k for k, o in zip(table.column("routing_key").to_pylist(), ours, strict=True) if not o)
     got, got_records = decoded_messages(table)
     assert Counter(got) == Counter(expected)
     assert got_records == expected_records
@@ -102,7 +122,7 @@ def test_readme_main_command_lands_every_published_message_once(broker: Any, tmp
     assert len(brokers) == 2 and all(b.startswith("amqp-broker@") for b in brokers), brokers
 
 
-def test_qmf_run_console_asks_the_agents(broker: Any, tmp_path: Path) -> None:
+def test_qmf_run_console_asks_the_agents(isolated_broker: Any, tmp_path: Path) -> None:
     """--console: the embedded receiver sends B/P/Q (and S for unseen classes); replies land."""
     data = tmp_path / "data"
     queue = f"qmf.test-run-{uuid.uuid4().hex[:8]}"
@@ -110,11 +130,11 @@ def test_qmf_run_console_asks_the_agents(broker: Any, tmp_path: Path) -> None:
         sys.executable, "-m", "pipeline.cli", "run", "--data", str(data), "--queue", queue,
         "--duration", "5", "--agents", "1", "--queues", "3", "--console", "AM1", "--json",
     ]  # fmt: skip
-    env = {**os.environ, "PYSPARK_PYTHON": sys.executable}
+    env = _node_env(isolated_broker)
     try:
         proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600, env=env)
     finally:
-        delete_queue(queue)
+        delete_queue(queue, cfg=isolated_broker)
     assert proc.returncode == 0, proc.stderr[-3000:]
     summary = json.loads(proc.stdout[proc.stdout.index("\n{") : proc.stdout.rindex("}") + 1])
     ops = summary["records_by_opcode"]
