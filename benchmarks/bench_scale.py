@@ -130,6 +130,8 @@ from schemas.tables import BRONZE
 REPO = Path(__file__).resolve().parents[1]
 # As bench_silver.ALLOCATOR_ENV (docs/performance.md, session 8).
 ALLOCATOR_ENV = {"MALLOC_ARENA_MAX": "1", "MIMALLOC_PURGE_DELAY": "-1"}
+# Every allocator variable the bench sets or passes to executors (its own and the pipeline's).
+ALLOCATOR_KEYS = (*ALLOCATOR_ENV, *PIPELINE_ALLOCATOR_ENV)
 MASTERS = ("local[1]", "local[2]", "local-cluster[2,1,1024]")
 ONE_CORE = "local[1]"
 TWO_CORES = "local[2]"
@@ -629,7 +631,7 @@ def spark_session(cfg: dict[str, Any], run: Path) -> Any:
         "spark.eventLog.compress": "false",
         "spark.sql.shuffle.partitions": "2",
     }
-    for k in (*ALLOCATOR_ENV, *PIPELINE_ALLOCATOR_ENV):
+    for k in ALLOCATOR_KEYS:
         if k in os.environ:
             conf[f"spark.executorEnv.{k}"] = os.environ[k]
     conf["spark.executorEnv.PYTHONPATH"] = str(REPO)
@@ -1238,7 +1240,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     cores = len(os.sched_getaffinity(0))
     print(
         f"bench_scale: {cores} CPUs, load average {os.getloadavg()[0]:.2f}, work {work}; "
-        + ", ".join(f"{k}={os.environ.get(k, 'unset')}" for k in (*ALLOCATOR_ENV, *PIPELINE_ALLOCATOR_ENV))
+        + ", ".join(f"{k}={os.environ.get(k, 'unset')}" for k in ALLOCATOR_KEYS)
     )
     result: dict[str, Any] = {"cores": 2}
     try:

@@ -281,6 +281,18 @@ def load_config(home: Path | str | None = None) -> BrokerConfig:
     )
 
 
+def config_env(cfg: BrokerConfig) -> dict[str, str]:
+    """The environment variables that make ``load_config`` give ``cfg``'s node and ports
+    (for a ``qmf`` process run against a node of ``isolated_config``)."""
+    return {
+        "QMF_HOME": str(cfg.paths.state.parent),
+        "QMF_BROKER_PORT": str(cfg.port),
+        "QMF_BROKER_TLS_PORT": str(cfg.tls_port),
+        "QMF_BROKER_DIST_PORT": str(cfg.dist_port),
+        "QMF_BROKER_EPMD_PORT": str(cfg.epmd_port),
+    }
+
+
 def _memory_limit(raw: str) -> str:
     """RabbitMQ ignores an unparsable watermark (falls back to 40% of RAM): refuse it here."""
     value = raw.strip()

@@ -41,11 +41,8 @@ def private(private_cfg: b.BrokerConfig, monkeypatch: pytest.MonkeyPatch) -> b.B
     """Also point the environment (hence the `qmf` CLI) at the private node for one test."""
     for key in ENV_KEYS:
         monkeypatch.delenv(key, raising=False)
-    monkeypatch.setenv("QMF_HOME", str(private_cfg.paths.state.parent))
-    monkeypatch.setenv("QMF_BROKER_PORT", str(private_cfg.port))
-    monkeypatch.setenv("QMF_BROKER_TLS_PORT", str(private_cfg.tls_port))
-    monkeypatch.setenv("QMF_BROKER_DIST_PORT", str(private_cfg.dist_port))
-    monkeypatch.setenv("QMF_BROKER_EPMD_PORT", str(private_cfg.epmd_port))
+    for key, value in b.config_env(private_cfg).items():
+        monkeypatch.setenv(key, value)
     assert b.load_config() == private_cfg
     return private_cfg
 

@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 
 from pipeline import delta
-from pipeline.broker import delete_queue
+from pipeline.broker import config_env, delete_queue
 from pipeline.commands.run import QUEUE
 from tests.integration.e2e import decoded_messages, manifest_messages
 from tests.terminal import spark_noise
@@ -33,11 +33,7 @@ def _node_env(cfg: Any) -> dict[str, str]:
     return {
         **{k: v for k, v in os.environ.items() if k != "QMF_BROKER_URL"},
         "PYSPARK_PYTHON": sys.executable,
-        "QMF_HOME": str(cfg.paths.state.parent),
-        "QMF_BROKER_PORT": str(cfg.port),
-        "QMF_BROKER_TLS_PORT": str(cfg.tls_port),
-        "QMF_BROKER_DIST_PORT": str(cfg.dist_port),
-        "QMF_BROKER_EPMD_PORT": str(cfg.epmd_port),
+        **config_env(cfg),
     }
 
 
