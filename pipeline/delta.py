@@ -322,6 +322,54 @@ def table_lock(path: str | os.PathLike[str], *, exclusive: bool = False) -> Iter
 
 
 # ---------------------------------------------------------------------------
+# What a writer may keep between its batches
+
+
+@dataclass(frozen=True)
+class CommitStamp:
+    """One commit of a table, as its file on disk says: a writer that remembers what it
+    committed (a column's maximum, say) may use that while its stamp is the table's
+    latest (``is_latest``) instead of reading the table again. A table deleted and made
+    again at the same path writes new commit files, whose stamps differ."""
+
+    version: int
+    inode: int
+    mtime_ns: int
+    size: int
+
+
+def _commit_file(path: str | os.PathLike[str], version: int) -> str:
+    return os.path.join(os.fspath(path), "_delta_log", f"{version:020d}.json")
+
+
+def commit_stamp(path: str | os.PathLike[str], version: int) -> CommitStamp | None:
+    """The stamp of commit ``version`` of the table (None: its file is not there)."""
+    try:
+        st = os.stat(_commit_file(path, version))
+    except OSError:
+        return None
+    return CommitStamp(version, st.st_ino, st.st_mtime_ns, st.st_size)
+
+
+def latest_stamp(path: str | os.PathLike[str]) -> CommitStamp | None:
+    """The stamp of the table's latest commit (None: no table, or no commit file)."""
+    try:
+        names = os.listdir(os.path.join(os.fspath(path), "_delta_log"))
+    except OSError:
+        return None
+    versions = [int(n[:20]) for n in names if len(n) == 25 and n.endswith(".json") and n[:20].isdigit()]
+    return commit_stamp(path, max(versions)) if versions else None
+
+
+def is_latest(path: str | os.PathLike[str], stamp: CommitStamp | None) -> bool:
+    """Whether ``stamp`` still names the table's latest commit: its file unchanged and no
+    later commit written. Two ``stat`` calls."""
+    if stamp is None or commit_stamp(path, stamp.version) != stamp:
+        return False
+    return not os.path.exists(_commit_file(path, stamp.version + 1))
+
+
+# ---------------------------------------------------------------------------
 # Exactly-once bookkeeping
 
 

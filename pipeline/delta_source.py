@@ -43,6 +43,7 @@ import json
 import logging
 import os
 import re
+import threading
 import urllib.parse
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -443,10 +444,29 @@ class DeltaLogReader:
         check_protocol(dt, write=False)
         return dt
 
+    def _stamp(self, version: int) -> tuple[int, int, int] | None:
+        """What identifies commit ``version``'s file (inode, mtime, size); None without it."""
+        try:
+            st = os.stat(self.commit_path(version))
+        except OSError:
+            return None
+        return st.st_ino, st.st_mtime_ns, st.st_size
+
     def snapshot(self, version: int) -> list[DataFile]:
-        """All live files of ``version``, ordered by (modification time, path) like Delta."""
+        """All live files of ``version``, ordered by (modification time, path) like Delta.
+
+        Kept for the process too (``_SNAPSHOTS``, one version per table), checked by the
+        stamp of the version's commit file: readers made per micro-batch
+        (``range_files``) of a batch inside a starting snapshot then list it once, not
+        once per batch (26 ms a batch for gold's two silver tables of 24 commits)."""
         if self._snapshot is not None and self._snapshot[0] == version:
             return self._snapshot[1]
+        stamp = self._stamp(version)
+        with _SNAPSHOTS_LOCK:
+            kept = _SNAPSHOTS.get(self.root)
+        if stamp is not None and kept is not None and kept[:2] == (version, stamp):
+            self._snapshot = (version, kept[2])
+            return kept[2]
         dt = self.table(version)
         adds = pa.table(dt.get_add_actions(flatten=True))
         parts = list(dt.metadata().partition_columns)
@@ -478,7 +498,17 @@ class DeltaLogReader:
             )
         files = [f for _, _, f in sorted(keyed, key=lambda k: (k[0], k[1]))]
         self._snapshot = (version, files)
+        if stamp is not None:
+            with _SNAPSHOTS_LOCK:
+                _SNAPSHOTS[self.root] = (version, stamp, files)
         return files
+
+
+# The latest snapshot listed of each table in this process (``DeltaLogReader.snapshot``):
+# root -> (version, stamp of that version's commit file, its files). A table deleted and
+# made again at the same path writes new commit files, whose stamps differ.
+_SNAPSHOTS: dict[str, tuple[int, tuple[int, int, int], list[DataFile]]] = {}
+_SNAPSHOTS_LOCK = threading.Lock()
 
 
 # ---------------------------------------------------------------------------

@@ -386,3 +386,49 @@ def test_the_rate_pairing_splits_by_bucket_of_series(silver: tuple[str, list[Uni
         liveness = upsert_rows(liveness, whole.liveness, LIVENESS_KEYS)
     assert {b for b, some in seen if some} == set(range(buckets))  # every bucket had rates
     assert state.height > 0 and lifecycles.height > 0
+
+
+def test_the_plan_takes_the_tables_latest_times_from_what_the_tasks_wrote(
+    silver: tuple[str, list[Units]], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """After a task batch's commit, the next plan's two times come from the maxima the
+    tasks reported of the tables they wrote (nothing read back), equal to reading the
+    tables; once another commit lands on a table, the writer reads it again. The schema
+    registry is read once while it does not change."""
+    root, batches = silver
+    gs = GoldSettings(silver=root, root=str(tmp_path / "gold"), buckets=2)
+    w = GoldBatchWriter(gs, app_id="gold-tops-test")
+    reads: list[str] = []
+    read_arrow = delta.read_arrow
+
+    def counted(path: Any, version: int | None = None) -> Any:
+        reads.append(os.path.basename(os.fspath(path)))
+        return read_arrow(path, version)
+
+    monkeypatch.setattr(delta, "read_arrow", counted)
+    for batch_id, units in enumerate(batches[:2]):
+        files = [[f for s, f in units if s == "sample"], [f for s, f in units if s == "heartbeat"]]
+        plan = w.timed_plan(w.plan_tasks(batch_id, 2, shuffle=False), *batch_times(files, gs.liveness))
+        outs = [compute(b, plan, direct=units) for b in range(2)]
+        w.commit_tasks(plan, outs)
+    assert reads == ["schema_registry"]  # the registry did not change between the batches
+    state, liveness = gs.path("rate_state"), gs.path("agent_liveness")
+    want = {"rate_state": gt.column_max(state, "update_ns"),
+            "agent_liveness": gt.column_max(liveness, "last_heartbeat_ns")}  # fmt: skip
+    assert min(want.values()) > 1795300000000000000
+
+    def no_read(path: str, column: str) -> int:
+        raise AssertionError(f"{path} read")
+
+    monkeypatch.setattr(gt, "column_max", no_read)
+    assert {name: w.table_top(name) for name in want} == want
+    # Another writer's commit (an empty one here): the state is read again, not the rest.
+    assert not delta.commit_staged(state, [], app_id="other", batch_id=0).skipped
+    assert w.table_top("agent_liveness") == want["agent_liveness"]
+    with pytest.raises(AssertionError, match="rate_state read"):
+        w.table_top("rate_state")
+    monkeypatch.setattr(gt, "column_max", lambda p, c: -1)
+    assert w.table_top("rate_state") == -1
+    assert not delta.commit_staged(gs.silver_path("schema_registry"), [], app_id="other", batch_id=0).skipped
+    w.registry_ipc()
+    assert reads == ["schema_registry", "schema_registry"]

@@ -91,6 +91,10 @@ LIVENESS_KEYS = ("agent", "up_start_ns")
 # Up to this many buckets a batch skips the split step: each compute task reads the
 # whole batch (``run_compute_direct``).
 DIRECT_MAX_BUCKETS = 4
+# The time column of a state table whose latest value a batch's plan takes
+# (``GoldBatchWriter.timed_plan``): the tasks that write the table report its maximum
+# over their files (``ComputeOutput.tops``), so the driver need not read it back.
+TIME_COLUMNS = {"agent_liveness": "last_heartbeat_ns", "rate_state": "update_ns"}
 # Tables a compute task rewrites for its agents (the rest of each table is other buckets').
 STATE_TABLES = {
     "object_lifecycles": OBJECT_LIFECYCLES,
@@ -234,6 +238,12 @@ class ComputeOutput:
     # the files of the per-agent facts every rate task reads (activity, keys, gone).
     samples: list[tuple[int, str]] = field(default_factory=list)
     facts: dict[str, str] = field(default_factory=dict)
+    # The task's start and end (``time.time()``): the driver's report of its job's
+    # launch, straggle and return times (``job_timeline``).
+    span: tuple[float, float] = (0.0, 0.0)
+    # The maximum of each ``TIME_COLUMNS`` column over the files of the table this task
+    # wrote (0: none written, or no value), for tables it writes.
+    tops: dict[str, int] = field(default_factory=dict)
 
 
 
@@ -505,7 +515,8 @@ def compute(
     import time
 
     taskworker.settle()
-    t0 = time.perf_counter()
+    started, t0 = time.time(), time.perf_counter()
+    c0 = time.process_time()
     out = ComputeOutput(bucket)
     used: list[str] = []  # files taken from KEPT: dropped once their successors are written
     lifecycles = _table_rows(plan, "object_lifecycles", bucket, out, used)
@@ -557,12 +568,16 @@ def compute(
     # "gold" holds "agent_stage", and without a rate stage "state_read" and "rate_stage".
     out.seconds.update(read=t1 - t0, gold=t2 - t1, agent_stage=t_agent - t1,
                        write=time.perf_counter() - t2)  # fmt: skip
+    out.seconds["cpu"] = time.process_time() - c0
+    out.span = (started, time.time())
     return out
 
 
 def _write_result(plan: GoldPlan, name: str, table: pa.Table, file_name: str, out: ComputeOutput) -> None:
     """A task's rows of a gold table -> one Parquet file in the table's staging folder
     (none when empty), described in ``out``; a state table's frame stays in ``KEPT``."""
+    if name in TIME_COLUMNS:
+        out.tops[name] = max(out.tops.get(name, 0), _column_top(table, TIME_COLUMNS[name]))
     if table.num_rows == 0:
         return
     w = delta.DataFileWriter(os.path.join(dict(plan.staging)[name], file_name), table.schema, unique=())
@@ -620,7 +635,7 @@ def rate_compute(
     import time
 
     taskworker.settle()
-    t0 = time.perf_counter()
+    started, t0 = time.time(), time.perf_counter()
     out = ComputeOutput(bucket)
     used: list[str] = []
     empty = empty_rate_input()
@@ -649,6 +664,7 @@ def rate_compute(
         _write_result(plan, "rate_state", conform(rows, RATE_STATE), name, out)
     KEPT.drop(used)
     out.seconds = {"rate_read": t1 - t0, "rate": t2 - t1, "rate_write": time.perf_counter() - t2}
+    out.span = (started, time.time())
     return out
 
 
@@ -766,6 +782,22 @@ def run_compute_direct(
     return list(rdd.map(lambda t: compute_claimed(t, plan, direct=units)).collect())
 
 
+def job_timeline(outs: Sequence[ComputeOutput], submitted: float, returned: float) -> dict[str, float]:
+    """Where a compute job's wall time went besides its longest task (``time.time()``
+    of the job's submission and return): ``launch``, until its first task started;
+    ``straggle``, from the first task's end to the last's; ``return``, from the last
+    task's end until the driver had every result."""
+    spans = [o.span for o in outs if o.span[1]]
+    if not spans:
+        return {}
+    first_end, last_end = min(e for _s, e in spans), max(e for _s, e in spans)
+    return {
+        "launch": min(s for s, _e in spans) - submitted,
+        "straggle": last_end - first_end,
+        "return": returned - last_end,
+    }
+
+
 def batch_times(
     files: Sequence[Sequence[DataFile]], rules: LivenessRules
 ) -> tuple[int, int]:
@@ -795,14 +827,25 @@ def table_listing(path: str) -> tuple[bytes, int]:
     return pickle.dumps((schema, files)), version
 
 
+def _column_top(t: pa.Table, column: str) -> int:
+    """The largest value of an ns column of ``t`` (0: no rows, or all null)."""
+    v = pc.max(t.column(column)).as_py() if t.num_rows else None
+    return 0 if v is None else int(v)
+
+
 def column_max(path: str, column: str) -> int:
     """The latest value of an ns column of a table (one column read; 0 if empty)."""
     _v, schema, files = delta.snapshot_files(path)
-    top = 0
-    for f in files:
-        t = delta.read_data_file(f, schema, [column])
-        if t.num_rows:
-            v = pc.max(t.column(column)).as_py()
-            if v is not None:
-                top = max(top, int(v))
-    return top
+    return max((_column_top(delta.read_data_file(f, schema, [column]), column) for f in files), default=0)
+
+
+def output_tops(outs: Sequence[ComputeOutput]) -> dict[str, int]:
+    """Each ``TIME_COLUMNS`` table's maximum over the files a batch's tasks wrote: the
+    whole table once they are committed (the tasks rewrite it all), for the tables
+    every task that wrote one reported (a table no task wrote is left out)."""
+    out: dict[str, int] = {}
+    for name in TIME_COLUMNS:
+        tops = [o.tops[name] for o in outs if name in o.tops]
+        if tops:
+            out[name] = max(tops)
+    return out

@@ -273,6 +273,11 @@ class GoldBatchWriter:
         self.reports: list[GoldReport] = []
         # Input rows per bucket of agents of the last task-path batch (auto rate stage).
         self.bucket_rows: dict[int, int] = {}
+        # What this writer knows of tables as of one commit, used while that commit is
+        # the table's latest (``delta.is_latest``): the latest time of each
+        # ``TIME_COLUMNS`` table its tasks wrote, and the registry's Arrow IPC.
+        self._tops: dict[str, tuple[delta.CommitStamp, int]] = {}
+        self._registry: tuple[delta.CommitStamp, bytes] | None = None
 
     @property
     def app_id(self) -> str:
@@ -285,13 +290,10 @@ class GoldBatchWriter:
         path = self.settings.path("rate_state")
         return not delta.replace_arrow(state, path, app_id=self.app_id, batch_id=batch_id).skipped
 
-    def write_state_files(self, files: list[delta.DataFileInfo], batch_id: int) -> bool:
+    def write_state_files(self, files: list[delta.DataFileInfo], batch_id: int) -> delta.CommitResult:
         """The task path's last write: the buckets' state files replace the state."""
         path = self.settings.path("rate_state")
-        result = delta.commit_staged(
-            path, files, app_id=self.app_id, batch_id=batch_id, replace=True
-        )
-        return not result.skipped
+        return delta.commit_staged(path, files, app_id=self.app_id, batch_id=batch_id, replace=True)
 
     def __call__(self, df: DataFrame, batch_id: int) -> None:
         if self._done(batch_id):
@@ -353,16 +355,23 @@ class GoldBatchWriter:
                 )
             plan = self.timed_plan(plan, *times)
             step("times")
+            submitted = time.time()
             if direct:
                 assert files is not None
                 outs = gt.run_compute_direct(spark, files, plan)
             else:
                 outs = gt.run_compute(spark, splits, plan)
             step("compute")
+            timeline = {f"compute_{k}": v for k, v in gt.job_timeline(outs, submitted, time.time()).items()}
             self.bucket_rows = {o.bucket: o.rows.get("input", 0) for o in outs}
             if plan.rate_buckets:
-                outs += gt.run_rates(spark, outs, plan)
+                submitted = time.time()
+                series = gt.run_rates(spark, outs, plan)
                 step("rates")
+                timeline.update(
+                    {f"rates_{k}": v for k, v in gt.job_timeline(series, submitted, time.time()).items()}
+                )
+                outs += series
         except BaseException:
             self.drop_plan(plan)
             raise
@@ -371,7 +380,8 @@ class GoldBatchWriter:
         for o in outs:
             for name, secs in o.seconds.items():
                 steps[f"task_{name}"] = steps.get(f"task_{name}", 0.0) + secs
-        report.steps = steps
+        # The jobs' timelines are parts of "compute" and "rates", not steps of their own.
+        report.steps = steps | {f"job_{k}": v for k, v in timeline.items()}
         self.reports.append(report)
         log.info("gold batch %d (tasks): %s", batch_id, report)
         return report
@@ -398,22 +408,43 @@ class GoldBatchWriter:
                 for name in ("statistic_rates", *gt.STATE_TABLES)
             ),
             rates=s.rates, liveness=s.liveness, keep_bytes=s.keep_mib << 20,
-            registry=to_ipc(delta.read_arrow(s.silver_path("schema_registry"))),
+            registry=self.registry_ipc(),
             tables=tuple((n, gt.table_listing(s.path(n))[0]) for n in gt.STATE_TABLES),
         )  # fmt: skip
+
+    def registry_ipc(self) -> bytes:
+        """The silver schema registry as Arrow IPC, read again only after it changed."""
+        path = self.settings.silver_path("schema_registry")
+        if self._registry is not None and delta.is_latest(path, self._registry[0]):
+            return self._registry[1]
+        stamp = delta.latest_stamp(path)
+        if stamp is None:
+            return to_ipc(delta.read_arrow(path))
+        ipc = to_ipc(delta.read_arrow(path, stamp.version))
+        self._registry = (stamp, ipc)
+        return ipc
+
+    def table_top(self, name: str) -> int:
+        """The latest value of a ``TIME_COLUMNS`` table's time column: what this writer's
+        tasks reported when they wrote it, while their commit is the table's latest
+        (a replay, a compaction or the driver path since: read from the table)."""
+        from pipeline.gold import tasks as gt
+
+        path = self.settings.path(name)
+        known = self._tops.get(name)
+        if known is not None and delta.is_latest(path, known[0]):
+            return known[1]
+        return gt.column_max(path, gt.TIME_COLUMNS[name])
 
     def timed_plan(self, plan: gt.GoldPlan, beat_ns: int, sample_ns: int) -> gt.GoldPlan:
         """The plan with the batch's two times taken over the batch's latest heartbeat and
         sample times and the tables' (``pipeline.gold.tasks``)."""
         import dataclasses
 
-        from pipeline.gold import tasks as gt
-
-        s = self.settings
         return dataclasses.replace(
             plan,
-            now_ns=max(beat_ns, gt.column_max(s.path("agent_liveness"), "last_heartbeat_ns")),
-            latest_ns=max(sample_ns, gt.column_max(s.path("rate_state"), "update_ns")),
+            now_ns=max(beat_ns, self.table_top("agent_liveness")),
+            latest_ns=max(sample_ns, self.table_top("rate_state")),
         )
 
     def drop_plan(self, plan: gt.GoldPlan) -> None:
@@ -426,19 +457,29 @@ class GoldBatchWriter:
         """Commit the compute tasks' files, in order: rates (append), lifecycles, liveness,
         then the rate state last (each replacing the table's files), with the app
         transaction. The plan's folders are removed after, whatever happens."""
+        from pipeline.gold import tasks as gt
+
         s, aid, batch_id = self.settings, self.app_id, plan.batch_id
         report = GoldReport(batch_id, compute_on="tasks", tasks=len(outs))
+        tops = gt.output_tops(outs)
         try:
-            for name in ("statistic_rates", "object_lifecycles", "agent_liveness"):
+            for name in ("statistic_rates", "object_lifecycles", "agent_liveness", "rate_state"):
                 tfiles = [f for o in outs for f in o.files.get(name, ())]
-                result = delta.commit_staged(
-                    s.path(name), tfiles, app_id=aid, batch_id=batch_id,
-                    replace=name != "statistic_rates",
-                )  # fmt: skip
+                if name == "rate_state":
+                    result = self.write_state_files(tfiles, batch_id)
+                else:
+                    result = delta.commit_staged(
+                        s.path(name), tfiles, app_id=aid, batch_id=batch_id,
+                        replace=name != "statistic_rates",
+                    )  # fmt: skip
                 if not result.skipped:
                     report.committed.append(name)
-            if self.write_state_files([f for o in outs for f in o.files.get("rate_state", ())], batch_id):
-                report.committed.append("rate_state")
+                self._tops.pop(name, None)
+                stamp = None if result.skipped or result.version is None else (
+                    delta.commit_stamp(s.path(name), result.version)
+                )  # fmt: skip
+                if stamp is not None and name in tops:
+                    self._tops[name] = (stamp, tops[name])
         finally:
             self.drop_plan(plan)
         for o in outs:

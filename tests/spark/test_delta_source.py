@@ -29,6 +29,7 @@ from pipeline.delta_source import (
     Position,
     batch_start,
     group_files,
+    range_files,
     register,
 )
 from schemas.tables import spark_schema
@@ -243,6 +244,49 @@ def test_reader_offsets_limits_and_available_now(tmp_path: Path) -> None:
     assert as_rows(read_range(r, end, last)) == expected(range(6, 10))
     assert r.latestOffset(last, ReadAllAvailable()) == last
     assert r.reportLatestOffset() == {"version": 6, "index": 0}
+
+
+def test_range_files_lists_a_snapshot_once_and_again_for_a_new_table(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Batches inside a starting snapshot (``range_files``, one reader per call) list the
+    snapshot once per process; a table deleted and made again at the same path, at the
+    same version, is listed anew (its commit files differ)."""
+    import shutil
+
+    from pipeline import delta_source as ds
+
+    path = new_table(tmp_path / "t")
+    rs_append(path, range(0, 4))
+    rs_append(path, range(4, 6))
+    loads: list[int | None] = []
+    table = ds.DeltaLogReader.table
+
+    def counted(self: ds.DeltaLogReader, version: int | None = None) -> DeltaTable:
+        loads.append(version)
+        return table(self, version)
+
+    monkeypatch.setattr(ds.DeltaLogReader, "table", counted)
+    start = {"version": 2, "index": 0, "snapshot": True}
+    middle = {"version": 2, "index": 1, "snapshot": True}
+    end = {"version": 3, "index": 0}
+    first = range_files(path, SPARK_EVENTS, start, middle)
+    second = range_files(path, SPARK_EVENTS, middle, end)
+    assert loads == [2]  # the second batch's reader took the process's listing
+    both = read_range_files(first) + read_range_files(second)
+    assert sorted(both) == list(range(6))
+
+    shutil.rmtree(path)
+    new_table(tmp_path / "t")
+    rs_append(path, range(10, 13))
+    rs_append(path, range(13, 15))
+    again = range_files(path, SPARK_EVENTS, start, end)
+    assert loads == [2, 2]
+    assert sorted(read_range_files(again)) == list(range(10, 15))
+
+
+def read_range_files(files: Sequence[DataFile]) -> list[int]:
+    return [i for f in files for i in pq.read_table(f.path, columns=["id"]).column("id").to_pylist()]
 
 
 def test_initial_offset_does_not_move_when_the_table_does(tmp_path: Path) -> None:
