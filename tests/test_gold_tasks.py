@@ -24,7 +24,6 @@ from pipeline.gold.tasks import (
     KEPT,
     STATE_TABLES,
     Kept,
-    batch_times,
     claim_bucket,
     compute,
     rate_compute,
@@ -119,12 +118,11 @@ def _run_tasks(
 
     claimed = workers is not None and claim
     for batch_id, units in enumerate(batches):
-        files = [[f for s, f in units if s == "sample"], [f for s, f in units if s == "heartbeat"]]
         attempts = 2 if batch_id == fail_commit_of else 1
         rb = 0 if rate_buckets is None else rate_buckets[batch_id]
         for attempt in range(attempts):
             plan = w.plan_tasks(batch_id, 2, rb, shuffle=rb > 0)
-            plan = w.timed_plan(plan, *batch_times(files, gs.liveness))
+            plan = w.timed_plan(plan, 0, 0)  # the direct path: each task takes the batch's own
             outs = []
             for b in range(2):
                 with worker(batch_id, b):
@@ -132,6 +130,7 @@ def _run_tasks(
                         outs.append(gt.compute_claimed(b, plan, direct=units))
                     else:
                         outs.append(compute(b, plan, direct=units))
+            plan = gt.timed_by(plan, outs)  # as the writer does for the rate stage
             facts = [o.facts for o in outs]
             by = {b: [p for o in outs for sb, p in o.samples if sb == b] for b in range(rb)}
             for b in range(rb):
@@ -407,8 +406,7 @@ def test_the_plan_takes_the_tables_latest_times_from_what_the_tasks_wrote(
 
     monkeypatch.setattr(delta, "read_arrow", counted)
     for batch_id, units in enumerate(batches[:2]):
-        files = [[f for s, f in units if s == "sample"], [f for s, f in units if s == "heartbeat"]]
-        plan = w.timed_plan(w.plan_tasks(batch_id, 2, shuffle=False), *batch_times(files, gs.liveness))
+        plan = w.timed_plan(w.plan_tasks(batch_id, 2, shuffle=False), 0, 0)
         outs = [compute(b, plan, direct=units) for b in range(2)]
         w.commit_tasks(plan, outs)
     assert reads == ["schema_registry"]  # the registry did not change between the batches

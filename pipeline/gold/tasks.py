@@ -16,7 +16,9 @@ stable hash of the agent id), and the rates, per series, further into buckets of
    storage); it returns the files' names, row counts and the part's latest heartbeat
    and sample times;
 2. the driver takes the two times over every part and the tables' latest values
-   (liveness, rate state: one column each), and lists the gold tables' files as of now;
+   (liveness, rate state: what the tasks that wrote them last reported, while that
+   commit is the table's latest; else one column each read), and lists the gold tables'
+   files as of now;
 3. **agent stage** (``compute``, one task per bucket of agents): each task reads its
    bucket's input files and its agents' rows of the lifecycles and liveness (files named
    for its bucket; any other file is read and filtered), runs ``agent_stage``, writes its
@@ -32,10 +34,12 @@ stable hash of the agent id), and the rates, per series, further into buckets of
 
 With ``plan.rate_buckets`` 0 there is no rate stage: each agent task reads its agents'
 rate state too and pairs their rates itself. With at most ``DIRECT_MAX_BUCKETS`` buckets
-and the batch's files known, step 1 is skipped (the *direct* path): the driver reads the
-batch's two times itself (the heartbeat files, and one column of the sample files) and
-each agent task reads every silver file of the batch, keeping its bucket's rows. Reading
-a small batch a few times costs less than the split's Spark job and its shuffle files.
+and the batch's files known, step 1 is skipped (the *direct* path): each agent task
+reads every silver file of the batch, keeping its bucket's rows, and takes the batch's
+two times over all of them as the split step does (so every task finds the same; the
+driver gives the tables' values and, for a rate stage, takes the times from the agent
+tasks' outputs). Reading a small batch a few times costs less than the split's Spark
+job and its shuffle files.
 
 A stage runs one task per bucket, and each task *claims* its bucket (``claim_bucket``):
 the one whose tables its Python worker keeps from an earlier batch (``Kept``), else its
@@ -56,7 +60,7 @@ import os
 import re
 import uuid
 from collections.abc import Callable, Iterable, Iterator, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING
 
 import polars as pl
@@ -244,6 +248,9 @@ class ComputeOutput:
     # The maximum of each ``TIME_COLUMNS`` column over the files of the table this task
     # wrote (0: none written, or no value), for tables it writes.
     tops: dict[str, int] = field(default_factory=dict)
+    # The (now_ns, latest_ns) an agent task of the direct path took over the whole batch
+    # and the plan's table values: the rate stage's plan takes them.
+    times: tuple[int, int] = (0, 0)
 
 
 
@@ -259,10 +266,8 @@ def split(parts: Iterable[pl.DataFrame], plan: GoldPlan, tag: str) -> SplitOutpu
     for part in parts:
         if part.height == 0:
             continue
-        beats = part.filter(pl.col("source") == "heartbeat")
-        samples = part.filter(pl.col("source") == "sample")
-        out.beat_ns = max(out.beat_ns, max_ns(heartbeat_rows(beats, plan.liveness)["ts_ns"]))
-        out.sample_ns = max(out.sample_ns, max_ns(samples["update_ns"]))
+        beat, sample = part_times(part, plan.liveness)
+        out.beat_ns, out.sample_ns = max(out.beat_ns, beat), max(out.sample_ns, sample)
         b = bucket_column(input_agent(part, plan.liveness), plan.buckets)
         keyed = part.with_columns(b.alias("_bucket"))
         for (bucket,), rows in keyed.group_by("_bucket"):
@@ -491,16 +496,30 @@ def upsert_rows(existing: pl.DataFrame, changed: pl.DataFrame, keys: Sequence[st
     return pl.concat([kept, changed.select(existing.columns)], how="vertical_relaxed")
 
 
-def _bucket_rows(units: Sequence[tuple[str, DataFile]], bucket: int, plan: GoldPlan) -> pl.DataFrame:
+def part_times(part: pl.DataFrame, rules: LivenessRules) -> tuple[int, int]:
+    """The latest heartbeat and sample times of a part of the batch's gold input (0: none)."""
+    beats = part.filter(pl.col("source") == "heartbeat")
+    samples = part.filter(pl.col("source") == "sample")
+    return max_ns(heartbeat_rows(beats, rules)["ts_ns"]), max_ns(samples["update_ns"])
+
+
+def _bucket_rows(
+    units: Sequence[tuple[str, DataFile]], bucket: int, plan: GoldPlan
+) -> tuple[pl.DataFrame, GoldPlan]:
     """This bucket's rows of the batch, read from every silver file of the batch (the
-    direct path: no split step)."""
+    direct path: no split step), and the plan with the batch's two times, taken over
+    every file (``part_times``, as the split step takes them)."""
     parts = []
+    beat_ns = sample_ns = 0
     for part in read_units(units):
+        beat, sample = part_times(part, plan.liveness)
+        beat_ns, sample_ns = max(beat_ns, beat), max(sample_ns, sample)
         keep = bucket_column(input_agent(part, plan.liveness), plan.buckets) == bucket
         parts.append(part.filter(keep))
+    timed = replace(plan, now_ns=max(plan.now_ns, beat_ns), latest_ns=max(plan.latest_ns, sample_ns))
     if not parts:
-        return _batch_rows([])
-    return pl.concat(parts, how="vertical_relaxed")
+        return _batch_rows([]), timed
+    return pl.concat(parts, how="vertical_relaxed"), timed
 
 
 def compute(
@@ -521,7 +540,11 @@ def compute(
     used: list[str] = []  # files taken from KEPT: dropped once their successors are written
     lifecycles = _table_rows(plan, "object_lifecycles", bucket, out, used)
     liveness = _table_rows(plan, "agent_liveness", bucket, out, used)
-    batch = _batch_rows(shuffled) if direct is None else _bucket_rows(direct, bucket, plan)
+    if direct is None:
+        batch = _batch_rows(shuffled)
+    else:
+        batch, plan = _bucket_rows(direct, bucket, plan)
+    out.times = (plan.now_ns, plan.latest_ns)
     t1 = time.perf_counter()
     registry = from_ipc(plan.registry)
     agents = agent_stage(
@@ -782,6 +805,16 @@ def run_compute_direct(
     return list(rdd.map(lambda t: compute_claimed(t, plan, direct=units)).collect())
 
 
+def timed_by(plan: GoldPlan, outs: Sequence[ComputeOutput]) -> GoldPlan:
+    """The plan with the two times the direct path's agent tasks took over the batch
+    (``ComputeOutput.times``, the same in every task): the rate stage's plan."""
+    return replace(
+        plan,
+        now_ns=max([plan.now_ns, *(o.times[0] for o in outs)]),
+        latest_ns=max([plan.latest_ns, *(o.times[1] for o in outs)]),
+    )
+
+
 def job_timeline(outs: Sequence[ComputeOutput], submitted: float, returned: float) -> dict[str, float]:
     """Where a compute job's wall time went besides its longest task (``time.time()``
     of the job's submission and return): ``launch``, until its first task started;
@@ -796,27 +829,6 @@ def job_timeline(outs: Sequence[ComputeOutput], submitted: float, returned: floa
         "straggle": last_end - first_end,
         "return": returned - last_end,
     }
-
-
-def batch_times(
-    files: Sequence[Sequence[DataFile]], rules: LivenessRules
-) -> tuple[int, int]:
-    """The batch's latest heartbeat and sample times, as the split step takes them, read
-    on the driver for the direct path: the heartbeat files (one row per agent and
-    interval) whole, and one column of the sample files."""
-    samples, beats = files
-    beat_ns = 0
-    for part in read_units([("heartbeat", f) for f in beats]):
-        hb = heartbeat_rows(part.filter(pl.col("source") == "heartbeat"), rules)
-        beat_ns = max(beat_ns, max_ns(hb["ts_ns"]))
-    sample_ns = 0
-    times = pa.schema([pa.field("update_ns", pa.int64())])
-    for f in samples:
-        for b in read_file(f, times):
-            top = pc.max(b.column(0)).as_py() if b.num_rows else None
-            if top is not None:
-                sample_ns = max(sample_ns, int(top))
-    return beat_ns, sample_ns
 
 
 def table_listing(path: str) -> tuple[bytes, int]:

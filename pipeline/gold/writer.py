@@ -32,7 +32,7 @@ import logging
 import os
 import threading
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import datetime
 from typing import TYPE_CHECKING
 
@@ -341,8 +341,7 @@ class GoldBatchWriter:
         try:
             splits: list[gt.SplitOutput] = []
             if direct:
-                assert files is not None
-                times = gt.batch_times(files, self.settings.liveness)
+                times = (0, 0)  # each agent task takes them over the whole batch it reads
             else:
                 if files is not None:
                     splits = gt.run_split_units(spark, gt.split_units(files, parallelism), plan)
@@ -364,6 +363,8 @@ class GoldBatchWriter:
             step("compute")
             timeline = {f"compute_{k}": v for k, v in gt.job_timeline(outs, submitted, time.time()).items()}
             self.bucket_rows = {o.bucket: o.rows.get("input", 0) for o in outs}
+            if direct:
+                plan = gt.timed_by(plan, outs)
             if plan.rate_buckets:
                 submitted = time.time()
                 series = gt.run_rates(spark, outs, plan)
@@ -439,9 +440,7 @@ class GoldBatchWriter:
     def timed_plan(self, plan: gt.GoldPlan, beat_ns: int, sample_ns: int) -> gt.GoldPlan:
         """The plan with the batch's two times taken over the batch's latest heartbeat and
         sample times and the tables' (``pipeline.gold.tasks``)."""
-        import dataclasses
-
-        return dataclasses.replace(
+        return replace(
             plan,
             now_ns=max(beat_ns, self.table_top("agent_liveness")),
             latest_ns=max(sample_ns, self.table_top("rate_state")),
