@@ -29,7 +29,9 @@ publish interval. Then:
   is still printed, and in ``RESULT`` (``ceiling_compute_only_per_core``,
   ``vs_ceiling_compute_only``);
 * ``efficiency`` = rows/s at 2 cores / (2 x rows/s at 1 core) and ``vs_ceiling`` =
-  rows/s per core at 2 cores / the 1-process ceiling, as for silver.
+  rows/s per core at 2 cores / the 1-process ceiling, as for silver. As there, the
+  1-process ceiling runs again after the masters (the higher of its two runs counts),
+  and ``--rounds N`` runs the masters N times in turn, each master's best run counting.
 
 The agents' split over the two buckets is printed: buckets hold whole agents, so an
 uneven split (a stable hash of 8 agent ids) caps the 2-core figures for gold and
@@ -362,10 +364,12 @@ def run(args: Any, work: Path) -> dict[str, Any]:
           "per bucket, tables carried in memory, rates/state/lifecycles written as Parquet; "
           "1 process (both buckets), 2 (one each):")
     ceiling: dict[int, dict[str, float]] = {}
-    for procs in (1, 2):
-        c = ceiling[procs] = run_ceiling(
-            m["silver"], n, args.warm, procs, work / "runs" / f"gold-ceiling-{procs}"
-        )
+
+    def measure_ceiling(procs: int) -> None:
+        """The ceiling at ``procs`` processes; the higher of its runs counts."""
+        c = run_ceiling(m["silver"], n, args.warm, procs, work / "runs" / f"gold-ceiling-{procs}")
+        if procs not in ceiling or c["records_per_s"] > ceiling[procs]["records_per_s"]:
+            ceiling[procs] = c
         print(f"    {procs} process(es): {c['records_per_s']:>9,.0f} rows/s ({c['records']:,} rows, "
               f"{c['rates']:,} rate rows, {c['seconds']:.2f} s, {c['cpu_s']:.2f} CPU-s; other "
               f"processes {c['others_core']:.2f} of a core"
@@ -373,6 +377,9 @@ def run(args: Any, work: Path) -> dict[str, Any]:
               + f"; per batch: reading the batch {c['read_s']:.3f} s, gold_batch "
               f"{c['gold_s']:.3f} s, writes {c['write_s']:.3f} s; without the read "
               f"{c['compute_only_per_s']:,.0f} rows/s)")  # fmt: skip
+
+    for procs in (1, 2):
+        measure_ceiling(procs)
     runs: dict[str, dict[str, Any]] = {}
     masters = parse_masters(args.masters)
     for need in (ONE_CORE, TWO_CORES):
@@ -381,7 +388,9 @@ def run(args: Any, work: Path) -> dict[str, Any]:
     rb = "auto" if args.gold_rate_buckets is None else args.gold_rate_buckets
     print(f"\n  the gold stream, compute_on=tasks, {BUCKETS} buckets of agents, rate stage: "
           f"{rb} buckets of series, {n} silver commit(s) per micro-batch:")
-    for master in masters:
+    for rnd, master in itertools.product(range(args.rounds), masters):
+        if args.rounds > 1 and master == masters[0]:
+            print(f"\n    round {rnd + 1} of {args.rounds}:")
         label = f"gold-{master.replace('[', '-').replace(']', '').replace(',', '-')}"
         cfg = {
             "kind": "gold", "label": label, "master": master, "silver": m["silver"],
@@ -393,7 +402,8 @@ def run(args: Any, work: Path) -> dict[str, Any]:
         res = run_child(cfg)
         shutil.rmtree(cfg["run"], ignore_errors=True)
         s = res["steady"] = steady(res, args.warm)
-        runs[master] = res
+        if master not in runs or s["records_per_s"] > runs[master]["steady"]["records_per_s"]:
+            runs[master] = res  # each master's best run counts
         tag = "DISTURBED" if res["others_cpu_s"] / res["wall_s"] > DISTURBED_CORE else ""
         print(f"    {master}: {s['records_per_s']:,.0f} rows/s steady ({s['batches']} batches, "
               f"{s['trigger_s']:.2f} s per batch: writer {s['writer_s']:.2f} s, offset+commit "
@@ -407,6 +417,8 @@ def run(args: Any, work: Path) -> dict[str, Any]:
         if res["rate_rows"] != ceiling[1]["rates"]:
             print(f"    NOTE: {master} wrote {res['rate_rows']:,} rate rows, the ceiling "
                   f"{ceiling[1]['rates']:,}")  # fmt: skip
+    print("\n  the ceiling again, 1 process (drift check; the higher counts):")
+    measure_ceiling(1)
     ceil = ceiling[1]["records_per_s"]
     one = runs[ONE_CORE]["steady"]["records_per_s"]
     ceil_eff = ceiling[2]["records_per_s"] / (2 * ceil)
