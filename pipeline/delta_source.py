@@ -72,6 +72,8 @@ if TYPE_CHECKING:
     from deltalake import DeltaTable
     from pyspark.sql import SparkSession
 
+    from pipeline.delta import CommitStamp
+
 log = logging.getLogger(__name__)
 
 NAME = "qmf-delta"
@@ -444,14 +446,6 @@ class DeltaLogReader:
         check_protocol(dt, write=False)
         return dt
 
-    def _stamp(self, version: int) -> tuple[int, int, int] | None:
-        """What identifies commit ``version``'s file (inode, mtime, size); None without it."""
-        try:
-            st = os.stat(self.commit_path(version))
-        except OSError:
-            return None
-        return st.st_ino, st.st_mtime_ns, st.st_size
-
     def snapshot(self, version: int) -> list[DataFile]:
         """All live files of ``version``, ordered by (modification time, path) like Delta.
 
@@ -461,12 +455,14 @@ class DeltaLogReader:
         once per batch (26 ms a batch for gold's two silver tables of 24 commits)."""
         if self._snapshot is not None and self._snapshot[0] == version:
             return self._snapshot[1]
-        stamp = self._stamp(version)
+        from pipeline.delta import commit_stamp
+
+        stamp = commit_stamp(self.root, version)
         with _SNAPSHOTS_LOCK:
             kept = _SNAPSHOTS.get(self.root)
-        if stamp is not None and kept is not None and kept[:2] == (version, stamp):
-            self._snapshot = (version, kept[2])
-            return kept[2]
+        if stamp is not None and kept is not None and kept[0] == stamp:
+            self._snapshot = (version, kept[1])
+            return kept[1]
         dt = self.table(version)
         adds = pa.table(dt.get_add_actions(flatten=True))
         parts = list(dt.metadata().partition_columns)
@@ -500,14 +496,14 @@ class DeltaLogReader:
         self._snapshot = (version, files)
         if stamp is not None:
             with _SNAPSHOTS_LOCK:
-                _SNAPSHOTS[self.root] = (version, stamp, files)
+                _SNAPSHOTS[self.root] = (stamp, files)
         return files
 
 
 # The latest snapshot listed of each table in this process (``DeltaLogReader.snapshot``):
-# root -> (version, stamp of that version's commit file, its files). A table deleted and
-# made again at the same path writes new commit files, whose stamps differ.
-_SNAPSHOTS: dict[str, tuple[int, tuple[int, int, int], list[DataFile]]] = {}
+# root -> (the stamp of that version's commit file, its files). A table deleted and made
+# again at the same path writes new commit files, whose stamps differ.
+_SNAPSHOTS: dict[str, tuple[CommitStamp, list[DataFile]]] = {}
 _SNAPSHOTS_LOCK = threading.Lock()
 
 

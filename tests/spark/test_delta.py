@@ -24,9 +24,12 @@ from pipeline.delta import (
     append_arrow,
     append_batch,
     commit_files,
+    commit_stamp,
     committed_batch,
     create_table,
+    is_latest,
     iter_batches,
+    latest_stamp,
     live_files,
     merge_batch,
     no_dictionary,
@@ -190,6 +193,28 @@ def test_schema_mismatching_file_refused_before_commit(tmp_path: Path) -> None:
     with pytest.raises(SchemaMismatchError, match="non-nullable column 'day' has 1 nulls"):
         commit_files(path, [("nulls.parquet", {})], app_id="job", batch_id=0)
     assert DeltaTable(str(path)).version() == 0
+
+
+def test_a_commit_stamp_holds_until_the_next_commit_or_a_new_table(tmp_path: Path) -> None:
+    """What a writer keeps of its own commit holds while ``is_latest``: a later commit, or
+    the table deleted and made again at the same path (same versions), ends it."""
+    import shutil
+
+    path = tmp_path / "events"
+    create_table(path, EVENTS)
+    assert latest_stamp(tmp_path / "none") is None and commit_stamp(path, 1) is None
+    first = latest_stamp(path)
+    assert first is not None and first.version == 0 and is_latest(path, first)
+    append_arrow(pa.Table.from_pylist([event(1)], schema=EVENTS), str(path), app_id="job", batch_id=0)
+    second = latest_stamp(path)
+    assert second is not None and second.version == 1 and second == commit_stamp(path, 1)
+    assert not is_latest(path, first) and is_latest(path, second) and not is_latest(path, None)
+    shutil.rmtree(path)
+    create_table(path, EVENTS)
+    append_arrow(pa.Table.from_pylist([event(2)], schema=EVENTS), str(path), app_id="job", batch_id=0)
+    again = latest_stamp(path)
+    assert again is not None and again.version == 1 and again != second
+    assert not is_latest(path, second) and is_latest(path, again)
 
 
 def test_add_actions_carry_stats(spark: SparkSession, tmp_path: Path) -> None:
