@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Sequence
 from typing import Any
 
@@ -67,6 +68,39 @@ def test_a_hash_collision_falls_back_to_the_exact_string_order() -> None:
         for k in set(keys):
             ts = [u for kk, u in zip(keys, t["update_ns"], strict=True) if kk == k]
             assert ts == sorted(ts)
+
+
+def test_the_series_order_is_a_stable_sort_by_series_state_time_and_arrival() -> None:
+    """Each series' values come state first, then by sample time, partition, offset,
+    record index and, all equal, row number, for series of a few values (the insertion
+    sort) and of more than ``_SMALL_GROUP`` (the fallback), whatever the input order."""
+    rng = np.random.default_rng(7)
+    rows = [("q1", "enq", float(rng.integers(0, 30)), 1.0) for _ in range(tg._SMALL_GROUP + 9)]
+    rows += [("q2", "enq", float(t), 1.0) for t in (20, 0, 10)] + [("q2", "deq", 5.0, 1.0)]
+    v = values(rows).with_columns(
+        offset=pl.Series(rng.integers(0, 4, len(rows))),  # ties: the row number decides
+        record_index=pl.Series(rng.integers(0, 2, len(rows))),
+        is_state=pl.Series([i % 11 == 0 for i in range(len(rows))]),
+    )
+    shuffled = v[rng.permutation(v.height)]
+    for t in (v, shuffled):
+        perm, newgrp = tg._series_order(t)
+        assert sorted(perm.tolist()) == list(range(t.height)) and int(newgrp.sum()) == 3
+        want = sorted(
+            range(t.height),
+            key=lambda r: (t["series"][r], t["statistic"][r], not t["is_state"][r],
+                           t["update_ns"][r], t["offset"][r], t["record_index"][r], r),
+        )  # fmt: skip
+        starts = [*np.flatnonzero(newgrp).tolist(), t.height]
+        got = sorted(perm[a:b].tolist() for a, b in itertools.pairwise(starts))
+        expect: list[list[int]] = []
+        for r in want:
+            key = (t["series"][r], t["statistic"][r])
+            if expect and (t["series"][expect[-1][0]], t["statistic"][expect[-1][0]]) == key:
+                expect[-1].append(r)
+            else:
+                expect.append([r])
+        assert got == sorted(expect)
 
 
 def test_pairs_per_series_and_exact_rates() -> None:
