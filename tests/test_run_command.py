@@ -119,12 +119,16 @@ def test_readme_main_command_lands_every_published_message_once(
 
 
 def test_qmf_run_console_asks_the_agents(isolated_broker: Any, tmp_path: Path) -> None:
-    """--console: the embedded receiver sends B/P/Q (and S for unseen classes); replies land."""
+    """--console: the embedded receiver sends B/P/Q (and S for unseen classes); replies land.
+
+    The run lasts 15 s: the queries go out once the console's link is up, and each one
+    crosses the broker twice (request, reply); in a CI run beside another test worker
+    and its Spark session, 5 s saw one of the two Command Completes (2026-12-02)."""
     data = tmp_path / "data"
     queue = f"qmf.test-run-{uuid.uuid4().hex[:8]}"
     cmd = [
         sys.executable, "-m", "pipeline.cli", "run", "--data", str(data), "--queue", queue,
-        "--duration", "5", "--agents", "1", "--queues", "3", "--console", "AM1", "--json",
+        "--duration", "15", "--agents", "1", "--queues", "3", "--console", "AM1", "--json",
     ]  # fmt: skip
     env = _node_env(isolated_broker)
     try:
