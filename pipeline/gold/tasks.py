@@ -534,8 +534,7 @@ def compute(
     import time
 
     taskworker.settle()
-    started, t0 = time.time(), time.perf_counter()
-    c0 = time.process_time()
+    started, t0, c0 = time.time(), time.perf_counter(), time.process_time()
     out = ComputeOutput(bucket)
     used: list[str] = []  # files taken from KEPT: dropped once their successors are written
     lifecycles = _table_rows(plan, "object_lifecycles", bucket, out, used)
@@ -658,7 +657,7 @@ def rate_compute(
     import time
 
     taskworker.settle()
-    started, t0 = time.time(), time.perf_counter()
+    started, t0, c0 = time.time(), time.perf_counter(), time.process_time()
     out = ComputeOutput(bucket)
     used: list[str] = []
     empty = empty_rate_input()
@@ -686,7 +685,8 @@ def rate_compute(
         name = series_file_name(plan.batch_id, plan.rate_buckets, bucket, keyed=is_keyed)
         _write_result(plan, "rate_state", conform(rows, RATE_STATE), name, out)
     KEPT.drop(used)
-    out.seconds = {"rate_read": t1 - t0, "rate": t2 - t1, "rate_write": time.perf_counter() - t2}
+    out.seconds = {"rate_read": t1 - t0, "rate": t2 - t1, "rate_write": time.perf_counter() - t2,
+                   "cpu": time.process_time() - c0}  # fmt: skip
     out.span = (started, time.time())
     return out
 
