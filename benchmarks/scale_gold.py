@@ -281,7 +281,7 @@ def _ceiling_worker(
     for k in spent:
         spent[k] = 0.0
     ready.wait()
-    t0, c0 = time.monotonic(), time.process_time()
+    t0, c0, k0 = time.monotonic(), time.process_time(), os.times().system
     n = r = 0
     for batch_id, units in enumerate(batches[warm:], start=warm):
         r0 = time.monotonic()
@@ -290,6 +290,7 @@ def _ceiling_worker(
         for k in buckets:
             a, b = one(batch_id, k, parts[k], out)
             n, r = n + a, r + b
+    spent["sys"] = os.times().system - k0
     results.put((n, r + warm_rates, t0, time.monotonic(), time.process_time() - c0, dict(spent)))
 
 
@@ -315,6 +316,7 @@ def run_ceiling(silver: str, per_batch: int, warm: int, procs: int, out: Path) -
             "read_s": sum(g[5]["read"] for g in got) / batches,
             "compute_only_per_s": n / (wall - max(g[5]["read"] for g in got)),
             "gold_s": sum(g[5]["gold"] for g in got) / batches,
+            "sys_s": sum(g[5]["sys"] for g in got),
             "write_s": sum(g[5]["write"] for g in got) / batches}  # fmt: skip
 
 
@@ -371,7 +373,8 @@ def run(args: Any, work: Path) -> dict[str, Any]:
         if procs not in ceiling or c["records_per_s"] > ceiling[procs]["records_per_s"]:
             ceiling[procs] = c
         print(f"    {procs} process(es): {c['records_per_s']:>9,.0f} rows/s ({c['records']:,} rows, "
-              f"{c['rates']:,} rate rows, {c['seconds']:.2f} s, {c['cpu_s']:.2f} CPU-s; other "
+              f"{c['rates']:,} rate rows, {c['seconds']:.2f} s, {c['cpu_s']:.2f} CPU-s of which "
+              f"{c['sys_s']:.2f} in the kernel; other "
               f"processes {c['others_core']:.2f} of a core"
               + (": DISTURBED)" if c["others_core"] > DISTURBED_CORE else ")")
               + f"; per batch: reading the batch {c['read_s']:.3f} s, gold_batch "
