@@ -361,6 +361,7 @@ def run_pinned(
     ready.wait(timeout=ready_s)
     load = OtherLoad(tree=False)
     got = [results.get(timeout=1800) for _ in workers]
+    load.stop()  # the workers' exits are not load of others
     for w in workers:
         w.join()
     return got, load
@@ -507,6 +508,7 @@ class OtherLoad:
         self.tree = tree
         self.busy0 = self._busy()
         self.mine0 = self._mine()
+        self.end: tuple[float, dict[int, float]] | None = None
 
     def _busy(self) -> float:
         t = self._psutil.cpu_times()
@@ -523,9 +525,15 @@ class OtherLoad:
                 continue
         return out
 
+    def stop(self) -> None:
+        """End the measured span here (later calls of ``others_cpu_s`` count up to it):
+        for workers that report their CPU time and then exit, whose exit (freeing their
+        memory) is not part of the measurement."""
+        self.end = (self._busy(), self._mine())
+
     def others_cpu_s(self, extra_cpu_s: float = 0.0) -> float:
-        busy = self._busy() - self.busy0
-        now = self._mine()
+        busy, now = self.end if self.end is not None else (self._busy(), self._mine())
+        busy -= self.busy0
         mine = sum(v - self.mine0.get(pid, 0.0) for pid, v in now.items()) + extra_cpu_s
         return max(0.0, busy - mine)
 

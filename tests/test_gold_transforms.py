@@ -158,6 +158,22 @@ def intervals(p: tg.Pairs) -> list[tuple[float, float, float | None, float | Non
     ]
 
 
+def test_the_state_loses_the_series_of_deleted_objects_of_that_agent_only() -> None:
+    """``state_from_pairs``: every series of a gone (agent, object id) leaves, keyed by its
+    index key or by the id; the same id under another agent stays; the order is kept."""
+    state = pl.DataFrame({
+        "agent": ["a", "b", "a", "a", "c"],
+        "object_id": ["o1", "o1", "o2", "o1", "o9"],
+        "series": ["k1", "k1", "k2", "o1", "k9"],
+    })  # fmt: skip
+    gone = pl.DataFrame({"agent": ["a", "a", "z"], "object_id": ["o1", "o1", "o2"]})
+    got = tg.state_from_pairs(state, gone)
+    assert got.rows() == [("b", "o1", "k1"), ("a", "o2", "k2"), ("c", "o9", "k9")]
+    none = pl.DataFrame(schema={"agent": pl.Utf8, "object_id": pl.Utf8})
+    assert tg.state_from_pairs(state, none).equals(state)
+    assert tg.state_from_pairs(state, pl.DataFrame({"agent": ["b"], "object_id": ["o7"]})).equals(state)
+
+
 def test_a_delete_closes_the_interval_however_short() -> None:
     """(a) A queue deleted 0.6 s after its first statistics sample: its 24 dequeues reach gold."""
     p = tg.pair_values(samples([("tq", 0.0, 0.0), ("tq", 0.6, 24.0)], deleted_at=0.6), tg.RateRules())

@@ -819,16 +819,21 @@ def timed_by(plan: GoldPlan, outs: Sequence[ComputeOutput]) -> GoldPlan:
 def job_timeline(outs: Sequence[ComputeOutput], submitted: float, returned: float) -> dict[str, float]:
     """Where a compute job's wall time went besides its longest task (``time.time()``
     of the job's submission and return): ``launch``, until its first task started;
-    ``straggle``, from the first task's end to the last's; ``return``, from the last
-    task's end until the driver had every result."""
+    ``skew``, from the first task's start to the last's; ``straggle``, from the first
+    task's end to the last's; ``return``, from the last task's end until the driver had
+    every result; ``off_cpu``, the tasks' wall time beyond their CPU time, summed (waiting
+    for a core or for I/O)."""
     spans = [o.span for o in outs if o.span[1]]
     if not spans:
         return {}
     first_end, last_end = min(e for _s, e in spans), max(e for _s, e in spans)
+    first_start = min(s for s, _e in spans)
     return {
-        "launch": min(s for s, _e in spans) - submitted,
+        "launch": first_start - submitted,
+        "skew": max(s for s, _e in spans) - first_start,
         "straggle": last_end - first_end,
         "return": returned - last_end,
+        "off_cpu": sum(o.span[1] - o.span[0] - o.seconds.get("cpu", 0.0) for o in outs if o.span[1]),
     }
 
 

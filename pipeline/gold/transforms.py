@@ -795,10 +795,21 @@ def deleted_objects(identified: pl.DataFrame) -> pl.DataFrame:
 
 def state_from_pairs(state: pl.DataFrame, gone: pl.DataFrame | None = None) -> pl.DataFrame:
     """The baselines of ``pair_values`` minus every series of the objects ``gone``
-    (``deleted_objects``): also a series keyed by the object id."""
-    if gone is None:
+    (``deleted_objects``): also a series keyed by the object id. Few objects go in a
+    batch: the rows of their object ids are found first (an anti join of the whole
+    state cost ~35 ms a bucket even with none gone), then matched by agent too."""
+    if gone is None or gone.height == 0:
         return state
-    return state.join(gone, on=["agent", "object_id"], how="anti")
+    ids = pl.col("object_id").is_in(gone["object_id"].unique().implode()).fill_null(False)
+    cand = state.select(ids).to_series()
+    if not cand.any():
+        return state
+    hit = state.with_row_index("_r").filter(cand).join(
+        gone.unique(), on=["agent", "object_id"], how="semi"
+    )["_r"]
+    keep = np.ones(state.height, np.bool_)
+    keep[hit.to_numpy()] = False
+    return state.filter(pl.Series(keep))
 
 
 # ------------------------------------------------------------------ lifecycles
