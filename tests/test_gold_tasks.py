@@ -430,3 +430,17 @@ def test_the_plan_takes_the_tables_latest_times_from_what_the_tasks_wrote(
     assert not delta.commit_staged(gs.silver_path("schema_registry"), [], app_id="other", batch_id=0).skipped
     w.registry_ipc()
     assert reads == ["schema_registry", "schema_registry"]
+
+
+def test_a_jobs_timeline_is_taken_from_its_tasks_spans_and_cpu() -> None:
+    """``job_timeline``: launch to the first start, skew between starts, straggle between
+    ends, return after the last end, and the tasks' wall time beyond their CPU time;
+    a task that never ran (no span) is left out."""
+    outs = [
+        gt.ComputeOutput(0, seconds={"cpu": 1.5}, span=(10.25, 12.0)),
+        gt.ComputeOutput(1, seconds={"cpu": 1.0}, span=(10.5, 12.75)),
+        gt.ComputeOutput(2),
+    ]
+    got = gt.job_timeline(outs, submitted=10.0, returned=13.0)
+    assert got == {"launch": 0.25, "skew": 0.25, "straggle": 0.75, "return": 0.25, "off_cpu": 1.5}
+    assert gt.job_timeline([gt.ComputeOutput(0)], 1.0, 2.0) == {}
