@@ -338,6 +338,8 @@ def steady(res: dict[str, Any], warm: int) -> dict[str, float]:
         "kept": sum(b["kept"] for b in bs), "read": sum(b["read"] for b in bs),
         "steps": {k: sum(b["steps"].get(k, 0.0) for b in bs) / n
                   for k in sorted({k for b in bs for k in b["steps"]})},
+        "durations": {k: sum(b.get("durations_s", {}).get(k, 0.0) for b in bs) / n
+                      for k in sorted({k for b in bs for k in b.get("durations_s", {})})},
     }  # fmt: skip
 
 
@@ -418,6 +420,9 @@ def run(args: Any, work: Path) -> dict[str, Any]:
               f"memory {s['kept']} of {s['kept'] + s['read']} {tag}")  # fmt: skip
         print("      writer's steps per batch (s): "
               + ", ".join(f"{k} {v:.3f}" for k, v in s["steps"].items()))  # fmt: skip
+        # The query's own phases (its progress' durationMs): addBatch holds the writer.
+        print("      the query's phases per batch (s): "
+              + ", ".join(f"{k} {v:.3f}" for k, v in s["durations"].items()))  # fmt: skip
         assert all(b["compute_on"] == "tasks" for b in res["batches"]), master
         if res["rate_rows"] != ceiling[1]["rates"]:
             print(f"    NOTE: {master} wrote {res['rate_rows']:,} rate rows, the ceiling "
