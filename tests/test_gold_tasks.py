@@ -432,6 +432,32 @@ def test_the_plan_takes_the_tables_latest_times_from_what_the_tasks_wrote(
     assert reads == ["schema_registry", "schema_registry"]
 
 
+def test_a_batch_is_known_done_from_the_writers_own_commit_until_another_lands(
+    silver: tuple[str, list[Units]], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``_done`` after a task batch's commit: the writer's own rate-state commit says
+    which batch is the last committed (no table opened) while it is the table's latest;
+    after another commit, the table's transaction is read again, and says the same."""
+    root, batches = silver
+    gs = GoldSettings(silver=root, root=str(tmp_path / "gold"), buckets=2)
+    w = GoldBatchWriter(gs, app_id="gold-done-test")
+    plan = w.timed_plan(w.plan_tasks(0, 2, shuffle=False), 0, 0)
+    w.commit_tasks(plan, [compute(b, plan, direct=batches[0]) for b in range(2)])
+    opened: list[str] = []
+    committed_batch = delta.committed_batch
+
+    def counted(path: Any, app_id: str) -> int | None:
+        opened.append(app_id)
+        return committed_batch(path, app_id)
+
+    monkeypatch.setattr(delta, "committed_batch", counted)
+    assert w._done(0) and not w._done(1)
+    assert opened == []
+    assert not delta.commit_staged(gs.path("rate_state"), [], app_id="other", batch_id=0).skipped
+    assert w._done(0) and not w._done(1)
+    assert opened == ["gold-done-test", "gold-done-test"]
+
+
 def test_a_jobs_timeline_is_taken_from_its_tasks_spans_and_cpu() -> None:
     """``job_timeline``: launch to the first start, skew between starts, straggle between
     ends, return after the last end, and the tasks' wall time beyond their CPU time;

@@ -278,6 +278,9 @@ class GoldBatchWriter:
         # ``TIME_COLUMNS`` table its tasks wrote, and the registry's Arrow IPC.
         self._tops: dict[str, tuple[delta.CommitStamp, int]] = {}
         self._registry: tuple[delta.CommitStamp, bytes] | None = None
+        # The rate state's commit of this writer's last batch, and that batch id: while it
+        # is the table's latest, it is the last batch committed (``_done``).
+        self._last: tuple[delta.CommitStamp, int] | None = None
 
     @property
     def app_id(self) -> str:
@@ -479,6 +482,8 @@ class GoldBatchWriter:
                 )  # fmt: skip
                 if stamp is not None and name in tops:
                     self._tops[name] = (stamp, tops[name])
+                if name == "rate_state":
+                    self._last = None if stamp is None else (stamp, batch_id)
         finally:
             self.drop_plan(plan)
         for o in outs:
@@ -489,7 +494,11 @@ class GoldBatchWriter:
         return report
 
     def _done(self, batch_id: int) -> bool:
-        done = delta.committed_batch(self.settings.path("rate_state"), self.app_id)
+        path = self.settings.path("rate_state")
+        if self._last is not None and delta.is_latest(path, self._last[0]):
+            done: int | None = self._last[1]  # no commit since ours: saves a table open
+        else:
+            done = delta.committed_batch(path, self.app_id)
         if done is not None and batch_id <= done:
             log.info("gold batch %d already committed: skipped", batch_id)
             self.reports.append(GoldReport(batch_id))
