@@ -609,9 +609,9 @@ def _series_order(
     within each series, by the order columns and the row number (a numba insertion
     sort: a series has a few values per batch; longer runs by ``np.lexsort``). The
     series' order among themselves is arbitrary: results take rows in their own order
-    (``_rows_at``). About a third of ``np.lexsort``'s cost over all six keys, and the
-    gathers by the permutation stay nearly sequential (2026-12-02). The rows themselves never move,
-    since a gather of the string columns costs several times the sort. A hash collision
+    (``_rows_at``). About half of ``np.lexsort``'s cost over all six keys, and the
+    gathers by the permutation stay nearly sequential (2026-12-02). The rows themselves
+    never move, since a gather of the string columns costs several times the sort. A hash collision
     cannot merge two series unless a second, independently seeded hash collides too
     (about n^2/2^129 per batch of n series: 1e-27 at a million); a first-hash collision
     is detected (the second hash changes inside a group) and the order is then taken by
