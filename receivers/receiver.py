@@ -66,6 +66,7 @@ from proton import (
     Message,
     Receiver,
     Sender,
+    Session,
     symbol,
 )
 from proton.handlers import EndpointStateHandler, MessagingHandler
@@ -739,6 +740,7 @@ class QmfReceiver:
         self._fatal: str | None = None
         self._stop_requested = False
         self._stopped = False
+        self._close_note = "no connection was open"
         self._stopped_receiving = False
         self._url_index = 0
         self._generation = 0
@@ -1251,6 +1253,49 @@ class QmfReceiver:
         log.warning("disconnected (%s); reconnecting in %.1f s", why, delay)
         self._reconnect_at = time.monotonic() + delay
 
+    @property
+    def close_note(self) -> str:
+        """How the last stop ended the connection: whether the broker confirmed it."""
+        return self._close_note
+
+    def _close_in_order(self, c: Container, conn: Connection | None, deadline: float) -> bool:
+        """End the sessions, then close the connection, each on the broker's answer.
+
+        True once the broker has answered both. A broker handles a session's frames
+        in order and answers its ``end`` after the dispositions sent before it
+        (RabbitMQ 3.10 acks each of them to its queue first), so the answer means
+        every settlement arrived. Closing the connection right after the last
+        dispositions leaves the broker to tear the session down with them perhaps
+        unread: those messages would come again to the next receiver.
+        """
+        if conn is None or not (conn.state & Endpoint.LOCAL_ACTIVE) or conn.transport is None:
+            return False
+        sessions: list[Session] = []
+        ssn = conn.session_head(Endpoint.LOCAL_ACTIVE)
+        while ssn is not None:
+            sessions.append(ssn)
+            ssn = ssn.next(Endpoint.LOCAL_ACTIVE)  # type: ignore[no-untyped-call]
+        for ssn in sessions:
+            ssn.close()
+        ended = self._process_until(
+            c, conn, lambda: all(s.state & Endpoint.REMOTE_CLOSED for s in sessions), deadline
+        )
+        conn.close()
+        closed = self._process_until(
+            c, conn, lambda: bool(conn.state & Endpoint.REMOTE_CLOSED), deadline
+        )
+        return ended and closed
+
+    @staticmethod
+    def _process_until(
+        c: Container, conn: Connection, done: Callable[[], bool], deadline: float
+    ) -> bool:
+        """Run the reactor until ``done()``, the transport goes or the deadline passes."""
+        while not done():
+            if time.monotonic() >= deadline or conn.transport is None or not c.process():
+                return False
+        return True
+
     def _shutdown(self) -> None:
         """Land what is in hand, settle, close the connection, wind the reactor down."""
         if self._stopped:
@@ -1266,21 +1311,20 @@ class QmfReceiver:
             self._stopped_receiving = True
             deadline = time.monotonic() + self.config.stop_timeout_s
             if c is not None:
-                conn = self._conn
-                with contextlib.suppress(Exception):
-                    if conn is not None and conn.state & Endpoint.LOCAL_ACTIVE:
-                        conn.close()
-                    while (
-                        conn is not None
-                        and time.monotonic() < deadline
-                        and not (conn.state & Endpoint.REMOTE_CLOSED)
-                        and conn.transport is not None
-                    ):
-                        if not c.process():
-                            break
-                    if conn is not None and conn.state & Endpoint.REMOTE_CLOSED:
-                        # The broker closed after every disposition we sent: all settled.
-                        self._advance_marker(grace_s=0.0, force=True)
+                confirmed = False
+                try:
+                    confirmed = self._close_in_order(c, self._conn, deadline)
+                except Exception as exc:  # a broken transport: the broker keeps what it lacks
+                    log.warning("closing the connection failed: %s", exc)
+                if confirmed:
+                    # The broker ended the session after every disposition we sent.
+                    self._advance_marker(grace_s=0.0, force=True)
+                    self._close_note = "the broker confirmed every settlement"
+                elif self._conn is not None:
+                    self._close_note = (
+                        f"the broker did not confirm the close within {self.config.stop_timeout_s} s:"
+                        " what landed since the settle marker stays in doubt"
+                    )
                 self._stopped = True
                 with contextlib.suppress(Exception):
                     c.stop()
@@ -1292,10 +1336,11 @@ class QmfReceiver:
                 self._writer.close(self.config.stop_timeout_s)
             self.sink.close()
             log.info(
-                "stopped: %d received, %d landed, %d settled",
+                "stopped: %d received, %d landed, %d settled; %s",
                 self.stats.received,
                 self.stats.landed,
                 self.stats.settled,
+                self._close_note,
             )
 
 

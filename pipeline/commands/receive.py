@@ -77,7 +77,8 @@ def run(args: argparse.Namespace) -> int:
         return 1
     s = receiver.stats
     print(
-        f"stopped: {s.received} received, {s.landed} landed, {s.settled} settled",
+        f"stopped: {s.received} received, {s.landed} landed, {s.settled} settled; "
+        f"{receiver.close_note}",
         file=sys.stderr,
     )
     return 0

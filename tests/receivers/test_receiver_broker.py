@@ -288,13 +288,22 @@ def test_sigterm_lands_and_settles_everything_in_hand(
     keys = landed.column("msg_key").to_pylist()
     assert len(keys) == len(set(keys)), "a clean stop settles all it landed: no redelivery"
     assert len(keys) < n, "the stop must come mid-stream"
+    err = p.stderr()
+    assert (
+        f"stopped: {len(keys)} received, {len(keys)} landed, {len(keys)} settled; "
+        "the broker confirmed every settlement"
+    ) in err, err
     # what was landed was settled, what was not is still queued: together exactly n
-    wait_for(
-        lambda: qmf_broker.queue_depths().get(durable_queue) == n - len(keys),
-        60,
-        f"queue depth {n - len(keys)}",
-    )
-    assert "stopped:" in p.stderr()
+    seen: list[int | None] = []
+
+    def depth_is_the_rest() -> bool:
+        seen.append(qmf_broker.queue_depths().get(durable_queue))
+        return seen[-1] == n - len(keys)
+
+    try:
+        wait_for(depth_is_the_rest, 60, f"queue depth {n - len(keys)}")
+    except AssertionError as exc:
+        raise AssertionError(f"{exc}; depths seen {seen[:3]}..{seen[-3:]}; {err}") from None
 
 
 def test_capture_replay_capture_round_trip(broker: Any, tag: str, tmp_path: Path) -> None:
