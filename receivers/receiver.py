@@ -1141,7 +1141,10 @@ class QmfReceiver:
 
     def _on_tick(self) -> None:
         self._maybe_flush()
-        self._advance_marker()
+        if not self._stop_requested:
+            # While stopping, only the broker's answer to the close moves the marker: a
+            # broker that stopped answering may not have read the last dispositions.
+            self._advance_marker()
         now = time.monotonic()
         if self.stats.received != self._received_at_check:
             self._received_at_check = self.stats.received
@@ -1321,9 +1324,12 @@ class QmfReceiver:
                     self._advance_marker(grace_s=0.0, force=True)
                     self._close_note = "the broker confirmed every settlement"
                 elif self._conn is not None:
+                    # As for a lost connection: what was settled lately is in doubt too.
+                    self._reseal()
                     self._close_note = (
                         f"the broker did not confirm the close within {self.config.stop_timeout_s} s:"
-                        " what landed since the settle marker stays in doubt"
+                        " what landed since the settle marker, and what was settled in the"
+                        f" last {LOST_DOUBT_S:.0f} s, is sealed as in doubt"
                     )
                 self._stopped = True
                 with contextlib.suppress(Exception):

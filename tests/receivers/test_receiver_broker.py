@@ -10,15 +10,19 @@ import base64
 import json
 import os
 import random
+import select
 import signal
+import socket
 import subprocess
 import sys
+import threading
 import time
 import uuid
 from collections import Counter
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit, urlunsplit
 
 import pyarrow as pa
 import pytest
@@ -304,6 +308,106 @@ def test_sigterm_lands_and_settles_everything_in_hand(
         wait_for(depth_is_the_rest, 60, f"queue depth {n - len(keys)}")
     except AssertionError as exc:
         raise AssertionError(f"{exc}; depths seen {seen[:3]}..{seen[-3:]}; {err}") from None
+
+
+class FreezableRelay:
+    """A TCP relay to the broker that can stop relaying while both sockets stay open:
+    a broker (or network) that no longer answers, without a closed connection."""
+
+    def __init__(self, url: str) -> None:
+        parts = urlsplit(url)
+        self.target = (parts.hostname or "127.0.0.1", parts.port or 5672)
+        self.listener = socket.create_server(("127.0.0.1", 0))
+        port = self.listener.getsockname()[1]
+        netloc = parts.netloc.rsplit("@", 1)
+        host = f"127.0.0.1:{port}"
+        self.url = urlunsplit(parts._replace(netloc=f"{netloc[0]}@{host}" if len(netloc) == 2 else host))
+        self.frozen = threading.Event()
+        self.paused = threading.Event()
+        self.closed = threading.Event()
+        self.socks: list[socket.socket] = []
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def _accept(self) -> None:
+        while not self.closed.is_set():
+            try:
+                client, _ = self.listener.accept()
+            except OSError:
+                return
+            upstream = socket.create_connection(self.target)
+            self.socks += [client, upstream]
+            threading.Thread(target=self._pump, args=(client, upstream), daemon=True).start()
+
+    def _pump(self, a: socket.socket, b: socket.socket) -> None:
+        """Both directions in one thread; while frozen nothing is read, so nothing moves."""
+        peer = {a: b, b: a}
+        while not self.closed.is_set():
+            if self.frozen.is_set():
+                self.paused.set()
+                time.sleep(0.02)
+                continue
+            ready, _, _ = select.select([a, b], [], [], 0.05)
+            for s in ready:
+                try:
+                    data = s.recv(65536)
+                    if not data:
+                        return
+                    peer[s].sendall(data)
+                except OSError:
+                    return
+
+    def freeze(self) -> None:
+        """Stop relaying; returns once the relay is no longer reading either side."""
+        self.frozen.set()
+        assert self.paused.wait(5), "the relay did not pause"
+
+    def close(self) -> None:
+        """Drop both sides at once: the broker sees the connection go."""
+        self.closed.set()
+        for s in [self.listener, *self.socks]:
+            s.close()
+
+
+def test_a_stop_the_broker_never_answers_seals_what_it_settled_as_in_doubt(
+    broker: Any, tag: str, durable_queue: str, tmp_path: Path
+) -> None:
+    """The last group is settled into a connection the broker no longer reads: the stop
+    ends at its deadline, says so, and the next receiver's redeliveries of that group are
+    matched to their landed copies (``duplicate_of``) instead of landing as new."""
+    n = 300
+    msgs = make_messages(tag, n)
+    relay = FreezableRelay(broker.url)
+    cfg = ReceiverConfig(
+        broker=BrokerConfig(urls=(relay.url,)), queue=durable_queue,
+        flush_count=10_000, flush_ms=600_000.0, stop_timeout_s=2.0,
+    )  # fmt: skip
+    root = tmp_path / "landing"
+    try:
+        r = run_receiver_thread(cfg, LandingSink(root, "p0"))
+        with Publisher(broker.url) as pub:
+            pub.publish_many(msgs)
+        wait_for(lambda: r.stats.received == n, 60, f"{n} messages in hand")
+        relay.freeze()
+        r.stop()  # lands and settles all n, into the frozen relay
+        assert (r.stats.received, r.stats.landed, r.stats.settled) == (n, n, n)
+        assert r.close_note.startswith("the broker did not confirm the close within 2.0 s"), r.close_note
+    finally:
+        relay.close()
+    wait_for(lambda: qmf_broker.queue_depths().get(durable_queue) == n, 60, "all n back in the queue")
+
+    cfg = ReceiverConfig(broker=BrokerConfig(urls=(broker.url,)), queue=durable_queue, flush_count=100)
+    r = run_receiver_thread(cfg, LandingSink(root, "p0"))
+    try:
+        wait_for(lambda: r.stats.settled == n, 60, f"{n} redeliveries settled")
+    finally:
+        r.stop()
+    assert r.close_note == "the broker confirmed every settlement"
+    t = landed_table(root)
+    first = {k: f"p0:{o}" for k, o in zip(t["msg_key"].to_pylist()[:n], range(n), strict=True)}
+    assert sorted(first) == sorted(expected_key(m) for m in msgs)
+    assert t["redelivered"].to_pylist() == [False] * n + [True] * n
+    assert t["duplicate_of"].to_pylist() == [None] * n + [first[k] for k in t["msg_key"].to_pylist()[n:]]
+    wait_for(lambda: qmf_broker.queue_depths().get(durable_queue) == 0, 60, "an empty queue")
 
 
 def test_capture_replay_capture_round_trip(broker: Any, tag: str, tmp_path: Path) -> None:
