@@ -84,6 +84,10 @@ def index_values(dialect: str, index_key: str | None) -> tuple[tuple[str, str | 
     """An index key's values: (its text as a name part, the ``ref_key`` it would point
     to if a reference). Cached: gold resolves every object's key on every batch, and a
     key never changes meaning."""
+    return _parse_index(dialect, index_key)
+
+
+def _parse_index(dialect: str, index_key: str | None) -> tuple[tuple[str, str | None], ...]:
     if not index_key:
         return ()
     try:
@@ -131,7 +135,7 @@ class Resolver:
             cur = self.by_ref.get(k)
             if cur is None or o.last_seen_ns >= cur.last_seen_ns:
                 self.by_ref[k] = o
-        self._names: dict[tuple[str, str], str] = {}
+        self._names: dict[tuple[str, str, str, str, str, str | None], str] = {}
         self._brokers: dict[str, str] = {}
 
     def _target(self, o: Obj, pos: int, key: str | None, last: bool) -> tuple[bool, Obj | None]:
@@ -147,8 +151,10 @@ class Resolver:
         return (target is not None or not last), target
 
     def name(self, o: Obj, depth: int = 0) -> str:
-        """The object's name for a person (never empty: the object id when nothing else)."""
-        k = (o.agent, o.object_id)
+        """The object's name for a person (never empty: the object id when nothing else).
+        Each row is named from its own index key (two rows of one id, a re-created V2
+        object, may differ), so the result does not depend on the order of the calls."""
+        k = (o.agent, o.dialect, o.package, o.class_name, o.object_id, o.index_key)
         if k in self._names:
             return self._names[k]
         parts: list[str] = []
@@ -222,16 +228,206 @@ def objects_of(df: pl.DataFrame) -> list[Obj]:
     return out
 
 
+# From this many lifecycle rows on, names come from joins (below it, object by object
+# is faster: the joins cost ~25 ms whatever the size; at 20,000 rows they take 0.4 of
+# the time, docs/performance.md, Gold).
+JOINS_FROM_ROWS = 8_000
+
+
 def with_names(
-    lifecycles: pl.DataFrame, refs: Mapping[tuple[str, str], frozenset[int]] | None = None
+    lifecycles: pl.DataFrame,
+    refs: Mapping[tuple[str, str], frozenset[int]] | None = None,
+    joins_from: int = JOINS_FROM_ROWS,
 ) -> pl.DataFrame:
-    """Lifecycle rows + ``name`` and ``broker``, resolved over all of them."""
+    """Lifecycle rows + ``name`` and ``broker``, resolved over all of them.
+
+    Gold names every known object on every batch, so a large set is named by polars
+    joins, one round per level of references (a queue's vhost is one level, a binding's
+    queue two); only index keys not met before in this process are parsed in Python.
+    A small set (under ``joins_from`` rows), or one whose references go round in a
+    cycle or deeper than ``_MAX_DEPTH`` levels, is named by ``Resolver`` object by
+    object: the same names where both apply (tested)."""
+    named = _names_by_level(lifecycles, refs or {}) if lifecycles.height >= joins_from else None
+    if named is None:
+        return _with_names_one_by_one(lifecycles, refs)
+    names, targets = named
+    return lifecycles.with_columns(
+        name=names,
+        broker=pl.col("agent").replace(_agent_brokers(lifecycles, names, targets)),
+    )
+
+
+def _with_names_one_by_one(
+    lifecycles: pl.DataFrame, refs: Mapping[tuple[str, str], frozenset[int]] | None
+) -> pl.DataFrame:
     objects = objects_of(lifecycles)
     r = Resolver(objects, refs)
     return lifecycles.with_columns(
         name=pl.Series([r.name(o) for o in objects], dtype=pl.Utf8),
         broker=pl.Series([r.broker(o.agent) for o in objects], dtype=pl.Utf8),
     )
+
+
+_KEY_COLS = ("dialect", "index_key")
+_VALUES_SCHEMA = {
+    "dialect": pl.Utf8, "index_key": pl.Utf8, "_pos": pl.Int32, "_text": pl.Utf8,
+    "_key": pl.Utf8, "_n": pl.Int32,
+}  # fmt: skip
+_VALUES_CAP = 1 << 21  # parsed values kept per process; past it the cache starts again
+
+
+class _ParsedKeys:
+    """The values of every index key met in this process, as rows (``_VALUES_SCHEMA``;
+    a key without values has one row, ``_pos`` null): a key's values never change, and
+    each batch meets the same keys again, so a batch parses only the keys new to it."""
+
+    def __init__(self) -> None:
+        self.values = pl.DataFrame(schema=_VALUES_SCHEMA)
+
+    def explode(self, rows: pl.DataFrame) -> pl.DataFrame:
+        """``rows`` (with ``dialect``, ``index_key``) joined with their keys' values:
+        one row per value, rows without values left out."""
+        on = list(_KEY_COLS)
+        out = rows.join(self.values, on=on, how="left")
+        missing = out.filter(pl.col("index_key").is_not_null() & pl.col("_n").is_null())
+        if missing.height:
+            new = missing.select(on).unique()
+            if self.values.height + new.height * 3 > _VALUES_CAP:
+                self.values = self.values.clear()
+            cols: dict[str, list[object]] = {c: [] for c in _VALUES_SCHEMA}
+            for d, k in zip(new["dialect"].to_list(), new["index_key"].to_list(), strict=True):
+                vals = _parse_index(d, k) or ((None, None),)
+                n = len(vals) if vals[0][0] is not None else 0
+                for pos, (text, ref) in enumerate(vals):
+                    row = (d, k, pos if n else None, text, ref, n)
+                    for c, v in zip(cols.values(), row, strict=True):
+                        c.append(v)
+            parsed = pl.DataFrame(cols, schema=_VALUES_SCHEMA)
+            self.values = pl.concat([self.values, parsed])
+            out = pl.concat([
+                out.filter(pl.col("_n").is_not_null()),
+                missing.select(rows.columns).join(parsed, on=on, how="inner"),
+            ])  # fmt: skip
+        return out.filter(pl.col("_pos").is_not_null())
+
+
+_PARSED = _ParsedKeys()
+
+
+def _names_by_level(
+    df: pl.DataFrame, refs: Mapping[tuple[str, str], frozenset[int]]
+) -> tuple[pl.Series, pl.DataFrame] | None:
+    """(each row's name, the reference targets) as ``Resolver`` gives them, by joins;
+    None when references go round or deeper than ``_MAX_DEPTH`` levels.
+
+    A row's values (``_pos`` order) are text parts or references; a reference's target
+    is the latest seen row of its ``ref_key``. A row is named once every target it takes
+    a part from is named, so round k names the rows k levels deep."""
+    base = df.select(
+        "agent", "dialect", "package", "class_name", "object_id", "index_key",
+        _seen=pl.col("last_seen_ns").fill_null(0).cast(pl.Int64),
+    ).with_row_index("_r")  # fmt: skip
+    base = base.with_columns(
+        _ref=pl.when(pl.col("dialect") == "V2")
+        .then(pl.col("object_id").str.replace(_V2_EPOCH.pattern, ""))
+        .otherwise(pl.col("object_id"))
+    )
+    # Of equal keys the latest seen, the last row of those (as Resolver.by_ref).
+    targets = (
+        base.sort(["_seen", "_r"])
+        .group_by(["agent", "_ref"])
+        .agg(pl.col("_r").last().alias("_t"))
+    )
+    declared = pl.DataFrame(
+        [(p, c, pos) for (p, c), ps in refs.items() for pos in ps],
+        schema={"package": pl.Utf8, "class_name": pl.Utf8, "_pos": pl.Int32},
+        orient="row",
+    ).unique().with_columns(_decl=pl.lit(True))
+    vals = (
+        _PARSED.explode(base.select("_r", "agent", "dialect", "package", "class_name", "index_key"))
+        .join(targets.rename({"_ref": "_key"}), on=["agent", "_key"], how="left")
+        .join(declared, on=["package", "class_name", "_pos"], how="left")
+        .join(base.select(_t="_r", _tc="class_name"), on="_t", how="left")
+    )
+    is_ref = pl.col("_key").is_not_null() & (
+        pl.col("_decl").fill_null(False)
+        | (pl.col("dialect") == "V2")
+        | pl.col("_t").is_not_null()
+        | (pl.col("_pos") != pl.col("_n") - 1)
+    )
+    known = pl.col("_t").is_not_null() & (pl.col("_t") != pl.col("_r"))
+    vals = vals.with_columns(
+        _kind=pl.when(~is_ref).then(pl.lit("text"))
+        .when(~known).then(pl.lit("skip"))
+        .when(pl.col("_tc").is_in(list(BROKER_CLASSES))).then(pl.lit("broker"))
+        .otherwise(pl.lit("ref"))
+    )  # fmt: skip
+    texts = vals.filter(pl.col("_kind") == "text").select("_r", "_pos", _part="_text")
+    of_broker = vals.filter(pl.col("_kind") == "broker").select("_r").unique()
+    fallback = base.select(
+        "_r",
+        _else=pl.when(pl.col("_r").is_in(of_broker["_r"].implode()))
+        .then(pl.col("class_name"))
+        .otherwise(pl.col("object_id")),
+    )
+    deps = vals.filter(pl.col("_kind") == "ref").select("_r", "_pos", "_t", "_tc")
+    named = pl.DataFrame(schema={"_r": pl.UInt32, "name": pl.Utf8})
+    todo = base.select("_r")
+    for _level in range(_MAX_DEPTH):
+        j = deps.join(named.rename({"_r": "_t", "name": "_sub"}), on="_t", how="left")
+        blocked = j.filter(pl.col("_sub").is_null()).select("_r").unique()
+        ready = todo.join(blocked, on="_r", how="anti")
+        parts = pl.concat([
+            texts.join(ready, on="_r", how="semi"),
+            j.join(ready, on="_r", how="semi")
+            .filter(~((pl.col("_tc") == "vhost") & (pl.col("_sub") == DEFAULT_VHOST)))
+            .select("_r", "_pos", _part="_sub"),
+        ])  # fmt: skip
+        joined = parts.sort("_r", "_pos").group_by("_r", maintain_order=True).agg(
+            pl.col("_part").str.join(SEPARATOR)
+        )
+        level = (
+            ready.join(joined, on="_r", how="left")
+            .join(fallback, on="_r", how="left")
+            .select("_r", name=pl.coalesce("_part", "_else"))
+        )
+        named = pl.concat([named, level])
+        todo = blocked
+        deps = j.join(blocked, on="_r", how="semi").select("_r", "_pos", "_t", "_tc")
+        if todo.height == 0:
+            return named.sort("_r")["name"], targets
+        if level.height == 0:
+            return None  # references that go round
+    return None
+
+
+def _agent_brokers(df: pl.DataFrame, names: pl.Series, targets: pl.DataFrame) -> dict[str, str]:
+    """agent -> ``<name>@<host>:<port>`` (``Resolver.broker``) for agents with a broker row;
+    only the broker and system rows are read in Python."""
+    rows = df.with_row_index("_r").filter(pl.col("class_name").is_in(list(BROKER_CLASSES)))
+    objs: dict[int, Obj] = {}
+    for r, o in zip(rows["_r"].to_list(), objects_of(rows), strict=True):
+        objs[r] = o
+    out: dict[str, str] = {}
+    for agent in {o.agent for o in objs.values() if o.class_name == "broker"}:
+        mine = [(r, o) for r, o in objs.items() if o.agent == agent]
+        b_row, b = max((p for p in mine if p[1].class_name == "broker"), key=lambda p: p[1].last_seen_ns)
+        props = b.properties or {}
+        system: Obj | None = None
+        sys_key = parse_ref(b.dialect, props.get("systemRef"))
+        if sys_key:
+            hit = targets.filter((pl.col("agent") == agent) & (pl.col("_ref") == sys_key))["_t"]
+            if hit.len():
+                t = int(hit[0])
+                system = objs.get(t) or Obj(agent, "", "", "", "", None, 0)  # no properties
+        if system is None:
+            systems = [o for _, o in mine if o.class_name == "system"]
+            system = max(systems, key=lambda o: o.last_seen_ns) if systems else None
+        host = system.properties.get("nodeName") if system is not None and system.properties else None
+        bname = props.get("name") or names[b_row]
+        where = ":".join(p for p in (host, props.get("port")) if p)
+        out[agent] = f"{bname}@{where}" if where else bname
+    return out
 
 
 def agent_brokers(rows: Iterable[tuple[str, str | None]]) -> dict[str, str]:
