@@ -273,7 +273,7 @@ _VALUES_SCHEMA = {
     "dialect": pl.Utf8, "index_key": pl.Utf8, "_pos": pl.Int32, "_text": pl.Utf8,
     "_key": pl.Utf8, "_n": pl.Int32,
 }  # fmt: skip
-_VALUES_CAP = 1 << 21  # parsed values kept per process; past it the cache starts again
+_VALUES_CAP = 1 << 19  # parsed values kept per process (~200,000 objects); past it the cache starts again
 
 
 class _ParsedKeys:
