@@ -229,8 +229,8 @@ def objects_of(df: pl.DataFrame) -> list[Obj]:
 
 
 # From this many lifecycle rows on, names come from joins (below it, object by object
-# is faster: the joins cost ~25 ms whatever the size; at 20,000 rows they take 0.4 of
-# the time, docs/performance.md, Gold).
+# is faster: the joins cost ~25 ms whatever the size; at 21,000 rows they take 0.53 of
+# the time, at 84,000 0.25: benchmarks/bench_names.py, docs/performance.md, Gold).
 JOINS_FROM_ROWS = 8_000
 
 
