@@ -768,6 +768,7 @@ def commit_staged(
     batch_id: int,
     operation: str = "append",
     replace: bool = False,
+    remove: Sequence[str] = (),
 ) -> CommitResult:
     """Commit files described where they were written, exactly once.
 
@@ -776,11 +777,16 @@ def commit_staged(
     removes them instead. The footers are not read again: ``describe_file``
     checked them where they were written. ``replace``: the files are the
     table's whole new content; every live file is removed in the same commit
-    (listed under the table lock, so a compaction cannot slip in).
+    (listed under the table lock, so a compaction cannot slip in). ``remove``:
+    Delta paths of live files these files replace (a file-level upsert; checked
+    live under the table lock).
     """
     if replace:
         with table_lock(path):
             return _commit_staged(path, files, app_id, batch_id, "overwrite", True)
+    if remove:
+        with table_lock(path):
+            return _commit_staged(path, files, app_id, batch_id, operation, False, remove)
     return _commit_staged(path, files, app_id, batch_id, operation, False)
 
 
@@ -791,6 +797,7 @@ def _commit_staged(
     batch_id: int,
     operation: str,
     replace: bool,
+    remove: Sequence[str] = (),
 ) -> CommitResult:
     dt = open_for_write(path)
     root = table_root(dt)
@@ -813,6 +820,9 @@ def _commit_staged(
         if replace:
             dt.update_incremental()
             removals = _remove_actions(dt, None, now_ms)
+        elif remove:
+            dt.update_incremental()
+            removals = _remove_actions(dt, remove, now_ms)
         dt.create_write_transaction(
             [*(f.add_action(now_ms) for f in files), *removals],
             mode="append",
@@ -1681,14 +1691,64 @@ def version_before_batch(path: str, app_id: str, batch_id: int) -> int | None:
     return None if first is None else first - 1
 
 
-def read_before_batch(path: str, app_id: str, batch_id: int) -> pa.Table:
-    """The table as it was before ``app_id`` committed ``batch_id`` (or now, if it has not)."""
+def read_before_batch(
+    path: str,
+    app_id: str,
+    batch_id: int,
+    columns: Sequence[str] | None = None,
+    within: tuple[str, Any, Any] | None = None,
+) -> pa.Table:
+    """The table as it was before ``app_id`` committed ``batch_id`` (or now, if it has not).
+
+    ``columns``: only these; ``within`` = (column, low, high): only the files whose log
+    stats allow a value in [low, high] (``prune_files``; rows are not filtered)."""
     version = version_before_batch(path, app_id, batch_id)
-    if version is None:
-        return read_arrow(path)
-    if version < 0:
-        return read_arrow(path, 0).slice(0, 0)
-    return read_arrow(path, version)
+    dt = _open(path, None if version is None else max(version, 0))
+    schema = table_schema(dt)
+    names = list(schema.names if columns is None else columns)
+    if version is not None and version < 0:  # the batch created it: empty before
+        return pa.schema([schema.field(n) for n in names]).empty_table()
+    live = live_files(dt)
+    if within is not None:
+        live = prune_files(dt, live, *within)
+    want = pa.schema([schema.field(n) for n in names])
+    pieces = [read_data_file(f, schema, names) for f in live]
+    if not pieces:
+        return want.empty_table()
+    return pa.concat_tables(pieces).cast(want)
+
+
+@dataclass(frozen=True)
+class FileFacts:
+    """A live file with what the log says of it: rows, and nulls of one column (None:
+    the log keeps no such stat, so nothing is proven)."""
+
+    live: LiveFile
+    rows: int | None
+    nulls: int | None
+
+
+def file_facts_before_batch(
+    path: str, app_id: str, batch_id: int, column: str
+) -> tuple[pa.Schema, list[FileFacts]]:
+    """(schema, live files with their row and ``column`` null counts) of the table as
+    ``batch_id`` first saw it (``version_before_batch``)."""
+    version = version_before_batch(path, app_id, batch_id)
+    if version is not None and version < 0:
+        return table_schema(_open(path, None)), []
+    dt = _open(path, version)
+    adds = pa.table(dt.get_add_actions(flatten=True))
+    paths = adds.column("path").to_pylist()
+
+    def stat(name: str) -> list[Any]:
+        return adds.column(name).to_pylist() if name in adds.column_names else [None] * len(paths)
+
+    facts = dict(zip(paths, zip(stat("num_records"), stat(f"null_count.{column}"), strict=True), strict=True))
+    out = []
+    for f in live_files(dt):
+        rows, nulls = facts.get(f.delta_path, (None, None))
+        out.append(FileFacts(f, None if rows is None else int(rows), None if nulls is None else int(nulls)))
+    return table_schema(dt), out
 
 
 def files_before_batch(

@@ -12,7 +12,9 @@ file per silver table into that table's staging folder, and returns only
   aggregated (one row per agent and dialect);
 * a summary of the messages it parked for want of a schema, by key
   (``pipeline.silver.parked``: the messages themselves are in its ``parked`` file);
-* the halves of v1 method calls (rare: console calls; paired across batches).
+* nothing of v1 method calls: their halves go to files by bucket of (dialect, seq)
+  in the ``method_calls`` staging folder (``pipeline.silver.methods.PartWriter``),
+  for the pairing's tasks.
 
 When a batch brings a schema that parked messages wait for (this batch's, in
 another task's file, or earlier batches', in the ``parked`` table), a second
@@ -25,8 +27,8 @@ The driver then finishes the batch as on the driver path
 (``SilverBatchWriter.finish``) and commits each table's files, its own
 included, in one Delta commit with the app transaction
 (``pipeline.delta.commit_staged``). Its work grows with files, schemas,
-agents, the keys parked messages wait for and method calls, not with object
-samples, events, heartbeats or parked messages.
+agents and the keys parked messages wait for, not with object samples, events,
+heartbeats, parked messages or method calls.
 """
 
 from __future__ import annotations
@@ -61,6 +63,7 @@ from pipeline.silver.decode import (
     decode_arrow,
     with_batch_schemas,
 )
+from pipeline.silver.methods import PartWriter
 from pipeline.silver.registry import StatisticKinds
 from schemas.silver import AGENTS, PARKED, RESOLVED
 from schemas.tables import BRONZE
@@ -69,13 +72,16 @@ if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
 
 # Written by the tasks, straight into the tables' staging folders.
-TASK_TABLES = (SAMPLES, EVENTS_T, HEARTBEATS_T, METHODS_T, QUARANTINE_T, PARKED_T)
+TASK_TABLES = (SAMPLES, EVENTS_T, HEARTBEATS_T, METHODS_T, QUARANTINE_T, PARKED_T, CALL_PARTS_T)
 # ... and by the tasks that decode parked messages again.
 RESOLVED_T = "parked_resolved"
 RESOLVE_TABLES = (*TASK_TABLES, RESOLVED_T)
 RESOLVE_SCHEMAS = {**OUTPUT_SCHEMAS, RESOLVED_T: RESOLVED}
 # Returned to the driver (small, and completed with the whole batch).
-SIDE_TABLES = (SEEN_T, CALL_PARTS_T)
+SIDE_TABLES = (SEEN_T,)
+# The table whose staging folder holds each task table's files (the call halves are
+# staged in ``method_calls``: the pairing's files go there too).
+STAGED_IN = {CALL_PARTS_T: "method_calls"}
 # Bronze columns the decode reads.
 DECODE_COLUMNS = (
     "partition", "offset", "msg_key", "received_at", "body", "correlation_id",
@@ -91,6 +97,7 @@ class TaskPlan:
     batch_id: int
     kinds: StatisticKinds
     staging: tuple[tuple[str, str], ...]  # (table, staging folder inside the table)
+    call_buckets: int = 1  # buckets of (dialect, seq) the call halves are split into
 
 
 @dataclass
@@ -126,7 +133,7 @@ def run_task(batches: Iterable[pa.RecordBatch], plan: TaskPlan) -> TaskOutput:
     Parquet file in its staging folder, describe the files, keep the side rows."""
     taskworker.settle()
     reg = SchemaRegistry(plan.schemas)  # plans do not pickle: rebuilt in the task
-    rows = _Rows(plan.batch_id, plan.staging, OUTPUT_SCHEMAS)
+    rows = _Rows(plan.batch_id, plan.staging, OUTPUT_SCHEMAS, plan.call_buckets)
     out = TaskOutput()
     try:
         for b in batches:
@@ -147,7 +154,11 @@ class _Rows:
     what it parked."""
 
     def __init__(
-        self, batch_id: int, staging: Sequence[tuple[str, str]], schemas: dict[str, pa.Schema]
+        self,
+        batch_id: int,
+        staging: Sequence[tuple[str, str]],
+        schemas: dict[str, pa.Schema],
+        call_buckets: int,
     ) -> None:
         self.batch_id = batch_id
         self.writers = {
@@ -155,6 +166,12 @@ class _Rows:
                 os.path.join(folder, delta.data_file_name(batch_id)), schemas[name]
             )
             for name, folder in staging
+            if name != CALL_PARTS_T
+        }
+        self.calls = {
+            name: PartWriter(folder, batch_id, call_buckets)
+            for name, folder in staging
+            if name == CALL_PARTS_T
         }
         self.side: dict[str, list[pa.Table]] = {n: [] for n in SIDE_TABLES}
         self.agents: list[pa.Table] = []
@@ -167,6 +184,8 @@ class _Rows:
         for name, t in d.tables.items():
             if name in self.writers:
                 self.writers[name].write(t)
+            elif name in self.calls:
+                self.calls[name].write(t)
             elif name in self.side and t.num_rows:
                 self.side[name].append(t)
         self.agents.append(agent_rows(d, self.batch_id))
@@ -174,12 +193,18 @@ class _Rows:
     def abort(self) -> None:
         for w in self.writers.values():
             w.abort()
+        for c in self.calls.values():
+            c.abort()
 
     def close(self, out: TaskOutput) -> None:
         for name, w in self.writers.items():
             info = w.close()
             if info is not None:
                 out.files[name] = [info]
+        for name, c in self.calls.items():
+            infos = c.close()
+            if infos:
+                out.files[name] = infos
         out.fast_messages += self.fast
         out.fallback_messages += self.fallback
         out.side = {n: to_ipc(pa.concat_tables(ts)) for n, ts in self.side.items() if ts}
@@ -354,6 +379,7 @@ class ResolvePlan:
     parked_schema: pa.Schema
     resolved_schema: pa.Schema
     resolved_files: tuple[delta.LiveFile, ...]  # parked_resolved as of before the batch
+    call_buckets: int = 1
 
 
 @dataclass(frozen=True)
@@ -376,7 +402,7 @@ def resolve_task(parts: Sequence[ParkedPart], plan: ResolvePlan) -> TaskOutput:
     summary says what they wait for now).
     """
     taskworker.settle()
-    rows = _Rows(plan.batch_id, plan.staging, RESOLVE_SCHEMAS)
+    rows = _Rows(plan.batch_id, plan.staging, RESOLVE_SCHEMAS, plan.call_buckets)
     out = TaskOutput()
     known = pa.array(plan.known, pa.string())
     retry = pa.array(plan.retry, pa.string())

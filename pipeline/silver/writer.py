@@ -16,10 +16,12 @@ One micro-batch (``SilverBatchWriter.__call__``), streaming or batch:
    messages parked by earlier batches whose schema is now known (the ``parked``
    table as of before this batch, read by tasks: ``tasks.resolve_task``; the
    driver keeps only what they wait for, ``pipeline.silver.parked``); v1 method
-   calls are paired (``pipeline.silver.methods``);
+   calls are paired by bucket of (dialect, seq) (``pipeline.silver.methods``: in
+   Spark tasks on the task path above ``calls_driver_max_rows``, else here);
 4. each non-empty table gets one Delta commit of all its files carrying
    ``(app_id, batch_id)`` (``pipeline.delta.commit_staged``,
-   ``append_parquet``): a replay commits nothing twice. ``parked_resolved``
+   ``append_parquet``; ``method_calls`` replaces its candidate files in the same
+   commit): a replay commits nothing twice. ``parked_resolved``
    is written last, so a crash before it leaves the parked messages pending
    and the replay decodes them again into tables that skip the committed batch;
 5. the registry gets the new schemas (merge, same app transaction).
@@ -40,7 +42,6 @@ from typing import TYPE_CHECKING
 
 import pyarrow as pa
 import pyarrow.compute as pc
-import pyarrow.parquet as pq
 
 from pipeline import delta
 from pipeline.bronze.writer import checkpoint_query_id
@@ -61,7 +62,7 @@ from pipeline.silver.decode import (
 from pipeline.silver.methods import MethodCallTable
 from pipeline.silver.registry import SeenSchema, schema_from_row
 from pipeline.silver.settings import SilverSettings, ensure_tables
-from schemas.silver import METHOD_CALLS, SILVER_TABLES
+from schemas.silver import SILVER_TABLES
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
@@ -88,6 +89,11 @@ WRITE_ORDER = (
 # ------------------------------------------------------------------ the writer
 
 
+def call_buckets(spark: SparkSession | None) -> int:
+    """Buckets of (dialect, seq) a batch's call halves are split into: one per core."""
+    return 1 if spark is None else max(1, int(spark.sparkContext.defaultParallelism))
+
+
 @dataclass
 class BatchReport:
     """What one micro-batch did (for logs, tests and the benchmark)."""
@@ -100,6 +106,7 @@ class BatchReport:
     tasks: int = 0  # Spark tasks of the task path (0: decoded on the driver)
     resolved: int = 0
     resolved_on: str = ""  # where parked messages were decoded again: "tasks", "driver"
+    paired_on: str = ""  # where v1 method calls were paired: "tasks", "driver"
     stale_parked: int = 0
     seconds: dict[str, float] = field(default_factory=dict)
 
@@ -221,11 +228,13 @@ class SilverBatchWriter:
         from pipeline.silver import tasks
 
         staging = tuple(
-            (name, delta.fresh_stage_dir(self.settings.path(name), self.app_id, batch_id))
+            (name, delta.fresh_stage_dir(self._staged_in(name), self.app_id, batch_id))
             for name in tasks.TASK_TABLES
         )
-        plan = tasks.TaskPlan(tuple(registry), batch_id, self.kinds, staging)
         spark = df.sparkSession
+        plan = tasks.TaskPlan(
+            tuple(registry), batch_id, self.kinds, staging, call_buckets(spark)
+        )
         if files is not None:
             units = spark.sparkContext.defaultParallelism * self.settings.tasks_per_core
             outputs = tasks.run_units(spark, tasks.plan_units(files, units), plan)
@@ -258,6 +267,7 @@ class SilverBatchWriter:
         ext, report.new_schemas = with_batch_schemas(registry, decoded)
         parts = [decoded]
         files = {} if staged is None else {k: list(v) for k, v in staged.files.items()}
+        folders = {} if staged is None else dict(staged.staging)  # table -> staging folder
         if staged is None:  # the driver path holds this batch's parked messages
             again = (
                 decode_parked_again(decoded, ext, batch_id, self.kinds)
@@ -277,7 +287,7 @@ class SilverBatchWriter:
         try:
             if retry or known_now:
                 again_t, report.resolved_on = self._resolve(
-                    batch_id, ext, retry, known_now, staged, spark, files, stages
+                    batch_id, ext, retry, known_now, staged, spark, files, folders, stages
                 )
                 report.resolved = again_t.resolved
                 parts.append(again_t.side)
@@ -294,26 +304,14 @@ class SilverBatchWriter:
             if staged is not None:
                 agents.append(staged.agents)
             merged.tables["agents"] = self._agents_to_write(merge_agent_rows(agents, batch_id))
-            calls = merged.tables.pop(CALL_PARTS_T, None)
-            if calls is None:
-                calls = METHOD_CALLS.empty_table()
-            samples = merged.get("object_samples")
-            staged_samples = list(files.get("object_samples", ()))
-
-            def batch_samples() -> pa.Table:
-                """This batch's samples: the driver's and the tasks' files (read only
-                when needed: the class of an AM1 method call's object)."""
-                read = [pq.read_table(f.location).cast(samples.schema) for f in staged_samples]
-                return pa.concat_tables([samples, *read])
-
-            merged.tables["method_calls"] = self.calls.build(
-                calls, batch_samples, ext, self.app_id, batch_id
+            calls = self._pair_calls(
+                merged, files, folders, stages, ext, batch_id, staged, spark, report
             )
             self._report_stale(pending, report)
             self._ask_for_schemas(pending, ext)
             self._after = None
             t1 = time.perf_counter()
-            self._commit(merged, files, batch_id, report)
+            self._commit(merged, files, batch_id, report, calls)
         finally:
             for folder in stages:
                 delta.remove_stage_dir(folder)
@@ -347,13 +345,14 @@ class SilverBatchWriter:
         staged: TaskResults | None,
         spark: SparkSession | None,
         files: dict[str, list[delta.DataFileInfo]],
+        folders: dict[str, str],
         stages: list[str],
     ) -> tuple[TaskResults, str]:
         """Decode the parked messages whose schema is known now (``tasks.resolve_task``):
         this batch's parked files when ``known_now``, the ``parked`` table's messages
         stored under ``retry``. In Spark tasks on the task path or above
         ``driver_max_bytes`` of files; here otherwise (the second value says which).
-        Their files join ``files``."""
+        Their files join ``files``; staging folders made here join ``folders``."""
         from pipeline.silver import tasks
 
         path = self.settings.path
@@ -370,13 +369,7 @@ class SilverBatchWriter:
             rschema, rfiles = delta.files_before_batch(
                 path("parked_resolved"), self.app_id, batch_id
             )
-        staging: list[tuple[str, str]] = []
-        for name in tasks.RESOLVE_TABLES:
-            folder = None if staged is None else staged.staging.get(name)
-            if folder is None:
-                folder = delta.fresh_stage_dir(path(name), self.app_id, batch_id)
-                stages.append(folder)
-            staging.append((name, folder))
+        staging = [(n, self._stage_for(n, batch_id, folders, stages)) for n in tasks.RESOLVE_TABLES]
         plan = tasks.ResolvePlan(
             schemas=tuple(ext),
             batch_id=batch_id,
@@ -387,6 +380,7 @@ class SilverBatchWriter:
             parked_schema=schema,
             resolved_schema=rschema,
             resolved_files=tuple(rfiles),
+            call_buckets=call_buckets(spark),
         )
         small = sum(p.size for p in parts) <= self.settings.driver_max_bytes
         where = None if spark is None or (staged is None and small) else spark
@@ -403,15 +397,68 @@ class SilverBatchWriter:
         )  # fmt: skip
         return got, on
 
+    def _staged_in(self, name: str) -> str:
+        """The table whose staging folder holds a task table's files."""
+        from pipeline.silver.tasks import STAGED_IN
+
+        return self.settings.path(STAGED_IN.get(name, name))
+
+    def _stage_for(
+        self, name: str, batch_id: int, folders: dict[str, str], stages: list[str]
+    ) -> str:
+        """The batch's staging folder for a task table: the tasks' (``folders``), or one
+        made now (removed with ``stages`` after the batch)."""
+        if name not in folders:
+            folders[name] = delta.fresh_stage_dir(self._staged_in(name), self.app_id, batch_id)
+            stages.append(folders[name])
+        return folders[name]
+
+    def _pair_calls(
+        self,
+        merged: Decoded,
+        files: dict[str, list[delta.DataFileInfo]],
+        folders: dict[str, str],
+        stages: list[str],
+        registry: SchemaRegistry,
+        batch_id: int,
+        staged: TaskResults | None,
+        spark: SparkSession | None,
+        report: BatchReport,
+    ) -> tuple[list[str], int] | None:
+        """Pair the batch's call halves (``pipeline.silver.methods``): their files join
+        ``files["method_calls"]``; returns the candidate files they replace and the rows
+        the batch changed, or None without halves. In Spark tasks on the task path when
+        halves and stored rows number more than ``calls_driver_max_rows``, else here."""
+        held = merged.tables.pop(CALL_PARTS_T, None)
+        part_files = files.pop(CALL_PARTS_T, [])
+        if not part_files and (held is None or held.num_rows == 0):
+            return None
+        work = self.calls.plan(
+            app_id=self.app_id, batch_id=batch_id, registry=registry,
+            buckets=call_buckets(spark), part_files=part_files, parts_rows=held,
+            sample_files=files.get("object_samples", ()),
+            samples_rows=merged.tables.get("object_samples"),
+            staging=self._stage_for(CALL_PARTS_T, batch_id, folders, stages),
+        )  # fmt: skip
+        assert work is not None
+        big = work.rows > self.settings.calls_driver_max_rows
+        where = spark if staged is not None and big else None
+        paired, changed = self.calls.run(work, where)
+        report.paired_on = "driver" if where is None else "tasks"
+        files["method_calls"] = paired
+        return work.remove, changed
+
     def _commit(
         self,
         merged: Decoded,
         files: dict[str, list[delta.DataFileInfo]],
         batch_id: int,
         report: BatchReport,
+        calls: tuple[list[str], int] | None = None,
     ) -> None:
         """One commit per non-empty table, in ``WRITE_ORDER``: the driver's rows plus
-        the files the tasks wrote."""
+        the files the tasks wrote. ``calls``: the candidate ``method_calls`` files its
+        new files replace, and the rows the batch changed (``_pair_calls``)."""
         for name in WRITE_ORDER:
             t = merged.tables.get(name)
             n = (0 if t is None else t.num_rows) + sum(f.rows for f in files.get(name, ()))
@@ -419,11 +466,13 @@ class SilverBatchWriter:
                 continue
             report.rows[name] = n
             path = self.settings.path(name)
-            if name == "method_calls":  # completes earlier rows: an upsert, not an append
-                assert t is not None
-                done = delta.merge_arrow(
-                    t, path, keys=["call_id"], app_id=self.app_id, batch_id=batch_id
-                )
+            if name == "method_calls":  # replaces the candidate files: a file-level upsert
+                assert calls is not None and t is None
+                report.rows[name] = calls[1]
+                done = delta.commit_staged(
+                    path, files[name], app_id=self.app_id, batch_id=batch_id,
+                    operation="merge", remove=calls[0],
+                )  # fmt: skip
             elif files.get(name):
                 done = delta.commit_staged(
                     path, self._with_driver_rows(name, t, files[name], batch_id),

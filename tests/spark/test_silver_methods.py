@@ -12,11 +12,13 @@ table (request-only rows) until a later batch's response completes them.
 from __future__ import annotations
 
 import json
+import os
 from collections.abc import Mapping, Sequence
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
+import pyarrow.parquet as pq
 import pytest
 
 from pipeline import delta
@@ -99,9 +101,9 @@ def at(second: int) -> datetime:
 class Run:
     """Bronze batches appended one at a time, each decoded as the same-numbered silver batch."""
 
-    def __init__(self, spark: SparkSession, tmp: Any) -> None:
+    def __init__(self, spark: SparkSession, tmp: Any, **settings: Any) -> None:
         self.spark = spark
-        self.s = SilverSettings(bronze=str(tmp / "bronze"), root=str(tmp / "silver"))
+        self.s = SilverSettings(bronze=str(tmp / "bronze"), root=str(tmp / "silver"), **settings)
         self.offset = 0
         self.writer = SilverBatchWriter(self.s, app_id="test-methods")
 
@@ -135,8 +137,19 @@ LEVEL_OUT = args(BROKER, "getLogLevel", "O", {"level": "info+"})
 PURGE_IN = args(QUEUE, "purge", "I", {"request": 5, "filter": {"k": "v"}}, "AM2")
 
 
-def test_calls_pair_across_batches_typed_both_ways(spark: SparkSession, tmp_path: Any) -> None:
-    run = Run(spark, tmp_path)
+# Where the calls are paired: on the driver (small batches), or in one Spark task per
+# bucket of (dialect, seq) (the task path above its threshold; 0 forces it).
+PATHS = {
+    "driver": {"decode_on": "driver"},
+    "tasks": {"decode_on": "tasks", "calls_driver_max_rows": 0},
+}
+
+
+@pytest.mark.parametrize("path", sorted(PATHS))
+def test_calls_pair_across_batches_typed_both_ways(
+    spark: SparkSession, tmp_path: Any, path: str
+) -> None:
+    run = Run(spark, tmp_path, **PATHS[path])
     # Batch 0: the broker's AM1 sample, then requests; no response yet.
     r0 = run.batch(0, [
         msg(broker_sample(), 0, "mgmt.amq1.stats.org.apache.qpid.broker.broker"),
@@ -145,6 +158,7 @@ def test_calls_pair_across_batches_typed_both_ways(spark: SparkSession, tmp_path
         msg(request("AM1", 11, UNSEEN_ID, "echo", ECHO_IN), 3),
     ])  # fmt: skip
     assert r0.rows["method_calls"] == 3 and "method_calls" in r0.committed
+    assert r0.paired_on == path
     c = run.calls()
     assert set(c) == {("AM1", 7), ("AM2", 7), ("AM1", 11)}
     echo = c[("AM1", 7)]
@@ -250,3 +264,178 @@ def test_calls_pair_across_batches_typed_both_ways(spark: SparkSession, tmp_path
     responses = delta.read_arrow(run.s.path("method_responses"))
     assert responses.num_rows == 7
     assert isinstance(responses, pa.Table)
+
+
+def _by_file(path: str) -> dict[str, set[str]]:
+    """The call ids in the table's live files, by kind of file: open, closed, other."""
+    from pipeline.silver.methods import CLOSED_PREFIX, OPEN_PREFIX
+
+    out: dict[str, set[str]] = {"open": set(), "closed": set(), "other": set()}
+    for f in delta.snapshot_files(path)[2]:
+        name = os.path.basename(f.local_path)
+        kind = "open" if name.startswith(OPEN_PREFIX) else "closed" if name.startswith(CLOSED_PREFIX) else "other"
+        out[kind] |= set(pq.read_table(f.local_path, columns=["call_id"]).column("call_id").to_pylist())
+    return out
+
+
+@pytest.mark.parametrize("path", sorted(PATHS))
+def test_waiting_requests_live_in_open_files_and_other_files_are_taken_in(
+    spark: SparkSession, tmp_path: Any, path: str
+) -> None:
+    """The pending state is the open files: only requests that may still be answered.
+    A request superseded by a later one of the same (dialect, seq) is closed, never
+    answered. A compaction's file (another writer's) is read once and split."""
+    from deltalake import DeltaTable
+
+    from pipeline.silver.methods import stored_before
+
+    run = Run(spark, tmp_path, **PATHS[path])
+    calls = run.s.path("method_calls")
+    run.batch(0, [
+        *(msg(request("AM1", q, UNSEEN_ID, "echo", ECHO_IN), q) for q in (1, 2, 3, 4)),
+        msg(request("AM2", 1, QUEUE_ID, "purge", PURGE_IN, QUEUE), 5, None),
+    ])  # fmt: skip
+    assert _by_file(calls) == {
+        "open": {"p0:0:0", "p0:1:0", "p0:2:0", "p0:3:0", "p0:4:0"}, "closed": set(), "other": set(),
+    }  # fmt: skip
+    r1 = run.batch(1, [
+        msg(response("AM1", 1, 0, "OK", ECHO_OUT), 10),
+        msg(response("AM1", 2, 0, "OK", ECHO_OUT), 11),
+        msg(request("AM1", 3, UNSEEN_ID, "echo", ECHO_IN), 12),  # supersedes p0:2:0
+        msg(request("AM1", 5, UNSEEN_ID, "echo", ECHO_IN), 13),
+    ])  # fmt: skip
+    assert (r1.rows["method_calls"], r1.paired_on) == (4, path)
+    assert _by_file(calls) == {
+        "open": {"p0:3:0", "p0:4:0", "p0:7:0", "p0:8:0"},
+        "closed": {"p0:0:0", "p0:1:0", "p0:2:0"}, "other": set(),
+    }  # fmt: skip
+
+    DeltaTable(calls).optimize.compact()  # another writer: one file of every row
+    assert _by_file(calls)["other"] == {f"p0:{i}:0" for i in (0, 1, 2, 3, 4, 7, 8)}
+    (compacted,) = stored_before(calls, run.writer.app_id, 2)[1]
+    assert (compacted.rows, compacted.nulls) == (7, 5)  # 5 request-only rows: a candidate
+
+    r2 = run.batch(2, [
+        msg(response("AM1", 3, 0, "OK", ECHO_OUT), 20),
+        msg(response("AM1", 4, 0, "OK", ECHO_OUT), 21),
+    ])  # fmt: skip
+    assert r2.rows["method_calls"] == 2
+    assert _by_file(calls) == {
+        "open": {"p0:4:0", "p0:8:0"},
+        "closed": {"p0:0:0", "p0:1:0", "p0:2:0", "p0:3:0", "p0:7:0"}, "other": set(),
+    }  # fmt: skip
+    rows = {r["call_id"]: r for r in delta.read_arrow(calls).to_pylist()}
+    assert len(rows) == 7
+    # seq 3's answer (offset 9) completes the later request; the earlier one stays unanswered
+    assert (rows["p0:7:0"]["response_offset"], rows["p0:7:0"]["batch_id"]) == (9, 2)
+    assert (rows["p0:2:0"]["response_offset"], rows["p0:2:0"]["batch_id"]) == (None, 0)
+    assert (rows["p0:3:0"]["seq"], rows["p0:3:0"]["response_offset"]) == (4, 10)
+    assert (rows["p0:4:0"]["dialect"], rows["p0:4:0"]["response_offset"]) == ("AM2", None)
+    left = stored_before(calls, run.writer.app_id, 3)[1]  # the open files only (one per bucket)
+    assert sum(f.rows or 0 for f in left) == 2 and all(f.nulls == f.rows for f in left)
+
+
+def test_a_file_of_answered_calls_is_no_candidate(tmp_path: Any) -> None:
+    """Another writer's file whose log says it holds no request-only row is not read."""
+    from deltalake import write_deltalake
+
+    from pipeline.silver.methods import stored_before
+    from schemas.silver import METHOD_CALLS
+
+    path = str(tmp_path / "calls")
+    base = {"dialect": "AM1", "batch_id": 0, "request_partition": "p0", "request_offset": 0,
+            "request_index": 0}  # fmt: skip
+    done = pa.Table.from_pylist(
+        [{**base, "call_id": "p0:0:0", "seq": 1, "response_partition": "p0", "response_offset": 1}],
+        schema=METHOD_CALLS,
+    )
+    waiting = pa.Table.from_pylist(
+        [{**base, "call_id": "p0:2:0", "seq": 2, "request_offset": 2}], schema=METHOD_CALLS
+    )
+    write_deltalake(path, done)
+    write_deltalake(path, waiting, mode="append")
+    (candidate,) = stored_before(path, "app", 0)[1]
+    assert (candidate.rows, candidate.nulls) == (1, 1)
+    got = pq.read_table(candidate.live.local_path).column("call_id").to_pylist()
+    assert got == ["p0:2:0"]
+
+
+def _traffic(seed: int, files: int) -> tuple[list[list[CapturedMessage]], dict[str, Any]]:
+    """Random v1 calls over ``files`` bronze files: AM1 calls on a sampled and an unseen
+    object, AM2 calls with their class key, answers in the same file or a later one (or
+    none), requests superseded by another of the same seq, answers nobody asked for.
+    Returns the files and what pairing them in arrival order gives (call id -> the
+    offset of its answer, None for a request never answered)."""
+    import random
+
+    rng = random.Random(seed)
+    sample = msg(broker_sample(), 0, "mgmt.amq1.stats.org.apache.qpid.broker.broker")
+    # (file, time in ms, message, its call half: (dialect, seq, is a request) or None)
+    timed: list[tuple[int, int, CapturedMessage, tuple[str, int, bool] | None]] = [
+        (0, 0, sample, None)
+    ]
+    for seq in range(1, 200):
+        d = rng.choice(["AM1", "AM2"])
+        key = AM1_KEY if d == "AM1" else None
+        f = rng.randrange(files)
+        t = f * 10_000 + rng.randrange(1, 5_000)
+        if rng.random() < 0.1:  # an answer nobody asked for
+            out = ECHO_OUT if d == "AM1" else b""
+            timed.append((f, t, msg(response(d, seq, 0, "OK", out), 0, key), (d, seq, False)))
+            continue
+        for _ in range(2 if rng.random() < 0.1 else 1):  # sometimes asked twice
+            if d == "AM1":
+                rec = request(d, seq, rng.choice([BROKER_ID, UNSEEN_ID]), "echo", ECHO_IN)
+            else:
+                rec = request(d, seq, QUEUE_ID, "purge", PURGE_IN, QUEUE)
+            timed.append((f, t, msg(rec, 0, AM1_KEY if d == "AM1" else None), (d, seq, True)))
+            f = rng.randrange(f, files)
+            t = max(t + 1, f * 10_000 + rng.randrange(1, 5_000))
+        if rng.random() < 0.8:
+            status = rng.choice([0, 0, 0, 7])
+            out = ECHO_OUT if d == "AM1" and status == 0 else b""
+            timed.append((f, t, msg(response(d, seq, status, "OK", out), 0, key), (d, seq, False)))
+    timed.sort(key=lambda x: (x[0], x[1]))
+    base = datetime(2026, 11, 22, 9, 0, tzinfo=UTC)
+    by_file: list[list[CapturedMessage]] = [[] for _ in range(files)]
+    expected: dict[str, Any] = {}
+    pending: dict[tuple[str, int], str] = {}
+    for offset, (f, t, m, half) in enumerate(timed):
+        at = (base + timedelta(milliseconds=t)).isoformat().replace("+00:00", "Z")
+        by_file[f].append(CapturedMessage(body=m.body, routing_key=m.routing_key, received_at=at))
+        if half is None:
+            continue
+        cid = f"p0:{offset}:0"
+        if half[2]:
+            pending[half[:2]] = cid
+            expected[cid] = None
+        else:
+            expected[pending.pop(half[:2], None) or cid] = offset
+    return by_file, expected
+
+
+def test_many_calls_pair_alike_in_tasks_and_on_the_driver(
+    spark: SparkSession, tmp_path: Any
+) -> None:
+    """Six bronze files, two per micro-batch (two decode tasks each): the halves of one
+    bucket come from both tasks and from earlier batches. Paired in one Spark task per
+    bucket and on the driver, the tables are identical, and as pairing every message
+    in arrival order gives."""
+    from tests.spark.test_silver_paths import _stream
+
+    files, expected = _traffic(7, 6)
+    parts, first = [], 0
+    for k, fm in enumerate(files):
+        parts.append(bronze_rows(fm, first_offset=first, batch_id=k))
+        first += len(fm)
+    tables = {}
+    for mode, kw in (("tasks", {"calls_driver_max_rows": 0}), ("driver", {})):
+        s, reports = _stream(spark, tmp_path / mode, parts, mode, **kw)
+        assert [(r.tasks, r.paired_on) for r in reports] == [(2 if mode == "tasks" else 0, mode)] * 3
+        tables[mode] = delta.read_arrow(s.path("method_calls")).sort_by("call_id").to_pylist()
+    assert tables["tasks"] == tables["driver"]
+    got = {r["call_id"]: r["response_offset"] for r in tables["tasks"]}
+    assert got == expected
+    assert sum(v is None for v in got.values()) > 10 and sum(v is not None for v in got.values()) > 100
+    typed = [r for r in tables["tasks"] if r["arguments_out"] is not None]
+    assert {r["class_name"] for r in typed} == {"broker", "queue"}
