@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from functools import lru_cache
 
@@ -187,20 +187,36 @@ class Resolver:
         out = agent
         if brokers:
             b = max(brokers, key=lambda o: o.last_seen_ns)
-            props = b.properties or {}
-            host = None
-            sys_key = parse_ref(b.dialect, props.get("systemRef"))
-            system = self.by_ref.get((agent, sys_key)) if sys_key else None
-            if system is None:
-                systems = [o for o in self.objects if o.agent == agent and o.class_name == "system"]
-                system = max(systems, key=lambda o: o.last_seen_ns) if systems else None
-            if system is not None and system.properties:
-                host = system.properties.get("nodeName")
-            bname = props.get("name") or self.name(b)
-            where = ":".join(p for p in (host, props.get("port")) if p)
-            out = f"{bname}@{where}" if where else bname
+            out = broker_label(
+                b,
+                lambda key: self.by_ref.get((agent, key)),
+                (o for o in self.objects if o.agent == agent),
+                lambda: self.name(b),
+            )
         self._brokers[agent] = out
         return out
+
+
+def broker_label(
+    broker: Obj,
+    target: Callable[[str], Obj | None],
+    objects: Iterable[Obj],
+    name: Callable[[], str],
+) -> str:
+    """``<name>@<host>:<port>`` of a broker object: the host is the ``nodeName`` of the
+    system its ``systemRef`` names (``target``: the agent's object of a reference key),
+    else of the agent's latest system among ``objects``; ``name``: the broker object's
+    own name, asked for only when it has no ``name`` property."""
+    props = broker.properties or {}
+    sys_key = parse_ref(broker.dialect, props.get("systemRef"))
+    system = target(sys_key) if sys_key else None
+    if system is None:
+        systems = [o for o in objects if o.class_name == "system"]
+        system = max(systems, key=lambda o: o.last_seen_ns) if systems else None
+    host = system.properties.get("nodeName") if system is not None and system.properties else None
+    bname = props.get("name") or name()
+    where = ":".join(p for p in (host, props.get("port")) if p)
+    return f"{bname}@{where}" if where else bname
 
 
 def _props(value: object) -> dict[str, str | None] | None:
@@ -412,21 +428,17 @@ def _agent_brokers(df: pl.DataFrame, names: pl.Series, targets: pl.DataFrame) ->
     for agent in {o.agent for o in objs.values() if o.class_name == "broker"}:
         mine = [(r, o) for r, o in objs.items() if o.agent == agent]
         b_row, b = max((p for p in mine if p[1].class_name == "broker"), key=lambda p: p[1].last_seen_ns)
-        props = b.properties or {}
-        system: Obj | None = None
-        sys_key = parse_ref(b.dialect, props.get("systemRef"))
-        if sys_key:
-            hit = targets.filter((pl.col("agent") == agent) & (pl.col("_ref") == sys_key))["_t"]
-            if hit.len():
-                t = int(hit[0])
-                system = objs.get(t) or Obj(agent, "", "", "", "", None, 0)  # no properties
-        if system is None:
-            systems = [o for _, o in mine if o.class_name == "system"]
-            system = max(systems, key=lambda o: o.last_seen_ns) if systems else None
-        host = system.properties.get("nodeName") if system is not None and system.properties else None
-        bname = props.get("name") or names[b_row]
-        where = ":".join(p for p in (host, props.get("port")) if p)
-        out[agent] = f"{bname}@{where}" if where else bname
+
+        def target(key: str, agent: str = agent) -> Obj | None:
+            hit = targets.filter((pl.col("agent") == agent) & (pl.col("_ref") == key))["_t"]
+            if not hit.len():
+                return None
+            return objs.get(int(hit[0])) or Obj(agent, "", "", "", "", None, 0)  # no properties
+
+        def own_name(row: int = b_row) -> str:
+            return names[row]  # type: ignore[no-any-return]
+
+        out[agent] = broker_label(b, target, (o for _, o in mine), own_name)
     return out
 
 
