@@ -187,8 +187,9 @@ METHOD_RESPONSES = pa.schema(
 
 # One row per v1 method call ('M' request and 'm' response paired by (dialect, seq)).
 # ``call_id`` = "<partition>:<offset>:<record_index>" of the request (of the response
-# when its request was never seen): the merge key. A request waits as a request-only
-# row (response columns null) until a later batch's response completes it; ``batch_id``
+# when its request was never seen): the upsert key. A request waits as a request-only
+# row (response columns null) until a later batch's response completes it (the waiting
+# requests live in their own ``calls-open-*`` files; docs/DESIGN.md, Method calls); ``batch_id``
 # is the batch that last wrote the row, ``request_batch`` the one that wrote the request.
 # Arguments are JSON objects typed by the method's schema (``arguments_in``: input and
 # bidirectional, from the request; ``arguments_out``: output and bidirectional, from the

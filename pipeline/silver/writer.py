@@ -33,6 +33,7 @@ batch until their schema arrives.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import time
@@ -284,6 +285,7 @@ class SilverBatchWriter:
         retry = parked.retry_keys(before, ext)
         known_now = parked.decodable(now, ext) if staged is not None else []
         stages: list[str] = []
+        locks = contextlib.ExitStack()  # held from a snapshot to the commit that removes files
         try:
             if retry or known_now:
                 again_t, report.resolved_on = self._resolve(
@@ -305,7 +307,7 @@ class SilverBatchWriter:
                 agents.append(staged.agents)
             merged.tables["agents"] = self._agents_to_write(merge_agent_rows(agents, batch_id))
             calls = self._pair_calls(
-                merged, files, folders, stages, ext, batch_id, staged, spark, report
+                merged, files, folders, stages, ext, batch_id, staged, spark, report, locks
             )
             self._report_stale(pending, report)
             self._ask_for_schemas(pending, ext)
@@ -313,6 +315,7 @@ class SilverBatchWriter:
             t1 = time.perf_counter()
             self._commit(merged, files, batch_id, report, calls)
         finally:
+            locks.close()
             for folder in stages:
                 delta.remove_stage_dir(folder)
         seen = [
@@ -424,15 +427,19 @@ class SilverBatchWriter:
         staged: TaskResults | None,
         spark: SparkSession | None,
         report: BatchReport,
+        locks: contextlib.ExitStack,
     ) -> tuple[list[str], int] | None:
         """Pair the batch's call halves (``pipeline.silver.methods``): their files join
         ``files["method_calls"]``; returns the candidate files they replace and the rows
         the batch changed, or None without halves. In Spark tasks on the task path when
-        halves and stored rows number more than ``calls_driver_max_rows``, else here."""
+        halves and stored rows number more than ``calls_driver_max_rows``, else here.
+        The table lock is taken (shared, into ``locks``) before the candidates are listed
+        and held until the commit that removes them: no compaction in between."""
         held = merged.tables.pop(CALL_PARTS_T, None)
         part_files = files.pop(CALL_PARTS_T, [])
         if not part_files and (held is None or held.num_rows == 0):
             return None
+        locks.enter_context(delta.table_lock(self.settings.path("method_calls")))
         work = self.calls.plan(
             app_id=self.app_id, batch_id=batch_id, registry=registry,
             buckets=call_buckets(spark), part_files=part_files, parts_rows=held,
