@@ -55,11 +55,11 @@ Paired = tuple[list[delta.DataFileInfo], int]
 
 
 def bucket_of(table: pa.Table, buckets: int) -> np.ndarray:
-    """The bucket of each row's (dialect, seq): stable across processes and runs
-    (consecutive sequence numbers go round the buckets)."""
+    """The bucket of each row's (dialect, seq): stable across processes and runs;
+    consecutive sequence numbers of each dialect go round the buckets."""
     seq = table.column("seq").to_numpy(zero_copy_only=False).astype(np.int64)
     am1 = pc.equal(table.column("dialect"), "AM1").to_numpy(zero_copy_only=False)
-    return np.asarray((seq * 2 + np.where(am1, 0, 1)) % buckets, dtype=np.int64)
+    return np.asarray((seq + np.where(am1, 0, 1)) % buckets, dtype=np.int64)
 
 
 def part_name(batch_id: int, bucket: int) -> str:

@@ -439,3 +439,14 @@ def test_many_calls_pair_alike_in_tasks_and_on_the_driver(
     assert sum(v is None for v in got.values()) > 10 and sum(v is not None for v in got.values()) > 100
     typed = [r for r in tables["tasks"] if r["arguments_out"] is not None]
     assert {r["class_name"] for r in typed} == {"broker", "queue"}
+
+
+@pytest.mark.parametrize("buckets", [1, 2, 3, 8])
+def test_each_dialects_calls_spread_evenly_over_the_buckets(buckets: int) -> None:
+    from pipeline.silver.methods import bucket_of
+
+    for dialect in ("AM1", "AM2"):
+        t = pa.table({"dialect": [dialect] * 240, "seq": pa.array(range(240), pa.int64())})
+        b = bucket_of(t, buckets)
+        assert sorted(b.tolist()) == sorted(list(range(buckets)) * (240 // buckets))
+        assert b.tolist() == bucket_of(t, buckets).tolist()  # stable
