@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING
 
 from pipeline.jobrun import run_job, setup_logging, trigger_arg
 from pipeline.silver import SilverSettings, run_silver, run_silver_batch
-from pipeline.silver.settings import DRIVER_MAX_BYTES
+from pipeline.silver.settings import CALLS_DRIVER_MAX_ROWS, DRIVER_MAX_BYTES
 
 
 def _range(text: str) -> tuple[int, int]:
@@ -55,6 +55,9 @@ def build_parser() -> argparse.ArgumentParser:
                         "most --driver-max-bytes of bronze files, tasks above ('spark' = tasks)")
     p.add_argument("--driver-max-bytes", type=int, default=DRIVER_MAX_BYTES, metavar="BYTES",
                    help="auto: largest batch (bronze file bytes) decoded on the driver")
+    p.add_argument("--calls-driver-max-rows", type=int, default=CALLS_DRIVER_MAX_ROWS, metavar="ROWS",
+                   help="task path: v1 method-call halves plus waiting requests paired on the "
+                        "driver up to this many, in Spark tasks by bucket above")
     p.add_argument("--schema-wants", default=None, metavar="DIR",
                    help="list the schemas parked messages wait for in DIR, for the receiver's "
                         "console (qmf receive --console --console-wants DIR)")
@@ -84,6 +87,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         parked_max_age_s=args.parked_max_age,
         decode_on=args.decode_on,
         driver_max_bytes=args.driver_max_bytes,
+        calls_driver_max_rows=args.calls_driver_max_rows,
         schema_wants=args.schema_wants,
         **extra,
     )
