@@ -439,7 +439,11 @@ class SilverBatchWriter:
         part_files = files.pop(CALL_PARTS_T, [])
         if not part_files and (held is None or held.num_rows == 0):
             return None
-        locks.enter_context(delta.table_lock(self.settings.path("method_calls")))
+        path = self.settings.path("method_calls")
+        done = delta.committed_batch(path, self.app_id)
+        if done is not None and done >= batch_id:  # a replay: its commit would be skipped
+            return None
+        locks.enter_context(delta.table_lock(path))
         work = self.calls.plan(
             app_id=self.app_id, batch_id=batch_id, registry=registry,
             buckets=call_buckets(spark), part_files=part_files, parts_rows=held,

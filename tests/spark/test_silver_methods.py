@@ -258,7 +258,8 @@ def test_calls_pair_across_batches_typed_both_ways(
     before = delta.read_arrow(run.s.path("method_calls")).sort_by("call_id")
     replay = SilverBatchWriter(run.s, app_id="test-methods")
     for k in (1, 2):
-        assert "method_calls" not in run.decode(k, replay).committed
+        again = run.decode(k, replay)
+        assert "method_calls" not in again.committed and again.paired_on == ""  # not paired again
     assert delta.read_arrow(run.s.path("method_calls")).sort_by("call_id").equals(before)
     # the audit copies are still beside the typed view: method_responses keeps every 'm'
     responses = delta.read_arrow(run.s.path("method_responses"))
