@@ -407,12 +407,13 @@ class MethodCallTable:
         staging: str,
     ) -> CallWork | None:
         """None when the batch has no call halves (nothing to pair, nothing to commit)."""
-        parts = tuple(f.location for f in part_files)
+        described = list(part_files)
+        parts = tuple(f.location for f in described)
         held = 0 if parts_rows is None else parts_rows.num_rows
         if not parts and held == 0:
             return None
         schema, stored = stored_before(self.path, app_id, batch_id)
-        part_rows = held + sum(pq.ParquetFile(p).metadata.num_rows for p in parts)
+        part_rows = held + sum(f.rows for f in described)
         stored_rows = sum(
             f.rows if f.rows is not None else pq.ParquetFile(f.live.local_path).metadata.num_rows
             for f in stored
