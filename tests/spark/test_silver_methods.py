@@ -37,6 +37,7 @@ from pipeline.silver import (
     write_bronze,
 )
 from pipeline.sim.wire import encode_arguments
+from schemas.silver import METHOD_CALLS
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
@@ -341,7 +342,6 @@ def test_a_file_of_answered_calls_is_no_candidate(tmp_path: Any) -> None:
     from deltalake import write_deltalake
 
     from pipeline.silver.methods import stored_before
-    from schemas.silver import METHOD_CALLS
 
     path = str(tmp_path / "calls")
     base = {"dialect": "AM1", "batch_id": 0, "request_partition": "p0", "request_offset": 0,
@@ -430,11 +430,16 @@ def test_many_calls_pair_alike_in_tasks_and_on_the_driver(
         parts.append(bronze_rows(fm, first_offset=first, batch_id=k))
         first += len(fm)
     tables = {}
-    for mode, kw in (("tasks", {"calls_driver_max_rows": 0}), ("driver", {})):
-        s, reports = _stream(spark, tmp_path / mode, parts, mode, **kw)
-        assert [(r.tasks, r.paired_on) for r in reports] == [(2 if mode == "tasks" else 0, mode)] * 3
-        tables[mode] = delta.read_arrow(s.path("method_calls")).sort_by("call_id").to_pylist()
-    assert tables["tasks"] == tables["driver"]
+    # (decode on, pairing threshold, where the pairing must run): the task path's default
+    # threshold keeps this batch's few hundred halves on the driver
+    runs = {"tasks": ("tasks", 0, "tasks"), "tasks-small": ("tasks", None, "driver"),
+            "driver": ("driver", 0, "driver")}  # fmt: skip
+    for name, (mode, most, paired) in runs.items():
+        kw = {} if most is None else {"calls_driver_max_rows": most}
+        s, reports = _stream(spark, tmp_path / name, parts, mode, **kw)
+        assert [(r.tasks, r.paired_on) for r in reports] == [(2 if mode == "tasks" else 0, paired)] * 3
+        tables[name] = delta.read_arrow(s.path("method_calls")).sort_by("call_id").to_pylist()
+    assert tables["tasks"] == tables["driver"] == tables["tasks-small"]
     got = {r["call_id"]: r["response_offset"] for r in tables["tasks"]}
     assert got == expected
     assert sum(v is None for v in got.values()) > 10 and sum(v is not None for v in got.values()) > 100
@@ -451,3 +456,22 @@ def test_each_dialects_calls_spread_evenly_over_the_buckets(buckets: int) -> Non
         b = bucket_of(t, buckets)
         assert sorted(b.tolist()) == sorted(list(range(buckets)) * (240 // buckets))
         assert b.tolist() == bucket_of(t, buckets).tolist()  # stable
+
+
+def test_part_files_name_their_bucket(tmp_path: Any) -> None:
+    from pipeline.silver.methods import PartWriter, bucket_of, part_bucket
+
+    t = pa.Table.from_pylist(
+        [{"call_id": f"p0:{i}:0", "dialect": "AM2", "seq": i, "batch_id": 3} for i in range(7)],
+        schema=METHOD_CALLS,
+    )
+    w = PartWriter(str(tmp_path), 3, 4)
+    w.write(t.slice(0, 4))
+    w.write(t.slice(4))
+    files = w.close()
+    assert sorted(part_bucket(f.location) for f in files) == [0, 1, 2, 3]
+    for f in files:
+        rows = pq.read_table(f.location)
+        assert set(bucket_of(rows, 4).tolist()) == {part_bucket(f.location)}
+        assert os.path.basename(f.location).startswith("calls-parts-00000003-b0000")
+    assert sum(f.rows for f in files) == 7
