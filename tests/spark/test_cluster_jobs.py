@@ -196,3 +196,43 @@ def test_silver_and_gold_jobs_on_local_cluster(
         want = sorted_table(sim_lake.gold / name)
         assert want.num_rows > 0, name
         assert sorted_table(gold / name).equals(want), name
+
+
+def test_method_calls_pair_in_executor_tasks_on_local_cluster(
+    node_env: Path, tmp_path: Path
+) -> None:
+    """Random v1 calls over six bronze files, two per micro-batch: the silver job on the
+    cluster decodes them in tasks and pairs them in one executor task per bucket of
+    (dialect, seq) (``--calls-driver-max-rows 0``); the table is what pairing every
+    message in arrival order gives, with arguments typed."""
+    from pipeline.silver import bronze_rows, write_bronze
+    from tests.spark.test_silver_methods import _traffic
+
+    files, expected = _traffic(5, 6)
+    parts, first = [], 0
+    for k, fm in enumerate(files):
+        parts.append(bronze_rows(fm, first_offset=first, batch_id=k))
+        first += len(fm)
+    bronze, silver, events = tmp_path / "bronze", tmp_path / "silver", tmp_path / "events"
+    write_bronze(str(bronze), parts)
+    try:
+        proc = spark_submit(
+            node_env, events, "silver.py", "--bronze", str(bronze), "--root", str(silver),
+            "--checkpoint", str(tmp_path / "ck"), "--trigger", "availableNow",
+            "--max-files-per-trigger", "2", "--timeout", "300", "--decode-on", "tasks",
+            "--calls-driver-max-rows", "0",
+        )  # fmt: skip
+        assert proc.returncode == 0, proc.stderr[-4000:]
+        (per,) = executor_tasks(events).values()
+    finally:
+        remove_executor_logs(
+            sorted({m.group(0) for m in map(APP_ID.search, map(str, events.rglob("*"))) if m})
+        )
+    assert (proc.stdout + proc.stderr).count("paired_on='tasks'") == 3, proc.stdout[-3000:]
+    # 3 batches x (1-2 decode tasks + 2 pairing tasks: one per bucket), on the executors
+    # only (12 seen; a query's first batch is decoded over its DataFrame's partitions)
+    assert set(per) <= {"0", "1"} and 9 <= sum(per.values()) <= 12, per
+    rows = delta.read_arrow(str(silver / "method_calls")).to_pylist()
+    assert {r["call_id"]: r["response_offset"] for r in rows} == expected
+    typed = {r["class_name"] for r in rows if r["arguments_out"] is not None}
+    assert typed == {"broker", "queue"}
