@@ -193,7 +193,9 @@ METHOD_RESPONSES = pa.schema(
 # is the batch that last wrote the row, ``request_batch`` the one that wrote the request.
 # Arguments are JSON objects typed by the method's schema (``arguments_in``: input and
 # bidirectional, from the request; ``arguments_out``: output and bidirectional, from the
-# response), null when they could not be typed; the raw bytes stay for audit.
+# response), null when they could not be typed; the raw bytes stay for audit, and
+# ``arguments_in_error``/``arguments_out_error`` say why bytes did not fit a known method
+# (null for an unknown object, schema or method: nothing to type them with).
 METHOD_CALLS = pa.schema(
     [
         pa.field("call_id", pa.string(), nullable=False),
@@ -222,6 +224,9 @@ METHOD_CALLS = pa.schema(
         pa.field("arguments_out", pa.string()),
         pa.field("raw_in", pa.binary()),
         pa.field("raw_out", pa.binary()),
+        # Why arguments of a known method stayed untyped (the bytes do not fit it).
+        pa.field("arguments_in_error", pa.string()),
+        pa.field("arguments_out_error", pa.string()),
     ]
 )
 

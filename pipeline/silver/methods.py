@@ -163,7 +163,9 @@ def pair(
     same number can no longer be answered). Every stored row is written again, as
     it was unless the batch completed it. Arguments are typed with the codec's
     ``MethodContext``: an AM1 request names only an object, whose class ``classes``
-    gives; a response is typed with its request's class and method.
+    gives; a response is typed with its request's class and method. Bytes that do not
+    fit a known method stay raw, with the reason in ``arguments_in_error`` or
+    ``arguments_out_error``.
     """
     from pipeline.codec.layout import to_json
     from pipeline.codec.methods import MethodContext, PendingCall
@@ -195,7 +197,7 @@ def pair(
                 class_name=part["class_name"], schema_hash=part["schema_hash"],
                 raw_arguments=part["raw_in"] or b"",
             )  # fmt: skip
-            typed, _err = ctx.type_record(req, registry)
+            typed, err = ctx.type_record(req, registry)
             assert isinstance(typed, MethodRequest)
             if typed.arguments is not None:
                 part |= {
@@ -203,6 +205,15 @@ def pair(
                     "schema_hash": typed.schema_hash,
                     "arguments_in": to_json(typed.arguments),
                 }  # fmt: skip
+            else:
+                known = ctx.class_of(req.object_id) if part["package"] is None else None
+                if known is not None:  # an AM1 object's class, though its bytes did not fit
+                    part |= {
+                        "package": known.package, "class_name": known.name,
+                        "schema_hash": known.hash,
+                    }  # fmt: skip
+                if err is not None:
+                    part["arguments_in_error"] = str(err)
             pending[(d, seq)] = part
             out[part["call_id"]] = part
             changed.add(part["call_id"])
@@ -226,10 +237,12 @@ def pair(
                 dialect=d, opcode="m", seq=seq, status=part["status"],
                 text=part["text"] or "", raw_arguments=part["raw_out"] or b"",
             )  # fmt: skip
-            typed_r, _err = ctx.type_record(resp, registry)
+            typed_r, err = ctx.type_record(resp, registry)
             assert isinstance(typed_r, MethodResponse)
             if typed_r.arguments is not None:
                 call["arguments_out"] = to_json(typed_r.arguments)
+            elif err is not None:
+                call["arguments_out_error"] = str(err)
             del ctx.pending[(d, seq)]
         out[call["call_id"]] = call
         changed.add(call["call_id"])

@@ -136,6 +136,14 @@ CREATE_IN = args(
 )  # fmt: skip
 LEVEL_OUT = args(BROKER, "getLogLevel", "O", {"level": "info+"})
 PURGE_IN = args(QUEUE, "purge", "I", {"request": 5, "filter": {"k": "v"}}, "AM2")
+EXPECTED_IN_ERROR = (
+    "method arguments at offset 6 do not fit: echo of org.apache.qpid.broker:broker"
+    f"({BROKER.key.hash.hex()}): truncated lstr at offset 6: expected 4 bytes, found 2"
+)
+EXPECTED_OUT_ERROR = (
+    "method arguments at offset 10 do not fit: echo of org.apache.qpid.broker:broker"
+    f"({BROKER.key.hash.hex()}): 1 bytes left after them"
+)
 
 
 # Where the calls are paired: on the driver (small batches), or in one Spark task per
@@ -248,6 +256,7 @@ def test_calls_pair_across_batches_typed_both_ways(
     assert (create["status"], create["text"], create["arguments_out"], create["raw_out"]) == (
         7, "exists", None, b""
     )
+    assert (create["arguments_in_error"], create["arguments_out_error"]) == (None, None)
     assert json.loads(create["arguments_in"])["strict"] is True  # kept from batch 1
     unseen = c[("AM1", 11)]
     assert (unseen["arguments_in"], unseen["arguments_out"]) == (None, None)
@@ -475,3 +484,30 @@ def test_part_files_name_their_bucket(tmp_path: Any) -> None:
         assert set(bucket_of(rows, 4).tolist()) == {part_bucket(f.location)}
         assert os.path.basename(f.location).startswith("calls-parts-00000003-b0000")
     assert sum(f.rows for f in files) == 7
+
+
+@pytest.mark.parametrize("path", sorted(PATHS))
+def test_arguments_that_do_not_fit_keep_their_bytes_and_say_why(
+    spark: SparkSession, tmp_path: Any, path: str
+) -> None:
+    """A known method whose bytes do not fit it: arguments null, raw bytes kept, the
+    reason beside them; an unknown object has nothing to type with: no reason."""
+    run = Run(spark, tmp_path, **PATHS[path])
+    run.batch(0, [
+        msg(broker_sample(), 0, "mgmt.amq1.stats.org.apache.qpid.broker.broker"),
+        msg(request("AM1", 1, BROKER_ID, "echo", ECHO_IN[:-2]), 1),  # cut short
+        msg(response("AM1", 1, 0, "OK", ECHO_OUT + b"\x00"), 2),  # a byte too many
+        msg(request("AM1", 2, UNSEEN_ID, "echo", ECHO_IN[:-2]), 3),
+    ])  # fmt: skip
+    c = run.calls()
+    bad = c[("AM1", 1)]
+    assert (bad["arguments_in"], bad["raw_in"], bad["arguments_out"], bad["raw_out"]) == (
+        None, ECHO_IN[:-2], None, ECHO_OUT + b"\x00"
+    )
+    assert bad["arguments_in_error"] == EXPECTED_IN_ERROR
+    assert bad["arguments_out_error"] == EXPECTED_OUT_ERROR
+    assert (bad["class_name"], bad["status"]) == ("broker", 0)  # the class from its sample
+    unseen = c[("AM1", 2)]
+    assert (unseen["class_name"], unseen["arguments_in"], unseen["arguments_in_error"]) == (
+        None, None, None
+    )
