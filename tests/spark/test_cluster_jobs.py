@@ -206,9 +206,9 @@ def test_method_calls_pair_in_executor_tasks_on_local_cluster(
     (dialect, seq) (``--calls-driver-max-rows 0``); the table is what pairing every
     message in arrival order gives, with arguments typed."""
     from pipeline.silver import bronze_rows, write_bronze
-    from tests.spark.test_silver_methods import _traffic
+    from tests.spark.test_silver_methods import call_traffic
 
-    files, expected = _traffic(5, 6)
+    files, expected = call_traffic(5, 6)
     parts, first = [], 0
     for k, fm in enumerate(files):
         parts.append(bronze_rows(fm, first_offset=first, batch_id=k))

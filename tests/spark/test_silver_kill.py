@@ -45,11 +45,11 @@ def _identities(s: SilverSettings, name: str) -> Counter[tuple[Any, ...]]:
 def test_sigkill_and_restart_write_every_row_once(
     spark: SparkSession, shared_dir: str, tmp_path: Any
 ) -> None:
-    from tests.spark.test_silver_methods import _traffic
+    from tests.spark.test_silver_methods import call_traffic
 
     msgs = list(read_capture(os.path.join(shared_dir, "samples/qpidd-capture-20s.jsonl")))
     chunks = [msgs[i : i + 72] for i in range(0, len(msgs), 72)]
-    calls, expected = _traffic(11, len(chunks))  # each bronze batch: traffic, then calls
+    calls, expected = call_traffic(11, len(chunks))  # each bronze batch: traffic, then calls
     parts, first = [], 0
     for k, (chunk, more) in enumerate(zip(chunks, calls, strict=True)):
         parts.append(bronze_rows([*chunk, *more], first_offset=first, batch_id=k))

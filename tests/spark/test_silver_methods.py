@@ -370,7 +370,7 @@ def test_a_file_of_answered_calls_is_no_candidate(tmp_path: Any) -> None:
     assert got == ["p0:2:0"]
 
 
-def _traffic(seed: int, files: int) -> tuple[list[list[CapturedMessage]], dict[str, Any]]:
+def call_traffic(seed: int, files: int) -> tuple[list[list[CapturedMessage]], dict[str, Any]]:
     """Random v1 calls over ``files`` bronze files: AM1 calls on a sampled and an unseen
     object, AM2 calls with their class key, answers in the same file or a later one (or
     none), requests superseded by another of the same seq, answers nobody asked for.
@@ -433,7 +433,7 @@ def test_many_calls_pair_alike_in_tasks_and_on_the_driver(
     in arrival order gives."""
     from tests.spark.test_silver_paths import _stream
 
-    files, expected = _traffic(7, 6)
+    files, expected = call_traffic(7, 6)
     parts, first = [], 0
     for k, fm in enumerate(files):
         parts.append(bronze_rows(fm, first_offset=first, batch_id=k))
