@@ -1691,6 +1691,15 @@ def version_before_batch(path: str, app_id: str, batch_id: int) -> int | None:
     return None if first is None else first - 1
 
 
+def _open_before_batch(path: str, app_id: str, batch_id: int) -> tuple[DeltaTable, bool]:
+    """The table as ``batch_id`` first saw it (``version_before_batch``), and whether it
+    was empty then (the batch created it: the latest version is opened, for its schema)."""
+    version = version_before_batch(path, app_id, batch_id)
+    if version is not None and version < 0:
+        return _open(path, None), True
+    return _open(path, version), False
+
+
 def read_before_batch(
     path: str,
     app_id: str,
@@ -1702,11 +1711,10 @@ def read_before_batch(
 
     ``columns``: only these; ``within`` = (column, low, high): only the files whose log
     stats allow a value in [low, high] (``prune_files``; rows are not filtered)."""
-    version = version_before_batch(path, app_id, batch_id)
-    dt = _open(path, None if version is None else max(version, 0))
+    dt, empty = _open_before_batch(path, app_id, batch_id)
     schema = table_schema(dt)
     names = list(schema.names if columns is None else columns)
-    if version is not None and version < 0:  # the batch created it: empty before
+    if empty:
         return pa.schema([schema.field(n) for n in names]).empty_table()
     live = live_files(dt)
     if within is not None:
@@ -1733,10 +1741,9 @@ def file_facts_before_batch(
 ) -> tuple[pa.Schema, list[FileFacts]]:
     """(schema, live files with their row and ``column`` null counts) of the table as
     ``batch_id`` first saw it (``version_before_batch``)."""
-    version = version_before_batch(path, app_id, batch_id)
-    if version is not None and version < 0:
-        return table_schema(_open(path, None)), []
-    dt = _open(path, version)
+    dt, empty = _open_before_batch(path, app_id, batch_id)
+    if empty:
+        return table_schema(dt), []
     adds = pa.table(dt.get_add_actions(flatten=True))
     paths = adds.column("path").to_pylist()
 
@@ -1756,8 +1763,5 @@ def files_before_batch(
 ) -> tuple[pa.Schema, list[LiveFile]]:
     """(schema, live files) of the table as ``batch_id`` first saw it
     (``version_before_batch``): for tasks that read it themselves (``read_data_file``)."""
-    version = version_before_batch(path, app_id, batch_id)
-    if version is not None and version < 0:  # the batch created it: empty before
-        return table_schema(_open(path, None)), []
-    dt = _open(path, version)
-    return table_schema(dt), live_files(dt)
+    dt, empty = _open_before_batch(path, app_id, batch_id)
+    return table_schema(dt), [] if empty else live_files(dt)

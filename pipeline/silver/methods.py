@@ -24,7 +24,7 @@ from __future__ import annotations
 import os
 import uuid
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -418,13 +418,12 @@ class MethodCallTable:
         sample_files: Iterable[delta.DataFileInfo],
         samples_rows: pa.Table | None,
         staging: str,
-    ) -> CallWork | None:
-        """None when the batch has no call halves (nothing to pair, nothing to commit)."""
+    ) -> CallWork:
+        """The batch's pairing (the caller has call halves: a batch without any pairs and
+        commits nothing)."""
         described = list(part_files)
         parts = tuple(f.location for f in described)
         held = 0 if parts_rows is None else parts_rows.num_rows
-        if not parts and held == 0:
-            return None
         schema, stored = stored_before(self.path, app_id, batch_id)
         part_rows = held + sum(f.rows for f in described)
         stored_rows = sum(
@@ -456,8 +455,6 @@ class MethodCallTable:
             p = os.path.join(plan.staging, f"samples-{uuid.uuid4().hex}.parquet")
             pq.write_table(plan.samples_rows.select(list(CLASS_COLUMNS)), p)
             extra_samples = [p]
-        from dataclasses import replace
-
         shipped = replace(
             plan, parts=(*plan.parts, *extra_parts), samples=(*plan.samples, *extra_samples),
             parts_rows=None, samples_rows=None,

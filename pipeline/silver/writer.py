@@ -451,7 +451,6 @@ class SilverBatchWriter:
             samples_rows=merged.tables.get("object_samples"),
             staging=self._stage_for(CALL_PARTS_T, batch_id, folders, stages),
         )  # fmt: skip
-        assert work is not None
         big = work.rows > self.settings.calls_driver_max_rows
         where = spark if staged is not None and big else None
         paired, changed = self.calls.run(work, where)
