@@ -112,6 +112,23 @@ class BatchReport:
     seconds: dict[str, float] = field(default_factory=dict)
 
 
+@dataclass
+class _Batch:
+    """One batch's work in ``finish``, carried between its steps: the files of each table
+    (the tasks', then the parked messages' and the calls' ones), the staging folders they
+    sit in, the folders made on the driver (removed after the batch) and the table locks
+    held until the commit."""
+
+    batch_id: int
+    report: BatchReport
+    staged: TaskResults | None
+    spark: SparkSession | None
+    files: dict[str, list[delta.DataFileInfo]]
+    folders: dict[str, str]  # table -> staging folder
+    stages: list[str] = field(default_factory=list)
+    locks: contextlib.ExitStack = field(default_factory=contextlib.ExitStack)
+
+
 class SilverBatchWriter:
     """The ``foreachBatch`` function: one bronze micro-batch -> every silver table, exactly once."""
 
@@ -267,8 +284,11 @@ class SilverBatchWriter:
         seen_rows = [decoded.get(SEEN_T)]
         ext, report.new_schemas = with_batch_schemas(registry, decoded)
         parts = [decoded]
-        files = {} if staged is None else {k: list(v) for k, v in staged.files.items()}
-        folders = {} if staged is None else dict(staged.staging)  # table -> staging folder
+        b = _Batch(
+            batch_id, report, staged, spark,
+            files={} if staged is None else {k: list(v) for k, v in staged.files.items()},
+            folders={} if staged is None else dict(staged.staging),
+        )  # fmt: skip
         if staged is None:  # the driver path holds this batch's parked messages
             again = (
                 decode_parked_again(decoded, ext, batch_id, self.kinds)
@@ -284,13 +304,9 @@ class SilverBatchWriter:
         before = self.pending_parked(batch_id)
         retry = parked.retry_keys(before, ext)
         known_now = parked.decodable(now, ext) if staged is not None else []
-        stages: list[str] = []
-        locks = contextlib.ExitStack()  # held from a snapshot to the commit that removes files
         try:
             if retry or known_now:
-                again_t, report.resolved_on = self._resolve(
-                    batch_id, ext, retry, known_now, staged, spark, files, folders, stages
-                )
+                again_t, report.resolved_on = self._resolve(b, ext, retry, known_now)
                 report.resolved = again_t.resolved
                 parts.append(again_t.side)
                 seen_rows.append(again_t.side.get(SEEN_T))
@@ -306,17 +322,15 @@ class SilverBatchWriter:
             if staged is not None:
                 agents.append(staged.agents)
             merged.tables["agents"] = self._agents_to_write(merge_agent_rows(agents, batch_id))
-            calls = self._pair_calls(
-                merged, files, folders, stages, ext, batch_id, staged, spark, report, locks
-            )
+            calls = self._pair_calls(b, merged, ext)
             self._report_stale(pending, report)
             self._ask_for_schemas(pending, ext)
             self._after = None
             t1 = time.perf_counter()
-            self._commit(merged, files, batch_id, report, calls)
+            self._commit(b, merged, calls)
         finally:
-            locks.close()
-            for folder in stages:
+            b.locks.close()
+            for folder in b.stages:
                 delta.remove_stage_dir(folder)
         seen = [
             SeenSchema(schema_from_row(r), r["source_agent"], r["first_seen"])
@@ -340,24 +354,16 @@ class SilverBatchWriter:
         return report
 
     def _resolve(
-        self,
-        batch_id: int,
-        ext: SchemaRegistry,
-        retry: list[str],
-        known_now: list[str],
-        staged: TaskResults | None,
-        spark: SparkSession | None,
-        files: dict[str, list[delta.DataFileInfo]],
-        folders: dict[str, str],
-        stages: list[str],
+        self, b: _Batch, ext: SchemaRegistry, retry: list[str], known_now: list[str]
     ) -> tuple[TaskResults, str]:
         """Decode the parked messages whose schema is known now (``tasks.resolve_task``):
         this batch's parked files when ``known_now``, the ``parked`` table's messages
         stored under ``retry``. In Spark tasks on the task path or above
         ``driver_max_bytes`` of files; here otherwise (the second value says which).
-        Their files join ``files``; staging folders made here join ``folders``."""
+        Their files join ``b.files``; staging folders made here join ``b.folders``."""
         from pipeline.silver import tasks
 
+        batch_id, staged, spark, files = b.batch_id, b.staged, b.spark, b.files
         path = self.settings.path
         parts: list[tasks.ParkedPart] = []
         if known_now and staged is not None:
@@ -372,7 +378,7 @@ class SilverBatchWriter:
             rschema, rfiles = delta.files_before_batch(
                 path("parked_resolved"), self.app_id, batch_id
             )
-        staging = [(n, self._stage_for(n, batch_id, folders, stages)) for n in tasks.RESOLVE_TABLES]
+        staging = [(n, self._stage_for(b, n)) for n in tasks.RESOLVE_TABLES]
         plan = tasks.ResolvePlan(
             schemas=tuple(ext),
             batch_id=batch_id,
@@ -406,35 +412,24 @@ class SilverBatchWriter:
 
         return self.settings.path(STAGED_IN.get(name, name))
 
-    def _stage_for(
-        self, name: str, batch_id: int, folders: dict[str, str], stages: list[str]
-    ) -> str:
-        """The batch's staging folder for a task table: the tasks' (``folders``), or one
-        made now (removed with ``stages`` after the batch)."""
-        if name not in folders:
-            folders[name] = delta.fresh_stage_dir(self._staged_in(name), self.app_id, batch_id)
-            stages.append(folders[name])
-        return folders[name]
+    def _stage_for(self, b: _Batch, name: str) -> str:
+        """The batch's staging folder for a task table: the tasks' (``b.folders``), or one
+        made now (removed with ``b.stages`` after the batch)."""
+        if name not in b.folders:
+            b.folders[name] = delta.fresh_stage_dir(self._staged_in(name), self.app_id, b.batch_id)
+            b.stages.append(b.folders[name])
+        return b.folders[name]
 
     def _pair_calls(
-        self,
-        merged: Decoded,
-        files: dict[str, list[delta.DataFileInfo]],
-        folders: dict[str, str],
-        stages: list[str],
-        registry: SchemaRegistry,
-        batch_id: int,
-        staged: TaskResults | None,
-        spark: SparkSession | None,
-        report: BatchReport,
-        locks: contextlib.ExitStack,
+        self, b: _Batch, merged: Decoded, registry: SchemaRegistry
     ) -> tuple[list[str], int] | None:
         """Pair the batch's call halves (``pipeline.silver.methods``): their files join
-        ``files["method_calls"]``; returns the candidate files they replace and the rows
+        ``b.files["method_calls"]``; returns the candidate files they replace and the rows
         the batch changed, or None without halves. In Spark tasks on the task path when
         halves and stored rows number more than ``calls_driver_max_rows``, else here.
-        The table lock is taken (shared, into ``locks``) before the candidates are listed
-        and held until the commit that removes them: no compaction in between."""
+        The table lock is taken (shared, into ``b.locks``) before the candidates are
+        listed and held until the commit that removes them: no compaction in between."""
+        files, batch_id = b.files, b.batch_id
         held = merged.tables.pop(CALL_PARTS_T, None)
         part_files = files.pop(CALL_PARTS_T, [])
         if not part_files and (held is None or held.num_rows == 0):
@@ -443,32 +438,26 @@ class SilverBatchWriter:
         done = delta.committed_batch(path, self.app_id)
         if done is not None and done >= batch_id:  # a replay: its commit would be skipped
             return None
-        locks.enter_context(delta.table_lock(path))
+        b.locks.enter_context(delta.table_lock(path))
         work = self.calls.plan(
             app_id=self.app_id, batch_id=batch_id, registry=registry,
-            buckets=call_buckets(spark), part_files=part_files, parts_rows=held,
+            buckets=call_buckets(b.spark), part_files=part_files, parts_rows=held,
             sample_files=files.get("object_samples", ()),
             samples_rows=merged.tables.get("object_samples"),
-            staging=self._stage_for(CALL_PARTS_T, batch_id, folders, stages),
+            staging=self._stage_for(b, CALL_PARTS_T),
         )  # fmt: skip
         big = work.rows > self.settings.calls_driver_max_rows
-        where = spark if staged is not None and big else None
+        where = b.spark if b.staged is not None and big else None
         paired, changed = self.calls.run(work, where)
-        report.paired_on = "driver" if where is None else "tasks"
+        b.report.paired_on = "driver" if where is None else "tasks"
         files["method_calls"] = paired
         return work.remove, changed
 
-    def _commit(
-        self,
-        merged: Decoded,
-        files: dict[str, list[delta.DataFileInfo]],
-        batch_id: int,
-        report: BatchReport,
-        calls: tuple[list[str], int] | None = None,
-    ) -> None:
+    def _commit(self, b: _Batch, merged: Decoded, calls: tuple[list[str], int] | None) -> None:
         """One commit per non-empty table, in ``WRITE_ORDER``: the driver's rows plus
         the files the tasks wrote. ``calls``: the candidate ``method_calls`` files its
         new files replace, and the rows the batch changed (``_pair_calls``)."""
+        files, batch_id, report = b.files, b.batch_id, b.report
         for name in WRITE_ORDER:
             t = merged.tables.get(name)
             n = (0 if t is None else t.num_rows) + sum(f.rows for f in files.get(name, ()))
