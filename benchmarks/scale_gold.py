@@ -206,7 +206,7 @@ def _ceiling_worker(
         LIVENESS_KEYS,
         bucket_column,
         input_agent,
-        read_units,
+        read_batch,
         upsert_rows,
     )
     from pipeline.gold.transforms import (
@@ -235,7 +235,7 @@ def _ceiling_worker(
     def bucket_rows(units: list[tuple[str, DataFile]]) -> dict[int, pl.DataFrame]:
         """A batch's silver files read once, split into this process's buckets (a compute
         task reads the batch too: the ceiling times it)."""
-        b = pl.concat(list(read_units(units)), how="vertical_relaxed")
+        b = read_batch(units)
         keyed = b.with_columns(_bucket=bucket_column(input_agent(b, live_rules), BUCKETS))
         return {k: keyed.filter(pl.col("_bucket") == k).drop("_bucket") for k in buckets}
     tables = {

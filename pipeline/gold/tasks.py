@@ -279,18 +279,30 @@ def split(parts: Iterable[pl.DataFrame], plan: GoldPlan, tag: str) -> SplitOutpu
     return out
 
 
-def read_units(units: Sequence[tuple[str, DataFile]]) -> Iterator[pl.DataFrame]:
-    """Silver files of a gold micro-batch (source, file) as gold input frames."""
-    from pipeline.gold.writer import SOURCE_SCHEMAS, gold_input_arrow, source_columns
+def _read_source(source: str, files: Sequence[DataFile]) -> pa.Table:
+    """The gold columns of silver files of one source (``sample``, ``heartbeat``)."""
+    from pipeline.gold.writer import SOURCE_SCHEMAS, source_columns
 
+    schema = SOURCE_SCHEMAS[source]
+    full = arrow_schema_of(schema)
+    cols = pa.schema([full.field(c) for c in source_columns(schema)])
+    return pa.Table.from_batches([b for f in files for b in read_file(f, cols)], schema=cols)
+
+
+def read_units(units: Sequence[tuple[str, DataFile]]) -> Iterator[pl.DataFrame]:
+    """Silver files of a gold micro-batch (source, file), each as a gold input frame."""
     for source, f in units:
-        schema = SOURCE_SCHEMAS[source]
-        full = arrow_schema_of(schema)
-        cols = pa.schema([full.field(c) for c in source_columns(schema)])
-        t = pa.Table.from_batches(list(read_file(f, cols)), schema=cols)
-        empty = {"sample": SOURCE_SCHEMAS["heartbeat"], "heartbeat": SOURCE_SCHEMAS["sample"]}
-        other = empty[source].empty_table().select(source_columns(empty[source]))
-        yield gold_input_arrow(*((t, other) if source == "sample" else (other, t)))
+        yield read_batch([(source, f)])
+
+
+def read_batch(units: Sequence[tuple[str, DataFile]]) -> pl.DataFrame:
+    """Silver files of a gold micro-batch (source, file) as one gold input frame: each
+    source's files read into one Arrow table, then converted once (a frame per file
+    cost a direct-path task ~15% more than its Parquet decode, 2026-12-03)."""
+    from pipeline.gold.writer import gold_input_arrow
+
+    by = {src: [f for s, f in units if s == src] for src in ("sample", "heartbeat")}
+    return gold_input_arrow(_read_source("sample", by["sample"]), _read_source("heartbeat", by["heartbeat"]))
 
 
 def arrow_schema_of(schema: pa.Schema) -> pa.Schema:
@@ -509,17 +521,11 @@ def _bucket_rows(
     """This bucket's rows of the batch, read from every silver file of the batch (the
     direct path: no split step), and the plan with the batch's two times, taken over
     every file (``part_times``, as the split step takes them)."""
-    parts = []
-    beat_ns = sample_ns = 0
-    for part in read_units(units):
-        beat, sample = part_times(part, plan.liveness)
-        beat_ns, sample_ns = max(beat_ns, beat), max(sample_ns, sample)
-        keep = bucket_column(input_agent(part, plan.liveness), plan.buckets) == bucket
-        parts.append(part.filter(keep))
+    batch = read_batch(units)
+    beat_ns, sample_ns = part_times(batch, plan.liveness)
     timed = replace(plan, now_ns=max(plan.now_ns, beat_ns), latest_ns=max(plan.latest_ns, sample_ns))
-    if not parts:
-        return _batch_rows([]), timed
-    return pl.concat(parts, how="vertical_relaxed"), timed
+    keep = bucket_column(input_agent(batch, plan.liveness), plan.buckets) == bucket
+    return batch.filter(keep), timed
 
 
 def compute(

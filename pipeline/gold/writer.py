@@ -186,7 +186,7 @@ def gold_input_arrow(samples: pa.Table, heartbeats: pa.Table) -> pl.DataFrame:
     parts = []
     for table, source in ((samples, "sample"), (heartbeats, "heartbeat")):
         n = table.num_rows
-        arrays = [pa.array([source] * n, pa.string())] + [
+        arrays = [pa.repeat(pa.scalar(source, pa.string()), n)] + [
             table.column(c) if c in table.column_names else pa.nulls(n, types[c])
             for c in (*SAMPLE_COLS, *BEAT_COLS)
         ]
