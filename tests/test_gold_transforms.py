@@ -303,3 +303,99 @@ def test_rows_at_keeps_the_rows_order_and_places_each_rows_values() -> None:
     assert got.rows() == [("a", 0), ("c", 20), ("d", 30)]  # a filter: the rows' own order
     again = tg._rows_at(rows, np.array([2, 0, 2]), {"x": np.array([1, 2, 3])})
     assert again.rows() == [("c", 1), ("a", 2), ("c", 3)]  # repeated: gathered as asked
+
+
+def test_rekey_moves_only_unkeyed_state_rows_whose_object_the_batch_keyed_in_place() -> None:
+    """``rekey_state``: a state row of a series keyed by its object id (statistics came
+    before properties) takes the index key the batch teaches its (agent, object id) and
+    that key's series (AM2 references blanked by ``series_key``); keyed rows, rows of
+    other agents and rows of untaught objects stay as they are, and every row keeps its
+    place. A second application changes nothing."""
+    from schemas.gold import RATE_STATE
+
+    def row(agent: str, oid: str, key: str | None, series: str, stat: str) -> dict[str, Any]:
+        return {"agent": agent, "dialect": "AM2", "package": "org.apache.qpid.broker",
+                "class_name": "queue", "object_id": oid, "index_key": key, "series": series,
+                "statistic": stat, "kind": "counter", "update_ns": T0, "create_ns": 0,
+                "generation": 7, "value": 1.0}  # fmt: skip
+
+    schema = {f.name: tg.frame(RATE_STATE.empty_table())[f.name].dtype for f in RATE_STATE}
+    state = pl.DataFrame([
+        row("a", "o1", '["0-1-1-0-3","q1"]', '["0-*-1-0-3","q1"]', "msgDepth"),
+        row("a", "o2", None, "o2", "msgTotalEnqueues"),
+        row("b", "o2", None, "o2", "msgTotalEnqueues"),  # the same id under another agent
+        row("a", "o3", None, "o3", "msgTotalEnqueues"),  # not taught by this batch
+        row("a", "o2", None, "o2", "msgDepth"),
+    ], schema=schema)  # fmt: skip
+    keys = pl.DataFrame({"agent": ["a", "z"], "object_id": ["o2", "o3"],
+                         "_k": ['["0-9-1-0-3","q2"]', '["x"]']})  # fmt: skip
+    got = tg.rekey_state(state, keys)
+    assert got.columns == RATE_STATE.names
+    assert got.select("agent", "object_id", "index_key", "series", "statistic").rows() == [
+        ("a", "o1", '["0-1-1-0-3","q1"]', '["0-*-1-0-3","q1"]', "msgDepth"),
+        ("a", "o2", '["0-9-1-0-3","q2"]', '["0-*-1-0-3","q2"]', "msgTotalEnqueues"),
+        ("b", "o2", None, "o2", "msgTotalEnqueues"),
+        ("a", "o3", None, "o3", "msgTotalEnqueues"),
+        ("a", "o2", '["0-9-1-0-3","q2"]', '["0-*-1-0-3","q2"]', "msgDepth"),
+    ]
+    assert got.drop("index_key", "series").equals(state.drop("index_key", "series"))
+    assert tg.rekey_state(got, keys).equals(got)
+    assert tg.rekey_state(state, keys.clear()).equals(state)
+
+
+def _lifecycle(oid: str, **over: Any) -> dict[str, Any]:
+    from datetime import UTC, datetime
+
+    at = datetime(2027, 1, 15, tzinfo=UTC)
+    row = {"agent": "a", "dialect": "AM2", "package": "org.apache.qpid.broker",
+           "class_name": "queue", "object_id": oid, "index_key": f'["{oid}"]', "name": oid,
+           "broker": "amqp-broker@h:5672", "create_ns": 5, "generation": 1, "created_at": at,
+           "deleted_at": None, "first_seen": at, "last_seen": at, "first_seen_ns": 5,
+           "last_seen_ns": 9, "samples": 3, "properties": [("name", oid), ("durable", "True")],
+           "properties_ns": 9, "state": "live", "end_reason": None, "ended_at": None,
+           "batch_id": 0}  # fmt: skip
+    row.update(over)
+    return row
+
+
+def _lifecycles(rows: list[dict[str, Any]]) -> pl.DataFrame:
+    import pyarrow as pa
+
+    from schemas.gold import OBJECT_LIFECYCLES
+
+    return tg.frame(pa.Table.from_pylist(rows, schema=OBJECT_LIFECYCLES))
+
+
+def test_changed_rows_are_the_rows_a_merge_must_write_whatever_the_entry_order() -> None:
+    """``changed_rows``: a new object, a changed column (state, a null that got a value),
+    a changed property value, no map -> an empty one, an empty map -> one entry; not an
+    equal row, nor one whose properties come in another entry order, nor a row differing
+    in ``batch_id`` only; ``new``'s order. The same with a key repeated (the exact semi
+    join)."""
+    existing = _lifecycles([
+        _lifecycle("q1"), _lifecycle("q2"), _lifecycle("q3"), _lifecycle("q4"),
+        _lifecycle("q5"), _lifecycle("q6"), _lifecycle("gone"),
+        _lifecycle("n1", properties=None), _lifecycle("n2", properties=None),
+        _lifecycle("e1", properties=[]), _lifecycle("e2", properties=[]),
+    ])  # fmt: skip
+    new = _lifecycles([
+        _lifecycle("q7"),  # new
+        _lifecycle("q1", batch_id=4),  # equal but for batch_id
+        _lifecycle("q2", state="deleted"),
+        _lifecycle("q3", properties=[("durable", "True"), ("name", "q3")]),  # entry order
+        _lifecycle("q4", properties=[("name", "q4"), ("durable", "False")]),
+        _lifecycle("q5", end_reason="deleted"),  # null -> value
+        _lifecycle("q6", properties=[("name", "q6"), ("durable", None)]),  # value -> null
+        _lifecycle("q1", create_ns=6),  # the same object id re-created: a new key
+        _lifecycle("n1", properties=None),  # no properties, as before
+        _lifecycle("n2", properties=[]),  # none -> an empty map
+        _lifecycle("e1", properties=[]),
+        _lifecycle("e2", properties=[("name", "e2")]),
+    ])  # fmt: skip
+    want = [("q7", 5), ("q2", 5), ("q4", 5), ("q5", 5), ("q6", 5), ("q1", 6), ("n2", 5), ("e2", 5)]
+    got = tg.changed_rows(new, existing)
+    assert got.select("object_id", "create_ns").rows() == want
+    assert got.schema == new.schema
+    assert tg.changed_rows(new, new).height == 0
+    twice = pl.concat([existing, existing.head(1)])  # a key repeated: the exact path
+    assert tg.changed_rows(new, twice).select("object_id", "create_ns").rows() == want

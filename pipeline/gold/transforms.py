@@ -305,13 +305,25 @@ def rekey_state(state: pl.DataFrame, keys: pl.DataFrame) -> pl.DataFrame:
     """State rows of series keyed by an object id whose index key is now known (its
     statistics came before its properties, in an earlier micro-batch) move to the
     index-key series, where one batch over the same samples would have put them.
-    ``keys``: ``taught_keys`` of the batch. Applying it twice changes nothing."""
-    s = state.join(keys, on=["agent", "object_id"], how="left").with_columns(
-        _o=pl.col("index_key").is_null() & pl.col("_k").is_not_null()
-    )
+    ``keys``: ``taught_keys`` of the batch. Applying it twice changes nothing.
+
+    Only rows without an index key can move, so only they are joined and re-keyed, in
+    place (the rows keep their order): a steady state has few or none, and a join of
+    the whole state plus ``series_key``'s regex over every row took a tenth of a
+    one-interval batch's rate stage (2026-12-03)."""
+    state = state.select(RATE_STATE.names)
+    unkeyed = np.flatnonzero(state["index_key"].is_null().to_numpy())
+    if len(unkeyed) == 0 or keys.height == 0:
+        return state
+    s = state[unkeyed].join(keys, on=["agent", "object_id"], how="left", maintain_order="left")
+    s = s.with_columns(_o=pl.col("_k").is_not_null())
     s = s.with_columns(index_key=pl.when(pl.col("_o")).then(pl.col("_k")).otherwise(pl.col("index_key")))
     s = s.with_columns(series=pl.when(pl.col("_o")).then(series_key()).otherwise(pl.col("series")))
-    return s.select(RATE_STATE.names)
+    at = pl.Series(unkeyed)
+    return state.with_columns(
+        index_key=state["index_key"].clone().scatter(at, s["index_key"]),
+        series=state["series"].clone().scatter(at, s["series"]),
+    )
 
 
 def state_values(state: pl.DataFrame) -> pl.DataFrame:
@@ -946,22 +958,67 @@ def merge_lifecycles(
     )  # fmt: skip
 
 
-def _comparable(df: pl.DataFrame) -> pl.DataFrame:
-    """Rows as comparable values: maps as their sorted entries' text (entry order is no change)."""
-    entries = pl.col("properties").cast(pl.List(pl.Struct({"key": pl.Utf8, "value": pl.Utf8})))
-    text = entries.list.eval(
+_MAP = pl.List(pl.Struct({"key": pl.Utf8, "value": pl.Utf8}))  # a map<string, string>
+
+
+def _entries_text(m: pl.Expr) -> pl.Expr:
+    """A map column as its sorted entries' text: entry order is no change."""
+    return m.cast(_MAP).list.eval(
         pl.element().struct.field("key") + "\x1f" + pl.element().struct.field("value").fill_null("\x00")
     ).list.sort().list.join("\x1e")
-    return df.drop("batch_id").with_columns(properties=text)
+
+
+def _maps_equal_as_stored(p: pl.Series, q: pl.Series) -> np.ndarray:
+    """Row by row, whether two map columns hold the same entries in the same order
+    (both null counts as equal): their flat keys and values compared, then reduced per
+    row (polars' comparison of nested lists took four times as long)."""
+    lp, lq = p.list.len().fill_null(0).to_numpy(), q.list.len().fill_null(0).to_numpy()
+    np_, nq = p.is_null().to_numpy(), q.is_null().to_numpy()
+    eq: np.ndarray = (np_ == nq) & (lp == lq)
+    rows = np.flatnonzero(eq & ~np_ & (lp > 0))
+    if len(rows):
+        a, b = p.gather(rows).explode().struct.unnest(), q.gather(rows).explode().struct.unnest()
+        same = (a["key"].eq_missing(b["key"]) & a["value"].eq_missing(b["value"])).to_numpy()
+        starts = np.zeros(len(rows), np.int64)
+        starts[1:] = np.cumsum(lp[rows])[:-1]
+        eq[rows] = np.minimum.reduceat(same, starts)
+    return eq
 
 
 def changed_rows(new: pl.DataFrame, existing: pl.DataFrame) -> pl.DataFrame:
-    """Rows of ``new`` that differ from ``existing`` (ignoring ``batch_id``): what a MERGE needs."""
+    """Rows of ``new`` that differ from ``existing`` (ignoring ``batch_id``; a map's entry
+    order is no change): what a MERGE needs, in ``new``'s order.
+
+    Rows are matched by their keys and compared column by column; only a row whose
+    properties differ as stored is compared again by its entries' text. Before, every
+    row of both sides was turned into text and semi-joined on all columns: most of this
+    step's cost, which grows with the objects, not the batch (2026-12-03). With a key
+    repeated on either side, that exact semi join is still what runs."""
     cols = [c for c in new.columns if c != "batch_id"]
-    same = _comparable(new).join(
-        _comparable(existing.select(new.columns)), on=cols, how="semi", nulls_equal=True
-    )
-    return new.join(same.select(LIFECYCLE_KEYS), on=list(LIFECYCLE_KEYS), how="anti", nulls_equal=True)
+    keys = list(LIFECYCLE_KEYS)
+    as_map = pl.col("properties").cast(_MAP)
+    cur, old = new.select(cols).with_columns(as_map), existing.select(cols).with_columns(as_map)
+    if cur.select(keys).is_duplicated().any() or old.select(keys).is_duplicated().any():
+        text = {"properties": _entries_text(pl.col("properties"))}
+        same = cur.with_columns(**text).join(
+            old.with_columns(**text), on=cols, how="semi", nulls_equal=True
+        )
+        return new.join(same.select(keys), on=keys, how="anti", nulls_equal=True)
+    pairs = cur.select(keys).with_row_index("_i").join(
+        old.select(keys).with_row_index("_j"), on=keys, how="inner", nulls_equal=True
+    )  # only the keys: the list columns are gathered for the rows still equal
+    i, j = pairs["_i"].to_numpy(), pairs["_j"].to_numpy()
+    for c in (c for c in cols if c not in keys and c != "properties"):
+        eq = cur[c].gather(i).eq_missing(old[c].gather(j)).to_numpy()
+        i, j = i[eq], j[eq]
+    p, q = cur["properties"].gather(i), old["properties"].gather(j)
+    stored = _maps_equal_as_stored(p, q)
+    unsure = pl.DataFrame({"p": p.filter(~stored), "q": q.filter(~stored)})
+    by_text = unsure.select(_entries_text(pl.col("p")).eq_missing(_entries_text(pl.col("q"))))
+    changed = np.ones(new.height, np.bool_)
+    changed[i[stored]] = False
+    changed[i[~stored][by_text.to_series().to_numpy()]] = False
+    return new.filter(pl.Series(changed))
 
 
 # ------------------------------------------------------------------ agent liveness
