@@ -481,7 +481,7 @@ _PIPELINE_ROWS = (
     ("silver_object_samples", "silver object samples"),
     ("silver_events", "silver events"),
     ("silver_heartbeats", "silver heartbeats"),
-    ("silver_agents", "silver agents"),
+    ("silver_agents", "silver agent observations"),  # rows: one per agent when new or moved on (agents_touch_s)
     ("silver_quarantine", "quarantine"),
     ("silver_parked", "parked (waiting for a schema)"),
 )

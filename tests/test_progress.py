@@ -275,6 +275,7 @@ def test_summary_for_people_names_queues_and_brokers(tmp_path: Path) -> None:
     assert lines.index("warn 1") < lines.index("info 2")  # severity order, not alphabetical
     assert "amqp-broker@vm:5672 1.0 AM2 up 2 1" in lines
     assert "silver events 3" in lines
+    assert "silver agent observations 0" in lines  # rows of silver.agents, not agents
     assert "[" not in out.getvalue().split("Objects")[0].split("\n", 1)[1]  # no ids as names
 
 
