@@ -307,11 +307,19 @@ def stop_queries(queries: Sequence[StreamingQuery], grace_s: float = STOP_GRACE_
             break
         first = queries[next(iter(waiting))]
         try:
-            first.awaitTermination(min(0.1, left))  # type: ignore[arg-type]
+            first.awaitTermination(poll_s(left))  # type: ignore[arg-type]
         except StreamingQueryException:
             pass  # it failed meanwhile: the caller reads query.exception()
         waiting = {i: (gate, gate.busy()) for i, (gate, _) in waiting.items()}
     return result
+
+
+def poll_s(left: float) -> float:
+    """How long ``stop_queries`` waits on a query before looking again: at most 0.1 s and
+    what is left of the grace, but one whole millisecond at least, since pyspark passes
+    whole milliseconds and Spark refuses 0 ("Timeout has to be positive"), which a grace
+    with under a millisecond left gave."""
+    return max(0.001, min(0.1, left))
 
 
 def await_query(

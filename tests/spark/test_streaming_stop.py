@@ -16,7 +16,7 @@ import pytest
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql.streaming.query import StreamingQuery
 
-from pipeline.streaming import StopGate, start_gated, stop_queries, stop_query
+from pipeline.streaming import StopGate, poll_s, start_gated, stop_queries, stop_query
 
 pytestmark = [pytest.mark.spark]
 
@@ -148,3 +148,14 @@ def test_the_driver_jvm_gets_deep_thread_stacks(spark: SparkSession) -> None:
 
     bean = spark._jvm.java.lang.management.ManagementFactory.getRuntimeMXBean()  # type: ignore[union-attr]
     assert DRIVER_STACK in list(bean.getInputArguments())
+
+
+@pytest.mark.parametrize(
+    ("left", "want"), [(5.0, 0.1), (0.1, 0.1), (0.05, 0.05), (0.0004, 0.001), (1e-9, 0.001)]
+)
+def test_the_wait_between_looks_is_a_whole_millisecond_at_least(left: float, want: float) -> None:
+    """A grace with under a millisecond left made ``awaitTermination(0)`` (pyspark passes
+    whole ms), which Spark refuses: ``stop_queries`` failed instead of cancelling (seen
+    once in CI, 2026-12-03)."""
+    assert poll_s(left) == want
+    assert int(poll_s(left) * 1000) >= 1
