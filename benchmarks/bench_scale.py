@@ -42,6 +42,12 @@ What it measures (issue 22, items 3 and 5), in one run:
   master; the last line is ``RESULT {json}`` (the real mix on ``local[2]`` at the top,
   every workload and ``local-cluster`` inside).
 
+* **The machine's own scaling** (``bench_machine.machine_scaling``; ``--no-machine``
+  leaves it out), before and after the runs: a pure-Python loop, a numpy sort and a
+  memory-streaming numpy kernel, each in 2 pinned processes over twice 1. No program
+  scales better on this machine, the no-Spark ceiling included, so these bound both
+  ratios; ``RESULT`` holds them under ``machine``.
+
 Two workloads, each its own bronze table (one commit per micro-batch), many files per
 micro-batch so the tasks have work to split (``plan_units`` gives each core's task a
 share of the files):
@@ -121,6 +127,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 sys.path.insert(0, os.path.dirname(__file__))
 
 from bench_decode import SHARED, queue_stream
+from bench_machine import describe, machine_scaling
 
 from pipeline import ALLOCATOR_ENV as PIPELINE_ALLOCATOR_ENV
 from pipeline import delta
@@ -1134,6 +1141,8 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     ap.add_argument("--workloads", default="mix,queue-i", help="comma-separated")
     ap.add_argument("--masters", default=",".join(MASTERS), help="comma-separated")
     ap.add_argument("--no-ceiling", action="store_true")
+    ap.add_argument("--no-machine", action="store_true",
+                    help="leave out the machine's own two-core scaling (bench_machine)")  # fmt: skip
     ap.add_argument("--tasks-per-core", type=int, default=1,
                     help="silver's units per core (SilverSettings.tasks_per_core)")  # fmt: skip
     ap.add_argument("--no-warm-stream", action="store_true",
@@ -1149,15 +1158,17 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     ap.add_argument("--gold-only", action="store_true", help="only gold's scaling")
     ap.add_argument("--gold-agents", type=int, default=8)
     ap.add_argument("--gold-queues", type=int, default=1_250, help="queues per agent")
-    ap.add_argument("--gold-intervals", type=int, default=8)
+    ap.add_argument("--gold-intervals", type=int, default=48,
+                    help="gold: publish intervals of input (one silver commit each)")
     ap.add_argument("--gold-rate-buckets", type=int, default=None,
                     help="gold: buckets of series of the rate stage (default: auto, as many as "
                          "the buckets of agents after a batch of uneven agent buckets; 0: none)")
     ap.add_argument("--gold-keep-mib", type=int, default=None,
                     help="gold: GoldSettings.keep_mib (the workers' memory for table files; "
                          "default the job's)")  # fmt: skip
-    ap.add_argument("--gold-per-batch", type=int, default=1,
-                    help="gold: publish intervals (silver commits) per micro-batch")
+    ap.add_argument("--gold-per-batch", type=int, default=0,
+                    help="gold: publish intervals (silver commits) per micro-batch (default 0: "
+                         "as many as the gold job's default maxRowsPerTrigger admits)")
     ap.add_argument("--timeout", type=float, default=900.0, help="per Spark query, seconds")
     ap.add_argument("--default-allocators", action="store_true",
                     help="keep the allocators' environment as it is (see ALLOCATOR_ENV)")  # fmt: skip
@@ -1251,7 +1262,19 @@ def main(argv: Sequence[str] | None = None) -> int:
         + ", ".join(f"{k}={os.environ.get(k, 'unset')}" for k in ALLOCATOR_KEYS)
     )
     result: dict[str, Any] = {"cores": 2}
+    machine: list[dict[str, Any]] = []
+
+    def measure_machine(when: str) -> None:
+        """The machine's own two-core scaling (bench_machine), which bounds every ratio."""
+        if args.no_machine or args.big_only:
+            return
+        m = machine_scaling(3)
+        machine.append(m)
+        print(f"\n== this machine's two cores {when} (bench_machine: one kernel in 2 processes "
+              f"over twice 1; it bounds both ratios for any program): {describe(m)}")  # fmt: skip
+
     try:
+        measure_machine("before the runs")
         if not (args.big_only or args.gold_only):
             result.update(run_scale(args, work))
         if args.big or args.big_only:
@@ -1260,6 +1283,11 @@ def main(argv: Sequence[str] | None = None) -> int:
             from scale_gold import run as run_gold
 
             result["gold"] = run_gold(args, work)
+        measure_machine("after the runs")
+        if machine:
+            result["machine"] = {
+                k: [m["kernels"][k]["efficiency"] for m in machine] for k in machine[0]["kernels"]
+            }
     finally:
         if not args.work:
             shutil.rmtree(work, ignore_errors=True)
@@ -1437,13 +1465,19 @@ def run_scale(args: argparse.Namespace, work: Path) -> dict[str, Any]:
             },
             "samples_per_batch": sum(manifests[n]["samples"]) // wls[n].batches,
         }
+        if ceil and ceil2:
+            # What this machine's two cores give the same work without Spark: no stream can
+            # scale better than that, so it bounds both ratios here (docs/performance.md).
+            fig["ceiling_2proc_efficiency"] = round(ceil2 / (2 * ceil), 3)
         if ceil:
             c1 = cn[(1, False)]
             other = c1.get("after", c1.get("before"))
             print(
                 f"  [{n}] ceiling: 1 process {ceil:,.0f}/s"
                 + (f" (other measurement {other:,.0f}/s)" if other else "")
-                + f", 2 processes {ceil2 or 0:,.0f}/s (per bronze file: "
+                + f", 2 processes {ceil2 or 0:,.0f}/s"
+                + (f" (efficiency {ceil2 / (2 * ceil):.2f})" if ceil2 else "")
+                + " (per bronze file: "
                 f"{cn[(1, True)]['records_per_s']:,.0f}/s and "
                 f"{cn[(2, True)]['records_per_s']:,.0f}/s)"
             )
@@ -1468,6 +1502,9 @@ def run_scale(args: argparse.Namespace, work: Path) -> dict[str, Any]:
             if ceil:
                 f2["vs_ceiling"] = round(vs, 3)
                 line += f"; vs_ceiling {vs:.3f} ({met(vs, TARGET_VS_CEILING)}, target {TARGET_VS_CEILING})"
+            if ceil2:
+                f2["vs_ceiling_2proc"] = round(two / ceil2, 3)
+                line += f"; against the 2-process ceiling {two / ceil2:.2f}"
             jobs = r[master]["steady"]["jobs_records_per_s"]
             if jobs:
                 f2["jobs_records_per_s"] = round(jobs)

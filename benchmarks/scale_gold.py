@@ -10,7 +10,8 @@ every second for ``--gold-intervals`` intervals, decoded into silver with one co
 publish interval. Then:
 
 * **the gold stream** (``start_gold``, ``compute_on="tasks"``, 2 buckets on every
-  master so the work is cut the same way, one silver commit per micro-batch,
+  master so the work is cut the same way, ``--gold-per-batch`` silver commits per
+  micro-batch, by default as many as the job's default ``maxRowsPerTrigger`` admits,
   ``trigger="availableNow"``) in a fresh process per master: ``local[1]`` (pinned to
   one CPU) and ``local[2]``. The figure is gold input rows (object samples and
   heartbeats) per second over the steady micro-batches (all but the first
@@ -357,11 +358,22 @@ def run(args: Any, work: Path) -> dict[str, Any]:
         run_child,
     )  # fmt: skip
 
-    n = args.gold_per_batch
+    from pipeline.gold.writer import DEFAULT_MAX_ROWS_PER_TRIGGER
+
+    m = build_silver(work / "gold-input", args.gold_agents, args.gold_queues, args.gold_intervals)
+    # By default a micro-batch is what the gold job admits with its own defaults: whole
+    # silver commits up to maxRowsPerTrigger rows (the ratios depend on the batch size:
+    # a batch's fixed cost weighs less in a larger one, docs/performance.md).
+    median = sorted(m["samples"])[len(m["samples"]) // 2]
+    n = args.gold_per_batch or max(1, DEFAULT_MAX_ROWS_PER_TRIGGER // max(1, median))
+    # At least two measured batches after the warm ones (a small input: smaller batches).
+    n = max(1, min(n, len(m["samples"]) // (args.warm + 2)))
     print(f"\n== gold: {args.gold_agents} AM2 agents x {args.gold_queues:,} queues, "
           f"{args.gold_intervals} publish intervals of 1 s, one silver commit each; "
-          f"{n} per micro-batch")  # fmt: skip
-    m = build_silver(work / "gold-input", args.gold_agents, args.gold_queues, args.gold_intervals)
+          f"{n} per micro-batch"
+          + ("" if args.gold_per_batch else
+             f" (at most what the job's default maxRowsPerTrigger, "
+             f"{DEFAULT_MAX_ROWS_PER_TRIGGER:,} rows, admits)"))  # fmt: skip
     per_batch = sum(m["samples"]) * n // len(m["samples"])
     print(f"  silver: {m['messages']:,} messages, {sum(m['samples']):,} object samples "
           f"(~{per_batch:,} per micro-batch), built in {m['build_s']:.0f} s")  # fmt: skip
