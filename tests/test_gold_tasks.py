@@ -470,3 +470,15 @@ def test_a_jobs_timeline_is_taken_from_its_tasks_spans_and_cpu() -> None:
     got = gt.job_timeline(outs, submitted=10.0, returned=13.0)
     assert got == {"launch": 0.25, "skew": 0.25, "straggle": 0.75, "return": 0.25, "off_cpu": 1.5}
     assert gt.job_timeline([gt.ComputeOutput(0)], 1.0, 2.0) == {}
+
+
+def test_an_empty_input_has_the_columns_and_types_of_a_batch_read(
+    silver: tuple[str, list[Units]],
+) -> None:
+    """The empty input (a batch of no files; what a bucket that the split step gave no
+    part computes over) is typed as a batch's rows are."""
+    _, units = silver
+    read = gt.read_batch(units[0])
+    empty = gt.read_batch([])
+    assert read.height > 0 and empty.height == 0
+    assert empty.schema == read.schema

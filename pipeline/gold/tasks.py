@@ -486,18 +486,9 @@ def _table_root(plan: GoldPlan, name: str) -> str:
 
 
 def _batch_rows(files: Sequence[str]) -> pl.DataFrame:
-    from pipeline.gold.writer import gold_input_arrow
-
+    """A bucket's split parts as one gold input frame; none: the empty input."""
     rows = _read_ipc(files)
-    if rows is None:
-        from pipeline.gold.writer import source_columns
-        from schemas.silver import HEARTBEATS, OBJECT_SAMPLES
-
-        return gold_input_arrow(
-            OBJECT_SAMPLES.empty_table().select(source_columns(OBJECT_SAMPLES)),
-            HEARTBEATS.empty_table().select(source_columns(HEARTBEATS)),
-        )
-    return rows
+    return read_batch([]) if rows is None else rows
 
 
 def upsert_rows(existing: pl.DataFrame, changed: pl.DataFrame, keys: Sequence[str]) -> pl.DataFrame:
