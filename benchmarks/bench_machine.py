@@ -20,7 +20,7 @@ Rounds alternate and the median counts. It ends with ``RESULT {json}``.
 
     flock /tmp/qmf-heavy.lock .venv/bin/python benchmarks/bench_machine.py [--rounds 5]
 
-About 40 s on 2 idle cores. ``bench_scale`` runs it before and after its Spark runs
+About 25 s on 2 idle cores (5 rounds). ``bench_scale`` runs it before and after its Spark runs
 (``machine_scaling``) and prints the figures beside its own ratios.
 """
 
