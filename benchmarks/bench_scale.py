@@ -1469,6 +1469,7 @@ def run_scale(args: argparse.Namespace, work: Path) -> dict[str, Any]:
             # What this machine's two cores give the same work without Spark: no stream can
             # scale better than that, so it bounds both ratios here (docs/performance.md).
             fig["ceiling_2proc_efficiency"] = round(ceil2 / (2 * ceil), 3)
+            fig["target_above_machine"] = ceil2 / (2 * ceil) < TARGET_EFFICIENCY
         if ceil:
             c1 = cn[(1, False)]
             other = c1.get("after", c1.get("before"))
@@ -1480,6 +1481,12 @@ def run_scale(args: argparse.Namespace, work: Path) -> dict[str, Any]:
                 + " (per bronze file: "
                 f"{cn[(1, True)]['records_per_s']:,.0f}/s and "
                 f"{cn[(2, True)]['records_per_s']:,.0f}/s)"
+            )
+        if fig.get("target_above_machine"):
+            print(
+                f"  [{n}] the ceiling's own efficiency {fig['ceiling_2proc_efficiency']:.2f} is "
+                f"below the target {TARGET_EFFICIENCY}: on this machine now, no job doing "
+                "this work can meet it"
             )
         if one:
             print(

@@ -453,6 +453,10 @@ def run(args: Any, work: Path) -> dict[str, Any]:
           f"(efficiency {ceil_eff:.2f}; the rows' split over the buckets allows "
           f"{ceiling[2]['split_cap']:.2f}; the same work took {cpu_ratio:.2f}x the CPU-seconds "
           f"in 2 processes as in 1)")  # fmt: skip
+    if ceil_eff < TARGET_EFFICIENCY:
+        print(f"  [gold] the ceiling's own efficiency {ceil_eff:.2f} is below the target "
+              f"{TARGET_EFFICIENCY}: on this machine now, no job doing this work (this input, "
+              "this split of rows) can meet it")  # fmt: skip
     print(f"  [gold] {ONE_CORE}: {one:,.0f}/s ({one / ceil:.2f} of the ceiling)")
     ratios = {}
     for master in masters:
@@ -478,6 +482,7 @@ def run(args: Any, work: Path) -> dict[str, Any]:
         "records_per_s_1core": round(one), "records_per_s": main["records_per_s"],
         "ceiling_per_core": round(ceil), "ceiling_2proc": round(ceil2),
         "ceiling_2proc_efficiency": round(ceil_eff, 3), "ceiling_2proc_cpu_ratio": round(cpu_ratio, 3),
+        "target_above_machine": ceil_eff < TARGET_EFFICIENCY,
         "vs_ceiling_2proc": main["vs_ceiling_2proc"],
         "ceiling_compute_only_per_core": round(ceiling[1]["compute_only_per_s"]),
         "vs_ceiling_compute_only": round(main["records_per_s"] / 2 / ceiling[1]["compute_only_per_s"], 3),
