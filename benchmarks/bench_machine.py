@@ -4,9 +4,9 @@
 (records/s at 2 cores over twice 1 core) and ``vs_ceiling`` (per core against one
 process without Spark). Both assume that two processes on two cores do twice the work
 of one. On a VM whose two vCPUs share a host core's execution units, its last-level
-cache or its memory bandwidth they do not, whatever the program: that caps both ratios
-for every job, the no-Spark ceiling included. This measures the cap with three kernels
-that need no project code:
+cache or its memory bandwidth they do not, for the no-Spark ceiling as for the job, and
+how far they fall short depends on the work and on the hour. This shows it for three
+kinds of work, with kernels that need no project code:
 
 * ``python``: a pure-Python integer loop (the interpreter's own work; no memory traffic);
 * ``sort``: ``numpy.sort`` of 4M random int64 (32 MB: caches and memory, as a hash join);
