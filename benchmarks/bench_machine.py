@@ -91,7 +91,7 @@ def _timed(kernel: str, cpus: list[int], units: int) -> float:
 
 def machine_scaling(rounds: int = 3) -> dict[str, Any]:
     """Each kernel's efficiency in two processes (median over ``rounds``), and its 1-
-    and 2-process times; ``None`` figures on a machine with fewer than two CPUs."""
+    and 2-process times; no kernels on a machine with fewer than two CPUs."""
     cpus = sorted(os.sched_getaffinity(0))
     if len(cpus) < 2:
         return {"cpus": len(cpus), "kernels": {}}

@@ -1114,6 +1114,17 @@ def met(value: float, target: float) -> str:
     return "met" if value >= target else "NOT MET"
 
 
+def ceiling_bound(tag: str, ceiling_efficiency: float) -> str | None:
+    """The line that says a workload's no-Spark ceiling itself scales below the
+    efficiency target (no job doing that work can then meet it); None when it does not."""
+    if ceiling_efficiency >= TARGET_EFFICIENCY:
+        return None
+    return (
+        f"  [{tag}] the ceiling's own efficiency {ceiling_efficiency:.2f} is below the target "
+        f"{TARGET_EFFICIENCY}: on this machine now, no job doing this work can meet it"
+    )
+
+
 def check_counts(res: dict[str, Any], manifest: dict[str, Any], files_per_batch: int) -> None:
     """Samples counted once: the table, the reports and the input agree, batch by batch."""
     want = manifest["samples"]
@@ -1468,11 +1479,12 @@ def run_scale(args: argparse.Namespace, work: Path) -> dict[str, Any]:
             },
             "samples_per_batch": sum(manifests[n]["samples"]) // wls[n].batches,
         }
-        if ceil and ceil2:
-            # What this machine's two cores give the same work without Spark: no stream can
-            # scale better than that, so it bounds both ratios here (docs/performance.md).
-            fig["ceiling_2proc_efficiency"] = round(ceil2 / (2 * ceil), 3)
-            fig["target_above_machine"] = ceil2 / (2 * ceil) < TARGET_EFFICIENCY
+        # What this machine's two cores give the same work without Spark: no stream can
+        # scale better than that, so it bounds both ratios here (docs/performance.md).
+        ceil_eff = ceil2 / (2 * ceil) if ceil and ceil2 else None
+        if ceil_eff is not None:
+            fig["ceiling_2proc_efficiency"] = round(ceil_eff, 3)
+            fig["target_above_machine"] = ceil_eff < TARGET_EFFICIENCY
         if ceil:
             c1 = cn[(1, False)]
             other = c1.get("after", c1.get("before"))
@@ -1480,17 +1492,14 @@ def run_scale(args: argparse.Namespace, work: Path) -> dict[str, Any]:
                 f"  [{n}] ceiling: 1 process {ceil:,.0f}/s"
                 + (f" (other measurement {other:,.0f}/s)" if other else "")
                 + f", 2 processes {ceil2 or 0:,.0f}/s"
-                + (f" (efficiency {ceil2 / (2 * ceil):.2f})" if ceil2 else "")
+                + (f" (efficiency {ceil_eff:.2f})" if ceil_eff is not None else "")
                 + " (per bronze file: "
                 f"{cn[(1, True)]['records_per_s']:,.0f}/s and "
                 f"{cn[(2, True)]['records_per_s']:,.0f}/s)"
             )
-        if fig.get("target_above_machine"):
-            print(
-                f"  [{n}] the ceiling's own efficiency {fig['ceiling_2proc_efficiency']:.2f} is "
-                f"below the target {TARGET_EFFICIENCY}: on this machine now, no job doing "
-                "this work can meet it"
-            )
+        bound = ceiling_bound(n, ceil_eff) if ceil_eff is not None else None
+        if bound:
+            print(bound)
         if one:
             print(
                 f"  [{n}] {ONE_CORE}: {one:,.0f}/s"

@@ -353,6 +353,7 @@ def run(args: Any, work: Path) -> dict[str, Any]:
         TARGET_EFFICIENCY,
         TARGET_VS_CEILING,
         TWO_CORES,
+        ceiling_bound,
         met,
         parse_masters,
         run_child,
@@ -365,9 +366,11 @@ def run(args: Any, work: Path) -> dict[str, Any]:
     # silver commits up to maxRowsPerTrigger rows (the ratios depend on the batch size:
     # a batch's fixed cost weighs less in a larger one, docs/performance.md).
     median = sorted(m["samples"])[len(m["samples"]) // 2]
-    n = args.gold_per_batch or max(1, DEFAULT_MAX_ROWS_PER_TRIGGER // max(1, median))
     # At least two measured batches after the warm ones (a small input: smaller batches).
-    n = max(1, min(n, len(m["samples"]) // (args.warm + 2)))
+    n = args.gold_per_batch or max(
+        1,
+        min(DEFAULT_MAX_ROWS_PER_TRIGGER // max(1, median), len(m["samples"]) // (args.warm + 2)),
+    )
     print(f"\n== gold: {args.gold_agents} AM2 agents x {args.gold_queues:,} queues, "
           f"{args.gold_intervals} publish intervals of 1 s, one silver commit each; "
           f"{n} per micro-batch"
@@ -453,10 +456,9 @@ def run(args: Any, work: Path) -> dict[str, Any]:
           f"(efficiency {ceil_eff:.2f}; the rows' split over the buckets allows "
           f"{ceiling[2]['split_cap']:.2f}; the same work took {cpu_ratio:.2f}x the CPU-seconds "
           f"in 2 processes as in 1)")  # fmt: skip
-    if ceil_eff < TARGET_EFFICIENCY:
-        print(f"  [gold] the ceiling's own efficiency {ceil_eff:.2f} is below the target "
-              f"{TARGET_EFFICIENCY}: on this machine now, no job doing this work (this input, "
-              "this split of rows) can meet it")  # fmt: skip
+    bound = ceiling_bound("gold", ceil_eff)
+    if bound:
+        print(bound + " (with this input's split of rows over the buckets)")
     print(f"  [gold] {ONE_CORE}: {one:,.0f}/s ({one / ceil:.2f} of the ceiling)")
     ratios = {}
     for master in masters:
