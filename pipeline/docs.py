@@ -75,10 +75,16 @@ RECEIVER_OPTIONS: dict[str, str] = {
     "credentialsfile": "file with `user=`/`password=` lines (or `user:password`)",
     "verifyhostname": "`false`: check the server certificate against the CA, not its host name",
     "partition": "landing partition (default `<host>-<n>`, the lowest n no live receiver holds)",
-    "console": "`true`: also act as a QMF v1 console (B/P/Q/S requests, replies landed)",
+    "console": "`true`: also act as a QMF console (B/P/Q/S requests, refresh queries, "
+    "replies landed)",
     "consoledialect": "the console's request dialect: `AM2` (what qpidd accepts) or `AM1`",
     "consolekey": "routing key of the console's requests: `broker` or `agent.<bank>`",
     "consolewants": "what the console asks for (default: everything)",
+    "consolerefresh": "seconds between the console's refresh queries of the watched objects "
+    "(`0`: never); qpidd publishes an object only when it changed, and any console's query "
+    "clears that flag",
+    "consolerefreshclasses": "the classes the refresh queries: `PACKAGE:CLASS` or `CLASS` "
+    "(package `org.apache.qpid.broker`), comma-separated",
     "readytimeout": "seconds to wait for the subscriptions before the query goes on",
 }
 
@@ -91,6 +97,8 @@ RECEIVER_DEFAULTS: dict[str, str] = {
     "console": "`false`",
     "consoledialect": "`AM2`",
     "consolekey": "`broker`",
+    "consolerefresh": "`20`",
+    "consolerefreshclasses": "`queue,exchange,broker`",
     "verifyhostname": "`true`",
     "readytimeout": "`30`",
 }

@@ -11,7 +11,13 @@ import argparse
 import os
 
 from receivers.config import BrokerConfig, TlsConfig
-from receivers.console import ConsoleConfig
+from receivers.console import (
+    DEFAULT_REFRESH_CLASSES,
+    DEFAULT_REFRESH_S,
+    ConsoleConfig,
+    format_refresh_classes,
+    parse_refresh_classes,
+)
 from receivers.receiver import PRESETS, ReceiverConfig, parse_binding
 
 DEFAULT_LANDING_ENV = "QMF_LANDING_DIR"
@@ -113,13 +119,13 @@ def add_subscription_args(p: argparse.ArgumentParser) -> None:
 
 
 def add_console_args(p: argparse.ArgumentParser) -> None:
-    """The QMF v1 console role (Broker Request, Class Query, Schema Requests)."""
+    """The console role (Broker Request, Class Query, Schema Requests; refresh queries)."""
     g = p.add_argument_group("console role")
     g.add_argument(
         "--console",
         action="store_true",
-        help="also act as a QMF v1 console: B/P/Q on connect, S for unseen schema hashes, "
-        "replies on a reply queue of its own (landed too)",
+        help="also act as a QMF console: B/P/Q on connect, S for unseen schema hashes, "
+        "refresh queries (--console-refresh), replies on a reply queue of its own (landed too)",
     )
     g.add_argument("--console-dialect", choices=("AM1", "AM2"), default="AM2")
     g.add_argument(
@@ -131,6 +137,19 @@ def add_console_args(p: argparse.ArgumentParser) -> None:
         help="folder where the silver job lists schemas it still waits for "
         "(silver --schema-wants); each is asked for again",
     )  # fmt: skip
+    g.add_argument(
+        "--console-refresh", type=float, default=DEFAULT_REFRESH_S, metavar="SECONDS",
+        help="query the watched objects every SECONDS, 0: never (default 20, a few of qpidd's "
+        "10 s publish intervals): qpidd publishes an object only when it changed and any "
+        "console's query clears that flag, so final counts may never be published; a v1 G to "
+        "--console-key while v1 publications come, a QMF v2 query to each v2 agent heard from",
+    )  # fmt: skip
+    g.add_argument(
+        "--console-refresh-classes", default=format_refresh_classes(DEFAULT_REFRESH_CLASSES),
+        metavar="LIST",
+        help="classes the refresh queries, PACKAGE:CLASS or CLASS (package "
+        "org.apache.qpid.broker), comma-separated",
+    )  # fmt: skip
 
 
 def console_config(args: argparse.Namespace) -> ConsoleConfig | None:
@@ -141,6 +160,8 @@ def console_config(args: argparse.Namespace) -> ConsoleConfig | None:
         exchange=args.console_exchange,
         command_key=args.console_key,
         wants=args.console_wants,
+        refresh_s=args.console_refresh,
+        refresh_classes=parse_refresh_classes(args.console_refresh_classes),
     )
 
 

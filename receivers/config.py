@@ -55,6 +55,12 @@ def split_credentials(url: str) -> tuple[str, str | None, str | None]:
     return clean, user, password
 
 
+def host_port(url: str) -> str:
+    """``host:port`` of a URL, never its user-info: what a log line may name."""
+    clean, _, _ = split_credentials(url)
+    return urlsplit(clean).netloc
+
+
 def read_credentials_file(path: str | os.PathLike[str]) -> tuple[str | None, str | None]:
     """Read ``user=...``/``password=...`` lines, or one ``user:password`` line."""
     p = Path(path)

@@ -76,8 +76,8 @@ from proton.reactor import Container, Filter
 # as their AMQP 1.0 encoding and flagged with BODY_ENCODING_PROPERTY.
 from pipeline.codec.amqp10 import BODY_ENCODING_PROPERTY
 from pipeline.codec.capture import CapturedMessage, iso_utc, write_capture
-from receivers.config import BrokerConfig, ConfigError
-from receivers.console import ConsoleConfig, ConsoleRole
+from receivers.config import BrokerConfig, ConfigError, host_port
+from receivers.console import ConsoleConfig, ConsoleRequest, ConsoleRole, parse_refresh_classes
 from receivers.indoubt import InDoubtLedger, seal, write_marker
 from receivers.landing import PARTITION_RE, LandedMessage, LandingWriter, to_table
 from receivers.publisher import APP_ID_PROPERTY
@@ -123,6 +123,10 @@ MARKER_EVERY_S = 0.25
 # may have dropped dispositions it had not processed yet: groups settled this
 # long before the loss are sealed as in doubt too, whatever the marker says.
 LOST_DOUBT_S = 10.0
+# Console requests waiting for a sender's credit; beyond this new ones are dropped (a
+# broker that withholds credit for long, e.g. under a memory alarm): the refresh is
+# periodic and a schema request is asked again, so nothing is lost for good.
+MAX_QUEUED_REQUESTS = 1000
 
 
 class ReceiverError(RuntimeError):
@@ -715,8 +719,11 @@ class QmfReceiver:
         if config.console is not None:
             self.console = ConsoleRole(config.console, config.preset)
             self._subs.append(Subscription(self.console.reply_source, self.console.reply_filter))
-        self._request_sender: Sender | None = None
-        self._requests: deque[Message] = deque()
+        # Console requests: one sender per target (the v1 exchange, the v2 direct
+        # exchange), the requests waiting for credit with their target.
+        self._request_senders: dict[str, Sender] = {}
+        self._requests: deque[tuple[str, Message]] = deque()
+        self._requests_dropped = 0
         self._in_hand: list[tuple[LandedMessage, Delivery]] = []
         self._first_in_hand = 0.0
         self._pending: deque[_Group] = deque()  # submitted to the writer, not yet durable
@@ -747,6 +754,10 @@ class QmfReceiver:
         self._attempts = 0
         self._reconnect_at: float | None = None
         self._thread: threading.Thread | None = None
+        # Since when the receiver is without a subscribed connection after losing one
+        # (for the "reconnected" line), and the address of the connection it opened.
+        self._down_since: float | None = None
+        self._address = ""
         self._tick_s = max(0.005, min(0.1, config.flush_ms / 2000))
         self.sources = [s.address for s in self._subs]
         self.container_id = f"qmf-receiver-{uuid.uuid4()}"
@@ -779,6 +790,7 @@ class QmfReceiver:
         cfg = self.config.broker.for_url(self._url_index)
         self._attempts += 1
         log.info("connecting to %s", cfg.describe())
+        self._address = host_port(cfg.urls[0])
         conn = self._container.connect(**cfg.connect_kwargs())
         self._generation += 1
         conn.qmf_generation = self._generation  # stored in proton's record: survives re-wrapping
@@ -800,13 +812,25 @@ class QmfReceiver:
             r.flow(self.config.credit_window)
             self._receivers.append(r)
         self._requests.clear()
-        self._request_sender = None
+        self._request_senders = {}
         if self.console is not None:
-            self._request_sender = self._container.create_sender(
-                conn,
-                target=self.console.request_target,
-                name=f"{self.container_id}-console-requests",
-            )
+            self._request_sender(self.console.request_target)
+
+    def _request_sender(self, target: str) -> Sender | None:
+        """The current connection's sender to ``target``, attached on first use.
+
+        The v1 exchange's is attached with the subscriptions; the v2 direct exchange's
+        only once a v2 agent was heard (where v2 agents are, the exchange exists).
+        """
+        s = self._request_senders.get(target)
+        if s is not None or self._container is None or self._conn is None:
+            return s
+        name = f"{self.container_id}-console-requests"
+        if self.console is None or target != self.console.request_target:
+            name += "-" + LINK_NAME_TEXT.sub("_", target).strip("_")
+        s = self._container.create_sender(self._conn, target=target, name=name)
+        self._request_senders[target] = s
+        return s
 
     def run_for(self, seconds: float) -> None:
         """Process events for ``seconds`` (or until a stop is requested); no shutdown."""
@@ -1100,6 +1124,11 @@ class QmfReceiver:
             self._attempts = 0
         if self._links_open == len(self._subs) and not self.ready.is_set():
             log.info("subscribed to %s", ", ".join(s.describe() for s in self._subs))
+            if self._down_since is not None:
+                # host:port only: the URLs hold no credentials, and the line says no more
+                log.info("receiver: reconnected to %s after %.1f s", self._address,
+                         time.monotonic() - self._down_since)  # fmt: skip
+                self._down_since = None
             if self.console is not None:
                 self._send_requests(self.console.on_connected())
             self.ready.set()
@@ -1124,20 +1153,43 @@ class QmfReceiver:
             self._top_up()
         self._maybe_flush()
 
-    def _send_requests(self, requests: Sequence[tuple[str, bytes]]) -> None:
+    def _send_requests(self, requests: Sequence[ConsoleRequest]) -> None:
         """Queue console requests (subject = routing key, reply-to = our reply queue)."""
         if not requests or self.console is None:
             return
-        for key, body in requests:
-            self._requests.append(
-                Message(body=body, subject=key, reply_to=self.console.reply_to, inferred=True)
+        for req in requests:
+            if len(self._requests) >= MAX_QUEUED_REQUESTS:
+                self._requests_dropped += 1
+                if self._requests_dropped == 1:
+                    log.warning("console: %d requests wait for the broker's credit; dropping "
+                                "new ones until they go", len(self._requests))  # fmt: skip
+                continue
+            msg = Message(
+                body=req.body,
+                subject=req.key,
+                reply_to=req.reply_to,
+                correlation_id=req.correlation_id,
+                content_type=req.content_type,
+                properties=dict(req.properties) or None,
+                inferred=True,
             )
+            self._requests.append((req.target, msg))
         self._pump_requests()
 
     def _pump_requests(self) -> None:
-        s = self._request_sender
-        while self._requests and s is not None and s.credit > 0:
-            s.send(self._requests.popleft())
+        """Send what waits, in order per target, as far as each sender has credit."""
+        if not self._requests:
+            return
+        waiting: deque[tuple[str, Message]] = deque()
+        for target, msg in self._requests:  # a sender's credit only falls here: order is kept
+            s = self._request_sender(target)
+            if s is not None and s.credit > 0:
+                s.send(msg)
+            else:
+                waiting.append((target, msg))
+        self._requests = waiting
+        if not waiting:
+            self._requests_dropped = 0
 
     def _on_tick(self) -> None:
         self._maybe_flush()
@@ -1227,6 +1279,8 @@ class QmfReceiver:
             self.stats.last_error = reason
         self.stats.disconnects += 1
         self._lost_at = time.monotonic()
+        if self.ready.is_set() and self._down_since is None:
+            self._down_since = self._lost_at  # a subscribed connection lost: say when it is back
         self.ready.clear()
         # The deliveries are gone, but a temporary subscription's queue is too:
         # land what we hold (a durable queue redelivers it; msg_key de-duplicates).
@@ -1235,7 +1289,7 @@ class QmfReceiver:
             self._submit(settle=False)
         self._conn = None
         self._receivers = []
-        self._request_sender = None
+        self._request_senders = {}
         if self._stop_requested or self._fatal is not None:
             return
         limit = self.config.max_connect_attempts
@@ -1387,6 +1441,8 @@ def config_from_options(options: Mapping[str, str]) -> ReceiverConfig:
         "consoledialect",
         "consolekey",
         "consolewants",
+        "consolerefresh",
+        "consolerefreshclasses",
     }
     unknown = sorted(set(o) - known)
     if unknown:
@@ -1419,10 +1475,16 @@ def config_from_options(options: Mapping[str, str]) -> ReceiverConfig:
         kwargs["flush_ms"] = float(o["flushms"])
     console = None
     if o.get("console", "false").lower() in ("1", "true", "yes"):
+        refresh: dict[str, Any] = {}
+        if "consolerefresh" in o:
+            refresh["refresh_s"] = float(o["consolerefresh"])
+        if "consolerefreshclasses" in o:
+            refresh["refresh_classes"] = parse_refresh_classes(o["consolerefreshclasses"])
         console = ConsoleConfig(
             dialect=o.get("consoledialect", "AM2"),
             command_key=o.get("consolekey", "broker"),
             wants=o.get("consolewants") or None,
+            **refresh,
         )
     return ReceiverConfig(
         broker=broker,

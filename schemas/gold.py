@@ -26,7 +26,11 @@ _OBJ = [
 
 # One row per (series, statistic) and pair of consecutive samples (by sample
 # time). Counters: ``delta`` and ``rate`` (per second; NULL on a reset, with
-# ``reset`` saying why; ``gap`` only for objects without a create time). Other kinds carry values: ``value`` (as given at the
+# ``reset`` saying why; ``gap`` only for objects without a create time). A counter of an
+# object created at most ``max_gap_s`` before its first sample, or re-created after its
+# series' last sample (a restart), counts from 0 at its create time: that interval starts
+# at the create time with ``prev_value`` 0, so an object's deltas sum to its last value.
+# Other kinds carry values: ``value`` (as given at the
 # end), ``prev_value`` and, for gauges, ``value_min``/``value_max`` of the two.
 STATISTIC_RATES = pa.schema(
     [
@@ -64,6 +68,9 @@ RATE_STATE = pa.schema(
         pa.field("create_ns", pa.int64()),
         pa.field("generation", pa.int64()),  # epoch (AM2/V2) or boot sequence (AM1)
         pa.field("value", pa.float64()),
+        # The create time this baseline still owes its first interval from (a new object
+        # whose index key was not known yet); null once that interval was written.
+        pa.field("from_create_ns", pa.int64()),
     ]
 )
 

@@ -33,12 +33,12 @@ def values(rows: Sequence[tuple[str, str, float, float]]) -> pl.DataFrame:
             "class_name": ["queue"] * n, "object_id": [f"o-{r[0]}" for r in rows],
             "index_key": [r[0] for r in rows], "series": [r[0] for r in rows],
             "statistic": [r[1] for r in rows], "kind": ["counter"] * n,
-            "update_ns": [T0 + int(r[2] * S) for r in rows], "create_ns": [T0] * n,
+            "update_ns": [T0 + int(r[2] * S) for r in rows], "create_ns": [T0 - 3600 * S] * n,
             "generation": [1] * n, "value": [r[3] for r in rows], "partition": ["p0"] * n,
             "offset": list(range(n)), "record_index": [0] * n, "deleted": [False] * n,
             "is_state": [False] * n,
         }
-    )
+    ).with_columns(from_create_ns=pl.lit(None, pl.Int64)).select(*tg._VALUE_SCHEMA)
 
 
 def rate_rows(p: tg.Pairs) -> list[tuple[str, str, int, int, float | None]]:
@@ -399,3 +399,182 @@ def test_changed_rows_are_the_rows_a_merge_must_write_whatever_the_entry_order()
     assert tg.changed_rows(new, new).height == 0
     twice = pl.concat([existing, existing.head(1)])  # a key repeated: the exact path
     assert tg.changed_rows(new, twice).select("object_id", "create_ns").rows() == want
+
+
+# ------------------------------------------------------------------ issue 47: counts a real qpidd sends
+
+
+def _deleted_rows(rows: Sequence[tuple[float, float, float]], delete_last: float) -> pl.DataFrame:
+    """Silver-shaped samples of one queue (t, update s, enqueues) whose last row reports
+    the object deleted at ``delete_last`` with a stale update time, as qpidd sends it."""
+    n = len(rows)
+    return pl.DataFrame({
+        "agent": ["a"] * n, "dialect": ["V2"] * n, "epoch": [1] * n, "object_name": ["q"] * n,
+        "boot_seq": pl.Series([None] * n, dtype=pl.Int64), "bank": pl.Series([None] * n, dtype=pl.Int64),
+        "flags": pl.Series([None] * n, dtype=pl.Int64), "broker_bank": pl.Series([None] * n, dtype=pl.Int64),
+        "agent_bank": pl.Series([None] * n, dtype=pl.Int64), "object_num": pl.Series([None] * n, dtype=pl.Int64),
+        "index_key": ['["q"]'] * n,
+        "update_ns": [T0 + int(u * S) for _, u, _ in rows],
+        "delete_ns": [0] * (n - 1) + [T0 + int(delete_last * S)],
+    })  # fmt: skip
+
+
+def test_a_delete_record_with_a_stale_update_time_is_sampled_at_its_delete_time() -> None:
+    """qpidd's last record of a deleted object keeps its previous publish's update time:
+    its sample time is the delete time, so it is no twin and its final counts stay."""
+    s = _deleted_rows([(0, 0.0, 0.0), (1, 2.0, 10.0), (2, 2.0, 14.0)], delete_last=3.2)
+    got = tg.identify(s)["update_ns"].to_list()
+    assert got == [T0, T0 + 2 * S, T0 + int(3.2 * S)]
+    # An update time later than the delete time (never from qpidd) stays.
+    s = s.with_columns(delete_ns=pl.Series([0, 0, T0 + 1 * S]))
+    assert tg.identify(s)["update_ns"].to_list() == [T0, T0 + 2 * S, T0 + 2 * S]
+
+
+def test_a_new_object_counts_from_zero_at_its_create_time() -> None:
+    """A queue created 1.5 s before its first sample: its first interval starts at the create
+    time from 0, so the sum of its deltas is its final value; then the delete record (at
+    its delete time) closes the series with the final counts; its twin adds nothing."""
+    created = T0 - int(1.5 * S)
+    rows = samples([("tq", 0.0, 4.0), ("tq", 1.0, 9.0), ("tq", 1.7, 12.0), ("tq", 1.7, 12.0)], deleted_at=1.7)
+    rows = rows.with_columns(create_ns=pl.lit(created, pl.Int64))
+    r = tg.rates_from_pairs(tg.pair_values(rows, tg.RateRules()).rates, 0).sort("end_ns")
+    assert r.select("start_ns", "end_ns", "prev_value", "delta", "reset").rows() == [
+        (created, T0, 0.0, 4.0, None),
+        (T0, T0 + S, 4.0, 5.0, None),
+        (T0 + S, T0 + int(1.7 * S), 9.0, 3.0, None),
+    ]
+    assert sum(r["delta"]) == 12.0
+    # One created longer than max_gap_s before its first sample: that sample is the baseline.
+    old = rows.with_columns(create_ns=pl.lit(T0 - 301 * S, pl.Int64))
+    r = tg.rates_from_pairs(tg.pair_values(old, tg.RateRules()).rates, 0)
+    assert sorted(r["start_ns"].to_list()) == [T0, T0 + S]
+    # A transient published once, with both times: one interval from its creation.
+    one = samples([("tq", 1.7, 12.0)], deleted_at=1.7).with_columns(create_ns=pl.lit(created, pl.Int64))
+    r = tg.rates_from_pairs(tg.pair_values(one, tg.RateRules()).rates, 0)
+    assert r.select("start_ns", "end_ns", "delta").rows() == [(created, T0 + int(1.7 * S), 12.0)]
+    # Gauges and other kinds never count from a create time.
+    g = rows.with_columns(kind=pl.lit("gauge"))
+    assert tg.rates_from_pairs(tg.pair_values(g, tg.RateRules()).rates, 0)["start_ns"].min() == T0
+
+
+def test_an_object_recreated_by_a_restart_counts_from_zero_at_its_create_time() -> None:
+    """The baseline is the old generation's last sample; the re-created object's counters
+    started at 0 at its create time (after that baseline): its first interval counts from
+    there. The state's baseline (a later micro-batch) gives the same rows."""
+    old = samples([("q", 0.0, 100.0), ("q", 10.0, 150.0)])
+    restart = T0 + 12 * S
+    new = samples([("q", 14.0, 25.0), ("q", 16.0, 40.0)]).with_columns(
+        create_ns=pl.lit(restart, pl.Int64), generation=pl.lit(2, pl.Int64),
+        object_id=pl.lit("o-q2"), offset=pl.Series([10, 11], dtype=pl.Int64),
+    )  # fmt: skip
+    want = [
+        (T0, T0 + 10 * S, 100.0, 50.0, None),
+        (restart, T0 + 14 * S, 0.0, 25.0, None),
+        (T0 + 14 * S, T0 + 16 * S, 25.0, 15.0, None),
+    ]
+    cols = ("start_ns", "end_ns", "prev_value", "delta", "reset")
+    one = tg.pair_values(pl.concat([old, new]), tg.RateRules())
+    assert tg.rates_from_pairs(one.rates, 0).sort("end_ns").select(cols).rows() == want
+    first = tg.pair_values(old, tg.RateRules())
+    second = tg.pair_values(pl.concat([new, tg.state_values(first.state)]), tg.RateRules())
+    both = pl.concat([tg.rates_from_pairs(first.rates, 0), tg.rates_from_pairs(second.rates, 1)])
+    assert both.sort("end_ns").select(cols).rows() == want
+    # Without a create time after the baseline the reset stays (no count is invented).
+    unknown = new.with_columns(create_ns=pl.lit(0, pl.Int64))
+    r = tg.rates_from_pairs(tg.pair_values(pl.concat([old, unknown]), tg.RateRules()).rates, 0)
+    assert r.sort("end_ns").select("delta", "reset").rows()[1] == (None, "agent_restart")
+
+
+def test_restarts_from_generations_and_an_outage_recorded_alike_in_both_dialects() -> None:
+    """A v1 heartbeat carries no epoch: the agent's objects show the restart. A v2 agent
+    whose epoch changed after an outage is down through the outage, as the v1 one is."""
+    life = pl.DataFrame({"agent": ["v1", "v1", "v2"], "generation": [1, None, 4],
+                         "first_seen_ns": [T0, T0, T0]})  # fmt: skip
+    ident = pl.DataFrame({"agent": ["v1", "v2"], "generation": [2, 5],
+                          "update_ns": [T0 + 30 * S, T0 + 31 * S]})  # fmt: skip
+    assert tg.agent_restarts(life, ident) == {"v1": [T0 + 30 * S], "v2": [T0 + 31 * S]}
+    rules = tg.LivenessRules(missed=3)
+    rows = {}
+    for agent, dialect, ep in (("v1", "AM2", None), ("v2", "V2", 4)):
+        beats = [(T0 + t * S, ep, 1.0, dialect) for t in range(0, 11)]
+        after = 5 if ep is not None else None
+        beats += [(T0 + t * S, after, 1.0, dialect) for t in range(30, 41)]
+        rows[agent] = tg.liveness_scan(
+            beats, agent, None, T0 + 40 * S, rules, 0, tg.agent_restarts(life, ident).get(agent, ())
+        )
+    for agent in ("v1", "v2"):
+        got = [(r["state"], r["started_by"], r["down_at"]) for r in rows[agent]]
+        assert got == [("down", "first", tg._ts_py(T0 + 13 * S)), ("up", "restart", None)], agent
+    # A new epoch without an outage: restarted, no down time.
+    beats = [(T0 + t * S, 4 if t < 5 else 5, 1.0, "V2") for t in range(10)]
+    got = [(r["state"], r["started_by"]) for r in tg.liveness_scan(beats, "v2", None, T0 + 9 * S, rules, 0)]
+    assert got == [("restarted", "first"), ("up", "restart")]
+
+
+def test_lifecycles_across_a_restart_old_generation_lost_new_objects_live() -> None:
+    """qpidd's start-up objects (epoch 0: no generation) of the old boot end lost at the
+    restart, as its queues do; an object seen after the restart is never lost at it,
+    whatever its generation (a new memory object), and new objects are live."""
+    from schemas.gold import AGENT_LIVENESS, OBJECT_LIFECYCLES
+
+    def upd(oid: str, gen: int | None, create: int, first: float, last: float) -> dict[str, Any]:
+        return {"agent": "a", "object_id": oid, "create_ns": create, "dialect": "V2", "package": "p",
+                "class_name": oid.split(":")[0], "index_key": f'["{oid}"]', "generation": gen,
+                "first_seen_ns": T0 + int(first * S), "last_seen_ns": T0 + int(last * S), "samples": 2,
+                "delete_ns": None, "properties": None, "properties_ns": None}  # fmt: skip
+
+    rows = [
+        upd("broker:0", None, 1, 0, 10), upd("queue:1", 1, 2, 0, 10), upd("vhost:0", None, 3, 0, 0),
+        upd("broker:0", None, 50, 20, 30), upd("queue:2", 2, 51, 20, 30), upd("memory:1", 1, 52, 21, 30),
+    ]
+    updates = pl.DataFrame(rows).with_columns(
+        pl.col("properties").cast(pl.Map(pl.Utf8, pl.Utf8)), pl.col("delete_ns", "properties_ns").cast(pl.Int64)
+    )
+    empty = pl.DataFrame(schema=pl.Schema(pl.from_arrow(OBJECT_LIFECYCLES.empty_table()).schema))
+    live = pl.DataFrame(schema=pl.Schema(pl.from_arrow(AGENT_LIVENESS.empty_table()).schema))
+    got = tg.merge_lifecycles(empty, updates, live, 0).sort("create_ns")
+    restart = tg._ts_py(T0 + 20 * S)
+    assert got.select("object_id", "state", "end_reason", "ended_at").rows() == [
+        ("broker:0", "lost", "agent_restart", restart),
+        ("queue:1", "lost", "agent_restart", restart),
+        ("vhost:0", "lost", "agent_restart", restart),
+        ("broker:0", "live", None, None),
+        ("queue:2", "live", None, None),
+        ("memory:1", "live", None, None),
+    ]
+    # The first generation seen is no restart: start-up objects seen before it stay live.
+    first = updates.filter(pl.col("create_ns") < 50).with_columns(
+        first_seen_ns=pl.when(pl.col("generation").is_null()).then(T0).otherwise(T0 + 5 * S)
+    )
+    got = tg.merge_lifecycles(empty, first, live, 0)
+    assert set(got["state"]) == {"live"}
+
+
+def test_a_creation_interval_waits_for_its_index_key_so_a_stream_writes_what_one_batch_does() -> None:
+    """Statistics of a new object before its properties (another micro-batch): its first
+    sample owes its creation interval in the state (``from_create_ns``) until the key comes,
+    then writes the row a single batch writes, key included; a deleted one too."""
+    created = T0 - 2 * S
+    key = '["vh","q1"]'
+
+    def rows(keyed: bool, deleted: bool) -> pl.DataFrame:
+        r = samples([("o-q1", 0.0, 7.0)], deleted_at=0.0 if deleted else None)
+        return r.with_columns(create_ns=pl.lit(created, pl.Int64), object_id=pl.lit("o-q1"),
+                              index_key=pl.lit(key if keyed else None, pl.Utf8),
+                              series=pl.lit(key if keyed else "o-q1"))  # fmt: skip
+
+    cols = ("index_key", "start_ns", "end_ns", "prev_value", "delta")
+    gone = pl.DataFrame({"agent": ["1.0"], "object_id": ["o-q1"]})
+    keys = pl.DataFrame({"agent": ["1.0"], "object_id": ["o-q1"], "_k": [key]})
+    for deleted in (False, True):
+        one = tg.pair_values(rows(True, deleted), tg.RateRules())
+        want = tg.rates_from_pairs(one.rates, 0).select(cols).rows()
+        assert want == [(key, created, T0, 0.0, 7.0)]
+        first = tg.pair_values(rows(False, deleted), tg.RateRules())
+        assert first.rates.height == 0
+        state = tg.state_from_pairs(first.state, gone if deleted else None)
+        assert state["from_create_ns"].to_list() == [created]  # kept, even deleted
+        second = tg.pair_values(tg.state_values(tg.rekey_state(state, keys)), tg.RateRules())
+        assert tg.rates_from_pairs(second.rates, 1).select(cols).rows() == want
+        assert second.state["from_create_ns"].to_list() == [None]
+        assert tg.state_from_pairs(second.state, gone).height == 0

@@ -70,6 +70,12 @@ def register(subparsers: Any) -> None:
     p.add_argument("--console", choices=("AM1", "AM2"), default=None,
                    help="the receiver also acts as a QMF v1 console in this dialect (asks for "
                         "schemas broadcast before it started; AM2 for a real qpidd)")
+    p.add_argument("--console-refresh", type=float, default=None, metavar="SECONDS",
+                   help="with --console: query the watched objects every SECONDS, 0: never "
+                        "(default 20; qmf receive --console-refresh)")
+    p.add_argument("--console-refresh-classes", default=None, metavar="LIST",
+                   help="with --console: the classes the refresh queries (default "
+                        "queue,exchange,broker; qmf receive --console-refresh-classes)")
     p.add_argument("--dialect", choices=("am1", "am2", "v2", "v2-amqp10"), default="am1",
                    help="simulated agents' dialect (v2-amqp10: QMF v2 as qpidd sends it over "
                         "AMQP 1.0, amqp-value bodies)")
@@ -126,6 +132,10 @@ def _receiver_options(args: argparse.Namespace, url: str, wants: Path) -> dict[s
         opts["queue"] = args.queue  # declared on the local node above
     if args.console:
         opts.update({"console": "true", "consoleDialect": args.console, "consoleWants": str(wants)})
+        if args.console_refresh is not None:
+            opts["consoleRefresh"] = str(args.console_refresh)
+        if args.console_refresh_classes is not None:
+            opts["consoleRefreshClasses"] = args.console_refresh_classes
     for key, value in (("caFile", args.ca_file), ("certFile", args.cert_file),
                        ("keyFile", args.key_file), ("credentialsFile", args.credentials_file)):  # fmt: skip
         if value:

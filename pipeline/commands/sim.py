@@ -49,7 +49,28 @@ def register(subparsers: Any) -> None:
     p.add_argument(
         "--max-rate", type=float, default=50.0, help="max enqueue rate of a queue (msg/s)"
     )
-    p.add_argument("--transients", type=int, default=1, help="short-lived queues per interval")
+    p.add_argument(
+        "--transients",
+        type=int,
+        default=1,
+        help="queues per interval created and deleted inside the interval",
+    )
+    p.add_argument(
+        "--short-lived",
+        type=int,
+        default=0,
+        metavar="N",
+        help="queues created per interval (sl.NNNNNN, with a binding) that receive traffic "
+        "and are deleted --short-lived-intervals later (last record: final counters, "
+        "delete time, the previous publication's update time)",
+    )
+    p.add_argument(
+        "--short-lived-intervals",
+        type=int,
+        default=3,
+        metavar="K",
+        help="intervals a --short-lived queue lives (default 3)",
+    )
     p.add_argument("--events", type=int, default=1, help="random events per interval")
     p.add_argument("--interval", type=int, default=1, help="publish interval (s)")
     p.add_argument(
@@ -115,6 +136,8 @@ def run(args: argparse.Namespace) -> int:
         active_fraction=args.active_fraction,
         max_rate=args.max_rate,
         transient_per_interval=args.transients,
+        short_lived_per_interval=args.short_lived,
+        short_lived_intervals=args.short_lived_intervals,
         events_per_interval=args.events,
     )
     cfg = SimConfig(

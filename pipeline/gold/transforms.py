@@ -28,7 +28,7 @@ samples give the same rows.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
@@ -138,6 +138,16 @@ AM2_REF_BLANK = r'"${1}-*-${2}-${3}-${4}"'
 V2_REF_EPOCH = r'\\"_agent_epoch\\":[0-9]+,'
 
 
+def sample_time() -> pl.Expr:
+    """When a sample's values were read: its update time, or its delete time where that is
+    later. qpidd's last record of a deleted object carries the delete time and the
+    statistics read at the deletion, but keeps the update time of its previous publish:
+    by that time it would be a twin of the previous sample, and its final counts lost."""
+    upd = pl.col("update_ns")
+    gone = pl.col("delete_ns").fill_null(0)
+    return pl.when(gone > upd.fill_null(0)).then(gone).otherwise(upd)
+
+
 def identify(samples: pl.DataFrame, known_keys: pl.DataFrame | None = None) -> pl.DataFrame:
     """Silver samples + ``object_id``, ``generation``, and ``index_key`` filled in.
 
@@ -148,6 +158,7 @@ def identify(samples: pl.DataFrame, known_keys: pl.DataFrame | None = None) -> p
     ``series`` is the index key when known, else the object id.
     """
     s = samples.filter(pl.col("agent").is_not_null()).with_columns(
+        update_ns=sample_time(),
         object_id=object_id(),
         generation=generation(),
         has_props=pl.col("index_key").is_not_null(),  # before the key is filled in
@@ -234,7 +245,7 @@ def slot_values(lists: pl.Series, rows: np.ndarray, slots: np.ndarray) -> pl.Ser
 
 _VALUE_COLS = (
     "agent", "dialect", "package", "class_name", "object_id", "index_key", "series",
-    "statistic", "kind", "update_ns", "create_ns", "generation", "value",
+    "statistic", "kind", "update_ns", "create_ns", "generation", "value", "from_create_ns",
 )  # fmt: skip
 # Arrival order (silver identity): of two samples with the same sample time, the first
 # delivered is kept (a 'g' answer and an 'i' publish of one instant may differ in their
@@ -244,8 +255,8 @@ _VALUE_SCHEMA = {
     "agent": pl.Utf8, "dialect": pl.Utf8, "package": pl.Utf8, "class_name": pl.Utf8,
     "object_id": pl.Utf8, "index_key": pl.Utf8, "series": pl.Utf8, "statistic": pl.Utf8,
     "kind": pl.Utf8, "update_ns": pl.Int64, "create_ns": pl.Int64, "generation": pl.Int64,
-    "value": pl.Float64, "partition": pl.Utf8, "offset": pl.Int64, "record_index": pl.Int64,
-    "deleted": pl.Boolean, "is_state": pl.Boolean,
+    "value": pl.Float64, "from_create_ns": pl.Int64, "partition": pl.Utf8, "offset": pl.Int64,
+    "record_index": pl.Int64, "deleted": pl.Boolean, "is_state": pl.Boolean,
 }  # fmt: skip
 
 
@@ -282,10 +293,10 @@ def statistic_values(identified: pl.DataFrame, defs: pl.DataFrame) -> pl.DataFra
     value = pl.select(
         pl.when(pl.lit(pl.Series(is_int))).then(pl.lit(ints)).otherwise(pl.lit(floats))
     ).to_series()
-    cols = [c for c in _VALUE_COLS if c not in ("statistic", "kind", "value")]
+    cols = [c for c in _VALUE_COLS if c not in ("statistic", "kind", "value", "from_create_ns")]
     base = s.select(*cols, *_ARRIVAL, "delete_ns")[rows]
     out = base.with_columns(
-        statistic=j["statistic"], kind=j["kind"], value=value,
+        statistic=j["statistic"], kind=j["kind"], value=value, from_create_ns=pl.lit(None, pl.Int64),
         deleted=pl.col("delete_ns").fill_null(0) != 0, is_state=pl.lit(False),
     ).filter(pl.col("value").is_not_null())  # fmt: skip
     return out.select(*_VALUE_COLS, *_ARRIVAL, "deleted", "is_state").cast(_VALUE_SCHEMA)  # type: ignore[arg-type]
@@ -311,7 +322,7 @@ def rekey_state(state: pl.DataFrame, keys: pl.DataFrame) -> pl.DataFrame:
     place (the rows keep their order): a steady state has few or none, and a join of
     the whole state plus ``series_key``'s regex over every row took a tenth of a
     one-interval batch's rate stage (2026-12-03)."""
-    state = state.select(RATE_STATE.names)
+    state = _with_owed(state).select(RATE_STATE.names)
     unkeyed = np.flatnonzero(state["index_key"].is_null().to_numpy())
     if len(unkeyed) == 0 or keys.height == 0:
         return state
@@ -326,10 +337,18 @@ def rekey_state(state: pl.DataFrame, keys: pl.DataFrame) -> pl.DataFrame:
     )
 
 
+def _with_owed(df: pl.DataFrame) -> pl.DataFrame:
+    """``df`` with ``from_create_ns`` (null where absent: a state written before it existed)."""
+    if "from_create_ns" in df.columns:
+        return df
+    return df.with_columns(from_create_ns=pl.lit(None, pl.Int64))
+
+
 def state_values(state: pl.DataFrame) -> pl.DataFrame:
     """The ``rate_state`` rows in the shape of ``statistic_values`` (baselines)."""
     return (
-        state.with_columns(
+        _with_owed(state)
+        .with_columns(
             partition=pl.lit(None, pl.Utf8), offset=pl.lit(None, pl.Int64),
             record_index=pl.lit(None, pl.Int64), deleted=pl.lit(False), is_state=pl.lit(True),
         )
@@ -393,6 +412,14 @@ def _reason(
 
 
 @njit(cache=True)
+def _from_create(i: int, t: np.ndarray, create: np.ndarray, is_counter: np.ndarray, after: int) -> bool:
+    """Whether sample ``i`` counts from its object's creation (the counter was 0 at its
+    create time): a counter whose create time is known, later than ``after`` and before
+    the sample."""
+    return bool(is_counter[i] and create[i] > 0 and after < create[i] < t[i])
+
+
+@njit(cache=True)
 def _pair_kernel(
     newgrp: np.ndarray,
     t: np.ndarray,
@@ -402,6 +429,9 @@ def _pair_kernel(
     obj: np.ndarray,
     is_counter: np.ndarray,
     deleted: np.ndarray,
+    is_state: np.ndarray,
+    keyed: np.ndarray,
+    owed: np.ndarray,
     agent: np.ndarray,
     act_off: np.ndarray,
     act_t: np.ndarray,
@@ -409,7 +439,7 @@ def _pair_kernel(
     min_ns: int,
     burst_ns: int,
     gap_ns: int,
-) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
     """Pairs each series' samples (sorted: state first, then sample time) with the baseline.
 
     ``pend``: the newest sample when it came less than ``min_ns`` after the baseline. It is
@@ -417,19 +447,37 @@ def _pair_kernel(
     delete's too), emitted (flushed) on its own when the series went quiet
     (``_went_quiet``), before a reset, or before a delete at its own sample time, or
     else kept in the state.
+
+    Counting from creation: the counter of a new series' first sample whose object was
+    created at most ``gap_ns`` before it, or of an object re-created after its series'
+    baseline (a restart), started at 0 at the create time; that interval starts there
+    with 0 (``start``/``prev``). A first sample *owes* its creation interval (``owed``,
+    in and out: the state carries it) until it is written: at once when the sample's
+    index key is known (``keyed``), else when the key comes (a later micro-batch
+    rekeys the state row) or a later sample of the series pairs with it, so that a
+    stream writes the row a single batch writes, index key included.
     """
     n = len(t)
-    base_out = np.empty(n, np.int64)
     cur_out = np.empty(n, np.int64)
+    start_out = np.empty(n, np.int64)
+    prev_out = np.empty(n, np.float64)
     reason = np.empty(n, np.int8)
     keep = np.zeros(n, np.bool_)
     k = 0
     base = -1
     pend = -1
+    lowest = np.iinfo(np.int64).min
+    seen = lowest  # the newest sample time met in the series
     for i in range(n + 1):
+        if i < n and newgrp[i]:
+            seen = lowest
         if i == n or newgrp[i]:
             if pend >= 0 and _went_quiet(pend, -1, t, agent, act_off, act_t, sample_max, min_ns, burst_ns):
-                base_out[k], cur_out[k], reason[k] = base, pend, 0
+                if owed[base]:
+                    cur_out[k], start_out[k], prev_out[k], reason[k] = base, create[base], 0.0, 0
+                    k += 1
+                    owed[base] = False
+                cur_out[k], start_out[k], prev_out[k], reason[k] = pend, t[base], val[base], 0
                 k += 1
                 base, pend = pend, -1
             if base >= 0:
@@ -440,28 +488,50 @@ def _pair_kernel(
             if i == n:
                 break
         if base < 0:
-            if not deleted[i]:
+            if t[i] <= seen:  # a twin or a late copy of the sample that ended the series
+                continue
+            seen = t[i]
+            if not is_state[i]:
+                owed[i] = t[i] - create[i] <= gap_ns and _from_create(i, t, create, is_counter, 0)
+            if owed[i] and keyed[i]:
+                cur_out[k], start_out[k], prev_out[k], reason[k] = i, create[i], 0.0, 0
+                k += 1
+                owed[i] = False
+            if not deleted[i] or owed[i]:  # an owed deleted sample waits for its key
                 base = i
             continue
         if pend >= 0 and t[i] > t[pend] and _went_quiet(
             pend, i, t, agent, act_off, act_t, sample_max, min_ns, burst_ns
         ):
-            base_out[k], cur_out[k], reason[k] = base, pend, 0  # the series went quiet
-            k += 1
+            if owed[base]:
+                cur_out[k], start_out[k], prev_out[k], reason[k] = base, create[base], 0.0, 0
+                k += 1
+                owed[base] = False
+            cur_out[k], start_out[k], prev_out[k], reason[k] = pend, t[base], val[base], 0
+            k += 1  # the series went quiet
             base, pend = pend, -1
         newest = pend if pend >= 0 else base
+        seen = max(seen, t[i])
         if t[i] <= t[newest]:  # twin, duplicate, or older than the newest kept sample
             if deleted[i] and pend >= 0:  # the series ends: the pending sample closes it
-                base_out[k], cur_out[k], reason[k] = base, pend, 0
+                if owed[base]:
+                    cur_out[k], start_out[k], prev_out[k], reason[k] = base, create[base], 0.0, 0
+                    k += 1
+                    owed[base] = False
+                cur_out[k], start_out[k], prev_out[k], reason[k] = pend, t[base], val[base], 0
                 k += 1
                 base = pend = -1
             continue
+        if owed[base]:  # a later sample pairs with it: its creation interval first
+            cur_out[k], start_out[k], prev_out[k], reason[k] = base, create[base], 0.0, 0
+            k += 1
+            owed[base] = False
         r = _reason(t[i] - t[base], gen[i], gen[base], create[i], create[base], obj[i], obj[base],
                     is_counter[i] and val[i] < val[base], gap_ns)  # fmt: skip
         if pend >= 0 and (r != 0 or (is_counter[i] and val[i] < val[pend])):
             # A reset after the pending sample (e.g. the counter fell below it): the pending
             # sample's counts first, then the reset.
-            base_out[k], cur_out[k], reason[k] = base, pend, 0
+            cur_out[k], start_out[k], prev_out[k], reason[k] = pend, t[base], val[base], 0
             k += 1
             base, pend = pend, -1
             r = _reason(t[i] - t[base], gen[i], gen[base], create[i], create[base], obj[i],
@@ -469,11 +539,14 @@ def _pair_kernel(
         if r == 0 and t[i] - t[base] < min_ns and not deleted[i]:
             pend = i
             continue
-        base_out[k], cur_out[k], reason[k] = base, i, r
+        if (r == 2 or r == 3) and _from_create(i, t, create, is_counter, t[base]):
+            cur_out[k], start_out[k], prev_out[k], reason[k] = i, create[i], 0.0, 0  # a new instance
+        else:
+            cur_out[k], start_out[k], prev_out[k], reason[k] = i, t[base], val[base], r
         k += 1
         pend = -1
         base = -1 if deleted[i] else i
-    return base_out[:k], cur_out[:k], reason[:k], keep
+    return cur_out[:k], start_out[:k], prev_out[:k], reason[:k], keep
 
 
 @dataclass(frozen=True)
@@ -713,6 +786,7 @@ def pair_values(
     over the whole batch and state; default the latest of ``values``).
     """
     names = RATE_STATE.names
+    values = _with_owed(values)
     if values.height == 0:
         return Pairs(values.select(names).with_columns(
             start_ns=pl.lit(None, pl.Int64), prev_value=pl.lit(None, pl.Float64),
@@ -727,18 +801,22 @@ def pair_values(
         pl.col("object_id").cast(pl.Categorical).to_physical().cast(pl.Int64).alias("obj"),
         (pl.col("kind") == "counter").fill_null(False).alias("counter"),
         pl.col("deleted").fill_null(False),
+        pl.col("is_state").fill_null(False),
+        pl.col("index_key").is_not_null().alias("keyed"),
+        pl.col("from_create_ns").is_not_null().alias("owed"),
     )
     col = {c: num[c].to_numpy()[perm] for c in num.columns}
     ns, val = col["update_ns"], col["value"]
     agent, act_off, act_t, sample_max = _activity_index(values["agent"], activity)
-    base, cur, reason, keep = _pair_kernel(
+    owed = col["owed"].copy()
+    cur, start, prev, reason, keep = _pair_kernel(
         newgrp, ns, val, col["generation"], col["create_ns"], col["obj"], col["counter"],
-        col["deleted"], np.ascontiguousarray(agent[perm]), act_off, act_t, sample_max,
-        rules.min_ns, round(rules.jitter_s * NS), int(rules.max_gap_s * NS),
+        col["deleted"], col["is_state"], col["keyed"], owed, np.ascontiguousarray(agent[perm]),
+        act_off, act_t, sample_max, rules.min_ns, round(rules.jitter_s * NS), int(rules.max_gap_s * NS),
     )  # fmt: skip
     rows = values.select(names)
     rates = _rows_at(rows, perm[cur], {
-        "start_ns": ns[base], "prev_value": val[base], "reason": reason.astype(np.int8),
+        "start_ns": start, "prev_value": prev, "reason": reason.astype(np.int8),
     })  # fmt: skip
     rates = rates.with_columns(
         prev_value=pl.col("prev_value").fill_nan(None),
@@ -757,6 +835,11 @@ def pair_values(
         keep &= newest[np.cumsum(newgrp) - 1] >= horizon
     kept = np.zeros(len(perm), np.bool_)
     kept[perm[keep]] = True
+    still_owed = np.zeros(len(perm), np.bool_)
+    still_owed[perm[owed]] = True
+    rows = rows.with_columns(
+        from_create_ns=pl.when(pl.Series(still_owed)).then(pl.col("create_ns")).otherwise(None)
+    )
     return Pairs(rates, rows.filter(pl.Series(kept)))
 
 
@@ -809,10 +892,13 @@ def state_from_pairs(state: pl.DataFrame, gone: pl.DataFrame | None = None) -> p
     """The baselines of ``pair_values`` minus every series of the objects ``gone``
     (``deleted_objects``): also a series keyed by the object id. Few objects go in a
     batch: the rows of their object ids are found first (an anti join of the whole
-    state cost ~35 ms a bucket even with none gone), then matched by agent too."""
+    state cost ~35 ms a bucket even with none gone), then matched by agent too. A row
+    that still owes its creation interval (``from_create_ns``) stays until its key comes."""
     if gone is None or gone.height == 0:
         return state
     ids = pl.col("object_id").is_in(gone["object_id"].unique().implode()).fill_null(False)
+    if "from_create_ns" in state.columns:
+        ids = ids & pl.col("from_create_ns").is_null()
     cand = state.select(ids).to_series()
     if not cand.any():
         return state
@@ -875,6 +961,32 @@ def object_updates(identified: pl.DataFrame, props: pl.DataFrame) -> pl.DataFram
     return agg.join(pmap, on=key, how="left")
 
 
+def generation_starts(seen: pl.DataFrame) -> pl.DataFrame:
+    """(agent, generation, t_ns) sightings -> (agent, g, g_start, g_first): when each
+    generation of an agent was first seen, and the agent's first generation seen."""
+    gens = (
+        seen.filter(pl.col("generation").is_not_null() & pl.col("agent").is_not_null())
+        .group_by("agent", "generation")
+        .agg(pl.col("t_ns").min().alias("g_start"))
+        .rename({"generation": "g"})
+    )
+    return gens.with_columns(g_first=pl.col("g").min().over("agent"))
+
+
+def agent_restarts(lifecycles: pl.DataFrame, identified: pl.DataFrame) -> dict[str, list[int]]:
+    """agent -> the times its later generations were first seen (sorted): its restarts as
+    its objects show them, whichever dialect carried them (a v1 heartbeat has no epoch)."""
+    seen = pl.concat([
+        lifecycles.select("agent", pl.col("generation").cast(pl.Int64), pl.col("first_seen_ns").alias("t_ns")),
+        identified.select("agent", pl.col("generation").cast(pl.Int64), pl.col("update_ns").alias("t_ns")),
+    ])  # fmt: skip
+    starts = generation_starts(seen).filter(pl.col("g") > pl.col("g_first"))
+    out: dict[str, list[int]] = {}
+    for agent, t in starts.sort("g_start").select("agent", "g_start").iter_rows():
+        out.setdefault(agent, []).append(int(t))
+    return out
+
+
 def merge_lifecycles(
     existing: pl.DataFrame, updates: pl.DataFrame, liveness: pl.DataFrame, batch_id: int
 ) -> pl.DataFrame:
@@ -916,17 +1028,17 @@ def merge_lifecycles(
         pl.when(newer).then(pl.col("u_properties_ns")).otherwise(pl.col("properties_ns"))
         .alias("properties_ns"),
     )  # fmt: skip
-    # Agent restarts: the first sample of each generation per agent.
-    gens = (
-        m.filter(pl.col("generation").is_not_null())
-        .group_by("agent", "generation")
-        .agg(pl.col("first_seen_ns").min().alias("g_start"))
-        .rename({"generation": "g"})
-    )
+    # Agent restarts: the first sample of each generation per agent. An object ends at the
+    # first restart after its last sighting into a later generation than its own; an object
+    # of no generation (qpidd's start-up objects: broker, system, vhost, epoch 0) at the
+    # first restart after its last sighting (the agent's first generation seen is no restart).
+    gens = generation_starts(m.select("agent", "generation", pl.col("first_seen_ns").alias("t_ns")))
     nxt = (
-        m.select(*key, pl.col("generation").alias("own"))
+        m.select(*key, pl.col("generation").alias("own"), "last_seen_ns")
         .join(gens, on="agent")
-        .filter(pl.col("g") > pl.col("own"))
+        .filter(
+            (pl.col("g") > pl.coalesce("own", "g_first")) & (pl.col("g_start") > pl.col("last_seen_ns"))
+        )
         .group_by(key)
         .agg(pl.col("g_start").min().alias("restart_ns"))
     )
@@ -1068,9 +1180,18 @@ def liveness_scan(
     now_ns: int,
     rules: LivenessRules,
     batch_id: int,
+    restarts: Sequence[int] = (),
 ) -> list[dict[str, Any]]:
     """One agent's heartbeats ``(ts_ns, epoch, interval_s, dialect)`` (any order, duplicates
-    allowed) continuing its open up interval."""
+    allowed) continuing its open up interval.
+
+    An outage (more than ``missed`` intervals without a heartbeat) is ``down`` from the
+    last heartbeat plus the limit, whatever else is known; the interval after it was
+    started by a ``restart`` when the heartbeats' epoch changed or the agent's objects
+    show a new generation in the outage (``restarts``: ``agent_restarts``; a v1
+    heartbeat carries no epoch), else ``recovered``. A new epoch without an outage
+    closes the interval as ``restarted``. So both dialects of one broker record one
+    restart alike."""
     out: list[dict[str, Any]] = []
     cur = dict(current) if current is not None else None
     for ts_ns, ep, iv, dialect in sorted(beats, key=lambda b: b[0]):
@@ -1085,17 +1206,17 @@ def liveness_scan(
         if ts_ns <= int(cur["last_heartbeat_ns"]):
             continue
         limit = int(rules.missed * float(cur["interval_s"]) * NS)
-        if ep is not None and cur["epoch"] is not None and ep != int(cur["epoch"]):
+        last = int(cur["last_heartbeat_ns"])
+        new_epoch = ep is not None and cur["epoch"] is not None and ep != int(cur["epoch"])
+        if ts_ns - last > limit:
+            cur.update(state="down", down_at=_ts_py(last + limit), next_up=_ts_py(ts_ns))
+            out.append(cur)
+            restarted = new_epoch or any(last < r <= ts_ns for r in restarts)
+            cur = {**fresh, "started_by": "restart" if restarted else "recovered"}
+        elif new_epoch:
             cur.update(state="restarted", down_at=None, next_up=_ts_py(ts_ns))
             out.append(cur)
             cur = {**fresh, "started_by": "restart"}
-        elif ts_ns - int(cur["last_heartbeat_ns"]) > limit:
-            cur.update(
-                state="down", down_at=_ts_py(int(cur["last_heartbeat_ns"]) + limit),
-                next_up=_ts_py(ts_ns),
-            )  # fmt: skip
-            out.append(cur)
-            cur = {**fresh, "started_by": "recovered"}
         else:
             cur.update(
                 last_heartbeat_ns=ts_ns, heartbeats=int(cur["heartbeats"]) + 1, interval_s=float(iv)
@@ -1117,7 +1238,12 @@ def liveness_scan(
 
 
 def agent_liveness(
-    beats: pl.DataFrame, current: pl.DataFrame, now_ns: int, rules: LivenessRules, batch_id: int
+    beats: pl.DataFrame,
+    current: pl.DataFrame,
+    now_ns: int,
+    rules: LivenessRules,
+    batch_id: int,
+    restarts: Mapping[str, Sequence[int]] | None = None,
 ) -> pl.DataFrame:
     """Heartbeat rows (``heartbeat_rows``) + each agent's open up interval (``current``: its
     latest AGENT_LIVENESS row) -> the rows to upsert, every agent re-judged at ``now_ns``
@@ -1130,7 +1256,10 @@ def agent_liveness(
     open_rows = {r["agent"]: r for r in current.select(AGENT_LIVENESS.names).to_dicts()}
     rows: list[dict[str, Any]] = []
     for agent in sorted(set(by_agent) | set(open_rows)):
-        rows += liveness_scan(by_agent.get(agent, []), agent, open_rows.get(agent), now_ns, rules, batch_id)
+        rows += liveness_scan(
+            by_agent.get(agent, []), agent, open_rows.get(agent), now_ns, rules, batch_id,
+            (restarts or {}).get(agent, ()),
+        )  # fmt: skip
     return frame(pa.Table.from_pylist(rows, schema=AGENT_LIVENESS))
 
 
@@ -1239,10 +1368,11 @@ def agent_stage(
     hb = heartbeat_rows(beats, liveness_rules)
     if now_ns is None:
         now_ns = max_ns(hb["ts_ns"], liveness["last_heartbeat_ns"])
-    live_rows = agent_liveness(hb, latest_liveness(liveness), now_ns, liveness_rules, batch_id)
-
     known = lifecycles.filter(pl.col("index_key").is_not_null()).select("agent", "object_id", "index_key")
     ident = identify(samples, known)
+    live_rows = agent_liveness(
+        hb, latest_liveness(liveness), now_ns, liveness_rules, batch_id, agent_restarts(lifecycles, ident)
+    )
     updates = object_updates(ident, property_defs(registry))
     merged = with_names(merge_lifecycles(lifecycles, updates, live_rows, batch_id), ref_positions(registry))
 

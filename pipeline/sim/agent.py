@@ -161,13 +161,16 @@ class SimAgent:
         return any(k == key for _, k in self.command_addresses)
 
     def oid(self, num: int) -> ObjectId:
-        if self.dialect == "am1":
-            return Am1ObjectId(self.boot_seq & 0x7FFF, self.agent_bank, num)
-        if self.dialect == "am2":
-            return Am2ObjectId(0, self.boot_seq & 0xFFF, self.broker_bank, self.agent_bank, num)
+        """The object's id; qpidd's start-up (persistent) objects carry epoch 0, not the boot's."""
         obj = self.model.objects.get(num)
+        epoch = 0 if obj is not None and obj.persistent else self.boot_seq
+        if self.dialect == "am1":
+            return Am1ObjectId(epoch & 0x7FFF, self.agent_bank, num)
+        if self.dialect == "am2":
+            return Am2ObjectId(0, epoch & 0xFFF, self.broker_bank, self.agent_bank, num)
         name = self.object_name(obj) if obj is not None else str(num)
-        return V2ObjectId(object_name=name, agent_name=self.v2_name, epoch=self.boot_seq)
+        # qpidd leaves _agent_epoch out of a persistent object's id (its epoch is 0)
+        return V2ObjectId(object_name=name, agent_name=self.v2_name, epoch=epoch or None)
 
     def object_name(self, obj: SimObject) -> str:
         """qpidd's v2 object name: ``<package>:<class>:<index values joined by ','>``."""
@@ -185,20 +188,13 @@ class SimAgent:
         return obj.object_name
 
     def find_object(self, oid: ObjectId) -> SimObject | None:
-        if isinstance(oid, Am1ObjectId):
-            ok = oid.boot_seq == self.boot_seq & 0x7FFF and oid.bank == self.agent_bank
-        elif isinstance(oid, Am2ObjectId):
-            ok = (oid.epoch, oid.broker_bank, oid.agent_bank) == (
-                self.boot_seq & 0xFFF,
-                self.broker_bank,
-                self.agent_bank,
-            )
-        else:
+        if isinstance(oid, V2ObjectId):
             for o in self.model.objects.values():
                 if self.object_name(o) == oid.object_name:
                     return o
             return None
-        return self.model.objects.get(oid.object_num) if ok else None
+        obj = self.model.objects.get(oid.object_num)
+        return obj if obj is not None and self.oid(obj.object_num) == oid else None
 
     # ------------------------------------------------------------------ values
 
@@ -207,7 +203,7 @@ class SimAgent:
             if self.dialect == "v2":  # qpidd: a reference is a map holding the object name
                 obj = self.model.objects.get(v.object_num)
                 name = self.object_name(obj) if obj is not None else str(v.object_num)
-                if self.epoch_refs:
+                if self.epoch_refs and not (obj is not None and obj.persistent):
                     return {"_agent_epoch": self.boot_seq, "_object_name": name}
                 return {"_object_name": name}
             return self.oid(v.object_num)
@@ -230,7 +226,7 @@ class SimAgent:
 
     # ------------------------------------------------------------------ records
 
-    def sample(self, obj: SimObject, which: str, now_ns: int, seq: int = 0) -> ObjectSample:
+    def sample(self, obj: SimObject, which: str, update_ns: int, seq: int = 0) -> ObjectSample:
         key = obj.cls.key
         return ObjectSample(
             dialect=self.codec_dialect,
@@ -239,13 +235,40 @@ class SimAgent:
             package=key.package,
             class_name=key.name,
             schema_hash=key.hash,
-            update_ns=now_ns,
+            update_ns=update_ns,
             create_ns=obj.create_ns,
             delete_ns=obj.delete_ns,
             object_id=self.oid(obj.object_num),
             values=self.values(obj, which),
             agent=self.record_agent,
         )
+
+    @staticmethod
+    def update_time(obj: SimObject, now_ns: int) -> int:
+        """The update time an object's record carries when encoded at ``now_ns``.
+
+        qpidd's ``setUpdateTime``: it moves to now only when the object changed since
+        it was last encoded (publication or query); an unchanged object (a forced
+        republication) keeps the old one, and so does a deleted object's last record
+        (qpidd encodes it without touching the time: a stale update time). A deleted
+        object never encoded before (a transient queue) carries ``now_ns``.
+        """
+        if not obj.update_ns or (not obj.deleted and (obj.prop_dirty or obj.stat_dirty)):
+            obj.update_ns = now_ns
+        return obj.update_ns
+
+    def query_sample(self, obj: SimObject, now_ns: int, seq: int = 0) -> ObjectSample:
+        """A console's get/query of one object, as qpidd answers it.
+
+        Encoding the object for the reply (qpid's generated ``writeProperties``,
+        ``writeStatistics``, ``mapEncodeValues``) clears its changed flags
+        (``configChanged``, ``instChanged``) and resets its hi-lo watermarks, so the
+        next periodic publication skips it unless it changes again after the query.
+        """
+        rec = self.sample(obj, "g", self.update_time(obj, now_ns), seq)
+        obj.prop_dirty = obj.stat_dirty = False
+        self.model.reset_watermarks(obj)
+        return rec
 
     def obj_key(self, cls: XmlClass, kind: str) -> str:
         pkg, name = cls.package, cls.name
@@ -385,7 +408,7 @@ class SimAgent:
             return [self.complete(seq, 1, "Unknown class")]
         if isinstance(req, GetQuery):
             return [
-                *(self.sample(o, "g", now_ns, seq) for o in self.get_matches(req.query)),
+                *(self.query_sample(o, now_ns, seq) for o in self.get_matches(req.query)),
                 self.complete(seq),
             ]
         if isinstance(req, MethodRequest):
@@ -557,7 +580,7 @@ class V2Requests:
             objs = [o for o in objs if o.cls.name == cls and pkg in (None, o.cls.package)]
         out: list[Record] = []
         for o in objs:
-            rec = a.sample(o, "g", now_ns)
+            rec = a.query_sample(o, now_ns)
             rec.opcode = "_query_response"
             out.append(rec)
         return out

@@ -14,6 +14,13 @@ difference (never negative), bytes follow a per-queue message size, watermarks
 (``hilo``) reset to the current value at the start of the interval and track a
 consumer that attaches and leaves inside it; exchanges, bindings, subscriptions,
 sessions, connections and the broker's totals follow from the queue traffic.
+
+Lifecycle: transient queues live inside one interval (``transient_queue``);
+short-lived queues live several intervals and are deleted after a last burst
+of traffic (``short_lived_step``). Objects qpidd makes persistent at start-up
+(system, broker, vhost, the durable exchanges) are flagged ``persistent``: their
+ids carry epoch 0, not the boot sequence. The broker's totals include the
+traffic of queues that were deleted (``retired``), so they never go down.
 """
 
 from __future__ import annotations
@@ -34,6 +41,19 @@ from pipeline.qmfxml import (
 
 PKG = "org.apache.qpid.broker"
 NS = 1_000_000_000
+# the broker object's statistics that sum the queues' counters
+BROKER_TOTALS = (
+    "msgTotalEnqueues",
+    "msgTotalDequeues",
+    "byteTotalEnqueues",
+    "byteTotalDequeues",
+    "msgPersistEnqueues",
+    "msgPersistDequeues",
+    "bytePersistEnqueues",
+    "bytePersistDequeues",
+    "acquires",
+    "discardsPurge",
+)
 
 
 @dataclass(frozen=True)
@@ -53,8 +73,14 @@ class SimObject:
     stats: dict[str, Any]
     create_ns: int
     delete_ns: int = 0
+    # qpidd's configChanged / instChanged: set by a change, cleared when the object is
+    # encoded (periodic publication or a console's query)
     prop_dirty: bool = True  # new objects publish their properties
     stat_dirty: bool = True
+    # qpidd's updateTime: moves to "now" only when the object is encoded while changed
+    # (0: never encoded yet); a deleted object's last record keeps it (a stale time)
+    update_ns: int = 0
+    persistent: bool = False  # made at start-up as persistent: epoch 0 in its ids
     # dynamics (queues); other classes ignore them
     enq_rate: float = 0.0
     deq_rate: float = 0.0
@@ -80,6 +106,8 @@ class LoadConfig:
     active_fraction: float = 0.5  # queues with traffic; idle ones stop being published
     max_rate: float = 50.0  # msgs/s upper bound of a queue's enqueue rate
     transient_per_interval: int = 1  # queues created and deleted inside one interval
+    short_lived_per_interval: int = 0  # queues created per interval that live a few intervals
+    short_lived_intervals: int = 3  # a short-lived queue is deleted this many intervals later
     watermark_prob: float = 0.2  # chance per queue and interval of a consumer coming and going
     events_per_interval: int = 1  # random threshold events
 
@@ -113,6 +141,10 @@ class SimBroker:
         self.session_conn: dict[int, int] = {}
         self.conn_nums: list[int] = []
         self.transient_seq = 0
+        self.short_lived_seq = 0
+        self.short_lived: dict[int, int] = {}  # short-lived queue -> interval of its deletion
+        # counters of deleted queues, kept in the broker's totals (they never go down)
+        self.retired: dict[str, int] = dict.fromkeys(BROKER_TOTALS, 0)
         self.announced: set[int] = set()  # object numbers whose creation the manifest has
         self.system_id = uuid.UUID(int=rng.getrandbits(128), version=4)
 
@@ -142,6 +174,8 @@ class SimBroker:
         self.sub_session.clear()
         self.session_conn.clear()
         self.conn_nums.clear()
+        self.short_lived.clear()
+        self.retired = dict.fromkeys(BROKER_TOTALS, 0)
         rng = self.rng
         system = self._new(
             "system",
@@ -155,6 +189,7 @@ class SimBroker:
             },
             now_ns,
         )
+        system.persistent = True  # qpidd: System, Broker and Vhost are added as persistent
         broker = self._new(
             "broker",
             {
@@ -173,12 +208,14 @@ class SimBroker:
             now_ns,
         )
         self.broker_num = broker.object_num
+        broker.persistent = True
         vhost = self._new(
             "vhost",
             {"brokerRef": SimRef(broker.object_num), "name": "/", "federationTag": ""},
             now_ns,
         )
         self.vhost_num = vhost.object_num
+        vhost.persistent = True
         vref = SimRef(vhost.object_num)
         # qpidd's malloc statistics are optional properties, republished as they move
         memory = self._new(
@@ -196,6 +233,8 @@ class SimBroker:
             now_ns,
         )
         self.memory_num = memory.object_num
+        # qpidd's default exchange "" and qpid.management are not durable (boot epoch in
+        # their ids); the amq.* exchanges are durable, hence persistent (epoch 0)
         for name, etype in (
             ("", "direct"),
             ("amq.direct", "direct"),
@@ -210,12 +249,13 @@ class SimBroker:
                     "vhostRef": vref,
                     "name": name,
                     "type": etype,
-                    "durable": name != "qpid.management",
+                    "durable": name.startswith("amq."),
                     "autoDelete": False,
                     "arguments": {},
                 },
                 now_ns,
             )
+            ex.persistent = bool(ex.props["durable"])
             self.exchanges[name] = ex.object_num
         for c in range(self.load.connections):
             address = f"127.0.0.1:5672-10.0.{c // 250}.{c % 250 + 1}:{40000 + c}"
@@ -279,7 +319,7 @@ class SimBroker:
                 q.consumers = 1
             self._set_counts(q)
         for num in self.exchanges.values():
-            self._reset_watermarks(self.objects[num])
+            self.reset_watermarks(self.objects[num])
         self._broker_totals(now_ns)
 
     def _add_queue(self, name: str, now_ns: int, durable: bool) -> SimObject:
@@ -383,7 +423,7 @@ class SimBroker:
             conn.stats["bytesFromClient"] += n_enq * (size + 40)
             conn.stat_dirty = True
 
-    def _reset_watermarks(self, obj: SimObject) -> bool:
+    def reset_watermarks(self, obj: SimObject) -> bool:
         changed = False
         for name, info in obj.cls.statistics.items():
             if info.kind in (WATERMARK_HIGH, WATERMARK_LOW):
@@ -403,11 +443,11 @@ class SimBroker:
         rng = self.rng
         for num in self.exchanges.values():
             ex = self.objects[num]
-            if self._reset_watermarks(ex):
+            if self.reset_watermarks(ex):
                 ex.stat_dirty = True
         for num in self.queue_nums:
             q = self.objects[num]
-            if self._reset_watermarks(q):
+            if self.reset_watermarks(q):
                 q.stat_dirty = True
             if not traffic:
                 continue
@@ -424,23 +464,22 @@ class SimBroker:
         self.objects[self.memory_num].prop_dirty = True
         self._broker_totals(now_ns)
 
+    def settle(self, now_ns: int) -> None:
+        """The broker's totals and uptime at ``now_ns``, after everything of the interval."""
+        self._broker_totals(now_ns)
+
+    def periodic(self, now_ns: int) -> None:
+        """What qpidd's periodic processing does before it publishes: the broker's uptime
+        is set and the memory figures reloaded, so both are published every interval
+        (even right after a console's query cleared their changed flags)."""
+        b = self.objects[self.broker_num]
+        b.stats["uptime"] = max(0, now_ns - self.boot_ns)
+        b.stat_dirty = True
+        self.objects[self.memory_num].prop_dirty = True
+
     def _broker_totals(self, now_ns: int) -> None:
         b = self.objects[self.broker_num]
-        totals = dict.fromkeys(
-            (
-                "msgTotalEnqueues",
-                "msgTotalDequeues",
-                "byteTotalEnqueues",
-                "byteTotalDequeues",
-                "msgPersistEnqueues",
-                "msgPersistDequeues",
-                "bytePersistEnqueues",
-                "bytePersistDequeues",
-                "acquires",
-                "discardsPurge",
-            ),
-            0,
-        )
+        totals = dict(self.retired)
         for num in self.queue_nums:
             qs = self.objects[num].stats
             for k in totals:
@@ -449,7 +488,7 @@ class SimBroker:
         b.stats["abandoned"] = b.stats.get("abandoned", 0)
         b.stats["msgDepth"] = totals["msgTotalEnqueues"] - totals["msgTotalDequeues"]
         b.stats["byteDepth"] = totals["byteTotalEnqueues"] - totals["byteTotalDequeues"]
-        b.stats["queueCount"] = len(self.queue_nums)
+        b.stats["queueCount"] = sum(1 for n in self.queue_nums if not self.objects[n].deleted)
         b.stats["uptime"] = max(0, now_ns - self.boot_ns)
         b.stat_dirty = True
 
@@ -495,15 +534,73 @@ class SimBroker:
             q.stat_dirty = True
         return n
 
-    def forget(self, objs: list[SimObject]) -> None:
-        """Drop deleted objects after their last publication."""
+    def short_lived_step(
+        self, interval: int, start_ns: int, interval_ns: int
+    ) -> tuple[list[SimObject], list[SimObject]]:
+        """Short-lived queues of one interval: (created, deleted), bindings included.
+
+        The queues due in ``interval`` get a last burst (enqueues, then a consumer
+        drains them) and are deleted at a random time inside it; then
+        ``short_lived_per_interval`` new queues ``sl.NNNNNN`` (bound to the default
+        exchange, with a rate of their own: ``advance`` moves them like any active
+        queue) are created at random times inside it, to be deleted
+        ``short_lived_intervals`` intervals later.
+        """
+        rng = self.rng
+        lo = max(start_ns, self.boot_ns)  # never before the agent (re)started
+        span = start_ns + interval_ns - lo
+        deleted: list[SimObject] = []
+        for num in sorted(n for n, due in self.short_lived.items() if due <= interval):
+            del self.short_lived[num]
+            q = self.objects[num]
+            t_delete = lo + rng.randrange(1, span)
+            n = rng.randrange(1, 20)
+            self._traffic(q, n, n + int(q.stats["msgDepth"]))  # a last burst, drained
+            deleted.extend(self._delete_queue(q, t_delete))
+        created: list[SimObject] = []
+        for _ in range(self.load.short_lived_per_interval):
+            self.short_lived_seq += 1
+            t_create = lo + rng.randrange(1, span)
+            q = self._add_queue(f"sl.{self.short_lived_seq:06d}", t_create, durable=False)
+            q.enq_rate = round(rng.uniform(1.0, self.load.max_rate), 3)
+            q.deq_rate = round(q.enq_rate * rng.uniform(0.5, 1.0), 3)
+            q.msg_size = rng.choice((64, 256, 1024, 4096))
+            q.consumers = 0
+            self._set_counts(q)
+            objs = [q] + [self.objects[b] for b in self.queue_bindings[q.object_num]]
+            for o in objs:
+                o.create_ns = t_create
+            self.short_lived[q.object_num] = interval + max(1, self.load.short_lived_intervals)
+            created.extend(objs)
+        return created, deleted
+
+    def _delete_queue(self, q: SimObject, t_delete: int) -> list[SimObject]:
+        """Mark a queue and its bindings deleted at ``t_delete`` (the exchanges count it)."""
+        objs = [q] + [self.objects[b] for b in self.queue_bindings[q.object_num]]
         for o in objs:
-            self.objects.pop(o.object_num, None)
+            o.delete_ns = t_delete
+            if o.class_name == "binding":
+                ex = self.objects[o.props["exchangeRef"].object_num]
+                s = ex.stats
+                s["bindingCount"] -= 1
+                s["bindingCountLow"] = min(s["bindingCountLow"], s["bindingCount"])
+                ex.stat_dirty = True
+        return objs
+
+    def forget(self, objs: list[SimObject]) -> None:
+        """Drop deleted objects after their last publication (a queue's counters stay in
+        the broker's totals)."""
+        for o in objs:
+            if self.objects.pop(o.object_num, None) is None:
+                continue
             self.announced.discard(o.object_num)
-            if o.object_num in self.queue_nums:
+            if o.object_num in self.queue_bindings:
+                for k in self.retired:
+                    self.retired[k] += int(o.stats[k])
                 self.queue_nums.remove(o.object_num)
             self.queue_binding.pop(o.object_num, None)
             self.queue_bindings.pop(o.object_num, None)
+            self.short_lived.pop(o.object_num, None)
 
 
 def counters_of(cls: XmlClass) -> list[str]:

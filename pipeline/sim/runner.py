@@ -7,18 +7,23 @@ intervals line up with the wall clock (demos, load). Every run is bounded: by
 ``intervals``, by ``duration_s`` of wall time and by ``max_messages``; it stops
 by itself at the first bound reached.
 
-Per interval and agent, in this order: console requests that arrived are
-answered (replies on the requester's reply-to), a scheduled restart happens
-(boot sequence + 1, every object recreated, counters from zero), traffic
-advances, transient queues come and go (with their declare/delete events),
-random events fire, then the publication: schema broadcast if due, events,
-'c' for objects whose properties changed, 'i' for objects whose statistics
-changed (everything after a Broker Request or console-added signal), and the
-heartbeat. The manifest gets a line per record once its message went out.
+Per interval, in this order: each agent's dynamics (a scheduled restart at
+mid-interval: boot sequence + 1, every object recreated, counters from zero;
+otherwise the traffic), transient and short-lived queues come and go (with
+their declare/delete events), random events fire; then the console requests
+that arrived during the interval are answered from that state, at the
+interval's end (replies on the requester's reply-to); then each agent's
+publication: schema broadcast if due, events, 'c' for objects whose properties
+changed, 'i' for objects whose statistics changed (everything after a Broker
+Request or console-added signal), and the heartbeat. The manifest gets a line
+per record once its message went out, and a ``final`` line per object (what
+the agent holds) when it is deleted, at a restart and at the end of the run.
 
 Like qpidd, an object is published in an interval only when something in it
 changed (a new or deleted object, a property or a statistic, a watermark
-reset); a quiet object is simply absent while its agent keeps heartbeating,
+reset) since it was last encoded: a console's query encodes it too and clears
+its changed flags, so a queried object that did not change after the query is
+skipped. A quiet object is simply absent while its agent keeps heartbeating,
 and the manifest lists exactly what was published. ``load_intervals`` ends the
 load after that many intervals (no traffic, transients, consumer blips or
 random events): the queues go quiet and the run shows what a broker whose load
@@ -32,7 +37,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import IO, TYPE_CHECKING, Any, Protocol
 
@@ -102,6 +107,10 @@ class SimConfig:
             raise ValueError(f"intervals <= {MAX_INTERVALS}")
         if self.load.queues < 0 or self.load.connections < 0:
             raise ValueError("queues and connections must be >= 0")
+        if self.load.transient_per_interval < 0 or self.load.short_lived_per_interval < 0:
+            raise ValueError("transients and short-lived queues per interval must be >= 0")
+        if self.load.short_lived_intervals < 1:
+            raise ValueError("short_lived_intervals >= 1")
         if not 1 <= self.first_bank or self.first_bank + self.agents > 1 << 24:
             raise ValueError("agent banks must lie in 1 .. 2**24 - 1")
 
@@ -226,6 +235,8 @@ class Simulation:
         self._wall0 = 0.0
         self._stop = False
         self.start_ns = 0
+        self._now_ns = 0  # simulated time of the state the agents hold
+        self._restarts: set[tuple[int, int]] = set()
 
     # ------------------------------------------------------------------ bounds
 
@@ -278,26 +289,33 @@ class Simulation:
     def _events_for(
         self,
         agent: SimAgent,
-        created: list[SimObject],
+        declared: list[SimObject],
+        deleted: list[SimObject],
         interval_start: int,
         random_events: bool = True,
     ) -> list[EventSpec]:
+        """The interval's events: queueDeclare/queueDelete of the queues created and
+        deleted in it (at those times), clientConnect after a boot, random thresholds."""
         specs: list[EventSpec] = []
         find = self.schema.find
-        for o in created:
-            if o.class_name != "queue":
-                continue
-            common = {
+
+        def common(o: SimObject) -> dict[str, Any]:
+            return {
                 "rhost": "127.0.0.1:5672-10.0.0.1:40000",
                 "user": "anonymous",
                 "qName": o.props["name"],
             }
+
+        declared_nums = {o.object_num for o in declared}
+        for o in declared:
+            if o.class_name != "queue":
+                continue
             specs.append(
                 EventSpec(
                     find("queueDeclare"),
                     o.create_ns,
                     {
-                        **common,
+                        **common(o),
                         "durable": o.props["durable"],
                         "excl": o.props["exclusive"],
                         "autoDel": o.props["autoDelete"],
@@ -307,7 +325,11 @@ class Simulation:
                     },
                 )
             )
-            specs.append(EventSpec(find("queueDelete"), o.delete_ns, dict(common)))
+            if o.deleted:  # a transient: declared and deleted inside the interval
+                specs.append(EventSpec(find("queueDelete"), o.delete_ns, common(o)))
+        for o in deleted:
+            if o.class_name == "queue" and o.object_num not in declared_nums:
+                specs.append(EventSpec(find("queueDelete"), o.delete_ns, common(o)))
         model = agent.model
         if interval_start <= model.boot_ns < interval_start + self.config.interval_s * NS or (
             model.boot_ns < interval_start and not agent.booted
@@ -360,23 +382,35 @@ class Simulation:
         for o in agent.model.objects.values():
             by_class.setdefault(o.cls.name, []).append(o)
         for objs in by_class.values():
-            props = [o for o in objs if force or o.prop_dirty]
-            stats = [
-                o for o in objs if (force or o.stat_dirty or o.deleted) and o.cls.schema.statistics
-            ]
+            # qpidd: 'c' when the properties changed (configChanged), and always in a
+            # deleted object's last record; 'i' when the statistics changed (instChanged);
+            # both after a console arrived (forcePublish)
+            props = [o for o in objs if force or o.prop_dirty or o.deleted]
+            has_stats = bool(objs[0].cls.schema.statistics)
+            stats = [o for o in objs if has_stats and (force or o.stat_dirty)]
+            sent = {o.object_num for o in props} | {o.object_num for o in stats}
+            update = {
+                o.object_num: agent.update_time(o, now_ns) for o in objs if o.object_num in sent
+            }
             if agent.dialect == "v2":  # one _data map holds properties and statistics
-                for o in objs:
-                    if o in props or o in stats:
-                        pubs.append(
-                            Published(agent.sample(o, "g", now_ns), agent.obj_key(o.cls, "data"))
-                        )
+                pubs.extend(
+                    Published(
+                        agent.sample(o, "g", update[o.object_num]), agent.obj_key(o.cls, "data")
+                    )
+                    for o in objs
+                    if o.object_num in sent
+                )
             else:
                 pubs.extend(
-                    Published(agent.sample(o, "c", now_ns), agent.obj_key(o.cls, "prop"))
+                    Published(
+                        agent.sample(o, "c", update[o.object_num]), agent.obj_key(o.cls, "prop")
+                    )
                     for o in props
                 )
                 pubs.extend(
-                    Published(agent.sample(o, "i", now_ns), agent.obj_key(o.cls, "stat"))
+                    Published(
+                        agent.sample(o, "i", update[o.object_num]), agent.obj_key(o.cls, "stat")
+                    )
                     for o in stats
                 )
             for o in objs:
@@ -409,14 +443,36 @@ class Simulation:
         for o in deleted:
             self.manifest.write(row("delete", o, o.delete_ns))
 
+    def _finals(
+        self, agent: SimAgent, objs: Iterable[SimObject], reason: str, ts: int, interval: int
+    ) -> None:
+        """``final`` manifest lines: what the agent holds for each object when it goes away
+        (``reason`` deleted, restart) or the run ends (end), published or not."""
+        for o in objs:
+            self.manifest.write(
+                {
+                    "kind": "final",
+                    "reason": reason,
+                    "agent": agent.record_agent,
+                    "agent_uuid": str(agent.uuid),
+                    "interval": interval,
+                    "boot_seq": agent.boot_seq,
+                    "package": o.cls.package,
+                    "class_name": o.cls.name,
+                    "object_id": jsonable(agent.oid(o.object_num)),
+                    "object_name": agent.object_name(o),
+                    "create_ns": o.create_ns,
+                    "delete_ns": o.delete_ns,
+                    "update_ns": o.update_ns,
+                    "timestamp_ns": ts,
+                    "values": jsonable(agent.values(o, "i")),
+                }
+            )
+
     def _restart(self, agent: SimAgent, at_ns: int, interval: int) -> None:
+        """The agent's broker restarts at ``at_ns``: the old generation's final values,
+        then every object made again (new create times, counters at zero)."""
         old = agent.boot_seq
-        agent.boot_seq += 1
-        agent.model.build(at_ns)
-        agent.booted = False
-        agent.force_all = True
-        agent.send_schema = True
-        self.summary.restarts += 1
         self.manifest.write(
             {
                 "kind": "restart",
@@ -425,9 +481,43 @@ class Simulation:
                 "interval": interval,
                 "timestamp_ns": at_ns,
                 "old_boot_seq": old,
-                "boot_seq": agent.boot_seq,
+                "boot_seq": old + 1,
             }
         )
+        self._finals(agent, list(agent.model.objects.values()), "restart", at_ns, interval)
+        agent.boot_seq += 1
+        agent.model.build(at_ns)
+        agent.booted = False
+        agent.force_all = True
+        agent.send_schema = True
+        self.summary.restarts += 1
+
+    def _dynamics(
+        self, agent: SimAgent, interval: int, t0: int, loaded: bool
+    ) -> tuple[list[SimObject], list[SimObject], list[EventSpec]]:
+        """Everything that happens to one agent's broker in an interval, before its
+        publication: a restart or the traffic, transient and short-lived queues coming
+        and going, events. (declared, deleted, events)."""
+        cfg = self.config
+        interval_ns = cfg.interval_s * NS
+        model = agent.model
+        if (agent.index, interval) in self._restarts:
+            self._restart(agent, t0 + interval_ns // 2, interval)
+        else:
+            model.advance(t0 + interval_ns, float(cfg.interval_s), traffic=loaded)
+        declared: list[SimObject] = []
+        deleted: list[SimObject] = []
+        for _ in range(model.load.transient_per_interval if loaded else 0):
+            objs = model.transient_queue(t0, interval_ns)
+            declared.extend(objs)
+            deleted.extend(objs)
+        if loaded and (model.load.short_lived_per_interval or model.short_lived):
+            created, gone = model.short_lived_step(interval, t0, interval_ns)
+            declared.extend(created)
+            deleted.extend(gone)
+        events = self._events_for(agent, declared, deleted, t0, random_events=loaded)
+        model.settle(t0 + interval_ns)
+        return declared, deleted, events
 
     def serve_requests(self, timeout_s: float, interval: int) -> bool:
         """Answer whatever console requests arrive within ``timeout_s``; False if out of budget."""
@@ -435,7 +525,7 @@ class Simulation:
             if timeout_s > 0:
                 time.sleep(timeout_s)
             return True
-        now_ns = self.start_ns + self.summary.intervals * self.config.interval_s * NS
+        now_ns = self._now_ns  # the time of the state the agents hold (an interval's end)
         for req in self.requests.poll(timeout_s):
             rec = req.record
             for agent in self.agents:
@@ -494,13 +584,20 @@ class Simulation:
         return True
 
     def run(self) -> RunSummary:
-        """Run until a bound is reached; closes nothing (the caller owns sink and manifest)."""
+        """Run until a bound is reached; closes nothing (the caller owns sink and manifest).
+
+        Per interval: every agent's dynamics (``_dynamics``), then the console
+        requests that arrived during the interval are answered from that state at the
+        interval's end (a query clears the changed flags of what it returns, as in
+        qpidd), then the publication. At the end, a ``final`` manifest line per object.
+        """
         cfg = self.config
         self._wall0 = time.monotonic()
         start = cfg.start_ns if cfg.start_ns is not None else time.time_ns()
         self.start_ns = start
+        self._now_ns = start
         interval_ns = cfg.interval_s * NS
-        restarts = {(a, i) for a, i in cfg.restarts}
+        self._restarts = {(a, i) for a, i in cfg.restarts}
         for agent in self.agents:
             agent.model.build(start)
         for i in range(cfg.intervals):
@@ -512,12 +609,17 @@ class Simulation:
                 break
             t0 = start + i * interval_ns
             t1 = t0 + interval_ns
+            due: float | None = None
             if cfg.realtime:  # publish interval i when it is over on the wall clock
                 due = self._wall0 + (i + 1) * cfg.interval_s
                 if cfg.duration_s is not None and due > self._wall0 + cfg.duration_s:
                     self._serve_until(self._wall0 + cfg.duration_s, i)
                     self.summary.stopped_by = "duration"
                     break
+            loaded = cfg.load_intervals is None or i < cfg.load_intervals
+            pending = [self._dynamics(agent, i, t0, loaded) for agent in self.agents]
+            self._now_ns = t1
+            if due is not None:
                 if not self._serve_until(due, i):
                     break
                 if self._stop:
@@ -526,16 +628,8 @@ class Simulation:
             elif not self.serve_requests(0.0, i):
                 break
             ok = True
-            loaded = cfg.load_intervals is None or i < cfg.load_intervals
-            for agent in self.agents:
-                if (agent.index, i) in restarts:
-                    self._restart(agent, t0 + interval_ns // 2, i)
-                else:
-                    agent.model.advance(t1, float(cfg.interval_s), traffic=loaded)
-                created: list[SimObject] = []
-                for _ in range(agent.model.load.transient_per_interval if loaded else 0):
-                    created.extend(agent.model.transient_queue(t0, interval_ns))
-                events = self._events_for(agent, created, t0, random_events=loaded)
+            for agent, (_declared, deleted, events) in zip(self.agents, pending, strict=True):
+                agent.model.periodic(t1)
                 pubs = self._publication(agent, t1, events)
                 packed = pack(
                     pubs,
@@ -547,8 +641,9 @@ class Simulation:
                 )
                 ok = self._send(packed, i, agent, "publish")
                 if ok:
-                    self._lifecycle(agent, created, i)
-                agent.model.forget(created)
+                    self._lifecycle(agent, deleted, i)
+                self._finals(agent, deleted, "deleted", t1, i)
+                agent.model.forget(deleted)
                 if not ok:
                     break
             if not ok:
@@ -559,6 +654,9 @@ class Simulation:
             self.summary.stopped_by = "intervals"
         if cfg.serve_s > 0 and self.summary.stopped_by == "intervals":
             self._serve_until(time.monotonic() + cfg.serve_s, self.summary.intervals)
+        for agent in self.agents:
+            objs = list(agent.model.objects.values())
+            self._finals(agent, objs, "end", self._now_ns, self.summary.intervals)
         return self.summary
 
 

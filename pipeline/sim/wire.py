@@ -15,8 +15,9 @@ amqp-value section (``OutMessage.body`` holds its AMQP 1.0 encoding,
 binary, values typed by their schema element as qpidd's Variant carries them
 (uint64 -> ulong, uint32 -> uint, uint16 -> ushort, int32 -> int, absTime ->
 long, ...), the schema hash as a uuid, object ids and references as
-``{_agent_epoch: ulong, _object_name: binary}``, every map sorted by key, and no
-app-id (qpidd sets none on 1.0).
+``{_agent_epoch: ulong, _object_name: binary}`` (no ``_agent_epoch`` for the
+persistent objects, whose epoch is 0), every map sorted by key, and no app-id
+(qpidd sets none on 1.0).
 """
 
 from __future__ import annotations
@@ -91,41 +92,49 @@ def _binary(v: Any) -> bytes:
     return v.encode("utf-8") if isinstance(v, str) else bytes(v)
 
 
-def _ref(v: Any, epoch: int) -> dict[str, Any]:
-    """An object id or reference as qpidd's 1.0 module sends it: epoch and name."""
+def _ref(v: Any) -> dict[str, Any]:
+    """An object id or reference as qpidd's 1.0 module sends it: epoch and name.
+
+    A persistent object's id (epoch 0: system, broker, vhost, durable exchanges)
+    has no ``_agent_epoch``, in qpidd's maps as here (an id or reference without
+    one stays without).
+    """
+    agent_epoch: Any
     if isinstance(v, V2ObjectId):
         name: Any = v.object_name
-        epoch = v.epoch if v.epoch is not None else epoch
+        agent_epoch = v.epoch
     else:
         name = v.get("_object_name", "")
-        epoch = int(v.get("_agent_epoch", epoch))
-    return {"_agent_epoch": ulong(epoch), "_object_name": _binary(name)}
+        agent_epoch = v.get("_agent_epoch")
+    if agent_epoch is None or int(agent_epoch) == 0:
+        return {"_object_name": _binary(name)}
+    return {"_agent_epoch": ulong(int(agent_epoch)), "_object_name": _binary(name)}
 
 
-def _plain(v: Any, epoch: int) -> Any:
+def _plain(v: Any) -> Any:
     """A value without a schema type (map entries, list items): as qpidd's Variant."""
     if isinstance(v, TypedMap | TypedList | TypedArray):
-        return _coded(v, None, epoch)
+        return _coded(v, None)
     if isinstance(v, V2ObjectId):
-        return _ref(v, epoch)
+        return _ref(v)
     if isinstance(v, str):
         return v.encode("utf-8")
     if isinstance(v, Mapping):
-        return {str(k): _plain(v[k], epoch) for k in sorted(v, key=str)}
+        return {str(k): _plain(v[k]) for k in sorted(v, key=str)}
     if isinstance(v, list | tuple):
-        return [_plain(x, epoch) for x in v]
+        return [_plain(x) for x in v]
     return v  # bool, int (long), float (double), uuid, bytes, None
 
 
-def _coded(v: Any, code: int | None, epoch: int) -> Any:
+def _coded(v: Any, code: int | None) -> Any:
     """A value of a decoded AMQP 0-10 body (its wire type code known) in AMQP 1.0."""
     if isinstance(v, TypedMap):
-        return {k: _coded(v[k], v.codes.get(k), epoch) for k in sorted(v)}
+        return {k: _coded(v[k], v.codes.get(k)) for k in sorted(v)}
     if isinstance(v, TypedList):
         codes: list[int | None] = list(v.codes) if v.codes else [None] * len(v)
-        return [_coded(x, c, epoch) for x, c in zip(v, codes, strict=False)]
+        return [_coded(x, c) for x, c in zip(v, codes, strict=False)]
     if isinstance(v, TypedArray):
-        return [_coded(x, v.code, epoch) for x in v]
+        return [_coded(x, v.code) for x in v]
     if code in _CODE_INT_TYPES and isinstance(v, int) and not isinstance(v, bool):
         return _in_range(_CODE_INT_TYPES[code], v)
     if code in _BINARY_CODES and isinstance(v, str | bytes):
@@ -134,7 +143,7 @@ def _coded(v: Any, code: int | None, epoch: int) -> Any:
         return v
     if code == 0x23 and isinstance(v, float):
         return float32(v)
-    return _plain(v, epoch)
+    return _plain(v)
 
 
 def _in_range(kind: Any, v: int) -> Any:
@@ -147,17 +156,17 @@ def _in_range(kind: Any, v: int) -> Any:
         return v
 
 
-def _typed(v: Any, e: Element | None, epoch: int) -> Any:
+def _typed(v: Any, e: Element | None) -> Any:
     """One element value, typed by its schema element as qpidd's agent types it."""
     if e is None or v is None:
-        return _plain(v, epoch)
+        return _plain(v)
     t = e.type_code
     if t in _INT_TYPES and isinstance(v, int) and not isinstance(v, bool):
         return _in_range(_INT_TYPES[t], v)
     if t in TEXT_CODES and isinstance(v, str | bytes):
         return _binary(v)
     if t == 10 and isinstance(v, V2ObjectId | Mapping):
-        return _ref(v, epoch)
+        return _ref(v)
     if t == 11:
         return bool(v)
     if t == 12 and isinstance(v, float | int):
@@ -166,16 +175,14 @@ def _typed(v: Any, e: Element | None, epoch: int) -> Any:
         return float(v)
     if t == 14 and isinstance(v, str):
         return uuid.UUID(v)
-    return _plain(v, epoch)
+    return _plain(v)
 
 
-def _typed_values(
-    values: Mapping[str, Any], elems: Sequence[Element], epoch: int
-) -> dict[str, Any]:
+def _typed_values(values: Mapping[str, Any], elems: Sequence[Element]) -> dict[str, Any]:
     names = {e.name for e in elems}
     by_name = {e.name: e for e in elems}
     by_name.update({v2_name(e.name, names): e for e in elems})  # the keys qpidd's v2 maps use
-    return {k: _typed(values[k], by_name.get(k), epoch) for k in sorted(values)}
+    return {k: _typed(values[k], by_name.get(k)) for k in sorted(values)}
 
 
 def _schema_id(package: str, name: str, h: bytes, typ: str) -> dict[str, Any]:
@@ -187,23 +194,21 @@ def _schema_id(package: str, name: str, h: bytes, typ: str) -> dict[str, Any]:
     return out
 
 
-def amqp10_body_of(r: Record, registry: SchemaRegistry, epoch: int = 1) -> Any:
+def amqp10_body_of(r: Record, registry: SchemaRegistry) -> Any:
     """The AMQP 1.0 value (proton types) qpidd's 1.0 module sends for one v2 record."""
     if isinstance(r, ObjectSample):
         schema = registry.get(SchemaKey(r.package, r.class_name, r.schema_hash))
         elems = () if schema is None else schema.properties + schema.statistics
         oid = r.object_id if isinstance(r.object_id, V2ObjectId) else None
-        if oid is not None and oid.epoch is not None:
-            epoch = oid.epoch
         body: dict[str, Any] = {
             "_create_ts": ulong(r.create_ns),
             "_delete_ts": ulong(r.delete_ns),
         }
         if oid is not None:
-            body["_object_id"] = _ref(oid, epoch)
+            body["_object_id"] = _ref(oid)
         body["_schema_id"] = _schema_id(r.package, r.class_name, r.schema_hash, "_data")
         body["_update_ts"] = ulong(r.update_ns)
-        body["_values"] = _typed_values(r.values, elems, epoch)
+        body["_values"] = _typed_values(r.values, elems)
         return body
     if isinstance(r, Event):
         schema = registry.get(SchemaKey(r.package, r.event_name, r.schema_hash))
@@ -211,9 +216,7 @@ def amqp10_body_of(r: Record, registry: SchemaRegistry, epoch: int = 1) -> Any:
             "_schema_id": _schema_id(r.package, r.event_name, r.schema_hash, "_event"),
             "_severity": ubyte(r.severity),
             "_timestamp": ulong(r.timestamp_ns),
-            "_values": _typed_values(
-                r.arguments, () if schema is None else schema.arguments, epoch
-            ),
+            "_values": _typed_values(r.arguments, () if schema is None else schema.arguments),
         }
     if isinstance(r, Heartbeat):
         attrs = dict(r.attributes or {})
@@ -222,13 +225,13 @@ def amqp10_body_of(r: Record, registry: SchemaRegistry, epoch: int = 1) -> Any:
             attrs.setdefault("_name", r.agent)
         kinds = {"_epoch": ushort, "_heartbeat_interval": ushort, "_timestamp": ulong}
         values = {
-            k: _in_range(kinds[k], attrs[k]) if k in kinds else _plain(attrs[k], epoch)
+            k: _in_range(kinds[k], attrs[k]) if k in kinds else _plain(attrs[k])
             for k in sorted(attrs)
         }
         return {"_values": values}
     from pipeline.codec import v2  # replies: the 0-10 body's wire types, carried over
 
-    return _coded(v2.v2_body_of(r), None, epoch)
+    return _coded(v2.v2_body_of(r), None)
 
 
 def amqp10_encode(value: Any) -> bytes:
@@ -246,15 +249,11 @@ def _v2_amqp10_message(
 
     enc = v2.encode_v2(records, agent=agent_name)  # properties and content type as over 0-10
     first = records[0]
-    epoch = 1
-    oid = getattr(first, "object_id", None)
-    if isinstance(oid, V2ObjectId) and oid.epoch is not None:
-        epoch = oid.epoch
     value: Any
     if len(records) > 1 or isinstance(first, ObjectSample | Event):
-        value = [amqp10_body_of(r, registry, epoch) for r in records]  # one list of maps
+        value = [amqp10_body_of(r, registry) for r in records]  # one list of maps
     else:  # a heartbeat or reply map, or a request/reply whose body is itself a list
-        value = amqp10_body_of(first, registry, epoch)
+        value = amqp10_body_of(first, registry)
     return amqp10_encode(value), enc.content_type, dict(enc.application_properties)
 
 

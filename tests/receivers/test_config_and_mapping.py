@@ -101,6 +101,51 @@ def test_presets_and_bindings() -> None:
         config_from_options({"bogus": "1"})
 
 
+def test_console_refresh_options_of_receive_run_and_the_embedded_receiver() -> None:
+    """``qmf receive --console-refresh/--console-refresh-classes``, the embedded receiver's
+    ``consoleRefresh``/``consoleRefreshClasses``, and ``qmf run`` forwarding them."""
+    from pipeline.cli import build_parser
+    from pipeline.commands.run import _receiver_options
+    from receivers.cliopts import receiver_config
+    from receivers.console import BROKER_PACKAGE, DEFAULT_REFRESH_CLASSES
+
+    parser = build_parser()
+    plain = receiver_config(parser.parse_args(["receive", "--console"])).console
+    assert plain is not None and (plain.refresh_s, plain.refresh_classes) == (
+        20.0, DEFAULT_REFRESH_CLASSES,
+    )  # fmt: skip
+    assert DEFAULT_REFRESH_CLASSES == tuple(
+        (BROKER_PACKAGE, c) for c in ("queue", "exchange", "broker")
+    )
+    args = parser.parse_args(["receive", "--console", "--console-refresh", "0",
+                              "--console-refresh-classes", "queue,org.example:widget"])  # fmt: skip
+    off = receiver_config(args).console
+    assert off is not None and (off.refresh_s, off.refresh_classes) == (
+        0.0, ((BROKER_PACKAGE, "queue"), ("org.example", "widget")),
+    )  # fmt: skip
+    with pytest.raises(ValueError, match="0 \\(off\\) or more seconds"):
+        receiver_config(parser.parse_args(["receive", "--console", "--console-refresh", "-1"]))
+    embedded = config_from_options({"console": "true", "consoleRefresh": "5",
+                                    "console_refresh_classes": "exchange"}).console  # fmt: skip
+    assert embedded is not None
+    assert (embedded.refresh_s, embedded.refresh_classes) == (5.0, ((BROKER_PACKAGE, "exchange"),))
+    default = config_from_options({"console": "true"}).console
+    assert default is not None and default.refresh_s == 20.0
+    run = parser.parse_args(["run", "--console", "AM2", "--console-refresh", "2.5",
+                             "--console-refresh-classes", "queue"])  # fmt: skip
+    opts = _receiver_options(run, "amqp://h:1", Path("w"))
+    assert (opts["consoleRefresh"], opts["consoleRefreshClasses"]) == ("2.5", "queue")
+    forwarded = config_from_options(opts).console
+    assert forwarded is not None and forwarded.refresh_s == 2.5
+    no_console = _receiver_options(
+        parser.parse_args(["run", "--console-refresh", "2"]), "u", Path("w")
+    )
+    assert "consoleRefresh" not in no_console and "console" not in no_console
+    assert "consoleRefresh" not in _receiver_options(
+        parser.parse_args(["run", "--console", "AM2"]), "u", Path("w")
+    )  # the embedded receiver's own default then
+
+
 def test_publisher_message_round_trips_through_the_mapping() -> None:
     out = OutMessage(
         routing_key="agent.ind.data.x",

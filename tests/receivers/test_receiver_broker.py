@@ -7,9 +7,12 @@ traffic from other tests on the shared node never reaches it.
 from __future__ import annotations
 
 import base64
+import contextlib
 import json
+import logging
 import os
 import random
+import re
 import select
 import signal
 import socket
@@ -361,6 +364,13 @@ class FreezableRelay:
         self.frozen.set()
         assert self.paused.wait(5), "the relay did not pause"
 
+    def drop(self) -> None:
+        """End the relayed connections (both ends see them close); new ones still pass."""
+        socks, self.socks = self.socks, []
+        for s in socks:
+            with contextlib.suppress(OSError):
+                s.shutdown(socket.SHUT_RDWR)
+
     def close(self) -> None:
         """Drop both sides at once: the broker sees the connection go."""
         self.closed.set()
@@ -408,6 +418,39 @@ def test_a_stop_the_broker_never_answers_seals_what_it_settled_as_in_doubt(
     assert t["redelivered"].to_pylist() == [False] * n + [True] * n
     assert t["duplicate_of"].to_pylist() == [None] * n + [first[k] for k in t["msg_key"].to_pylist()[n:]]
     wait_for(lambda: qmf_broker.queue_depths().get(durable_queue) == 0, 60, "an empty queue")
+
+
+def test_a_reconnect_is_logged_once_with_the_address_and_the_time_down(
+    broker: Any, tag: str, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A lost connection is followed by one INFO line once the receiver is subscribed
+    again: ``receiver: reconnected to <host:port> after <n> s``, no credentials in it."""
+    relay = FreezableRelay(broker.url)
+    caplog.set_level(logging.INFO, logger="qmf.receiver")
+    cfg = ReceiverConfig(
+        broker=BrokerConfig(urls=(relay.url,)),
+        bindings=(("qpid.management", f"mgmt.{tag}.#"),),
+        backoff_initial_s=0.05,
+    )
+    msgs = make_messages(tag, 20)
+    try:
+        r = run_receiver_thread(cfg, LandingSink(tmp_path / "landing", "p0"))
+        try:
+            assert not [m for m in caplog.messages if "reconnected" in m]  # a first connect
+            relay.drop()
+            wait_for(lambda: r.stats.connects == 2 and r.ready.is_set(), 60, "the reconnect")
+            with Publisher(broker.url) as pub:
+                pub.publish_many(msgs)  # the new subscription works
+            wait_for(lambda: r.stats.settled == len(msgs), 60, "messages after the reconnect")
+        finally:
+            r.stop()
+    finally:
+        relay.close()
+    lines = [m for m in caplog.messages if "reconnected" in m]
+    host_port = urlsplit(relay.url).netloc.rsplit("@", 1)[-1]  # the relay's URL has guest:guest@
+    [line] = lines
+    assert re.fullmatch(rf"receiver: reconnected to {re.escape(host_port)} after \d+\.\d s", line)
+    assert r.stats.disconnects == 1  # the whole line: a host and port, no user-info
 
 
 def test_capture_replay_capture_round_trip(broker: Any, tag: str, tmp_path: Path) -> None:

@@ -80,7 +80,8 @@ def test_am1_method_replies_follow_the_spec_and_type_with_context() -> None:
         def poll(self, timeout_s: float) -> list[Any]:
             if sent or not agent.model.broker_num:
                 return []
-            oid = Am1ObjectId(agent.boot_seq, agent.agent_bank, agent.model.broker_num)
+            # the broker is persistent: boot sequence 0 in its id (the spec, qpidd)
+            oid = Am1ObjectId(0, agent.agent_bank, agent.model.broker_num)
             for seq, name, raw in ((21, "echo", args), (22, "nope", b"")):
                 sent.append(
                     MethodRequest(

@@ -92,7 +92,9 @@ def test_queue_dynamics_counters_depth_and_watermarks() -> None:
             blips += v["consumerCountHigh"] - v["consumerCount"]
     assert blips > 0  # some consumer came and went inside an interval
     broker = model.objects[model.broker_num].stats
-    assert broker["msgTotalEnqueues"] == sum(
+    # the broker's totals: its queues', the deleted (transient) ones' included
+    assert model.retired["msgTotalEnqueues"] > 0
+    assert broker["msgTotalEnqueues"] == model.retired["msgTotalEnqueues"] + sum(
         model.objects[n].stats["msgTotalEnqueues"] for n in model.queue_nums
     )
 
@@ -260,10 +262,22 @@ def test_am1_keys_and_ids() -> None:
     assert f"mgmt.{u}.heartbeat" in keys
     assert f"mgmt.{u}.schema.org.apache.qpid.broker.queue" in keys
     samples = [r for _, r in decoded(sink) if isinstance(r, ObjectSample)]
-    assert all(
-        isinstance(s.object_id, Am1ObjectId) and s.object_id.boot_seq == 1 and s.object_id.bank == 1
-        for s in samples
-    )
+    # the spec: a persistent object's id has boot sequence 0 (qpidd's start-up objects)
+    seqs: dict[int, set[tuple[str, Any]]] = {0: set(), 1: set()}
+    for s in samples:
+        assert isinstance(s.object_id, Am1ObjectId) and s.object_id.bank == 1
+        if s.delete_ns:  # a transient queue or binding: gone from the model
+            assert s.object_id.boot_seq == 1
+            continue
+        o = agent.model.objects[s.object_id.object_num]
+        seqs[s.object_id.boot_seq].add((o.class_name, o.props.get("name")))
+    assert seqs[0] == {
+        ("system", None),
+        ("broker", "amqp-broker"),
+        ("vhost", "/"),
+        *(("exchange", f"amq.{x}") for x in ("direct", "topic", "fanout", "match")),
+    }
+    assert {("memory", "amqp-broker"), ("exchange", ""), ("queue", "q00000")} <= seqs[1]
     assert all(s.agent == str(u) for s in samples)
 
 
@@ -312,8 +326,14 @@ def test_manifest_lists_creates_and_deletes() -> None:
         (c,) = [r for r in creates if r["object_id"] == d["object_id"]]
         assert c["interval"] == d["interval"] and c["timestamp_ns"] < d["timestamp_ns"]
     objects = [r for r in rows if r["kind"] == "object"]
-    first = {r["object_id"]["oid"]: r for r in reversed(objects)}
-    assert all(first[c["object_id"]["oid"]]["create_ns"] == c["timestamp_ns"] for c in creates)
+    # a start-up object keeps its id (epoch 0) across the restart, with a new create time
+    first = {(r["object_id"]["oid"], r["create_ns"]): r for r in reversed(objects)}
+    assert all((c["object_id"]["oid"], c["timestamp_ns"]) in first for c in creates)
+    same_id = {c["object_id"]["oid"] for c in creates if c["interval"] == 0} & {
+        c["object_id"]["oid"] for c in creates if c["interval"] == 1
+    }
+    assert {oid.split("-")[1] for oid in same_id} == {"0"}
+    assert len(same_id) == 7  # system, broker, vhost, amq.direct/topic/fanout/match
 
 
 def test_run_to_a_capture_file_closes_everything(tmp_path: Any) -> None:
@@ -357,7 +377,7 @@ def test_bad_requests_get_error_replies_and_the_run_goes_on() -> None:
         dialect="AM1",
         opcode="M",
         seq=5,
-        object_id=Am1ObjectId(1, bank, 2),
+        object_id=Am1ObjectId(0, bank, 2),  # the broker: persistent, boot sequence 0
         method_name="echo",
         raw_arguments=b"\x00",
     )

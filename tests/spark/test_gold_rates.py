@@ -50,7 +50,7 @@ class Silver:
         self.offset = 0
 
     def sample(
-        self, t: float, enq: int | None, *, obj: int = 1, epoch: int = 1, create: float | None = -100.0,
+        self, t: float, enq: int | None, *, obj: int = 1, epoch: int = 1, create: float | None = -1000.0,
         name: str = "q1", props: bool = False, delete: float | None = None, depth: int = 0,
         agent: str = "1.0",
     ) -> dict[str, Any]:  # fmt: skip
@@ -148,7 +148,7 @@ def test_resets_duplicates_and_short_intervals(spark: SparkSession, setup: tuple
         (0, 10, 50.0, 5.0, None),
         (10, 20, 100.0, 10.0, None),
         (20, 30, None, None, "counter_decreased"),
-        (30, 40, None, None, "recreated"),
+        (35, 40, 60.0, 12.0, None),  # re-created at 35 s, after the baseline: from 0 at 35 s
         (40, 50, None, None, "recreated"),
         (50, 60, None, None, "agent_restart"),
         (60, 1000, 10.0, 10.0 / 940, None),
@@ -271,11 +271,11 @@ def test_lifecycles_and_liveness(spark: SparkSession, setup: tuple[Silver, GoldS
 
     # Restart renumbers "a" (AM2 ids carry the epoch): a new row beside the lost one.
     assert summary() == {
-        ("1.0", "0-1-1-0-1"): ("a", "lost", "agent_restart", ts(-100), None, ts(30)),
-        ("1.0", "0-2-1-0-1"): ("a", "live", None, ts(-100), None, None),
-        ("1.0", "0-1-1-0-2"): ("b", "lost", "agent_restart", ts(-100), None, ts(30)),
+        ("1.0", "0-1-1-0-1"): ("a", "lost", "agent_restart", ts(-1000), None, ts(30)),
+        ("1.0", "0-2-1-0-1"): ("a", "live", None, ts(-1000), None, None),
+        ("1.0", "0-1-1-0-2"): ("b", "lost", "agent_restart", ts(-1000), None, ts(30)),
         ("1.0", "0-1-1-0-3"): ("tmp", "deleted", "deleted", ts(4), ts(4.5), ts(4.5)),
-        ("A", "0-1-1-0-7"): ("v2q", "lost", "agent_down", ts(-100), None, ts(5)),
+        ("A", "0-1-1-0-7"): ("v2q", "lost", "agent_down", ts(-1000), None, ts(5)),
     }
     liv = {(r["agent"], r["up_start_ns"]): r for r in delta.read_arrow(s.path("agent_liveness")).to_pylist()}
     assert {k_: (r["state"], r["heartbeats"], r["started_by"], us(r["down_at"])) for k_, r in liv.items()} == {
@@ -288,7 +288,7 @@ def test_lifecycles_and_liveness(spark: SparkSession, setup: tuple[Silver, GoldS
     assert {k_: (r["state"], r["heartbeats"], r["started_by"], us(r["down_at"]), us(r["next_up"])) for k_, r in liv.items()} == {
         ("A", T0): ("down", 3, "first", ts(5), ts(20)),
         ("A", T0 + 20 * S): ("up", 2, "recovered", None, None),
-        ("B", T0): ("restarted", 12, "first", None, ts(20)),
+        ("B", T0): ("down", 12, "first", ts(14), ts(20)),  # 9 s without a heartbeat: an outage
         ("B", T0 + 20 * S): ("up", 1, "restart", None, None),
     }  # fmt: skip
     # Back with the same epoch: its objects were not renumbered, "lost" is withdrawn.
@@ -371,6 +371,7 @@ def test_transient_and_quiet_series_stream_equals_batch(tmp_path: Path) -> None:
         ("busy", 2.0, 2.999, 10.0, None), ("busy", 2.999, 4.001, 10.0, None),
         ("busy", 4.001, 5.0, 10.0, None), ("busy", 5.0, 6.0, 10.0, None),
         ("q1", 0.0, 1.0, 10.0, None), ("q1", 1.0, 1.5, 5.0, None),
+        ("tq", 1.0, 1.2, 0.0, None),  # created at 1.0 s: its counts from 0 there
         ("tq", 1.2, 1.8, 24.0, None),
     ])  # fmt: skip
     # Once emitted it is the baseline.

@@ -72,14 +72,23 @@ def test_gold_equals_the_simulator_manifest(
     for e in objects:
         if "msgTotalEnqueues" in e["values"]:
             oid = e["object_id"]["oid"]
+            # A delete record's sample time is its delete time (its update time is stale).
+            t = max(e["update_ns"], e.get("delete_ns") or 0)
             series[(e["agent"], names[(e["agent"], oid)])].setdefault(
-                e["update_ns"], (oid, e["create_ns"], int(e["values"]["msgTotalEnqueues"]))
+                t, (oid, e["create_ns"], int(e["values"]["msgTotalEnqueues"]))
             )
     want: dict[tuple[str, str], list[tuple[int, int, float | None, str | None]]] = {}
     resets: set[str] = set()
     for key, by_t in series.items():
         rows = []
+        t1, (o1, c1, v1) = min(by_t.items())
+        if 0 < c1 < t1 and t1 - c1 <= 300 * 10**9:  # a new queue counts from 0 at its creation
+            rows.append((c1, t1, v1 / ((t1 - c1) / 1e9), None))
         for (t0, (o0, c0, v0)), (t1, (o1, c1, v1)) in itertools.pairwise(sorted(by_t.items())):
+            if (o0, c0) != (o1, c1) and t0 < c1 < t1:  # re-created (restart): from 0 at c1
+                resets.add("from_create")
+                rows.append((c1, t1, v1 / ((t1 - c1) / 1e9), None))
+                continue
             why = (
                 "agent_restart" if _epoch(o0) != _epoch(o1)
                 else "recreated" if (o0, c0) != (o1, c1)
@@ -90,7 +99,7 @@ def test_gold_equals_the_simulator_manifest(
             rows.append((t0, t1, None if why else (v1 - v0) / ((t1 - t0) / 1e9), why))
         if rows:
             want[key] = rows
-    assert "agent_restart" in resets and "None" in resets
+    assert "from_create" in resets and "None" in resets
 
     t = delta.read_arrow(gs.path("statistic_rates")).to_pylist()
     got: dict[tuple[str, str], list[tuple[int, int, float | None, str | None]]] = defaultdict(list)
@@ -105,6 +114,32 @@ def test_gold_equals_the_simulator_manifest(
         assert [(a, b, w) for a, b, _, w in g] == [(a, b, w) for a, b, _, w in rows], key
         for (_, _, gr, _), (_, _, wr, _) in zip(g, rows, strict=True):
             assert gr == pytest.approx(wr, rel=1e-12) if wr is not None else gr is None
+
+    # Every queue's counts, deleted, re-created by the restart or live at the end: gold's
+    # deltas from its creation sum to its last published value, and for deleted ones that
+    # is the broker's final count (the manifest's ``final`` lines).
+    sums: dict[tuple[str, str], float] = defaultdict(float)
+    last: dict[tuple[str, str], tuple[int, float]] = {}
+    for r in t:
+        if r["statistic"] == "msgTotalEnqueues" and r["class_name"] == "queue" and r["delta"] is not None:
+            k = (r["agent"], r["object_id"])
+            sums[k] += r["delta"]
+            last[k] = max(last.get(k, (0, 0.0)), (r["end_ns"], r["value"]))
+    published: dict[tuple[str, str], int] = {}
+    for e in sorted(objects, key=lambda e: max(e["update_ns"], e.get("delete_ns") or 0)):
+        if "msgTotalEnqueues" in e["values"]:
+            published[(e["agent"], e["object_id"]["oid"])] = int(e["values"]["msgTotalEnqueues"])
+    finals = [e for e in entries if e["kind"] == "final" and e["class_name"] == "queue"]
+    assert {e["reason"] for e in finals} == {"deleted", "restart", "end"}
+    for e in finals:
+        k = (e["agent"], e["object_id"]["oid"])
+        if k not in published:
+            continue
+        assert sums[k] == published[k], k
+        assert last[k][1] == published[k], k
+        if e["reason"] == "deleted":
+            assert published[k] == int(e["values"]["msgTotalEnqueues"]), k
+    assert sum(e["reason"] == "deleted" for e in finals) >= 6
 
     # Lifecycles: every created queue has a row; every deletion is there with both times.
     lc = {(r["agent"], r["object_id"]): r for r in delta.read_arrow(gs.path("object_lifecycles")).to_pylist()}
