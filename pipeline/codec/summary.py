@@ -110,7 +110,10 @@ class Summary:
         enq = r.values.get("msgTotalEnqueues")
         deq = r.values.get("msgTotalDequeues")
         if isinstance(enq, int) and isinstance(deq, int):
-            self.queue_samples.setdefault(r.object_id, {}).setdefault(r.update_ns, (enq, deq))
+            # A deleted object's last record keeps its previous publish's update time (qpidd):
+            # it was read at its delete time, and carries the final counts.
+            t = max(r.update_ns or 0, r.delete_ns or 0)
+            self.queue_samples.setdefault(r.object_id, {}).setdefault(t, (enq, deq))
 
     def queue_rates(self) -> dict[str, dict[str, Any]]:
         """Enqueue/dequeue rate per queue between its first and last distinct v1 sample
