@@ -288,9 +288,12 @@ def top_queues(rates: pa.Table, n: int = 5, names: Names | None = None) -> list[
     ).group_by(["agent", "queue"]).aggregate(
         [("rate", "mean"), ("rate", "count"), ("object_id", "distinct"), ("index_key", "max")]
     )  # fmt: skip
-    g = g.sort_by([("rate_mean", "descending"), ("queue", "ascending")]).slice(0, n)
+    # One broker's queue comes once per dialect it publishes (AM2 and V2 agents) or agent
+    # name it answered under: rows are merged by (broker, name) below, so take enough.
+    g = g.sort_by([("rate_mean", "descending"), ("queue", "ascending")]).slice(0, 4 * n)
     brokers = agent_brokers(names or {})
-    out = []
+    out: list[dict[str, Any]] = []
+    seen: set[tuple[str, str]] = set()
     for r in g.to_pylist():
         oids = sorted(r["object_id_distinct"])
         named = _latest(names or {}, r["agent"], oids)
@@ -302,7 +305,11 @@ def top_queues(rates: pa.Table, n: int = 5, names: Names | None = None) -> list[
                       or r["agent"],
             "enqueue_rate": round(r["rate_mean"], 3), "intervals": r["rate_count"],
         })  # fmt: skip
-    return out
+        who = (out[-1]["broker"], out[-1]["name"])
+        if who in seen:  # the same queue through another dialect: listed once
+            out.pop()
+        seen.add(who)
+    return out[:n]
 
 
 def _table_columns(path: str, wanted: Iterable[str]) -> list[str]:

@@ -309,3 +309,23 @@ def test_summary_of_tables_written_before_the_name_columns(tmp_path: Path) -> No
         ("q-rate-50", "1.0")
     ]
     assert s["objects"]["seen"] == 3
+
+
+def test_top_queues_list_a_queue_once_whatever_the_dialects_its_broker_published() -> None:
+    """qpidd with QMF v1 and v2 on: one queue under the AM2 agent and the V2 agent of one
+    broker (issue 47): listed once (both series give the same rates)."""
+    t = pa.table({
+        "agent": ["1.0", "1.0", "apache.org:qpidd:x", "1.0"],
+        "class_name": ["queue"] * 4,
+        "index_key": ['["0-0-1-0-3","q-rate-5"]'] * 2 + ['["{}","q-rate-5"]', '["0-0-1-0-3","q2"]'],
+        "object_id": ["0-1-1-0-9", "0-1-1-0-9", "1:q-rate-5", "0-1-1-0-8"],
+        "statistic": ["msgTotalEnqueues"] * 4,
+        "rate": [5.0, 5.0, 5.0, 1.0],
+    })  # fmt: skip
+    names = {
+        ("1.0", "0-1-1-0-9"): Named("q-rate-5", "amqp-broker@h:5672", batch_id=1, last_seen_ns=5),
+        ("apache.org:qpidd:x", "1:q-rate-5"): Named("q-rate-5", "amqp-broker@h:5672", batch_id=1, last_seen_ns=5),
+        ("1.0", "0-1-1-0-8"): Named("q2", "amqp-broker@h:5672", batch_id=1, last_seen_ns=5),
+    }
+    got = [(r["broker"], r["name"], r["enqueue_rate"]) for r in top_queues(t, names=names)]
+    assert got == [("amqp-broker@h:5672", "q-rate-5", 5.0), ("amqp-broker@h:5672", "q2", 1.0)]
