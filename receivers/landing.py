@@ -25,6 +25,7 @@ from pathlib import Path
 import pyarrow as pa
 import pyarrow.ipc as ipc
 
+from pipeline.codec.v2 import AGENT_NAME_PROPERTY
 from schemas.tables import LANDING
 
 SEGMENT_RE = re.compile(r"^(\d{20})-(\d{20})\.arrow$")
@@ -71,6 +72,8 @@ def message_key(m: LandedMessage) -> str:
         h.update(b"\x01" if part is None else b"\x02" + part.encode("utf-8", "surrogatepass"))
         h.update(b"\x00")
     for k in sorted(m.application_properties):
+        if k == AGENT_NAME_PROPERTY:  # added by the receiver (receivers.aliases), not sent
+            continue
         h.update(k.encode("utf-8", "surrogatepass") + b"\x00")
         h.update(str(m.application_properties[k]).encode("utf-8", "surrogatepass") + b"\x00")
     h.update(b"\x03")

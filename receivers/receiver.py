@@ -76,6 +76,7 @@ from proton.reactor import Container, Filter
 # as their AMQP 1.0 encoding and flagged with BODY_ENCODING_PROPERTY.
 from pipeline.codec.amqp10 import BODY_ENCODING_PROPERTY
 from pipeline.codec.capture import CapturedMessage, iso_utc, write_capture
+from receivers.aliases import AliasNamer
 from receivers.config import BrokerConfig, ConfigError, host_port
 from receivers.console import ConsoleConfig, ConsoleRequest, ConsoleRole, parse_refresh_classes
 from receivers.indoubt import InDoubtLedger, seal, write_marker
@@ -715,6 +716,7 @@ class QmfReceiver:
         self.error: BaseException | None = None
         self._subs = config.subscriptions()
         self._first_acquirer_flag = PRESETS[config.preset].sets_first_acquirer
+        self._aliases = AliasNamer()
         self.console: ConsoleRole | None = None
         if config.console is not None:
             self.console = ConsoleRole(config.console, config.preset)
@@ -1143,7 +1145,9 @@ class QmfReceiver:
             return  # left unsettled: the broker redelivers
         if not self._in_hand:
             self._first_in_hand = time.monotonic()
-        landed = to_landed(msg, first_acquirer_flag=self._first_acquirer_flag)
+        landed = self._aliases.name(
+            to_landed(msg, first_acquirer_flag=self._first_acquirer_flag), time.monotonic()
+        )
         self._in_hand.append((landed, d))
         if self.console is not None:
             self._send_requests(self.console.observe(landed))

@@ -452,6 +452,13 @@ def test_a_new_object_counts_from_zero_at_its_create_time() -> None:
     one = samples([("tq", 1.7, 12.0)], deleted_at=1.7).with_columns(create_ns=pl.lit(created, pl.Int64))
     r = tg.rates_from_pairs(tg.pair_values(one, tg.RateRules()).rates, 0)
     assert r.select("start_ns", "end_ns", "delta").rows() == [(created, T0 + int(1.7 * S), 12.0)]
+    # Created 0.2 s before its first sample: the counts stay, a rate over 0.2 s is none
+    # (shorter than the minimum interval, as a reply queue's one message 3 ms after it).
+    soon = rows.with_columns(create_ns=pl.lit(T0 - int(0.2 * S), pl.Int64))
+    r = tg.rates_from_pairs(tg.pair_values(soon, tg.RateRules()).rates, 0).sort("end_ns")
+    assert r.select("start_ns", "end_ns", "delta", "rate", "reset").rows()[0] == (
+        T0 - int(0.2 * S), T0, 4.0, None, None
+    )
     # Gauges and other kinds never count from a create time.
     g = rows.with_columns(kind=pl.lit("gauge"))
     assert tg.rates_from_pairs(tg.pair_values(g, tg.RateRules()).rates, 0)["start_ns"].min() == T0

@@ -56,7 +56,7 @@ _V2_LITS = np.frombuffer(b"".join(_V2_KEYS), np.uint8).copy()
 _V2_LIT_OFF = np.array([0, *itertools.accumulate(map(len, _V2_KEYS))], np.int64)
 _V2_PROPS = (
     b"qmf.opcode", b"qmf.content", b"x-qmf-body-encoding", b"qmf.agent",
-    b"_data_indication", b"_query_response", b"_data", b"amqp-1.0",
+    b"_data_indication", b"_query_response", b"_data", b"amqp-1.0", b"x-qmf-agent",
 )  # fmt: skip
 _V2_PROP_LITS = np.frombuffer(b"".join(_V2_PROPS), np.uint8).copy()
 _V2_PROP_OFF = np.array([0, *itertools.accumulate(map(len, _V2_PROPS))], np.int64)

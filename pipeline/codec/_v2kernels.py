@@ -1216,6 +1216,7 @@ _P_OPCODE = 0
 _P_CONTENT = 1
 _P_ENCODING = 2
 _P_AGENT = 3
+_P_AGENT_NAMED = 4  # x-qmf-agent, the name at literal 8 (after the four names and four values)
 
 
 @nb.njit(cache=True, inline="always")
@@ -1244,7 +1245,8 @@ def v2_props(
 
     ``lits`` holds the names qmf.opcode, qmf.content, x-qmf-body-encoding,
     qmf.agent, then the values _data_indication, _query_response, _data,
-    amqp-1.0, amqp/list. A key given twice counts with its last value (as a
+    amqp-1.0, then the name x-qmf-agent (the receiver's name for the agent behind
+    qpidd's alias ``broker``: it wins over qmf.agent). A key given twice counts with its last value (as a
     dict of the pairs does). Returns per message the opcode (0: not a data
     indication, 1: _data_indication, 2: _query_response), the body encoding
     (0: none marked, 2: AMQP 1.0, -1: another one) and the position and length
@@ -1270,6 +1272,8 @@ def v2_props(
         op = 0
         content = False
         en = 0
+        x_pos = 0
+        x_len = -1
         for x in range(m_off[m], m_off[m + 1]):
             ka = k_off[x]
             kn = k_off[x + 1] - ka
@@ -1278,12 +1282,17 @@ def v2_props(
                 if _same_bytes(k_buf, ka, kn, lits[lit_off[L] : lit_off[L + 1]]):
                     which = L
                     break
+            if which < 0 and _same_bytes(k_buf, ka, kn, lits[lit_off[8] : lit_off[9]]):
+                which = _P_AGENT_NAMED
             if which < 0:
                 continue
             va = i_off[x]
             vn = i_off[x + 1] - va
             valid = i_ok[x]
-            if which == _P_OPCODE:
+            if which == _P_AGENT_NAMED:
+                x_pos = va
+                x_len = vn if valid else -1
+            elif which == _P_OPCODE:
                 op = 0
                 if valid:
                     if _same_bytes(i_buf, va, vn, lits[lit_off[4] : lit_off[5]]):
@@ -1299,6 +1308,9 @@ def v2_props(
             else:
                 a_pos[m] = va
                 a_len[m] = vn if valid else -1
+        if x_len > 0:  # the receiver named the agent behind qpidd's alias "broker"
+            a_pos[m] = x_pos
+            a_len[m] = x_len
         opcode[m] = op if content else 0
         enc[m] = en
     return opcode, enc, a_pos, a_len

@@ -65,6 +65,12 @@ from pipeline.codec.types import (
     encode_map,
 )
 
+# What the receiver adds to a reply whose qmf.agent is qpidd's alias "broker" (it answers
+# requests addressed to that alias so): the agent's own name, from the heartbeats of the
+# connection. The decoders take it over qmf.agent, so one object has one agent.
+AGENT_NAME_PROPERTY = "x-qmf-agent"
+BROKER_ALIAS = "broker"
+
 LIST_OPCODES = frozenset({"_data_indication", "_query_response", "_agent_locate_request"})
 
 # QMF_TYPE strings of the v2 proposal -> the closest v1 type code
@@ -236,7 +242,7 @@ def decode_v2(
     """Decode one QMF v2 message into records (or one problem if the body is malformed)."""
     opcode = _s(application_properties.get("qmf.opcode")) or ""
     content = _s(application_properties.get("qmf.content"))
-    agent = _s(application_properties.get("qmf.agent"))
+    agent = _s(application_properties.get(AGENT_NAME_PROPERTY)) or _s(application_properties.get("qmf.agent"))
     buf = bytes(body)
     encoding = _s(application_properties.get(BODY_ENCODING_PROPERTY))
     try:

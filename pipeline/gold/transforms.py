@@ -411,6 +411,9 @@ def _reason(
     return 0
 
 
+_CREATED = -1  # the reason code of an interval counted from the object's creation
+
+
 @njit(cache=True)
 def _from_create(i: int, t: np.ndarray, create: np.ndarray, is_counter: np.ndarray, after: int) -> bool:
     """Whether sample ``i`` counts from its object's creation (the counter was 0 at its
@@ -474,7 +477,7 @@ def _pair_kernel(
         if i == n or newgrp[i]:
             if pend >= 0 and _went_quiet(pend, -1, t, agent, act_off, act_t, sample_max, min_ns, burst_ns):
                 if owed[base]:
-                    cur_out[k], start_out[k], prev_out[k], reason[k] = base, create[base], 0.0, 0
+                    cur_out[k], start_out[k], prev_out[k], reason[k] = base, create[base], 0.0, _CREATED
                     k += 1
                     owed[base] = False
                 cur_out[k], start_out[k], prev_out[k], reason[k] = pend, t[base], val[base], 0
@@ -494,7 +497,7 @@ def _pair_kernel(
             if not is_state[i]:
                 owed[i] = t[i] - create[i] <= gap_ns and _from_create(i, t, create, is_counter, 0)
             if owed[i] and keyed[i]:
-                cur_out[k], start_out[k], prev_out[k], reason[k] = i, create[i], 0.0, 0
+                cur_out[k], start_out[k], prev_out[k], reason[k] = i, create[i], 0.0, _CREATED
                 k += 1
                 owed[i] = False
             if not deleted[i] or owed[i]:  # an owed deleted sample waits for its key
@@ -504,7 +507,7 @@ def _pair_kernel(
             pend, i, t, agent, act_off, act_t, sample_max, min_ns, burst_ns
         ):
             if owed[base]:
-                cur_out[k], start_out[k], prev_out[k], reason[k] = base, create[base], 0.0, 0
+                cur_out[k], start_out[k], prev_out[k], reason[k] = base, create[base], 0.0, _CREATED
                 k += 1
                 owed[base] = False
             cur_out[k], start_out[k], prev_out[k], reason[k] = pend, t[base], val[base], 0
@@ -515,7 +518,7 @@ def _pair_kernel(
         if t[i] <= t[newest]:  # twin, duplicate, or older than the newest kept sample
             if deleted[i] and pend >= 0:  # the series ends: the pending sample closes it
                 if owed[base]:
-                    cur_out[k], start_out[k], prev_out[k], reason[k] = base, create[base], 0.0, 0
+                    cur_out[k], start_out[k], prev_out[k], reason[k] = base, create[base], 0.0, _CREATED
                     k += 1
                     owed[base] = False
                 cur_out[k], start_out[k], prev_out[k], reason[k] = pend, t[base], val[base], 0
@@ -523,7 +526,7 @@ def _pair_kernel(
                 base = pend = -1
             continue
         if owed[base]:  # a later sample pairs with it: its creation interval first
-            cur_out[k], start_out[k], prev_out[k], reason[k] = base, create[base], 0.0, 0
+            cur_out[k], start_out[k], prev_out[k], reason[k] = base, create[base], 0.0, _CREATED
             k += 1
             owed[base] = False
         r = _reason(t[i] - t[base], gen[i], gen[base], create[i], create[base], obj[i], obj[base],
@@ -540,7 +543,7 @@ def _pair_kernel(
             pend = i
             continue
         if (r == 2 or r == 3) and _from_create(i, t, create, is_counter, t[base]):
-            cur_out[k], start_out[k], prev_out[k], reason[k] = i, create[i], 0.0, 0  # a new instance
+            cur_out[k], start_out[k], prev_out[k], reason[k] = i, create[i], 0.0, _CREATED  # a new instance
         else:
             cur_out[k], start_out[k], prev_out[k], reason[k] = i, t[base], val[base], r
         k += 1
@@ -815,8 +818,12 @@ def pair_values(
         act_off, act_t, sample_max, rules.min_ns, round(rules.jitter_s * NS), int(rules.max_gap_s * NS),
     )  # fmt: skip
     rows = values.select(names)
+    # An interval counted from a creation keeps its delta however short; shorter than the
+    # minimum interval it gets no rate (one message 3 ms after a reply queue's creation
+    # is no rate of 333/s), as the minimum keeps such rates out elsewhere.
+    short = (reason == _CREATED) & (ns[cur] - start < rules.min_ns)
     rates = _rows_at(rows, perm[cur], {
-        "start_ns": start, "prev_value": prev, "reason": reason.astype(np.int8),
+        "start_ns": start, "prev_value": prev, "reason": reason.astype(np.int8), "_no_rate": short,
     })  # fmt: skip
     rates = rates.with_columns(
         prev_value=pl.col("prev_value").fill_nan(None),
@@ -880,6 +887,8 @@ def rates_from_pairs(rates: pl.DataFrame, batch_id: int) -> pl.DataFrame:
     length = ns / float(NS)
     with np.errstate(invalid="ignore", divide="ignore"):
         rate = out["delta"].to_numpy().astype(np.float64) / length
+    if "_no_rate" in rates.columns:
+        rate[rates["_no_rate"].to_numpy()] = np.nan
     return out.with_columns(length_s=pl.Series(length), rate=pl.Series(rate).fill_nan(None))
 
 

@@ -1,0 +1,49 @@
+"""The agent behind qpidd's alias ``broker``, named in the replies a receiver lands.
+
+qpidd answers a request addressed to its alias ``broker`` with ``qmf.agent: broker``
+(qpid-cpp's ManagementAgent: ``viaLocal ? "broker" : name_address``), so the objects of
+another console's query, landed from a shared reply queue or a capture, would belong
+to an agent ``broker`` beside the same objects under qpidd's own name: two series and
+two lifecycles for one queue. One connection reaches one broker, whose v2 agent
+heartbeats on it: the receiver adds that name as ``x-qmf-agent`` (the codec takes it
+over ``qmf.agent``), and only while exactly one v2 agent heartbeats there. The body
+and the broker's own properties stay as sent; the message key ignores the addition,
+so a redelivery still matches its first copy.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+from pipeline.codec.v2 import AGENT_NAME_PROPERTY, BROKER_ALIAS
+from receivers.landing import LandedMessage
+
+HEARTBEAT = "_agent_heartbeat_indication"
+FORGET_S = 300.0  # an agent not heard from this long no longer counts (a restarted qpidd)
+
+
+class AliasNamer:
+    """Per receiver connection: the v2 agents heard, and the alias replies named."""
+
+    def __init__(self, forget_s: float = FORGET_S) -> None:
+        self.forget_s = forget_s
+        self._heard: dict[str, float] = {}
+        self.named = 0
+
+    def name(self, m: LandedMessage, now: float) -> LandedMessage:
+        """``m``, with ``x-qmf-agent`` when it is a reply of the alias and the agent is known."""
+        props = m.application_properties
+        agent = props.get("qmf.agent")
+        if agent is None:
+            return m
+        if agent != BROKER_ALIAS:
+            if props.get("qmf.opcode") == HEARTBEAT:
+                self._heard[agent] = now
+            return m
+        if AGENT_NAME_PROPERTY in props:
+            return m
+        fresh = [a for a, t in self._heard.items() if now - t <= self.forget_s]
+        if len(fresh) != 1:
+            return m
+        self.named += 1
+        return dataclasses.replace(m, application_properties={**props, AGENT_NAME_PROPERTY: fresh[0]})
