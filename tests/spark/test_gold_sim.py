@@ -41,6 +41,11 @@ START_NS = 1_800_000_000_000_000_000
 RESTART_AT = 4
 
 
+def from_create(created: int, t: int, value: int) -> float | None:
+    """The rate of an interval counted from a creation: none under the minimum (0.9 s)."""
+    return None if t - created < 900_000_000 else value / ((t - created) / 1e9)
+
+
 def _epoch(oid: str) -> str:
     return oid.split("-")[1]
 
@@ -83,11 +88,11 @@ def test_gold_equals_the_simulator_manifest(
         rows = []
         t1, (o1, c1, v1) = min(by_t.items())
         if 0 < c1 < t1 and t1 - c1 <= 300 * 10**9:  # a new queue counts from 0 at its creation
-            rows.append((c1, t1, v1 / ((t1 - c1) / 1e9), None))
+            rows.append((c1, t1, from_create(c1, t1, v1), None))
         for (t0, (o0, c0, v0)), (t1, (o1, c1, v1)) in itertools.pairwise(sorted(by_t.items())):
             if (o0, c0) != (o1, c1) and t0 < c1 < t1:  # re-created (restart): from 0 at c1
                 resets.add("from_create")
-                rows.append((c1, t1, v1 / ((t1 - c1) / 1e9), None))
+                rows.append((c1, t1, from_create(c1, t1, v1), None))
                 continue
             why = (
                 "agent_restart" if _epoch(o0) != _epoch(o1)
