@@ -358,3 +358,19 @@ def _values(row: dict[str, Any], slots: dict[tuple[str, str, bytes], list[tuple[
         values = lists.get(kind) or []
         out[name] = values[slot] if slot < len(values) else None
     return out
+
+
+@pytest.mark.parametrize("name", ["default-60s", "qmf1-qmf2-60s"])
+def test_deleted_queues_end_with_their_final_counts(
+    lakes: dict[str, Path], shared_dir: str, name: str
+) -> None:
+    """Issue 47: tq-1..5 and the tools' reply queues. qpidd's last record of a deleted
+    queue keeps its previous update time; gold takes it at its delete time, so each
+    deleted queue's last counts are the broker's and its deltas sum to them."""
+    from tests.integration.final_counts import agents_per_object, check_final_counts
+
+    capture = Path(shared_dir) / "samples" / "qpidd-amqp10" / f"{name}.jsonl"
+    got = check_final_counts(lakes[name], capture)
+    per_dialect = len(_dialects(name))
+    assert got == {"queues": 17 * per_dialect, "sums": 2 * 17 * per_dialect}
+    assert all(len(a) == 1 for a in agents_per_object(lakes[name]).values())
