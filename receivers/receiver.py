@@ -945,7 +945,8 @@ class QmfReceiver:
 
     def _submit(self, settle: bool) -> None:
         items = self._in_hand
-        group = _Group(items, self._generation, settle, _Job([m for m, _ in items]))
+        msgs = self._aliases.name_all([m for m, _ in items], time.monotonic())
+        group = _Group(items, self._generation, settle, _Job(msgs))
         self._in_hand = []
         self._pending.append(group)
         self._pending_count += len(items)
@@ -1145,9 +1146,7 @@ class QmfReceiver:
             return  # left unsettled: the broker redelivers
         if not self._in_hand:
             self._first_in_hand = time.monotonic()
-        landed = self._aliases.name(
-            to_landed(msg, first_acquirer_flag=self._first_acquirer_flag), time.monotonic()
-        )
+        landed = to_landed(msg, first_acquirer_flag=self._first_acquirer_flag)
         self._in_hand.append((landed, d))
         if self.console is not None:
             self._send_requests(self.console.observe(landed))

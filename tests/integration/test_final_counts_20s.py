@@ -31,9 +31,12 @@ QPIDD = "apache.org:qpidd:96e8ff02-7df9-4aaa-b0bd-0ef186095f23"
 def lake(isolated_broker: Any, spark: Any, shared_dir: str, tmp_path_factory: pytest.TempPathFactory) -> Path:
     from tests.integration.test_qpidd_amqp10 import _through_the_pipeline
 
+    # Paced, so the exchanges' messages reach the queue in the capture's order: the
+    # replies came 4 s after qpidd's first heartbeat, which names their agent.
     return _through_the_pipeline(
-        isolated_broker, spark, Path(shared_dir) / "samples" / SAMPLE, tmp_path_factory.mktemp("q20")
-    )
+        isolated_broker, spark, Path(shared_dir) / "samples" / SAMPLE, tmp_path_factory.mktemp("q20"),
+        replay_rate=400.0,
+    )  # fmt: skip
 
 
 def test_every_deleted_queue_ends_with_its_final_counts(lake: Path, shared_dir: str) -> None:

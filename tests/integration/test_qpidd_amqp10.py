@@ -99,7 +99,9 @@ def lakes(
     return out
 
 
-def _through_the_pipeline(node: Any, spark: Any, sample: Path, tmp: Path) -> Path:
+def _through_the_pipeline(
+    node: Any, spark: Any, sample: Path, tmp: Path, replay_rate: float | None = None
+) -> Path:
     from pipeline.gold import GoldSettings, run_gold_batch
     from pipeline.gold import ensure_tables as ensure_gold
     from pipeline.silver import SilverSettings, run_silver_batch
@@ -118,7 +120,8 @@ def _through_the_pipeline(node: Any, spark: Any, sample: Path, tmp: Path) -> Pat
             receiver = Child("receiver", receive_cmd(broker.url, queue, landing, "r0"), tmp)
             procs.append(receiver)
             wait_ready(receiver)
-            replay = Child("replay", qmf_cmd("replay", "--url", broker.url, "--input", str(sample)), tmp)
+            paced = () if replay_rate is None else ("--rate", str(replay_rate))
+            replay = Child("replay", qmf_cmd("replay", "--url", broker.url, "--input", str(sample), *paced), tmp)
             procs.append(replay)
             assert replay.wait(120) == 0, replay.stderr()[-3000:]
             wait_for(lambda: landed_rows(landing) >= len(capture), 60, "every message landed")

@@ -25,18 +25,21 @@ def landed(props: dict[str, str], body: bytes = b"x") -> LandedMessage:
 def test_an_alias_reply_is_named_only_while_one_agent_heartbeats() -> None:
     n = AliasNamer(forget_s=300.0)
     reply = landed({"qmf.agent": "broker", "qmf.opcode": "_query_response"})
-    assert n.name(reply, 0.0) is reply  # no agent heard yet: left as sent
-    n.name(landed({"qmf.agent": "a", "qmf.opcode": "_agent_heartbeat_indication"}), 1.0)
-    got = n.name(reply, 2.0)
-    assert dict(got.application_properties) == {**reply.application_properties, AGENT_NAME_PROPERTY: "a"}
+    beat_a = landed({"qmf.agent": "a", "qmf.opcode": "_agent_heartbeat_indication"})
+    assert n.name_all([reply], 0.0) == [reply]  # no agent heard yet: left as sent
+    # A heartbeat later in the same flush group names it (another exchange, another order).
+    got = n.name_all([reply, beat_a], 1.0)
+    assert got[1] is beat_a
+    assert dict(got[0].application_properties) == {**reply.application_properties, AGENT_NAME_PROPERTY: "a"}
     # Its key is the key of what the broker sent: a redelivery matches the first copy.
-    assert message_key(got) == message_key(reply)
-    n.name(landed({"qmf.agent": "b", "qmf.opcode": "_agent_heartbeat_indication"}), 3.0)
-    assert n.name(reply, 4.0) is reply  # two agents: ambiguous, left as sent
-    assert dict(n.name(reply, 302.0).application_properties)[AGENT_NAME_PROPERTY] == "b"  # a forgotten
+    assert message_key(got[0]) == message_key(reply)
+    assert n.name_all([reply], 2.0)[0] == got[0]  # heard before: named
+    beat_b = landed({"qmf.agent": "b", "qmf.opcode": "_agent_heartbeat_indication"})
+    assert n.name_all([beat_b, reply], 3.0)[1] is reply  # two agents: ambiguous, as sent
+    assert dict(n.name_all([reply], 302.0)[0].application_properties)[AGENT_NAME_PROPERTY] == "b"
     data = landed({"qmf.agent": "a", "qmf.opcode": "_data_indication"})
-    assert n.name(data, 5.0) is data
-    assert n.named == 2
+    assert n.name_all([data], 5.0)[0] is data
+    assert n.named == 3
 
 
 def test_the_20s_sample_replies_decode_under_qpidds_own_agent(shared_dir: str) -> None:
@@ -44,12 +47,11 @@ def test_the_20s_sample_replies_decode_under_qpidds_own_agent(shared_dir: str) -
     come after qpidd's heartbeats: named, both decoders give them qpidd's agent."""
     msgs = list(read_capture(os.path.join(shared_dir, "samples", "qpidd-capture-20s.jsonl")))
     n = AliasNamer()
-    out = [
-        n.name(LandedMessage(body=m.body, routing_key=m.routing_key, content_type=m.content_type,
-                             application_properties={k: str(v) for k, v in m.application_properties.items()}),
-               float(i))
-        for i, m in enumerate(msgs)
-    ]
+    out = n.name_all([
+        LandedMessage(body=m.body, routing_key=m.routing_key, content_type=m.content_type,
+                      application_properties={k: str(v) for k, v in m.application_properties.items()})
+        for m in msgs
+    ], 0.0)  # fmt: skip
     assert n.named == 31  # 21 query responses, 9 method responses, 1 exception
     per_record: collections.Counter[tuple[str, str | None]] = collections.Counter()
     reg = seeded_registry()
