@@ -54,7 +54,7 @@ def test_gold_equals_the_simulator_manifest(
     spark: SparkSession, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     out, man = str(tmp_path / "sim.jsonl"), str(tmp_path / "truth.jsonl")
-    args = ["--dialect", "am2", "--queues", "8", "--transients", "1", "--intervals", "8",
+    args = ["--dialect", "am2", "--queues", "8", "--transients", "1", "--short-lived", "1", "--intervals", "8",
             "--restart", f"0:{RESTART_AT}", "--seed", "3", "--start-ns", str(START_NS)]  # fmt: skip
     assert main(["sim", "-o", out, "--manifest", man, *args]) == 0
     capsys.readouterr()
@@ -145,6 +145,11 @@ def test_gold_equals_the_simulator_manifest(
         if e["reason"] == "deleted":
             assert published[k] == int(e["values"]["msgTotalEnqueues"]), k
     assert sum(e["reason"] == "deleted" for e in finals) >= 6
+    # Short-lived queues: published for intervals, then a last record with qpidd's stale
+    # update time and the delete time; gold ends each with that record's counts.
+    short = [e for e in finals if e["reason"] == "deleted" and e["object_name"].rsplit(",", 1)[-1].startswith("sl.")]
+    assert len(short) == 2 and all(e["delete_ns"] > e["update_ns"] for e in short)  # one per boot
+    assert all(last[(e["agent"], e["object_id"]["oid"])][1] == e["values"]["msgTotalEnqueues"] for e in short)
 
     # Lifecycles: every created queue has a row; every deletion is there with both times.
     lc = {(r["agent"], r["object_id"]): r for r in delta.read_arrow(gs.path("object_lifecycles")).to_pylist()}
