@@ -585,3 +585,18 @@ def test_a_creation_interval_waits_for_its_index_key_so_a_stream_writes_what_one
         assert tg.rates_from_pairs(second.rates, 1).select(cols).rows() == want
         assert second.state["from_create_ns"].to_list() == [None]
         assert tg.state_from_pairs(second.state, gone).height == 0
+
+
+def test_refreshed_samples_are_data_and_twins_of_a_publish_count_once() -> None:
+    """The console's refresh answers (issue 47) are samples like the periodic publishes:
+    an answer of an unchanged object carries its last publish's update time (a twin:
+    no interval); an answer after another console's query cleared the changed flag,
+    with nothing published after it, brings the final counts."""
+    publishes = [("q", 0.0, 0.0), ("q", 2.0, 10.0), ("q", 4.0, 20.0)]
+    answers = [("q", 4.0, 20.0), ("q", 7.3, 31.0)]  # a twin of 4.0, then the last counts
+    rows = samples([*publishes, *answers])
+    r = tg.rates_from_pairs(tg.pair_values(rows, tg.RateRules()).rates, 0).sort("end_ns")
+    assert r.select("start_ns", "end_ns", "delta").rows() == [
+        (T0, T0 + 2 * S, 10.0), (T0 + 2 * S, T0 + 4 * S, 10.0), (T0 + 4 * S, T0 + int(7.3 * S), 11.0),
+    ]
+    assert r["value"].to_list()[-1] == 31.0 and sum(r["delta"]) == 31.0
