@@ -62,3 +62,13 @@ def agents_per_object(data: Path) -> dict[tuple[str, str, int, str], set[str]]:
     for r in delta.read_arrow(str(data / "gold" / "object_lifecycles")).to_pylist():
         out[(r["dialect"], r["class_name"], r["create_ns"], r["object_id"])].add(r["agent"])
     return out
+
+
+def rows_per_identity(data: Path) -> dict[tuple[str, str, str, int], list[str]]:
+    """(broker, class, name, create_ns) -> the dialects of its lifecycle rows: one object's
+    identity whatever agent name or dialect reported it (qpidd's v1 and v2 agents give one
+    object the same broker, name and create time)."""
+    out: dict[tuple[str, str, str, int], list[str]] = defaultdict(list)
+    for r in delta.read_arrow(str(data / "gold" / "object_lifecycles")).to_pylist():
+        out[(r["broker"], r["class_name"], r["name"], r["create_ns"])].append(r["dialect"])
+    return {k: sorted(v) for k, v in out.items()}

@@ -377,3 +377,8 @@ def test_deleted_queues_end_with_their_final_counts(
     per_dialect = len(_dialects(name))
     assert got == {"queues": 17 * per_dialect, "sums": 2 * 17 * per_dialect}
     assert all(len(a) == 1 for a in agents_per_object(lakes[name]).values())
+    # One identity per object: (broker, class, name, create time), one row per dialect.
+    from tests.integration.final_counts import rows_per_identity
+
+    per = rows_per_identity(lakes[name])
+    assert len(per) == 122 and set(map(tuple, per.values())) == {_dialects(name)}
