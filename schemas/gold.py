@@ -81,6 +81,9 @@ RATE_STATE = pa.schema(
 # targets' names (``pipeline.gold.names``: a queue of the default vhost is its queue name);
 # ``broker``: its broker's identity, ``name@host:port``, the same for qpidd's AM2 and
 # V2 agents. Both are recomputed every batch (a target seen later, or renamed).
+# (broker, class_name, name, create_ns) is one object's identity across the dialects
+# and agent names that reported it (qpidd's v1 and v2 agents give an object the same
+# broker, name and create time): one row per dialect that reported it.
 OBJECT_LIFECYCLES = pa.schema(
     [
         *_OBJ,
