@@ -34,7 +34,7 @@ if TYPE_CHECKING:
 
 ENQUEUE_STATISTIC = "msgTotalEnqueues"
 SUMMARY_RATE_ROWS = 5_000_000  # newest statistic_rates rows the end-of-run summary reads
-_RATE_COLS = ["agent", "class_name", "index_key", "object_id", "statistic", "rate"]
+_RATE_COLS = ["agent", "dialect", "class_name", "index_key", "object_id", "statistic", "rate"]
 SEVERITIES = ("emerg", "alert", "crit", "error", "warn", "notice", "info", "debug")
 
 
@@ -270,7 +270,12 @@ def _latest(names: Names, agent: str, object_ids: Iterable[str]) -> Named | None
 def top_queues(rates: pa.Table, n: int = 5, names: Names | None = None) -> list[dict[str, Any]]:
     """Queues by their mean enqueue rate over the run (rated intervals only), named by
     their latest lifecycle (else by their index key's last value, else the object id)
-    and their broker (else their agent)."""
+    and their broker (else their agent).
+
+    One queue is one (broker, name): its rows under every object id (a restart renumbers
+    it) and key form (statistics before its properties) count together, and a broker that
+    publishes it through several agents (qpidd's QMF v1 and v2) lists it once, from the
+    agent with the most rated intervals (V2 on a tie)."""
     from pipeline.live import key_name
 
     t = rates.filter(
@@ -281,34 +286,48 @@ def top_queues(rates: pa.Table, n: int = 5, names: Names | None = None) -> list[
     )
     if t.num_rows == 0:
         return []
-    queue = pc.coalesce(t["index_key"], t["object_id"])
-    g = pa.table(
-        {"agent": t["agent"], "queue": queue, "index_key": t["index_key"],
-         "object_id": t["object_id"], "rate": t["rate"]}
-    ).group_by(["agent", "queue"]).aggregate(
-        [("rate", "mean"), ("rate", "count"), ("object_id", "distinct"), ("index_key", "max")]
+    import polars as pl
+
+    from pipeline.gold.transforms import series_key
+
+    names = names or {}
+    brokers = agent_brokers(names)
+    # One row per (agent, series): a series keeps its key across a restart (series_key),
+    # named by the latest of its objects; rows keyed by an object id (statistics before
+    # the properties) join their queue by that name below.
+    frame = pl.from_arrow(pa.table({
+        "agent": t["agent"], "object_id": t["object_id"],
+        "dialect": t["dialect"] if "dialect" in t.column_names else pa.nulls(t.num_rows, pa.string()),
+        "index_key": t["index_key"], "rate": t["rate"],
+    }))  # fmt: skip
+    assert isinstance(frame, pl.DataFrame)
+    g = (
+        frame.with_columns(series=pl.coalesce(series_key(), pl.col("object_id")))
+        .group_by("agent", "series")
+        .agg(pl.col("rate").sum().alias("rate_sum"), pl.len().alias("rate_count"),
+             pl.col("object_id").unique().alias("oids"), pl.col("index_key").max())
     )  # fmt: skip
-    # One broker's queue comes once per dialect it publishes (AM2 and V2 agents) or agent
-    # name it answered under: rows are merged by (broker, name) below, so take enough.
-    g = g.sort_by([("rate_mean", "descending"), ("queue", "ascending")]).slice(0, 4 * n)
-    brokers = agent_brokers(names or {})
-    out: list[dict[str, Any]] = []
-    seen: set[tuple[str, str]] = set()
-    for r in g.to_pylist():
-        oids = sorted(r["object_id_distinct"])
-        named = _latest(names or {}, r["agent"], oids)
-        name = named.name if named is not None and named.name else None
-        out.append({
-            "agent": r["agent"], "queue": r["queue"],
-            "name": name or key_name(r["index_key_max"], oids[-1]),
-            "broker": (named.broker if named is not None else None) or brokers.get(r["agent"])
-                      or r["agent"],
-            "enqueue_rate": round(r["rate_mean"], 3), "intervals": r["rate_count"],
-        })  # fmt: skip
-        who = (out[-1]["broker"], out[-1]["name"])
-        if who in seen:  # the same queue through another dialect: listed once
-            out.pop()
-        seen.add(who)
+    queues: dict[tuple[str, str, str], list[Any]] = {}  # (broker, agent, name) -> sums
+    for r in g.iter_rows(named=True):
+        oids = sorted(r["oids"])
+        named = _latest(names, r["agent"], oids)
+        name = (named.name if named is not None else None) or key_name(r["index_key"], oids[-1])
+        broker = (named.broker if named is not None else None) or brokers.get(r["agent"]) or r["agent"]
+        acc = queues.setdefault((broker, r["agent"], name), [0.0, 0, r["index_key"]])
+        acc[0] += r["rate_sum"]
+        acc[1] += r["rate_count"]
+        acc[2] = acc[2] or r["index_key"]
+    best: dict[tuple[str, str], tuple[tuple[int, bool], str, list[Any]]] = {}
+    for (broker, agent, name), acc in queues.items():
+        rank = (acc[1], ":" in agent)  # most intervals; a v2 agent's name has colons
+        if (broker, name) not in best or rank > best[(broker, name)][0]:
+            best[(broker, name)] = (rank, agent, acc)
+    out = [
+        {"agent": agent, "queue": acc[2] or name, "name": name, "broker": broker,
+         "enqueue_rate": round(acc[0] / acc[1], 3), "intervals": acc[1]}
+        for (broker, name), (_, agent, acc) in best.items()
+    ]  # fmt: skip
+    out.sort(key=lambda q: (-q["enqueue_rate"], q["queue"]))
     return out[:n]
 
 

@@ -329,3 +329,25 @@ def test_top_queues_list_a_queue_once_whatever_the_dialects_its_broker_published
     }
     got = [(r["broker"], r["name"], r["enqueue_rate"]) for r in top_queues(t, names=names)]
     assert got == [("amqp-broker@h:5672", "q-rate-5", 5.0), ("amqp-broker@h:5672", "q2", 1.0)]
+
+
+def test_top_queues_count_a_queue_whole_across_restarts_and_key_forms() -> None:
+    """The live trial's q-rate-20 (issue 47): V2 rows whose first intervals came before the
+    properties (keyed by the object id), AM2 rows under two object ids and epochs (a
+    restart): one queue, every interval counted, from the V2 agent on a tie."""
+    v2, key = "apache.org:qpidd:x", '["{\\\\"_agent_epoch\\\\":1,\\\\"_object_name\\\\":\\\\"vh\\\\"}","q-rate-20"]'
+    t = pa.table({
+        "agent": [v2] * 4 + ["1.0"] * 4,
+        "dialect": ["V2"] * 4 + ["AM2"] * 4,
+        "class_name": ["queue"] * 8,
+        "index_key": [None, key, key, key.replace("1,", "2,"), '["0-1-1-0-3","q-rate-20"]',
+                      '["0-1-1-0-3","q-rate-20"]', '["0-2-1-0-3","q-rate-20"]', '["0-2-1-0-3","q-rate-20"]'],
+        "object_id": ["1:q", "1:q", "1:q", "2:q", "0-1-1-0-9", "0-1-1-0-9", "0-2-1-0-9", "0-2-1-0-9"],
+        "statistic": ["msgTotalEnqueues"] * 8,
+        "rate": [20.0, 20.0, 20.0, 20.0, 20.0, 20.0, 20.0, 20.0],
+    })  # fmt: skip
+    b = "amqp-broker@h:5672"
+    names = {(a, o): Named("q-rate-20", b, batch_id=1, last_seen_ns=5)
+             for a, o in zip(t["agent"].to_pylist(), t["object_id"].to_pylist(), strict=True)}  # fmt: skip
+    got = [(r["agent"], r["name"], r["enqueue_rate"], r["intervals"]) for r in top_queues(t, names=names)]
+    assert got == [(v2, "q-rate-20", 20.0, 4)]

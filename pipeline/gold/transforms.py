@@ -412,6 +412,7 @@ def _reason(
 
 
 _CREATED = -1  # the reason code of an interval counted from the object's creation
+_CREATED_RESTART = -2  # ... of an object re-created by its agent's restart
 
 
 @njit(cache=True)
@@ -543,7 +544,11 @@ def _pair_kernel(
             pend = i
             continue
         if (r == 2 or r == 3) and _from_create(i, t, create, is_counter, t[base]):
-            cur_out[k], start_out[k], prev_out[k], reason[k] = i, create[i], 0.0, _CREATED  # a new instance
+            # A new instance: from 0 at its create time. After an agent restart the counts
+            # may hold what the broker recovered (qpidd's store counts a durable queue's
+            # restored messages as enqueues): the delta is the broker's, with no rate.
+            why = _CREATED if r == 2 else _CREATED_RESTART
+            cur_out[k], start_out[k], prev_out[k], reason[k] = i, create[i], 0.0, why
         else:
             cur_out[k], start_out[k], prev_out[k], reason[k] = i, t[base], val[base], r
         k += 1
@@ -820,8 +825,9 @@ def pair_values(
     rows = values.select(names)
     # An interval counted from a creation keeps its delta however short; shorter than the
     # minimum interval it gets no rate (one message 3 ms after a reply queue's creation
-    # is no rate of 333/s), as the minimum keeps such rates out elsewhere.
-    short = (reason == _CREATED) & (ns[cur] - start < rules.min_ns)
+    # is no rate of 333/s), as the minimum keeps such rates out elsewhere; after an agent
+    # restart none (recovered messages counted as enqueues: 816 msg/s in the live trial).
+    short = ((reason == _CREATED) & (ns[cur] - start < rules.min_ns)) | (reason == _CREATED_RESTART)
     rates = _rows_at(rows, perm[cur], {
         "start_ns": start, "prev_value": prev, "reason": reason.astype(np.int8), "_no_rate": short,
     })  # fmt: skip

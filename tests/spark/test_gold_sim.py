@@ -91,8 +91,8 @@ def test_gold_equals_the_simulator_manifest(
             rows.append((c1, t1, from_create(c1, t1, v1), None))
         for (t0, (o0, c0, v0)), (t1, (o1, c1, v1)) in itertools.pairwise(sorted(by_t.items())):
             if (o0, c0) != (o1, c1) and t0 < c1 < t1:  # re-created (restart): from 0 at c1
-                resets.add("from_create")
-                rows.append((c1, t1, from_create(c1, t1, v1), None))
+                resets.add("from_create")  # a restart's: no rate (recovered counts)
+                rows.append((c1, t1, None if _epoch(o0) != _epoch(o1) else from_create(c1, t1, v1), None))
                 continue
             why = (
                 "agent_restart" if _epoch(o0) != _epoch(o1)
