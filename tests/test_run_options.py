@@ -126,6 +126,19 @@ def test_dialect_and_load_intervals_reach_the_simulator(tmp_path: Path) -> None:
     assert "--load-intervals" not in _sim_command(_args(), "amqp://h:1", tmp_path / "m.jsonl")
 
 
+def test_short_lived_queues_and_restarts_reach_the_simulator(tmp_path: Path) -> None:
+    """Issue 47's cases in a `qmf run` of simulated agents: deletes with qpidd's stale update
+    time, restarts."""
+    from pipeline.commands.run import _sim_command
+
+    args = _args("--short-lived", "2", "--restart", "0:5", "--restart", "1:9")
+    cmd = _sim_command(args, "amqp://h:1", tmp_path / "m.jsonl")
+    assert cmd[cmd.index("--short-lived") + 1] == "2"
+    assert [cmd[i + 1] for i, c in enumerate(cmd) if c == "--restart"] == ["0:5", "1:9"]
+    plain = _sim_command(_args(), "amqp://h:1", tmp_path / "m.jsonl")
+    assert "--short-lived" not in plain and "--restart" not in plain
+
+
 def test_v1_interval_reaches_gold_liveness() -> None:
     """A real broker's v1 heartbeat interval is given; simulated agents' is known."""
     from pipeline.commands.run import liveness_rules

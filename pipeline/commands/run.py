@@ -81,6 +81,11 @@ def register(subparsers: Any) -> None:
                         "AMQP 1.0, amqp-value bodies)")
     p.add_argument("--load-intervals", type=int, default=None, metavar="N",
                    help="simulated load stops after N intervals; the agents keep heartbeating")
+    p.add_argument("--short-lived", type=int, default=0, metavar="N",
+                   help="simulated queues created per interval that live a few intervals and are "
+                        "deleted, their last record with qpidd's stale update time (qmf sim)")
+    p.add_argument("--restart", action="append", default=[], metavar="AGENT:INTERVAL",
+                   help="restart a simulated agent at an interval (qmf sim --restart; repeatable)")
     p.add_argument("--agents", type=int, default=2)
     p.add_argument("--queues", type=int, default=50, help="queues per simulated agent")
     p.add_argument("--interval", type=int, default=1, help="agents' publish interval (s)")
@@ -119,7 +124,9 @@ def _sim_command(args: argparse.Namespace, url: str, manifest: Path) -> list[str
         "--queues", str(args.queues), "--interval", str(args.interval),
         "--intervals", str(intervals), "--realtime", "--durable", "--manifest", str(manifest),
         "--overwrite",  # the manifest is this run's: the message that starts the sim says so
-    ] + ([] if args.load_intervals is None else ["--load-intervals", str(args.load_intervals)])  # fmt: skip
+    ] + ([] if args.load_intervals is None else ["--load-intervals", str(args.load_intervals)]) + (
+        ["--short-lived", str(args.short_lived)] if args.short_lived else []
+    ) + [x for r in args.restart for x in ("--restart", r)]  # fmt: skip
 
 
 def _receiver_options(args: argparse.Namespace, url: str, wants: Path) -> dict[str, str]:
