@@ -828,9 +828,10 @@ def pair_values(
     # is no rate of 333/s), as the minimum keeps such rates out elsewhere; after an agent
     # restart none (recovered messages counted as enqueues: 816 msg/s in the live trial).
     short = ((reason == _CREATED) & (ns[cur] - start < rules.min_ns)) | (reason == _CREATED_RESTART)
-    rates = _rows_at(rows, perm[cur], {
-        "start_ns": start, "prev_value": prev, "reason": reason.astype(np.int8), "_no_rate": short,
-    })  # fmt: skip
+    extra = {"start_ns": start, "prev_value": prev, "reason": reason.astype(np.int8)}
+    if short.any():  # rare: most batches carry no column for it
+        extra["_no_rate"] = short
+    rates = _rows_at(rows, perm[cur], extra)
     rates = rates.with_columns(
         prev_value=pl.col("prev_value").fill_nan(None),
         reset=pl.col("reason").replace_strict(
@@ -850,10 +851,10 @@ def pair_values(
     kept[perm[keep]] = True
     still_owed = np.zeros(len(perm), np.bool_)
     still_owed[perm[owed]] = True
-    rows = rows.with_columns(
-        from_create_ns=pl.when(pl.Series(still_owed)).then(pl.col("create_ns")).otherwise(None)
-    )
-    return Pairs(rates, rows.filter(pl.Series(kept)))
+    state = rows.filter(pl.Series(kept))  # the owed marks of the kept rows only: few
+    return Pairs(rates, state.with_columns(
+        from_create_ns=pl.when(pl.Series(still_owed[kept])).then(pl.col("create_ns")).otherwise(None)
+    ))  # fmt: skip
 
 
 def _rows_at(rows: pl.DataFrame, at: np.ndarray, extra: dict[str, np.ndarray]) -> pl.DataFrame:
