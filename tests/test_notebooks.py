@@ -536,9 +536,8 @@ def test_health_notebook(sim_lake: Lake, kernel: Any, tmp_path: Path) -> None:
         a: (len(ts), min(ts) // 1000, max(ts) // 1000, 1.0, agents[a]) for a, ts in beats.items()
     }
 
-    # The restart: AM1 heartbeats carry no epoch; gold's liveness reads it from the new
-    # boot sequence of the agent's objects (issue 47), at its first heartbeat after the
-    # agent's first sample of the new boot.
+    # The restart: AM1 heartbeats carry no epoch, so it shows as a new boot sequence,
+    # seen at the restarted agent's first sample after it.
     want = []
     for r in (e for e in entries if e["kind"] == "restart"):
         first = min(
@@ -546,8 +545,7 @@ def test_health_notebook(sim_lake: Lake, kernel: Any, tmp_path: Path) -> None:
             if e["kind"] == "object" and e["agent"] == r["agent"]
             and e["update_ns"] > r["timestamp_ns"]
         )  # fmt: skip
-        beat = min(t for t in beats[r["agent"]] if t >= first)
-        want.append((r["agent"], None, beat // 1000, "heartbeats", agents[r["agent"]]))
+        want.append((r["agent"], r["boot_seq"], first // 1000, "objects", agents[r["agent"]]))
     got = [
         (r["agent"], r["generation"], r["seen_at"], r["source"], r["broker"])
         for r in run.values["restarts"]

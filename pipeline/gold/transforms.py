@@ -1205,10 +1205,9 @@ def liveness_scan(
     last heartbeat plus the limit, whatever else is known; the interval after it was
     started by a ``restart`` when the heartbeats' epoch changed or the agent's objects
     show a new generation in the outage (``restarts``: ``agent_restarts``; a v1
-    heartbeat carries no epoch), else ``recovered``. A new epoch without an outage, or
-    for a heartbeat without epoch a new generation of the agent's objects since the
-    last heartbeat, closes the interval as ``restarted``. So both dialects of one broker
-    record one restart alike."""
+    heartbeat carries no epoch), else ``recovered``. A new epoch without an outage
+    closes the interval as ``restarted``. So both dialects of one broker record one
+    restart alike."""
     out: list[dict[str, Any]] = []
     cur = dict(current) if current is not None else None
     for ts_ns, ep, iv, dialect in sorted(beats, key=lambda b: b[0]):
@@ -1225,12 +1224,12 @@ def liveness_scan(
         limit = int(rules.missed * float(cur["interval_s"]) * NS)
         last = int(cur["last_heartbeat_ns"])
         new_epoch = ep is not None and cur["epoch"] is not None and ep != int(cur["epoch"])
-        seen_restart = any(last < r <= ts_ns for r in restarts)  # by the agent's objects
         if ts_ns - last > limit:
             cur.update(state="down", down_at=_ts_py(last + limit), next_up=_ts_py(ts_ns))
             out.append(cur)
-            cur = {**fresh, "started_by": "restart" if new_epoch or seen_restart else "recovered"}
-        elif new_epoch or (ep is None and seen_restart):
+            restarted = new_epoch or any(last < r <= ts_ns for r in restarts)
+            cur = {**fresh, "started_by": "restart" if restarted else "recovered"}
+        elif new_epoch:
             cur.update(state="restarted", down_at=None, next_up=_ts_py(ts_ns))
             out.append(cur)
             cur = {**fresh, "started_by": "restart"}
