@@ -21,6 +21,11 @@ from pipeline.streaming import StopGate, poll_s, start_gated, stop_queries, stop
 pytestmark = [pytest.mark.spark]
 
 JOB_S = 3.0  # each batch runs a Spark job this long
+# A trigger that never fires again during a test. Spark aligns processing-time
+# triggers to multiples of the interval since the epoch, so "1 hour" fires at the
+# next full hour: a test run at 23:59:58 saw a second batch. The next multiple of
+# 3650 days is years away.
+NEVER = "3650 days"
 
 
 def _slow(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
@@ -87,7 +92,7 @@ def test_a_stop_during_a_batch_lets_the_batch_end_first(spark: SparkSession, tmp
 def test_an_idle_query_stops_at_once(spark: SparkSession, tmp_path: Path) -> None:
     rec = Recorder()
     gate = StopGate(rec)
-    q = gate.bind(_start(spark, tmp_path, gate, {"processingTime": "1 hour"}))  # type: ignore[arg-type]
+    q = gate.bind(_start(spark, tmp_path, gate, {"processingTime": NEVER}))  # type: ignore[arg-type]
     _wait(lambda: rec.ended)
     _wait(lambda: not q.status["isTriggerActive"])
     t0 = time.monotonic()
@@ -120,7 +125,7 @@ def test_several_queries_stop_together_within_one_grace(spark: SparkSession, tmp
     first, so the stop waits one grace period in all, not one per query."""
     busy, idle = Recorder(), Recorder()
     qb = _gated(spark, busy, tmp_path, "busy", "0 seconds")
-    qi = _gated(spark, idle, tmp_path, "idle", "1 hour")
+    qi = _gated(spark, idle, tmp_path, "idle", NEVER)
     _wait(lambda: idle.ended and busy.started)
     _wait(lambda: not qi.status["isTriggerActive"])
     assert stop_queries([qb, qi]) == [True, True]
