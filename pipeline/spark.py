@@ -2,7 +2,8 @@
 
 Every job, test and notebook gets its session here so the settings that the
 Delta layer and the streaming source rely on (UTC, microsecond Parquet
-timestamps, Arrow, the driver's interpreter on the workers) are set once.
+timestamps, Arrow, the driver's interpreter on the workers, delta-spark's JARs,
+extension and catalog: ``pipeline.jars``) are set once.
 Under ``spark-submit`` the master and any ``--conf`` given there win: this
 module only fills in what is missing.
 """
@@ -21,6 +22,7 @@ from pyspark import SparkConf, SparkContext
 from pyspark.sql import SparkSession
 
 from pipeline import ALLOCATOR_ENV
+from pipeline.jars import delta_conf
 
 DEFAULT_MASTER = "local[2]"
 # A file for Spark's and the JVM's output when the caller gives none (jobs run with
@@ -300,6 +302,8 @@ def get_spark(
         key = f"spark.executorEnv.{var}"
         if key not in options and key not in existing:
             options[key] = value
+    # delta-spark: its JARs (checked against jars.lock), SQL extension and catalog.
+    options.update(delta_conf({**existing, **options}))
     if logged is not None:
         _launch_logged(options, logged, app_name)
 

@@ -188,4 +188,39 @@ fi
 site="$(.venv/bin/python -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')"
 cmp -s tools/qmf-pyspark-path.pth "$site/qmf-pyspark-path.pth" \
   || cp tools/qmf-pyspark-path.pth "$site/qmf-pyspark-path.pth"
+
+# --- JARs (jars.lock) ------------------------------------------------------------
+# delta-spark's JARs, fetched once from Maven Central into jars/ and checked against
+# the sha256 in jars.lock (a run fetches nothing; pipeline/jars.py checks them again
+# before each session). $QMF_MAVEN_REPO points at a mirror; without curl's access,
+# Maven's own resolver (mvn dependency:copy) is tried.
+maven_repo="${QMF_MAVEN_REPO:-https://repo.maven.apache.org/maven2}"
+mkdir -p jars
+while read -r coords sha; do
+  case "$coords" in ''|'#'*) continue ;; esac
+  IFS=: read -r group artifact version <<<"$coords"
+  file="jars/$artifact-$version.jar"
+  if [ -f "$file" ] && [ "$(sha256sum "$file" | cut -d' ' -f1)" = "$sha" ]; then continue; fi
+  log "fetching $coords into jars/"
+  rm -f "$file" "$file.part"
+  url="$maven_repo/${group//.//}/$artifact/$version/$artifact-$version.jar"
+  if ! curl -fsSL --retry 3 -o "$file.part" "$url" 2>.qmf/jar-fetch.log; then
+    command -v mvn >/dev/null 2>&1 \
+      || die "could not fetch $url ($(cat .qmf/jar-fetch.log)) and mvn is not installed"
+    mvn -q dependency:copy -Dartifact="$coords" -DoutputDirectory=jars \
+      -Dmdep.overWriteReleases=true >.qmf/jar-fetch.log 2>&1 \
+      || die "could not fetch $coords from $url nor with mvn: $(tail -5 .qmf/jar-fetch.log)"
+    mv "$file" "$file.part"
+  fi
+  got="$(sha256sum "$file.part" | cut -d' ' -f1)"
+  [ "$got" = "$sha" ] || { rm -f "$file.part"; die "$coords: sha256 $got, jars.lock says $sha"; }
+  mv "$file.part" "$file"
+done < jars.lock
+# This venv's spark-submit reads $SPARK_HOME/conf/spark-defaults.conf (SPARK_HOME: the
+# installed pyspark): jobs submitted with it load Delta as get_spark's sessions do.
+spark_home="$(.venv/bin/python -c 'import os, pyspark; print(os.path.dirname(pyspark.__file__))')"
+mkdir -p "$spark_home/conf"
+.venv/bin/python -m pipeline.jars >.qmf/spark-defaults.conf || die "the JARs do not check out"
+cmp -s .qmf/spark-defaults.conf "$spark_home/conf/spark-defaults.conf" \
+  || cp .qmf/spark-defaults.conf "$spark_home/conf/spark-defaults.conf"
 log "ready (.venv/bin/qmf; local broker: .venv/bin/qmf broker start)"

@@ -1,0 +1,144 @@
+"""The JARs every SparkSession loads (delta-spark), pinned in ``jars.lock``.
+
+``tools/setup.sh`` fetches them once from Maven Central into ``jars/`` and checks
+their sha256; ``get_spark`` asks :func:`delta_conf` for the settings that load them,
+which checks them again, so a missing or damaged JAR is one clear set-up error at
+the start, never a ``ClassNotFoundException`` in the middle of a job. Nothing here
+fetches anything.
+
+``python -m pipeline.jars`` prints the same settings as a ``spark-defaults.conf``
+(set-up writes it where this venv's ``spark-submit`` reads it).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+from pipeline import SetupError
+
+REPO = Path(__file__).resolve().parents[1]
+LOCK = REPO / "jars.lock"
+# Where the JARs live: ``jars/`` beside the lock, unless ``$QMF_JARS_DIR`` says else
+# (an image that keeps them elsewhere).
+JARS_ENV = "QMF_JARS_DIR"
+
+DELTA_EXTENSION = "io.delta.sql.DeltaSparkSessionExtension"
+DELTA_CATALOG = "org.apache.spark.sql.delta.catalog.DeltaCatalog"
+_FIX = "run `bash tools/setup.sh`, which fetches and checks them"
+
+
+@dataclass(frozen=True)
+class Jar:
+    """One locked JAR: Maven coordinates and the sha256 of its file."""
+
+    group: str
+    artifact: str
+    version: str
+    sha256: str
+
+    @property
+    def file_name(self) -> str:
+        return f"{self.artifact}-{self.version}.jar"
+
+    @property
+    def maven_path(self) -> str:
+        """Its path under a Maven repository's root."""
+        group = self.group.replace(".", "/")
+        return f"{group}/{self.artifact}/{self.version}/{self.file_name}"
+
+
+def locked(lock: Path = LOCK) -> list[Jar]:
+    """The JARs ``jars.lock`` names, in its order."""
+    jars = []
+    for n, line in enumerate(lock.read_text().splitlines(), 1):
+        line = line.split("#", 1)[0].strip()
+        if not line:
+            continue
+        try:
+            coords, sha = line.split()
+            group, artifact, version = coords.split(":")
+        except ValueError:
+            raise SetupError(f"{lock}:{n}: expected 'group:artifact:version sha256', got {line!r}") from None
+        jars.append(Jar(group, artifact, version, sha.lower()))
+    return jars
+
+
+def jars_dir() -> Path:
+    return Path(os.environ.get(JARS_ENV) or REPO / "jars")
+
+
+def sha256(path: Path) -> str:
+    h = hashlib.sha256()
+    with path.open("rb") as f:
+        while chunk := f.read(1 << 20):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+_checked: dict[Path, tuple[int, int]] = {}  # path -> (size, mtime_ns) that matched
+
+
+def jar_paths(folder: Path | None = None, lock: Path = LOCK) -> list[Path]:
+    """Every locked JAR's file, each present and matching its checksum, else SetupError.
+
+    A file is hashed once per process while its size and mtime stay the same (10 MB:
+    about 20 ms).
+    """
+    folder = jars_dir() if folder is None else folder
+    paths = []
+    for jar in locked(lock):
+        path = folder / jar.file_name
+        try:
+            st = path.stat()
+        except FileNotFoundError:
+            raise SetupError(f"{jar.file_name} is missing from {folder}: {_FIX}") from None
+        mark = (st.st_size, st.st_mtime_ns)
+        if _checked.get(path) != mark:
+            got = sha256(path)
+            if got != jar.sha256:
+                raise SetupError(
+                    f"{path} is damaged (sha256 {got}, jars.lock says {jar.sha256}): "
+                    f"delete it and {_FIX}"
+                )
+            _checked[path] = mark
+        paths.append(path)
+    return paths
+
+
+def _joined(existing: str | None, ours: list[str]) -> str:
+    """``existing`` (a comma-separated list someone else set) with ours appended once."""
+    items = [s for s in (existing or "").split(",") if s.strip()]
+    return ",".join(items + [s for s in ours if s not in items])
+
+
+def delta_conf(existing: dict[str, str] | None = None, folder: Path | None = None) -> dict[str, str]:
+    """The settings that load delta-spark into a session: the JARs, Delta's SQL extension
+    and its catalog, each kept beside what ``existing`` already lists."""
+    existing = existing or {}
+    jars = [str(p) for p in jar_paths(folder)]
+    conf = {
+        "spark.jars": _joined(existing.get("spark.jars"), jars),
+        "spark.sql.extensions": _joined(existing.get("spark.sql.extensions"), [DELTA_EXTENSION]),
+    }
+    catalog = existing.get("spark.sql.catalog.spark_catalog")
+    if catalog is None:
+        conf["spark.sql.catalog.spark_catalog"] = DELTA_CATALOG
+    return conf
+
+
+def spark_defaults() -> str:
+    """``delta_conf`` as a ``spark-defaults.conf``."""
+    lines = ["# Written by tools/setup.sh from jars.lock (pipeline/jars.py): Delta for spark-submit."]
+    lines += [f"{k} {v}" for k, v in delta_conf().items()]
+    return "\n".join(lines) + "\n"
+
+
+if __name__ == "__main__":
+    try:
+        sys.stdout.write(spark_defaults())
+    except SetupError as e:
+        sys.exit(f"jars: ERROR: {e}")

@@ -1,0 +1,90 @@
+"""pipeline.jars: the locked JARs are checked before a session starts (no Spark here)."""
+
+from __future__ import annotations
+
+import hashlib
+from pathlib import Path
+
+import pytest
+
+from pipeline import SetupError
+from pipeline import jars as pj
+
+
+def _lock(tmp: Path, content: bytes) -> tuple[Path, Path]:
+    folder = tmp / "jars"
+    folder.mkdir()
+    (folder / "demo-1.0.jar").write_bytes(content)
+    lock = tmp / "jars.lock"
+    sha = hashlib.sha256(b"the real jar").hexdigest()
+    lock.write_text(f"# a comment\n\norg.example:demo:1.0 {sha}  # trailing\n")
+    return folder, lock
+
+
+def test_the_repo_lock_names_delta_spark_and_delta_storage() -> None:
+    got = [(j.group, j.artifact, j.version) for j in pj.locked()]
+    assert got == [("io.delta", "delta-spark_2.13", "4.4.0"), ("io.delta", "delta-storage", "4.4.0")]
+    assert pj.locked()[0].maven_path == "io/delta/delta-spark_2.13/4.4.0/delta-spark_2.13-4.4.0.jar"
+    assert all(len(j.sha256) == 64 for j in pj.locked())
+
+
+def test_installed_jars_match_the_lock() -> None:
+    paths = pj.jar_paths()
+    assert [p.name for p in paths] == ["delta-spark_2.13-4.4.0.jar", "delta-storage-4.4.0.jar"]
+
+
+def test_a_good_jar_passes(tmp_path: Path) -> None:
+    folder, lock = _lock(tmp_path, b"the real jar")
+    assert pj.jar_paths(folder, lock) == [folder / "demo-1.0.jar"]
+
+
+def test_a_damaged_jar_is_one_clear_setup_error(tmp_path: Path) -> None:
+    folder, lock = _lock(tmp_path, b"the real jar, truncated?")
+    with pytest.raises(SetupError, match=r"demo-1.0.jar is damaged .*delete it and run `bash tools/setup.sh`"):
+        pj.jar_paths(folder, lock)
+
+
+def test_a_jar_damaged_after_a_good_check_is_caught(tmp_path: Path) -> None:
+    folder, lock = _lock(tmp_path, b"the real jar")
+    pj.jar_paths(folder, lock)
+    (folder / "demo-1.0.jar").write_bytes(b"the real jax")  # same size, new mtime
+    with pytest.raises(SetupError, match="is damaged"):
+        pj.jar_paths(folder, lock)
+
+
+def test_a_missing_jar_is_one_clear_setup_error(tmp_path: Path) -> None:
+    folder, lock = _lock(tmp_path, b"the real jar")
+    (folder / "demo-1.0.jar").unlink()
+    with pytest.raises(SetupError, match=r"^demo-1.0.jar is missing from .*: run `bash tools/setup.sh`"):
+        pj.jar_paths(folder, lock)
+
+
+def test_a_bad_lock_line_names_its_line(tmp_path: Path) -> None:
+    lock = tmp_path / "jars.lock"
+    lock.write_text("io.delta:delta-spark 1234\n")
+    with pytest.raises(SetupError, match=r"jars.lock:1: expected 'group:artifact:version sha256'"):
+        pj.locked(lock)
+
+
+def test_delta_conf_keeps_what_others_set() -> None:
+    conf = pj.delta_conf(
+        {"spark.jars": "/opt/x.jar", "spark.sql.extensions": "com.example.Ext",
+         "spark.sql.catalog.spark_catalog": "com.example.Catalog"},
+    )  # fmt: skip
+    jars = conf["spark.jars"].split(",")
+    assert jars[0] == "/opt/x.jar" and [Path(j).name for j in jars[1:]] == [
+        "delta-spark_2.13-4.4.0.jar", "delta-storage-4.4.0.jar",
+    ]  # fmt: skip
+    assert conf["spark.sql.extensions"] == f"com.example.Ext,{pj.DELTA_EXTENSION}"
+    assert "spark.sql.catalog.spark_catalog" not in conf  # theirs is kept
+    again = pj.delta_conf(conf)
+    assert again["spark.jars"] == conf["spark.jars"]  # no duplicates
+
+
+def test_spark_defaults_lists_the_settings() -> None:
+    text = pj.spark_defaults().splitlines()
+    assert text[1].startswith("spark.jars /") and text[1].endswith("delta-storage-4.4.0.jar")
+    assert text[2:] == [
+        f"spark.sql.extensions {pj.DELTA_EXTENSION}",
+        f"spark.sql.catalog.spark_catalog {pj.DELTA_CATALOG}",
+    ]
