@@ -3,9 +3,10 @@
     spark-submit jobs/maintain.py --data DATA [--retention-hours 168] [--dry-run]
     spark-submit jobs/maintain.py --table T [--table T2 ...] [--stream CKPT=T,...]
 
-No Spark work: delta-rs rewrites and deletes the files (it also runs as
-``qmf maintain`` and from cron). Only argument wiring lives here; the logic
-is in ``pipeline.maintain`` (docs/maintenance.md).
+Delta's OPTIMIZE and VACUUM (delta-spark) rewrite and delete the files, in
+this job's session (it also runs as ``qmf maintain`` and from cron). Only
+argument wiring lives here; the logic is in ``pipeline.maintain``
+(docs/maintenance.md).
 """
 
 from __future__ import annotations

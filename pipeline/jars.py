@@ -115,10 +115,26 @@ def _joined(existing: str | None, ours: list[str]) -> str:
     return ",".join(items + [s for s in ours if s not in items])
 
 
+def configured(conf: dict[str, str]) -> bool:
+    """Whether ``conf`` already loads delta-spark: its extension, and a delta-spark JAR
+    on ``spark.jars`` (a job installed from the wheel, submitted with the JARs of the
+    cluster's own set-up, has no ``jars.lock`` to go by)."""
+    extensions = conf.get("spark.sql.extensions", "").split(",")
+    jars = [Path(j.strip()).name for j in conf.get("spark.jars", "").split(",")]
+    return DELTA_EXTENSION in extensions and any(j.startswith("delta-spark_") for j in jars)
+
+
 def delta_conf(existing: dict[str, str] | None = None, folder: Path | None = None) -> dict[str, str]:
     """The settings that load delta-spark into a session: the JARs, Delta's SQL extension
     and its catalog, each kept beside what ``existing`` already lists."""
     existing = existing or {}
+    if configured(existing):
+        # spark-submit's own (this venv's spark-defaults.conf, a cluster's --jars): kept.
+        # Ours are still checked when that is where they point.
+        given = existing["spark.jars"].split(",")
+        if LOCK.exists() and any(Path(j).parent == jars_dir() for j in given):
+            jar_paths(folder)
+        return {}
     jars = [str(p) for p in jar_paths(folder)]
     conf = {
         "spark.jars": _joined(existing.get("spark.jars"), jars),

@@ -77,8 +77,7 @@ def test_delta_conf_keeps_what_others_set() -> None:
     ]  # fmt: skip
     assert conf["spark.sql.extensions"] == f"com.example.Ext,{pj.DELTA_EXTENSION}"
     assert "spark.sql.catalog.spark_catalog" not in conf  # theirs is kept
-    again = pj.delta_conf(conf)
-    assert again["spark.jars"] == conf["spark.jars"]  # no duplicates
+    assert pj.configured(conf) and pj.delta_conf(conf) == {}  # nothing added twice
 
 
 def test_spark_defaults_lists_the_settings() -> None:
@@ -88,3 +87,16 @@ def test_spark_defaults_lists_the_settings() -> None:
         f"spark.sql.extensions {pj.DELTA_EXTENSION}",
         f"spark.sql.catalog.spark_catalog {pj.DELTA_CATALOG}",
     ]
+
+
+def test_a_session_configured_for_delta_elsewhere_is_kept() -> None:
+    """spark-submit of a job installed from the wheel: the cluster's own Delta JARs
+    and extension are kept, and nothing is asked of jars.lock."""
+    theirs = {"spark.jars": "/opt/spark/extra/delta-spark_2.13-4.4.0.jar,/opt/x.jar",
+              "spark.sql.extensions": f"com.example.Ext,{pj.DELTA_EXTENSION}"}  # fmt: skip
+    assert pj.configured(theirs)
+    assert pj.delta_conf(theirs) == {}
+    assert not pj.configured({"spark.jars": theirs["spark.jars"]})  # no extension
+    assert not pj.configured({"spark.sql.extensions": pj.DELTA_EXTENSION})  # no JAR
+    ours = pj.delta_conf({})
+    assert pj.configured(ours) and pj.delta_conf(ours) == {}

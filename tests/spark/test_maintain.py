@@ -422,7 +422,9 @@ def test_vacuum_spares_the_version_a_replayed_batch_reads(tmp_path: Path) -> Non
     assert len(maintain([table], streams, NOW)[0].vacuumed) == 3
 
 
-def test_merges_and_replaces_racing_compaction_lose_and_double_nothing(tmp_path: Path) -> None:
+def test_merges_and_replaces_racing_compaction_lose_and_double_nothing(
+    spark: SparkSession, tmp_path: Path
+) -> None:
     """Writers that remove files (upserts, whole-table replaces) against compaction in
     a loop. Without ``pipeline.delta.table_lock`` a merge fails when a compaction
     commits first, and a replace re-adds rows the compaction rewrote (docs/maintenance.md)."""
@@ -432,7 +434,7 @@ def test_merges_and_replaces_racing_compaction_lose_and_double_nothing(tmp_path:
     merged, replaced = str(tmp_path / "merged"), str(tmp_path / "replaced")
     for path in (merged, replaced):
         delta.create_table(path, schema)
-    done = threading.Event()
+    done, compacted = threading.Event(), threading.Event()
     errors: list[BaseException] = []
     reports = {merged: TableReport(merged), replaced: TableReport(replaced)}
 
@@ -451,6 +453,8 @@ def test_merges_and_replaces_racing_compaction_lose_and_double_nothing(tmp_path:
                     pq.write_table(pa.table({"k": [-1], "v": [b]}, schema=schema),
                                    os.path.join(replaced, name))  # fmt: skip
                     delta.commit_files(replaced, [(name, {})], app_id=f"a{i}", batch_id=b)
+                if b == 12:  # one compaction of these three files before the replace, surely
+                    assert compacted.wait(120)
                 name = f"state-{b}.parquet"
                 pq.write_table(rows, os.path.join(replaced, name))
                 with delta.table_lock(replaced):  # as pipeline.gold.replace_table
@@ -467,6 +471,8 @@ def test_merges_and_replaces_racing_compaction_lose_and_double_nothing(tmp_path:
             while not done.is_set():
                 for path in (merged, replaced):
                     compact_table(path, MaintainSettings(min_files=2), reports[path])
+                if reports[replaced].compacted_removed:
+                    compacted.set()
         except BaseException as exc:
             errors.append(exc)
 
