@@ -76,6 +76,9 @@ class CommitResult:
     updated: int = 0
 
 
+# A commit file of the log: ``<version, 20 digits>.json``.
+_COMMIT_FILE = re.compile(r"\d{20}\.json")
+
 # ---------------------------------------------------------------------------
 # Tables and schemas
 
@@ -1683,12 +1686,31 @@ def version_before_batch(path: str, app_id: str, batch_id: int) -> int | None:
     done = committed_batch(path, app_id)
     if done is None or done < batch_id:
         return None
-    first: int | None = None
-    for h in DeltaTable(path).history():
-        if h.get("qmf.app_id") == app_id and int(h.get("qmf.batch_id", -1)) >= batch_id:
-            v = int(h["version"])
-            first = v if first is None else min(first, v)
+    first = min((v for a, b, v in app_transactions(path) if a == app_id and b >= batch_id), default=None)
     return None if first is None else first - 1
+
+
+def app_transactions(path: str | os.PathLike[str]) -> list[tuple[str, int, int]]:
+    """(app id, batch id, version) of every commit carrying an app transaction, in
+    version order: the ``txn`` actions of the log's commit files, which delta-rs
+    (``CommitProperties``) and delta-spark (``txnAppId``/``txnVersion``) both write.
+    Commit files Delta's log cleanup removed are not seen."""
+    log_dir = os.path.join(os.fspath(path), "_delta_log")
+    out: list[tuple[str, int, int]] = []
+    try:
+        names = sorted(n for n in os.listdir(log_dir) if _COMMIT_FILE.fullmatch(n))
+    except FileNotFoundError:
+        return out
+    for name in names:
+        version = int(name[:20])
+        try:
+            with open(os.path.join(log_dir, name), encoding="utf-8") as fh:
+                for line in fh:
+                    if '"txn"' in line and "txn" in (action := json.loads(line)):
+                        out.append((str(action["txn"]["appId"]), int(action["txn"]["version"]), version))
+        except FileNotFoundError:
+            continue  # cleaned up meanwhile
+    return out
 
 
 def _open_before_batch(path: str, app_id: str, batch_id: int) -> tuple[DeltaTable, bool]:

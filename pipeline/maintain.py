@@ -214,12 +214,9 @@ def _query_id(checkpoint: str) -> str | None:
 
 
 def app_commits(table: str) -> list[tuple[str, int, int]]:
-    """(app id, batch id, version) of the table's commits made by this project's writers."""
-    out: list[tuple[str, int, int]] = []
-    for h in DeltaTable(table).history():
-        if "qmf.app_id" in h:
-            out.append((str(h["qmf.app_id"]), int(h.get("qmf.batch_id", -1)), int(h["version"])))
-    return out
+    """(app id, batch id, version) of the table's commits with an app transaction (the
+    streaming writers', delta-rs's and delta-spark's alike)."""
+    return delta.app_transactions(table)
 
 
 def write_pin(checkpoint: str, commits: Sequence[tuple[str, int, int]]) -> int | None:

@@ -224,6 +224,15 @@ DRIVER_STACK = "-Xss16m"
 QUICK_JIT = "-XX:TieredStopAtLevel=1"
 
 
+def _local_cores(master: str) -> int:
+    """The cores of a ``local[N]`` master (``local``: 1; ``local[*]``: the machine's)."""
+    inside = master[master.find("[") + 1 : master.find("]")] if "[" in master else "1"
+    first = inside.split(",")[0]
+    if first == "*":
+        return os.cpu_count() or 1
+    return max(1, int(first))
+
+
 def driver_java_options(log4j_config: str, quick_jit: bool) -> str:
     """The options of a driver JVM that ``get_spark`` launches."""
     jit = f" {QUICK_JIT}" if quick_jit else ""
@@ -304,6 +313,12 @@ def get_spark(
             options[key] = value
     # delta-spark: its JARs (checked against jars.lock), SQL extension and catalog.
     options.update(delta_conf({**existing, **options}))
+    master_now = options.get("spark.master") or existing.get("spark.master", "")
+    if master_now.startswith("local") and "spark.databricks.delta.snapshotPartitions" not in existing:
+        # Delta rebuilds a table's state in 50 partitions by default, sized for clusters:
+        # on local[2] every first read of a table version paid 50 tasks (the silver
+        # paths' tests, which read each table a few times: 80 s -> 5-10 min).
+        options.setdefault("spark.databricks.delta.snapshotPartitions", str(_local_cores(master_now)))
     if logged is not None:
         _launch_logged(options, logged, app_name)
 

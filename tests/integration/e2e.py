@@ -261,8 +261,7 @@ def bronze_rows(table: Path) -> int:
 
 def bronze_commits(table: Path) -> list[int]:
     """Batch ids of the bronze commits, in commit order (a replay adds none)."""
-    hist = DeltaTable(str(table)).history()
-    return [int(h["qmf.batch_id"]) for h in reversed(hist) if "qmf.batch_id" in h]
+    return [b for _app, b, _v in delta.app_transactions(table)]
 
 
 def wait_new_file(directory: Path, suffix: str, timeout_s: float) -> bool:
@@ -379,11 +378,10 @@ def stream_job(script: str, args: Sequence[str], log: IO[bytes]) -> subprocess.P
 
 
 def last_batch_id(path: str) -> int | None:
-    """The highest streaming batch id (``qmf.batch_id``) committed to a Delta table so far."""
+    """The highest streaming batch id (app transaction) committed to a Delta table so far."""
     if not delta.table_exists(path):
         return None
-    ids = [h.get("qmf.batch_id") for h in DeltaTable(path).history()]
-    return max((int(b) for b in ids if b is not None), default=None)
+    return max((b for _app, b, _v in delta.app_transactions(path)), default=None)
 
 
 def kill_after_batch(

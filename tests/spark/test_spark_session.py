@@ -29,6 +29,15 @@ def test_test_session_settings(spark: SparkSession) -> None:
         ".FileSystemBasedCheckpointFileManager"
     )
     assert os.environ["PYSPARK_PYTHON"] == sys.executable
+    # Delta rebuilds a table's state in one partition per local core, not 50.
+    assert spark.conf.get("spark.databricks.delta.snapshotPartitions") == "2"
+
+
+def test_local_cores_of_a_master() -> None:
+    from pipeline.spark import _local_cores
+
+    assert [_local_cores(m) for m in ("local[2]", "local", "local[3,4]")] == [2, 1, 3]
+    assert _local_cores("local[*]") == (os.cpu_count() or 1)
 
 
 def test_a_launched_driver_jvm_compiles_with_c1_unless_a_notebook_asks(
