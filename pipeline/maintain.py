@@ -389,8 +389,9 @@ def vacuum_table(
     Delta's ``VACUUM`` (delta-spark).
 
     A pin (``keep_from``): the files live in any version from it on are left out of
-    the inventory VACUUM works from (``USING INVENTORY``), so it keeps them. Under the exclusive table lock: no other compaction (a second maintainer) or merge
-    of ours removes files meanwhile; appends go on (they remove nothing).
+    the inventory VACUUM works from (``USING INVENTORY``), so it keeps them. Under the
+    exclusive table lock: no other compaction (a second maintainer) or merge of ours
+    removes files meanwhile; appends go on (they remove nothing).
     """
     with delta.table_lock(path, exclusive=True):
         _vacuum_locked(path, settings, keep_from, report)
@@ -431,7 +432,6 @@ def _vacuum_locked(
         # Files live in a pinned version stay out of VACUUM's inventory, so it cannot
         # delete them whatever their age.
         report.keep_from = keep_from
-        spark.catalog.dropTempView("qmf_vacuum_inventory")
         _inventory(spark, path, pinned_files(path, keep_from, latest)).createOrReplaceTempView(
             "qmf_vacuum_inventory"
         )
