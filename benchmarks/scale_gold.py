@@ -208,7 +208,6 @@ def _ceiling_worker(
         bucket_column,
         input_agent,
         read_batch,
-        upsert_rows,
     )
     from pipeline.gold.transforms import (
         LIFECYCLE_KEYS,
@@ -217,8 +216,9 @@ def _ceiling_worker(
         conform,
         frame,
         gold_batch,
+        upsert_rows,
     )
-    from schemas.gold import AGENT_LIVENESS, OBJECT_LIFECYCLES, RATE_STATE, STATISTIC_RATES
+    from schemas.gold import AGENT_LIVENESS, LIFECYCLE_STATE, RATE_STATE, STATISTIC_RATES
 
     rates_rules, live_rules = RateRules(), LivenessRules()
     registry = delta.read_arrow(os.path.join(silver, "schema_registry"))
@@ -241,7 +241,7 @@ def _ceiling_worker(
         return {k: keyed.filter(pl.col("_bucket") == k).drop("_bucket") for k in buckets}
     tables = {
         k: {"state": frame(RATE_STATE.empty_table()),
-            "lifecycles": frame(OBJECT_LIFECYCLES.empty_table()),
+            "lifecycles": frame(LIFECYCLE_STATE.empty_table()),
             "liveness": frame(AGENT_LIVENESS.empty_table())}
         for k in buckets
     }  # fmt: skip
@@ -261,7 +261,7 @@ def _ceiling_worker(
         t["lifecycles"] = upsert_rows(t["lifecycles"], got.lifecycles, LIFECYCLE_KEYS)
         t["liveness"] = upsert_rows(t["liveness"], got.liveness, LIVENESS_KEYS)
         for name, df, schema in (("rates", got.rates, STATISTIC_RATES), ("state", got.state, RATE_STATE),
-                                 ("lifecycles", t["lifecycles"], OBJECT_LIFECYCLES)):  # fmt: skip
+                                 ("lifecycles", t["lifecycles"], LIFECYCLE_STATE)):  # fmt: skip
             w = delta.DataFileWriter(os.path.join(where, f"{name}-{batch_id}-{k}.parquet"), schema, unique=())
             w.write(conform(df, schema))
             w.close()

@@ -13,12 +13,14 @@ today) tile time without overlap. What "in range" means per table (docs/backfill
   (``end_ns``) is in the range. The pairing scan runs over every silver sample
   up to the range (and past it: later samples cannot change earlier pairs), so
   an edge interval pairs with the same baseline the stream used;
-- gold ``object_lifecycles`` / ``agent_liveness``: all-time rows per object or
+- gold ``lifecycle_state`` / ``agent_liveness``: all-time rows per object or
   agent up interval. The rows whose span overlaps the range, before or after
   the backfill, are replaced by rows recomputed from *all* silver (their
   current value as the stream would have it): an object's span is
   ``[first_seen, max(last_seen, ended_at)]``, an up interval's
-  ``[up_start, max(last_heartbeat, down_at)]``.
+  ``[up_start, max(last_heartbeat, down_at)]``;
+- gold ``object_lifecycles``: the fold of ``lifecycle_state`` as the backfill left
+  it (``pipeline.gold.fold``), replacing the whole table.
 
 Each table gets ONE Delta commit that removes the files holding rows of the
 range and adds the new rows plus the kept rows of those files
@@ -60,7 +62,8 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 SILVER_TABLES = ("object_samples", "events", "heartbeats", "method_responses", "quarantine")
-GOLD_TABLES = ("statistic_rates", "object_lifecycles", "agent_liveness")
+# object_lifecycles last: the fold of lifecycle_state as the backfill left it.
+GOLD_TABLES = ("statistic_rates", "lifecycle_state", "agent_liveness", "object_lifecycles")
 LAYERS = ("silver", "gold")
 BACKFILL_BATCH_ID = -1  # batch_id of gold rows a backfill wrote
 IDENTITY = ("partition", "offset")
@@ -538,7 +541,7 @@ def gold_ranges(s: BackfillSettings) -> dict[str, tuple[str, Sequence[str]]]:
     lo_ns, hi_ns, lo_us = s.from_ns, s.to_ns, micros(s.start)
     return {
         "statistic_rates": (f"end_ns >= {lo_ns} AND end_ns < {hi_ns}", ()),
-        "object_lifecycles": (
+        "lifecycle_state": (
             f"first_seen_ns < {hi_ns} AND (last_seen_ns >= {lo_ns} "
             f"OR ended_at >= timestamp_micros({lo_us}))",
             LIFECYCLE_KEYS,
@@ -575,6 +578,25 @@ def gold_rows(
     marked = _mark(fresh, predicate, keys, old_keys)
     new = marked.where(_hit()).select(*fresh.columns)
     return new, predicate, keys, new.select(*keys)
+
+
+def refold(s: BackfillSettings, label: str, run: int) -> TableChange:
+    """``object_lifecycles`` replaced whole by the fold of ``lifecycle_state`` as the
+    backfill left it (the fold is a function of all of it), with the run's app
+    transaction; a dry run only counts."""
+    from pipeline import delta
+    from pipeline.gold.fold import fold_lifecycles
+    from pipeline.gold.transforms import conform, frame
+    from schemas.gold import OBJECT_LIFECYCLES
+
+    path = os.path.join(s.gold, "object_lifecycles")
+    before = delta.read_arrow(path).num_rows
+    if s.dry_run:
+        return TableChange(label, before, before, "dry-run")
+    state = frame(delta.read_arrow(os.path.join(s.gold, "lifecycle_state")))
+    folded = conform(fold_lifecycles(state), OBJECT_LIFECYCLES)
+    r = delta.replace_arrow(folded, path, app_id=s.app_id, batch_id=run)
+    return TableChange(label, before, folded.num_rows, "skipped" if r.skipped else "committed", r.version)
 
 
 # ------------------------------------------------------------------ the run
@@ -662,6 +684,9 @@ def _run(
             t0 = time.perf_counter()
             for name in GOLD_TABLES:
                 label = f"gold/{name}"
+                if name == "object_lifecycles":
+                    report.tables[label] = refold(s, label, run)
+                    continue
                 new, predicate, keys, key_rows = gold_rows(spark, s, scratch, name)
                 new = new.localCheckpoint()
                 if key_rows is not None:

@@ -8,7 +8,7 @@ pyarrow.parquet, never through delta-rs' dataset readers). The view is one
 row per series of gold's ``rate_state`` (``LiveView.rows``): the
 ``statistic_rates`` row of the interval ending at the series' latest sample
 (or later), else a row made from the state (that sample's time and value, no
-rate); every object's name and broker come from ``object_lifecycles``.
+rate); every object's name and broker come from ``lifecycle_state``.
 
 The first read does not scan history. ``rate_state`` is one small file,
 rewritten by every gold batch; ``statistic_rates`` is read newest commit first
@@ -42,7 +42,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from pipeline.tails import DeltaTail, EventsTail, RatesTail, StateTail, to_arrow, to_frame
-from schemas.gold import AGENT_LIVENESS, OBJECT_LIFECYCLES
+from schemas.gold import AGENT_LIVENESS, LIFECYCLE_STATE
 
 if TYPE_CHECKING:
     pass
@@ -185,7 +185,7 @@ def last_index_value(index_key: str | None) -> str | None:
 
 def key_name(index_key: str | None, object_id: str) -> str:
     """A readable name from the index key: its last value (a queue's name), else the id.
-    The fallback for tables from before gold named objects (``object_lifecycles.name``)."""
+    The fallback for tables from before gold named objects (``lifecycle_state.name``)."""
     return last_index_value(index_key) or object_id
 
 
@@ -249,7 +249,7 @@ class LiveView:
         )
         self.events_tail = EventsTail(self.root / "silver" / "events", max(self.max_events, 1))
         self.lifecycles_tail = DeltaTail(
-            gold / "object_lifecycles", OBJECT_LIFECYCLES, LIFECYCLE_COLUMNS
+            gold / "lifecycle_state", LIFECYCLE_STATE, LIFECYCLE_COLUMNS
         )
         self.liveness_tail = DeltaTail(gold / "agent_liveness", AGENT_LIVENESS, LIVENESS_COLUMNS)
         rate_schema = self.rates_tail.schema.append(pa.field("series", pa.string()))

@@ -232,6 +232,13 @@ _LIFE_COLS = ["agent", "class_name", "object_id", "index_key", "created_at", "de
 _NAME_COLS = ["name", "broker"]  # gold's names; absent from tables written before them
 
 
+def _lifecycles(path: str) -> pa.Table | None:
+    """A lifecycle table's summary columns, or None where gold has not made it."""
+    if not os.path.isdir(os.path.join(path, "_delta_log")):
+        return None
+    return _read(path, _table_columns(path, _LIFE_COLS + _NAME_COLS))
+
+
 def lifecycle_names(life: pa.Table) -> dict[tuple[str, str], Named]:
     """The latest row per ``(agent, object_id)`` (max ``batch_id``, then ``last_seen_ns``):
     the name and broker an object has now. Null where the table predates the columns."""
@@ -401,11 +408,10 @@ def summary(root: str | os.PathLike[str], rate_rows: int = SUMMARY_RATE_ROWS) ->
     for name in ("object_samples", "events", "heartbeats", "agents", "quarantine", "parked"):
         out[f"silver_{name}"] = table_rows(os.path.join(silver, name))
     gold = os.path.join(root, "gold")
-    life_path = os.path.join(gold, "object_lifecycles")
-    life = None
-    if os.path.isdir(os.path.join(life_path, "_delta_log")):
-        life = _read(life_path, _table_columns(life_path, _LIFE_COLS + _NAME_COLS))
-    names = lifecycle_names(life) if life is not None else {}
+    # Names per (agent, object_id) from each agent's lifecycle rows; objects counted
+    # once from their fold (``object_lifecycles``: qpidd's v1 and v2 agents are one).
+    state, life = (_lifecycles(os.path.join(gold, n)) for n in ("lifecycle_state", "object_lifecycles"))
+    names = lifecycle_names(state) if state is not None else {}
     rates, taken, total = _queue_rates(os.path.join(gold, "statistic_rates"), rate_rows)
     out["top_queues_by_enqueue_rate"] = [] if rates is None else top_queues(rates, names=names)
     if taken < total:

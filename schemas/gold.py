@@ -74,37 +74,56 @@ RATE_STATE = pa.schema(
     ]
 )
 
-# One row per object (agent, object_id, create_ns: a V2 object re-created
-# under the same name is a new row). ``state``: live | deleted | lost;
-# ``end_reason``: deleted | agent_restart | agent_down (null while live).
-# ``name``: the object's name for a person, its index references resolved to their
-# targets' names (``pipeline.gold.names``: a queue of the default vhost is its queue name);
-# ``broker``: its broker's identity, ``name@host:port``, the same for qpidd's AM2 and
-# V2 agents. Both are recomputed every batch (a target seen later, or renamed).
-# (broker, class_name, name, create_ns) is one object's identity across the dialects
-# and agent names that reported it (qpidd's v1 and v2 agents give an object the same
-# broker, name and create time): one row per dialect that reported it.
-OBJECT_LIFECYCLES = pa.schema(
+# Gold's lifecycle state: one row per object as one agent reports it (agent,
+# object_id, create_ns: a V2 object re-created under the same name is a new row).
+# ``state``: live | deleted | lost; ``end_reason``: deleted | agent_restart |
+# agent_down (null while live). ``name``: the object's name for a person, its index
+# references resolved to their targets' names (``pipeline.gold.names``: a queue of the
+# default vhost is its queue name); ``broker``: its broker's identity,
+# ``name@host:port``, the same for qpidd's AM2 and V2 agents. Both are recomputed every
+# batch (a target seen later, or renamed). Rates and the live view join it on
+# (agent, object_id); people read ``object_lifecycles``, its fold.
+_LIFECYCLE = [
+    pa.field("name", pa.string()),
+    pa.field("broker", pa.string()),
+    pa.field("create_ns", pa.int64(), nullable=False),  # 0 when the agent gave none
+    pa.field("generation", pa.int64()),
+    pa.field("created_at", TS),
+    pa.field("deleted_at", TS),
+    pa.field("first_seen", TS, nullable=False),
+    pa.field("last_seen", TS, nullable=False),
+    pa.field("first_seen_ns", pa.int64(), nullable=False),
+    pa.field("last_seen_ns", pa.int64(), nullable=False),
+    pa.field("samples", pa.int64(), nullable=False),
+    pa.field("properties", pa.map_(pa.string(), pa.string())),
+    pa.field("properties_ns", pa.int64()),  # sample time of ``properties``
+    pa.field("state", pa.string(), nullable=False),
+    pa.field("end_reason", pa.string()),
+    pa.field("ended_at", TS),
+    pa.field("batch_id", pa.int64(), nullable=False),
+]
+LIFECYCLE_STATE = pa.schema([*_OBJ, *_LIFECYCLE])
+
+# Who reported an object: one (agent, dialect, object_id) per lifecycle_state row folded.
+REPORTER = pa.struct(
     [
-        *_OBJ,
-        pa.field("name", pa.string()),
-        pa.field("broker", pa.string()),
-        pa.field("create_ns", pa.int64(), nullable=False),  # 0 when the agent gave none
-        pa.field("generation", pa.int64()),
-        pa.field("created_at", TS),
-        pa.field("deleted_at", TS),
-        pa.field("first_seen", TS, nullable=False),
-        pa.field("last_seen", TS, nullable=False),
-        pa.field("first_seen_ns", pa.int64(), nullable=False),
-        pa.field("last_seen_ns", pa.int64(), nullable=False),
-        pa.field("samples", pa.int64(), nullable=False),
-        pa.field("properties", pa.map_(pa.string(), pa.string())),
-        pa.field("properties_ns", pa.int64()),  # sample time of ``properties``
-        pa.field("state", pa.string(), nullable=False),
-        pa.field("end_reason", pa.string()),
-        pa.field("ended_at", TS),
-        pa.field("batch_id", pa.int64(), nullable=False),
+        pa.field("agent", pa.string(), nullable=False),
+        pa.field("dialect", pa.string(), nullable=False),
+        pa.field("object_id", pa.string(), nullable=False),
     ]
+)
+
+# One row per object, whichever agents and dialects reported it: the fold of
+# ``lifecycle_state`` (``pipeline.gold.fold``) over its identity (broker, package,
+# class_name, name, create_ns), e.g. qpidd's v1 agent ``1.0`` and v2 agent
+# ``apache.org:qpidd:<uuid>``, or a query answer's object id without its epoch. A row
+# whose broker or name is not known yet, or with no create time, is its own object.
+# ``agent``, ``dialect``, ``object_id``, ``index_key`` and ``generation`` are the first
+# reporter's (V2 before AM2 before AM1); times and ``samples`` span every reporter;
+# ``state`` is ``deleted`` if any reporter saw the delete, else ``live`` if any is live;
+# ``reporters`` lists them all. Rewritten whole by every gold batch that changed state.
+OBJECT_LIFECYCLES = pa.schema(
+    [*_OBJ, *_LIFECYCLE, pa.field("reporters", pa.list_(REPORTER), nullable=False)]
 )
 
 # One row per up interval of an agent, keyed (agent, up_start_ns): heartbeats
@@ -135,6 +154,7 @@ GOLD_TABLES: dict[str, pa.Schema] = {
     "statistic_rates": STATISTIC_RATES,
     "rate_state": RATE_STATE,
     "object_lifecycles": OBJECT_LIFECYCLES,
+    "lifecycle_state": LIFECYCLE_STATE,
     "agent_liveness": AGENT_LIVENESS,
 }
 TABLES.update(GOLD_TABLES)

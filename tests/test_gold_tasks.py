@@ -30,6 +30,7 @@ from pipeline.gold.tasks import (
     read_units,
     series_file,
 )
+from pipeline.gold.writer import ORDER
 from pipeline.silver import SilverBatchWriter, SilverSettings, bronze_rows
 from schemas.gold import GOLD_TABLES
 
@@ -143,7 +144,7 @@ def _run_tasks(
                 w.drop_plan(plan)  # the crash: nothing committed
                 continue
             report = w.commit_tasks(plan, outs)
-            assert report.committed == ["statistic_rates", *STATE_TABLES], report
+            assert report.committed == list(ORDER), report
             rows.append(report.rows)
     return rows
 
@@ -340,7 +341,8 @@ def test_the_rate_pairing_splits_by_bucket_of_series(silver: tuple[str, list[Uni
     everything, batch after batch: three agents, one restarting, each bucket carrying its
     own state. The ground for partitioning gold's rates by series, not by agent."""
     from pipeline.gold import transforms as tg
-    from pipeline.gold.tasks import LIVENESS_KEYS, upsert_rows
+    from pipeline.gold.tasks import LIVENESS_KEYS
+    from pipeline.gold.transforms import upsert_rows
 
     root, batches = silver
     registry = delta.read_arrow(os.path.join(root, "schema_registry"))
@@ -349,7 +351,7 @@ def test_the_rate_pairing_splits_by_bucket_of_series(silver: tuple[str, list[Uni
     buckets = 3
     empty = {name: pl.DataFrame(schema=pl.from_arrow(s.empty_table()).schema)  # type: ignore[union-attr]
              for name, s in GOLD_TABLES.items()}  # fmt: skip
-    state, lifecycles, liveness = empty["rate_state"], empty["object_lifecycles"], empty["agent_liveness"]
+    state, lifecycles, liveness = empty["rate_state"], empty["lifecycle_state"], empty["agent_liveness"]
     parts = [state] * buckets  # each bucket's own state
     seen = set()
     for batch_id, units in enumerate(batches):
@@ -391,7 +393,7 @@ def test_the_plan_takes_the_tables_latest_times_from_what_the_tasks_wrote(
     silver: tuple[str, list[Units]], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """After a task batch's commit, the next plan's two times come from the maxima the
-    tasks reported of the tables they wrote (nothing read back), equal to reading the
+    tasks reported of the tables they wrote (no table read back for them), equal to reading the
     tables; once another commit lands on a table, the writer reads it again. The schema
     registry is read once while it does not change."""
     root, batches = silver
@@ -409,7 +411,9 @@ def test_the_plan_takes_the_tables_latest_times_from_what_the_tasks_wrote(
         plan = w.timed_plan(w.plan_tasks(batch_id, 2, shuffle=False), 0, 0)
         outs = [compute(b, plan, direct=units) for b in range(2)]
         w.commit_tasks(plan, outs)
-    assert reads == ["schema_registry"]  # the registry did not change between the batches
+    # The registry did not change between the batches; the lifecycle state is read back
+    # once per batch, by the fold (object_lifecycles: across buckets, on the driver).
+    assert reads == ["schema_registry", "lifecycle_state", "lifecycle_state"]
     state, liveness = gs.path("rate_state"), gs.path("agent_liveness")
     want = {"rate_state": gt.column_max(state, "update_ns"),
             "agent_liveness": gt.column_max(liveness, "last_heartbeat_ns")}  # fmt: skip
@@ -429,7 +433,7 @@ def test_the_plan_takes_the_tables_latest_times_from_what_the_tasks_wrote(
     assert w.table_top("rate_state") == -1
     assert not delta.commit_staged(gs.silver_path("schema_registry"), [], app_id="other", batch_id=0).skipped
     w.registry_ipc()
-    assert reads == ["schema_registry", "schema_registry"]
+    assert reads == ["schema_registry", "lifecycle_state", "lifecycle_state", "schema_registry"]
 
 
 def test_a_batch_is_known_done_from_the_writers_own_commit_until_another_lands(

@@ -361,9 +361,9 @@ def _lifecycle(oid: str, **over: Any) -> dict[str, Any]:
 def _lifecycles(rows: list[dict[str, Any]]) -> pl.DataFrame:
     import pyarrow as pa
 
-    from schemas.gold import OBJECT_LIFECYCLES
+    from schemas.gold import LIFECYCLE_STATE
 
-    return tg.frame(pa.Table.from_pylist(rows, schema=OBJECT_LIFECYCLES))
+    return tg.frame(pa.Table.from_pylist(rows, schema=LIFECYCLE_STATE))
 
 
 def test_changed_rows_are_the_rows_a_merge_must_write_whatever_the_entry_order() -> None:
@@ -525,7 +525,7 @@ def test_lifecycles_across_a_restart_old_generation_lost_new_objects_live() -> N
     """qpidd's start-up objects (epoch 0: no generation) of the old boot end lost at the
     restart, as its queues do; an object seen after the restart is never lost at it,
     whatever its generation (a new memory object), and new objects are live."""
-    from schemas.gold import AGENT_LIVENESS, OBJECT_LIFECYCLES
+    from schemas.gold import AGENT_LIVENESS, LIFECYCLE_STATE
 
     def upd(oid: str, gen: int | None, create: int, first: float, last: float) -> dict[str, Any]:
         return {"agent": "a", "object_id": oid, "create_ns": create, "dialect": "V2", "package": "p",
@@ -540,7 +540,7 @@ def test_lifecycles_across_a_restart_old_generation_lost_new_objects_live() -> N
     updates = pl.DataFrame(rows).with_columns(
         pl.col("properties").cast(pl.Map(pl.Utf8, pl.Utf8)), pl.col("delete_ns", "properties_ns").cast(pl.Int64)
     )
-    empty = pl.DataFrame(schema=pl.Schema(pl.from_arrow(OBJECT_LIFECYCLES.empty_table()).schema))
+    empty = pl.DataFrame(schema=pl.Schema(pl.from_arrow(LIFECYCLE_STATE.empty_table()).schema))
     live = pl.DataFrame(schema=pl.Schema(pl.from_arrow(AGENT_LIVENESS.empty_table()).schema))
     got = tg.merge_lifecycles(empty, updates, live, 0).sort("create_ns")
     restart = tg._ts_py(T0 + 20 * S)

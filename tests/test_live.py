@@ -43,7 +43,7 @@ STATS = ("msgTotalEnqueues", "msgTotalDequeues", "msgDepth", "consumerCount")
 
 def object_names(root: Path) -> dict[tuple[str, str], tuple[str, str]]:
     """(agent, object_id) -> (broker, name) of its latest gold lifecycle row."""
-    rows = delta.read_arrow(str(root / "gold" / "object_lifecycles")).to_pylist()
+    rows = delta.read_arrow(str(root / "gold" / "lifecycle_state")).to_pylist()
     latest: dict[tuple[str, str], dict[str, Any]] = {}
     for r in rows:
         k = (r["agent"], r["object_id"])
@@ -115,7 +115,7 @@ def gold_queues(
 
 
 def ended_objects(root: Path) -> set[tuple[str, str]]:
-    rows = delta.read_arrow(str(root / "gold" / "object_lifecycles")).to_pylist()
+    rows = delta.read_arrow(str(root / "gold" / "lifecycle_state")).to_pylist()
     live = {(r["agent"], r["object_id"]) for r in rows if r["state"] == "live"}
     return {(r["agent"], r["object_id"]) for r in rows if r["state"] != "live"} - live
 
@@ -476,7 +476,7 @@ def test_the_first_read_starts_from_gold_state_and_shows_what_reading_everything
     _assert_same(fresh, full)
     assert (fresh.rates_tail.files_read, len(DeltaTable(str(rates)).file_uris())) == (1, 15)
     # Deleted objects with rates: their old rows were not read, and no view shows them.
-    life = pl.from_arrow(delta.read_arrow(str(tmp_path / "gold" / "object_lifecycles")))
+    life = pl.from_arrow(delta.read_arrow(str(tmp_path / "gold" / "lifecycle_state")))
     all_rates = pl.from_arrow(delta.read_arrow(str(rates)))
     assert isinstance(life, pl.DataFrame) and isinstance(all_rates, pl.DataFrame)
     deleted = life.filter(pl.col("state") == "deleted").select("agent", "object_id")

@@ -97,7 +97,7 @@ def test_default_exposition_is_what_dashboards_use(lake: Path) -> None:
              and _stat(s)["class"] == "queue"}  # fmt: skip
     assert {"q-rate-5", "q-rate-20", "q-rate-50"} <= set(depth)
     # Live objects per class: one broker's, counted once (gold's lifecycles, per agent).
-    life = pl.from_arrow(delta.read_arrow(str(lake / "gold" / "object_lifecycles")))
+    life = pl.from_arrow(delta.read_arrow(str(lake / "gold" / "lifecycle_state")))
     assert isinstance(life, pl.DataFrame)
     live = life.sort("batch_id", "last_seen_ns").group_by("agent", "object_id").last()
     live = live.filter(pl.col("state") == "live")

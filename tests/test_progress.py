@@ -9,6 +9,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+import polars as pl
 import pyarrow as pa
 
 from pipeline.commands.soak import PROGRESS
@@ -186,15 +187,15 @@ def test_summary_reads_the_newest_rate_rows_up_to_its_bound(tmp_path: Path) -> N
 
 
 def _lifecycles(rows: list[dict[str, Any]], schema: pa.Schema) -> pa.Table:
-    """object_lifecycles rows: agent, class_name, object_id, name, broker, state, times."""
+    """lifecycle_state rows: agent, class_name, object_id, name, broker, state, times."""
     n = len(rows)
     base: dict[str, list[Any]] = {
-        "agent": [r["agent"] for r in rows], "dialect": ["AM2"] * n,
+        "agent": [r["agent"] for r in rows], "dialect": [r.get("dialect", "AM2") for r in rows],
         "package": ["org.apache.qpid.broker"] * n, "class_name": [r["class_name"] for r in rows],
         "object_id": [r["object_id"] for r in rows],
         "index_key": [json.dumps(["0-0-1-0-3", r["object_id"]]) for r in rows],
         "name": [r.get("name") for r in rows], "broker": [r.get("broker") for r in rows],
-        "create_ns": [0] * n, "generation": [None] * n, "created_at": [r["created"] for r in rows],
+        "create_ns": [r.get("create_ns", 0) for r in rows], "generation": [None] * n, "created_at": [r["created"] for r in rows],
         "deleted_at": [r["deleted"] for r in rows], "first_seen": [0] * n, "last_seen": [0] * n,
         "first_seen_ns": [r["first"] for r in rows], "last_seen_ns": [r["last"] for r in rows],
         "samples": [1] * n, "properties": [None] * n, "properties_ns": [None] * n,
@@ -234,14 +235,24 @@ def test_summary_for_people_names_queues_and_brokers(tmp_path: Path) -> None:
     """Lifecycles with names: the JSON gains them, the tables show them, objects per
     class, events by severity in severity order, agents by broker with their restarts."""
     from pipeline import delta
+    from pipeline.gold.fold import fold_lifecycles
+    from pipeline.gold.transforms import conform
     from pipeline.progress import summary
-    from schemas.gold import OBJECT_LIFECYCLES, STATISTIC_RATES
+    from schemas.gold import LIFECYCLE_STATE, OBJECT_LIFECYCLES, STATISTIC_RATES
     from schemas.silver import EVENTS
 
     gold = tmp_path / "gold"
-    delta.create_table(gold / "object_lifecycles", OBJECT_LIFECYCLES, name="object_lifecycles")
-    delta.append_arrow(_lifecycles(_LIFE, OBJECT_LIFECYCLES), gold / "object_lifecycles",
-                       app_id="t", batch_id=0)  # fmt: skip
+    # qpidd with QMF v1 and v2: every object reported by both agents of its broker, so
+    # the state has two rows per object and the fold (objects in the summary) one.
+    rows = [{**r, "create_ns": r["created"]} for r in _LIFE]
+    both = rows + [{**r, "agent": "apache.org:qpidd:u", "dialect": "V2"} for r in rows]
+    state = _lifecycles(both, LIFECYCLE_STATE)
+    folded = conform(fold_lifecycles(pl.DataFrame(state)), OBJECT_LIFECYCLES)
+    assert (state.num_rows, folded.num_rows) == (6, 3)
+    for name, table, schema in (("lifecycle_state", state, LIFECYCLE_STATE),
+                                ("object_lifecycles", folded, OBJECT_LIFECYCLES)):
+        delta.create_table(gold / name, schema, name=name)
+        delta.append_arrow(table, gold / name, app_id="t", batch_id=0)  # fmt: skip
     rates = _rates([("1.0", "q-rate-50", "msgTotalEnqueues", 50.0)], 0)
     delta.create_table(gold / "statistic_rates", STATISTIC_RATES, name="statistic_rates")
     delta.append_arrow(rates, gold / "statistic_rates", app_id="t", batch_id=0)
@@ -294,9 +305,9 @@ def test_summary_of_tables_written_before_the_name_columns(tmp_path: Path) -> No
     queues named by their index key's last value and the broker by the agent."""
     from pipeline import delta
     from pipeline.progress import summary
-    from schemas.gold import OBJECT_LIFECYCLES, STATISTIC_RATES
+    from schemas.gold import LIFECYCLE_STATE, STATISTIC_RATES
 
-    old = pa.schema([f for f in OBJECT_LIFECYCLES if f.name not in ("name", "broker")])
+    old = pa.schema([f for f in LIFECYCLE_STATE if f.name not in ("name", "broker")])
     gold = tmp_path / "gold"
     delta.create_table(gold / "object_lifecycles", old, name="object_lifecycles")
     delta.append_arrow(_lifecycles(_LIFE, old), gold / "object_lifecycles", app_id="t",

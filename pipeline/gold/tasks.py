@@ -84,9 +84,10 @@ from pipeline.gold.transforms import (
     rekey_state,
     series_buckets,
     statistic_defs,
+    upsert_rows,
 )
 from pipeline.ipc import from_ipc
-from schemas.gold import AGENT_LIVENESS, OBJECT_LIFECYCLES, RATE_STATE, STATISTIC_RATES
+from schemas.gold import AGENT_LIVENESS, LIFECYCLE_STATE, RATE_STATE, STATISTIC_RATES
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
@@ -101,7 +102,7 @@ DIRECT_MAX_BUCKETS = 4
 TIME_COLUMNS = {"agent_liveness": "last_heartbeat_ns", "rate_state": "update_ns"}
 # Tables a compute task rewrites for its agents (the rest of each table is other buckets').
 STATE_TABLES = {
-    "object_lifecycles": OBJECT_LIFECYCLES,
+    "lifecycle_state": LIFECYCLE_STATE,
     "agent_liveness": AGENT_LIVENESS,
     "rate_state": RATE_STATE,
 }
@@ -491,14 +492,6 @@ def _batch_rows(files: Sequence[str]) -> pl.DataFrame:
     return read_batch([]) if rows is None else rows
 
 
-def upsert_rows(existing: pl.DataFrame, changed: pl.DataFrame, keys: Sequence[str]) -> pl.DataFrame:
-    """``existing`` upserted with ``changed`` on ``keys`` (what a MERGE would leave)."""
-    if changed.height == 0:
-        return existing
-    kept = existing.join(changed.select(keys), on=list(keys), how="anti", nulls_equal=True)
-    return pl.concat([kept, changed.select(existing.columns)], how="vertical_relaxed")
-
-
 def part_times(part: pl.DataFrame, rules: LivenessRules) -> tuple[int, int]:
     """The latest heartbeat and sample times of a part of the batch's gold input (0: none)."""
     beats = part.filter(pl.col("source") == "heartbeat")
@@ -534,7 +527,7 @@ def compute(
     started, t0, c0, k0 = time.time(), time.perf_counter(), time.process_time(), os.times().system
     out = ComputeOutput(bucket)
     used: list[str] = []  # files taken from KEPT: dropped once their successors are written
-    lifecycles = _table_rows(plan, "object_lifecycles", bucket, out, used)
+    lifecycles = _table_rows(plan, "lifecycle_state", bucket, out, used)
     liveness = _table_rows(plan, "agent_liveness", bucket, out, used)
     if direct is None:
         batch = _batch_rows(shuffled)
@@ -554,8 +547,8 @@ def compute(
     )
     t_agent = time.perf_counter()
     results = {
-        "object_lifecycles": conform(
-            upsert_rows(lifecycles, agents.lifecycles, LIFECYCLE_KEYS), OBJECT_LIFECYCLES
+        "lifecycle_state": conform(
+            upsert_rows(lifecycles, agents.lifecycles, LIFECYCLE_KEYS), LIFECYCLE_STATE
         ),
         "agent_liveness": conform(
             upsert_rows(liveness, agents.liveness, LIVENESS_KEYS), AGENT_LIVENESS

@@ -1470,6 +1470,14 @@ def max_ns(*columns: pl.Series) -> int:
     return max((int(v) for v in top if isinstance(v, int)), default=0)
 
 
+def upsert_rows(existing: pl.DataFrame, changed: pl.DataFrame, keys: Sequence[str]) -> pl.DataFrame:
+    """``existing`` upserted with ``changed`` on ``keys`` (what a MERGE would leave)."""
+    if changed.height == 0:
+        return existing
+    kept = existing.join(changed.select(keys), on=list(keys), how="anti", nulls_equal=True)
+    return pl.concat([kept, changed.select(existing.columns)], how="vertical_relaxed")
+
+
 def conform(df: pl.DataFrame, schema: pa.Schema) -> pa.Table:
     """A polars result as an Arrow table of a gold table's schema (column order, types)."""
     return df.select(schema.names).to_arrow().cast(schema)

@@ -42,6 +42,7 @@ import pyarrow as pa
 from pipeline import delta
 from pipeline.bronze.writer import checkpoint_query_id
 from pipeline.delta_source import DataFile, read_batch
+from pipeline.gold.fold import fold_lifecycles
 from pipeline.gold.transforms import (
     LIFECYCLE_KEYS,
     LivenessRules,
@@ -49,10 +50,18 @@ from pipeline.gold.transforms import (
     conform,
     frame,
     gold_batch,
+    upsert_rows,
 )
 from pipeline.ipc import to_ipc
 from pipeline.streaming import await_query, start_gated, trigger_kwargs
-from schemas.gold import AGENT_LIVENESS, GOLD_TABLES, OBJECT_LIFECYCLES, RATE_STATE, STATISTIC_RATES
+from schemas.gold import (
+    AGENT_LIVENESS,
+    GOLD_TABLES,
+    LIFECYCLE_STATE,
+    OBJECT_LIFECYCLES,
+    RATE_STATE,
+    STATISTIC_RATES,
+)
 from schemas.silver import HEARTBEATS, OBJECT_SAMPLES
 
 if TYPE_CHECKING:
@@ -74,6 +83,8 @@ SAMPLE_COLS = (
 BEAT_COLS = ("timestamp_ns", "attributes")
 DEFAULT_MAX_ROWS_PER_TRIGGER = 100_000  # ~5-8 s of gold work and ~100 MB of Arrow at 10,000 queues
 LIVENESS_KEYS = ("agent", "up_start_ns")
+# The task path's commits, in order: the rate state last (a batch's completion mark).
+ORDER = ("statistic_rates", "lifecycle_state", "object_lifecycles", "agent_liveness", "rate_state")
 COMPUTE_MODES = ("auto", "tasks", "driver")
 # The two silver tables of the gold input, in the offset log's order.
 SOURCE_SCHEMAS = {"sample": OBJECT_SAMPLES, "heartbeat": HEARTBEATS}
@@ -149,6 +160,21 @@ class GoldSettings:
 
 
 def ensure_tables(settings: GoldSettings) -> None:
+    """Create the gold tables that do not exist yet. A lake from before the fold has its
+    per-agent lifecycle rows in ``object_lifecycles``: that table becomes
+    ``lifecycle_state`` (a folder rename; Delta's log paths are relative) and the fold
+    is made from it, so no lifecycle is lost."""
+    old, state = settings.path("object_lifecycles"), settings.path("lifecycle_state")
+    if (
+        not delta.table_exists(state)
+        and delta.table_exists(old)
+        and "reporters" not in delta.table_schema(old).names
+    ):
+        os.rename(old, state)
+        log.info("gold: %s holds per-agent lifecycles: renamed to %s", old, state)
+        delta.create_table(old, OBJECT_LIFECYCLES, name="object_lifecycles")
+        folded = conform(fold_lifecycles(frame(delta.read_arrow(state))), OBJECT_LIFECYCLES)
+        delta.replace_arrow(folded, old, app_id="qmf-gold-fold", batch_id=0)
     for name, schema in GOLD_TABLES.items():
         delta.create_table(settings.path(name), schema, name=name)
 
@@ -292,6 +318,17 @@ class GoldBatchWriter:
         """The batch's last write: once it is committed, the batch is complete."""
         path = self.settings.path("rate_state")
         return not delta.replace_arrow(state, path, app_id=self.app_id, batch_id=batch_id).skipped
+
+    def write_fold(self, state: pl.DataFrame | None, batch_id: int) -> delta.CommitResult:
+        """``object_lifecycles`` replaced by the fold of the lifecycle state (``state``, or
+        the table as committed), exactly once: a replay that finds the batch skips it."""
+        path = self.settings.path("object_lifecycles")
+        if delta.committed_batch(path, self.app_id) == batch_id:
+            return delta.CommitResult(skipped=True, version=None)
+        if state is None:
+            state = frame(delta.read_arrow(self.settings.path("lifecycle_state")))
+        folded = conform(fold_lifecycles(state), OBJECT_LIFECYCLES)
+        return delta.replace_arrow(folded, path, app_id=self.app_id, batch_id=batch_id)
 
     def write_state_files(self, files: list[delta.DataFileInfo], batch_id: int) -> delta.CommitResult:
         """The task path's last write: the buckets' state files replace the state."""
@@ -456,8 +493,8 @@ class GoldBatchWriter:
                 delta.remove_stage_dir(folder)
 
     def commit_tasks(self, plan: gt.GoldPlan, outs: Sequence[gt.ComputeOutput]) -> GoldReport:
-        """Commit the compute tasks' files, in order: rates (append), lifecycles, liveness,
-        then the rate state last (each replacing the table's files), with the app
+        """Commit the compute tasks' files, in order: rates (append), lifecycle state, its
+        fold (``object_lifecycles``), liveness, then the rate state last (each replacing the table's files), with the app
         transaction. The plan's folders are removed after, whatever happens."""
         from pipeline.gold import tasks as gt
 
@@ -465,9 +502,11 @@ class GoldBatchWriter:
         report = GoldReport(batch_id, compute_on="tasks", tasks=len(outs))
         tops = gt.output_tops(outs)
         try:
-            for name in ("statistic_rates", "object_lifecycles", "agent_liveness", "rate_state"):
+            for name in ORDER:
                 tfiles = [f for o in outs for f in o.files.get(name, ())]
-                if name == "rate_state":
+                if name == "object_lifecycles":
+                    result = self.write_fold(None, batch_id)
+                elif name == "rate_state":
                     result = self.write_state_files(tfiles, batch_id)
                 else:
                     result = delta.commit_staged(
@@ -516,11 +555,12 @@ class GoldBatchWriter:
         t0 = time.perf_counter()
         s = self.settings
         report = GoldReport(batch_id)
+        lifecycles = frame(delta.read_arrow(s.path("lifecycle_state")))
         out = gold_batch(
             batch,
             registry=delta.read_arrow(s.silver_path("schema_registry")),
             state=frame(delta.read_arrow(s.path("rate_state"))),
-            lifecycles=frame(delta.read_arrow(s.path("object_lifecycles"))),
+            lifecycles=lifecycles,
             liveness=frame(delta.read_arrow(s.path("agent_liveness"))),
             rate_rules=s.rates,
             liveness_rules=s.liveness,
@@ -532,10 +572,14 @@ class GoldBatchWriter:
                 conform(out.rates, STATISTIC_RATES), s.path("statistic_rates"), app_id=aid,
                 batch_id=batch_id,
             ),
-            "object_lifecycles": delta.merge_arrow(
-                conform(out.lifecycles, OBJECT_LIFECYCLES), s.path("object_lifecycles"),
+            "lifecycle_state": delta.merge_arrow(
+                conform(out.lifecycles, LIFECYCLE_STATE), s.path("lifecycle_state"),
                 keys=LIFECYCLE_KEYS, app_id=aid, batch_id=batch_id,
             ),
+            # No changed row, no change of the fold: the table keeps the last one.
+            "object_lifecycles": self.write_fold(
+                upsert_rows(lifecycles, out.lifecycles, LIFECYCLE_KEYS), batch_id
+            ) if out.lifecycles.height else delta.CommitResult(skipped=True, version=None),
             "agent_liveness": delta.merge_arrow(
                 conform(out.liveness, AGENT_LIVENESS), s.path("agent_liveness"), keys=LIVENESS_KEYS,
                 app_id=aid, batch_id=batch_id,

@@ -1,5 +1,5 @@
 """Issue 47's checks on a lake made from real qpidd traffic: every deleted queue's final
-counts in gold, and one agent per object."""
+counts in gold, and one row per object."""
 
 from __future__ import annotations
 
@@ -35,7 +35,7 @@ def check_final_counts(data: Path, capture: Path) -> dict[str, int]:
     the delete record's, and (created within ``MAX_GAP_NS`` of its first sample) its deltas
     from the creation sum to it. Returns how many queues and sums were checked."""
     finals = deleted_queue_finals(capture)
-    life = delta.read_arrow(str(data / "gold" / "object_lifecycles")).to_pylist()
+    life = delta.read_arrow(str(data / "gold" / "lifecycle_state")).to_pylist()
     ident = {(r["agent"], r["object_id"]): r for r in life if r["class_name"] == "queue"}
     rows: dict[tuple[str, int, str], list[dict[str, Any]]] = defaultdict(list)
     for r in delta.read_arrow(str(data / "gold" / "statistic_rates")).to_pylist():
@@ -56,19 +56,19 @@ def check_final_counts(data: Path, capture: Path) -> dict[str, int]:
     return {"queues": checked, "sums": sums}
 
 
-def agents_per_object(data: Path) -> dict[tuple[str, str, int, str], set[str]]:
-    """(dialect, class, create_ns, object id) -> the agents its lifecycles are under."""
-    out: dict[tuple[str, str, int, str], set[str]] = defaultdict(set)
+def objects_per_identity(data: Path) -> dict[tuple[str, str, str, int], list[dict[str, Any]]]:
+    """(broker, class, name, create_ns) -> its rows of gold ``object_lifecycles``: one
+    object's identity whatever agent name or dialect reported it."""
+    out: dict[tuple[str, str, str, int], list[dict[str, Any]]] = defaultdict(list)
     for r in delta.read_arrow(str(data / "gold" / "object_lifecycles")).to_pylist():
-        out[(r["dialect"], r["class_name"], r["create_ns"], r["object_id"])].add(r["agent"])
+        out[(r["broker"], r["class_name"], r["name"], r["create_ns"])].append(r)
     return out
 
 
-def rows_per_identity(data: Path) -> dict[tuple[str, str, str, int], list[str]]:
-    """(broker, class, name, create_ns) -> the dialects of its lifecycle rows: one object's
-    identity whatever agent name or dialect reported it (qpidd's v1 and v2 agents give one
-    object the same broker, name and create time)."""
+def reporters_per_identity(data: Path) -> dict[tuple[str, str, str, int], list[str]]:
+    """(broker, class, name, create_ns) -> the dialects of ``lifecycle_state`` rows (each
+    agent's view) that reported it."""
     out: dict[tuple[str, str, str, int], list[str]] = defaultdict(list)
-    for r in delta.read_arrow(str(data / "gold" / "object_lifecycles")).to_pylist():
+    for r in delta.read_arrow(str(data / "gold" / "lifecycle_state")).to_pylist():
         out[(r["broker"], r["class_name"], r["name"], r["create_ns"])].append(r["dialect"])
     return {k: sorted(v) for k, v in out.items()}

@@ -4,8 +4,9 @@ RabbitMQ node and receiver, then bronze, silver and gold.
 
 * every deleted queue (the sample's delete records) ends in gold with the delete
   record's counts, and its deltas from its creation sum to them;
-* no object is under two agents: the query responses (``qmf.agent: broker``) are named
-  for qpidd's own agent by the receiver.
+* no object is under two agents: ``object_lifecycles`` has one row per object, folded
+  from qpidd's v1 and v2 agents, and the query responses (``qmf.agent: broker``) are
+  named for qpidd's own agent by the receiver.
 """
 
 from __future__ import annotations
@@ -16,10 +17,10 @@ from typing import Any
 import pytest
 
 from tests.integration.final_counts import (
-    agents_per_object,
     check_final_counts,
     deleted_queue_finals,
-    rows_per_identity,
+    objects_per_identity,
+    reporters_per_identity,
 )
 
 pytestmark = [pytest.mark.broker, pytest.mark.spark, pytest.mark.slow]
@@ -50,19 +51,27 @@ def test_every_deleted_queue_ends_with_its_final_counts(lake: Path, shared_dir: 
 
 
 def test_no_object_under_two_agents(lake: Path) -> None:
-    per = agents_per_object(lake)
-    assert per and all(len(a) == 1 for a in per.values())
-    v2 = {a for (d, _, _, _), agents in per.items() if d == "V2" for a in agents}
-    assert v2 == {QPIDD}  # no agent "broker"
+    """One ``object_lifecycles`` row per object: qpidd's v1 agent ``1.0`` and its v2 agent
+    report each of the 173 objects (and the query answers, ``qmf.agent: broker``, are
+    named for the v2 agent by the receiver), and the row names the v2 agent."""
+    per = objects_per_identity(lake)
+    assert len(per) == 173 and all(len(rows) == 1 for rows in per.values())
+    rows = [rows[0] for rows in per.values()]
+    assert {r["agent"] for r in rows} == {QPIDD} and {r["dialect"] for r in rows} == {"V2"}
+    assert {rep["agent"] for r in rows for rep in r["reporters"]} == {QPIDD, "1.0"}
+    assert len({r["broker"] for r in rows}) == 1  # one broker
 
 
-def test_one_identity_per_object_across_dialects(lake: Path) -> None:
-    """Every object's (broker, class, name, create time) has one row per dialect that
-    reported it: the v1 and v2 agents of the one broker, and the query answers, agree."""
-    per = rows_per_identity(lake)
-    assert len({k[0] for k in per}) == 1  # one broker
+def test_each_object_is_folded_from_both_dialects(lake: Path) -> None:
+    """Every object's (broker, class, name, create time) has one lifecycle_state row per
+    dialect that reported it: the v1 and v2 agents of the one broker, and the query
+    answers, agree; the fold's reporters are exactly those rows."""
+    per = reporters_per_identity(lake)
     # One exception, qpidd's: the first query answer of exchange tool-ex1 gave its object
-    # id no _agent_epoch (the later answers and publishes do), so V2 has two object ids.
+    # id no _agent_epoch (the later answers and publishes do), so V2 has two object ids,
+    # both folded into its one row.
     odd = {k[2]: v for k, v in per.items() if v != ["AM2", "V2"]}
     assert odd == {"tool-ex1": ["AM2", "V2", "V2"]}
     assert len(per) == 173
+    folded = objects_per_identity(lake)
+    assert {k: sorted(rep["dialect"] for rep in rows[0]["reporters"]) for k, rows in folded.items()} == per

@@ -217,7 +217,12 @@ def test_transient_queues_have_their_whole_lifecycle(
     lakes: dict[str, Path], shared_dir: str, name: str
 ) -> None:
     truth = _truth(shared_dir, name)
-    life = delta.read_arrow(str(lakes[name] / "gold" / "object_lifecycles")).to_pylist()
+    life = delta.read_arrow(str(lakes[name] / "gold" / "lifecycle_state")).to_pylist()
+    folded = delta.read_arrow(str(lakes[name] / "gold" / "object_lifecycles")).to_pylist()
+    for tq in truth["transient_queues"]:  # one object, whichever dialects reported it
+        rows = [r for r in folded if r["class_name"] == "queue" and r["name"] == tq["queue"]]
+        assert len(rows) == 1 and rows[0]["state"] == "deleted", (tq["queue"], rows)
+        assert sorted(rep["dialect"] for rep in rows[0]["reporters"]) == sorted(_dialects(name))
     for dialect in _dialects(name):
         for tq in truth["transient_queues"]:
             rows = [r for r in life if r["dialect"] == dialect and r["class_name"] == "queue"
@@ -370,15 +375,20 @@ def test_deleted_queues_end_with_their_final_counts(
     """Issue 47: tq-1..5 and the tools' reply queues. qpidd's last record of a deleted
     queue keeps its previous update time; gold takes it at its delete time, so each
     deleted queue's last counts are the broker's and its deltas sum to them."""
-    from tests.integration.final_counts import agents_per_object, check_final_counts
+    from tests.integration.final_counts import (
+        check_final_counts,
+        objects_per_identity,
+        reporters_per_identity,
+    )
 
     capture = Path(shared_dir) / "samples" / "qpidd-amqp10" / f"{name}.jsonl"
     got = check_final_counts(lakes[name], capture)
     per_dialect = len(_dialects(name))
     assert got == {"queues": 17 * per_dialect, "sums": 2 * 17 * per_dialect}
-    assert all(len(a) == 1 for a in agents_per_object(lakes[name]).values())
-    # One identity per object: (broker, class, name, create time), one row per dialect.
-    from tests.integration.final_counts import rows_per_identity
-
-    per = rows_per_identity(lakes[name])
+    # One identity per object, (broker, class, name, create time): one lifecycle_state
+    # row per dialect, one object_lifecycles row naming them all.
+    per = reporters_per_identity(lakes[name])
     assert len(per) == 122 and set(map(tuple, per.values())) == {_dialects(name)}
+    folded = objects_per_identity(lakes[name])
+    assert len(folded) == 122 and all(len(rows) == 1 for rows in folded.values())
+    assert {len(rows[0]["reporters"]) for rows in folded.values()} == {per_dialect}

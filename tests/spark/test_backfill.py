@@ -16,6 +16,7 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+import polars as pl
 import pyarrow as pa
 import pyarrow.compute as pc
 import pytest
@@ -35,7 +36,8 @@ REPO = Path(__file__).resolve().parents[2]
 START = datetime(2027, 1, 15, 8, 0, 4, tzinfo=UTC)  # the lake spans 08:00:00-08:00:12
 END = datetime(2027, 1, 15, 8, 0, 8, tzinfo=UTC)  # cuts bronze batches 1 and 2 mid-way
 SILVER = ("object_samples", "events", "heartbeats", "method_responses", "quarantine")
-GOLD = ("statistic_rates", "object_lifecycles", "agent_liveness")
+GOLD = ("statistic_rates", "lifecycle_state", "agent_liveness")
+FOLD = "gold/object_lifecycles"  # replaced whole by the fold of lifecycle_state
 TABLES = tuple(f"silver/{n}" for n in SILVER) + tuple(f"gold/{n}" for n in GOLD)
 
 
@@ -66,7 +68,7 @@ def in_range_mask(table: str, t: pa.Table, ids: set[tuple[str, int]]) -> list[bo
         return [(r["partition"], r["offset"]) in ids for r in rows]
     if table == "gold/statistic_rates":
         return [lo <= r["end_ns"] < hi for r in rows]
-    if table == "gold/object_lifecycles":
+    if table == "gold/lifecycle_state":
         return [
             r["first_seen_ns"] < hi
             and (r["last_seen_ns"] >= lo or (r["ended_at"] is not None and r["ended_at"] >= START))
@@ -111,9 +113,10 @@ def bad_deploy(root: Path, ids: set[tuple[str, int]]) -> None:
     DeltaTable(str(root / "gold/statistic_rates")).delete(
         f"end_ns >= {ns(START)} AND end_ns < {ns(END)}"
     )
-    DeltaTable(str(root / "gold/object_lifecycles")).update(
+    DeltaTable(str(root / "gold/lifecycle_state")).update(
         {"samples": "0"}, predicate=f"first_seen_ns < {ns(END)} AND last_seen_ns >= {ns(START)}"
     )
+    DeltaTable(str(root / FOLD)).delete()
     DeltaTable(str(root / "gold/agent_liveness")).delete()
 
 
@@ -134,6 +137,7 @@ class History:
     vbad: dict[str, int]
     vd: dict[str, int]
     bad_counts: dict[str, tuple[int, int]]  # (rows in range, all rows) after the bad deploy
+    bad_fold: int  # object_lifecycles' rows after the bad deploy
 
 
 def settings(lake: Lake, **kw: Any) -> BackfillSettings:
@@ -165,12 +169,13 @@ def history(
     for t in TABLES:
         table = delta.read_arrow(str(lake.root / t))
         bad_counts[t] = (sum(in_range_mask(t, table, ids)), table.num_rows)
+    bad_fold = delta.read_arrow(str(lake.root / FOLD)).num_rows
     d = run_backfill(spark, settings(lake, dry_run=True))
     vd = versions(lake.root)
     c = run_backfill(spark, settings(lake))
     return History(
         sim_lake, lake, ids, a, b, c, d, tmp / "after-a", tmp / "after-b", v0, va, vb, vbad, vd,
-        bad_counts,
+        bad_counts, bad_fold,
     )  # fmt: skip
 
 
@@ -201,6 +206,25 @@ def test_backfill_twice_gives_identical_tables_equal_to_the_original(
         assert h.a.tables[t].status == h.b.tables[t].status == "committed"
 
 
+def test_the_fold_is_refolded_whole_after_each_run(spark: SparkSession, history: History) -> None:
+    """object_lifecycles (emptied by the bad deploy) is the fold of lifecycle_state again
+    after each run: equal to the stream's but for batch_id, one commit per run."""
+    from pipeline.gold.fold import fold_lifecycles
+
+    h = history
+    for root in (h.after_a, h.after_b, h.lake.root):
+        same(spark, h.original.root / FOLD, root / FOLD, lineage=False)
+        state = pl.from_arrow(delta.read_arrow(str(root / "gold/lifecycle_state")))
+        assert isinstance(state, pl.DataFrame)
+        assert delta.read_arrow(str(root / FOLD)).to_pylist() == (
+            fold_lifecycles(state).to_arrow().to_pylist()
+        )
+    assert h.bad_fold == 0 and h.d.tables[FOLD].status == "dry-run"
+    assert [delta.committed_batch(str(r / FOLD), h.a.app_id) for r in (h.after_a, h.lake.root)] == [0, 2]
+    assert h.a.tables[FOLD].written == h.c.tables[FOLD].written > 0
+    assert (h.c.tables[FOLD].in_range, h.c.tables[FOLD].status) == (0, "committed")
+
+
 def test_rows_outside_the_range_are_untouched(spark: SparkSession, history: History) -> None:
     h = history
     for t in TABLES:
@@ -220,7 +244,7 @@ def test_rows_outside_the_range_are_untouched(spark: SparkSession, history: Hist
         assert h.a.tables[t].written == after.num_rows - out_a.num_rows == in_b, t
     counts = {t: h.a.tables[t].in_range for t in TABLES}
     assert counts["silver/object_samples"] > 0 and counts["gold/statistic_rates"] > 0
-    assert counts["gold/object_lifecycles"] > 0 and counts["gold/agent_liveness"] > 0
+    assert counts["gold/lifecycle_state"] > 0 and counts["gold/agent_liveness"] > 0
 
 
 def test_backfill_restores_the_range_after_a_bad_deploy(
@@ -248,8 +272,8 @@ def test_dry_run_writes_nothing_and_reports_exact_counts(history: History) -> No
         assert h.c.tables[t].written == change.written, t
     assert h.d.tables["silver/object_samples"].written > 0
     assert (
-        h.d.tables["gold/object_lifecycles"].in_range
-        == h.a.tables["gold/object_lifecycles"].in_range
+        h.d.tables["gold/lifecycle_state"].in_range
+        == h.a.tables["gold/lifecycle_state"].in_range
     )
 
 
@@ -283,7 +307,7 @@ def test_job_entry_point_runs_through_spark_submit_and_a_crashed_run_resumes(
     resumed = run_backfill(spark, both)
     assert resumed.run == 0
     assert {t: c.status for t, c in resumed.tables.items()} == {
-        t: "skipped" if t.startswith("silver/") else "committed" for t in TABLES
+        t: "skipped" if t.startswith("silver/") else "committed" for t in (*TABLES, FOLD)
     }
     v2 = versions(lake.root)
     for t in TABLES:

@@ -30,7 +30,7 @@ LAKE_TABLES = {
     "bronze": "bronze",
     **{f"silver/{n}": n for n in ("object_samples", "events", "heartbeats", "agents",
                                   "schema_registry", "quarantine", "parked")},
-    **{f"gold/{n}": n for n in ("statistic_rates", "rate_state", "object_lifecycles",
+    **{f"gold/{n}": n for n in ("statistic_rates", "rate_state", "object_lifecycles", "lifecycle_state",
                                 "agent_liveness")},
 }  # fmt: skip
 

@@ -149,12 +149,12 @@ def test_default_rules_skip_short_intervals_and_keep_totals(
     t = delta.read_arrow(s.path("statistic_rates"))
     rows = t.to_pylist()
     created = {(r["agent"], r["object_id"], r["create_ns"]) for r in
-               delta.read_arrow(s.path("object_lifecycles")).to_pylist()}  # fmt: skip
+               delta.read_arrow(s.path("lifecycle_state")).to_pylist()}  # fmt: skip
     # Resets, and intervals counted from an object's creation, are kept however short.
     plain = [r for r in rows if r["reset"] is None and (r["agent"], r["object_id"], r["start_ns"]) not in created]
     short = [r for r in plain if r["length_s"] < 0.9]
     deleted = {(r["agent"], r["object_id"]): r["last_seen_ns"] for r in
-               delta.read_arrow(s.path("object_lifecycles")).to_pylist() if r["deleted_at"]}  # fmt: skip
+               delta.read_arrow(s.path("lifecycle_state")).to_pylist() if r["deleted_at"]}  # fmt: skip
     closing = [r for r in short if deleted.get((r["agent"], r["object_id"])) == r["end_ns"]]
     # A delete record ends its series at its delete time (its counts are the final ones).
     assert {(r["class_name"], r["dialect"]) for r in closing} >= {("queue", "AM2"), ("queue", "V2")}
@@ -205,7 +205,7 @@ def test_short_lived_queues_have_both_timestamps(
             if isinstance(r, ObjectSample) and r.class_name == "queue" and r.delete_ns and "name" in r.values:
                 deleted[(str(r.agent), str(r.values["name"]))] = (r.create_ns, r.delete_ns)
     assert len(deleted) >= 5
-    lc = delta.read_arrow(s.path("object_lifecycles")).to_pylist()
+    lc = delta.read_arrow(s.path("lifecycle_state")).to_pylist()
     rows = {(r["agent"], queue_name(r["index_key"])): r for r in lc if r["class_name"] == "queue"}
     for key, (c, d) in deleted.items():
         r = rows[key]

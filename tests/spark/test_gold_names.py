@@ -39,7 +39,7 @@ def test_names_and_broker_identity_complete_when_their_targets_arrive(
     gold = GoldBatchWriter(gs, app_id="gold")
 
     def lifecycles() -> pl.DataFrame:
-        return pl.from_arrow(delta.read_arrow(gs.path("object_lifecycles")))  # type: ignore[return-value]
+        return pl.from_arrow(delta.read_arrow(gs.path("lifecycle_state")))  # type: ignore[return-value]
 
     gold.write(gold_input_arrow(samples.filter(pc.invert(held)), beats), 0)
     first = lifecycles()

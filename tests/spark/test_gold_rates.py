@@ -197,7 +197,7 @@ def test_out_of_order_across_micro_batches(spark: SparkSession, setup: tuple[Sil
     assert_df_equality(enqueue_rates(spark, s), want, ignore_nullable=True)
     idx = delta.read_table(spark, s.path("statistic_rates")).select("index_key").distinct().collect()
     assert [r[0] for r in idx] == [json.dumps(["vh", "q1"])]
-    lc = delta.read_arrow(s.path("object_lifecycles")).to_pylist()
+    lc = delta.read_arrow(s.path("lifecycle_state")).to_pylist()
     assert [(r["samples"], r["first_seen_ns"], r["last_seen_ns"], r["state"]) for r in lc] == [
         (8, T0, T0 + 65 * S, "live")
     ]
@@ -233,7 +233,8 @@ def test_replay_after_crash_gives_the_same_tables(
         w(b1, 1)  # and a plain replay: skipped
         assert w.reports[-1].committed == []
         runs[mode] = s
-    for name in ("statistic_rates", "object_lifecycles", "agent_liveness", "rate_state"):
+    for name in ("statistic_rates", "lifecycle_state", "object_lifecycles", "agent_liveness",
+                 "rate_state"):
         a = delta.read_table(spark, runs["clean"].path(name))
         b = delta.read_table(spark, runs["crash"].path(name))
         cols = sorted(c for c in a.columns if c not in ("batch_id", "properties"))
@@ -257,7 +258,7 @@ def test_lifecycles_and_liveness(spark: SparkSession, setup: tuple[Silver, GoldS
     w(batch(spark, [sv.sample(30, 1, obj=1, epoch=2, name="a", props=True)], [beat("B", 11)]), 1)
 
     def lifecycles() -> dict[tuple[str, str], dict[str, Any]]:
-        t = delta.read_arrow(s.path("object_lifecycles"))
+        t = delta.read_arrow(s.path("lifecycle_state"))
         return {(r["agent"], r["object_id"]): r for r in t.to_pylist()}
 
     ts = lambda sec: int(T0 / 1000 + sec * 1e6)  # noqa: E731

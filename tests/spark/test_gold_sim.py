@@ -153,7 +153,7 @@ def test_gold_equals_the_simulator_manifest(
     assert all(last[(e["agent"], e["object_id"]["oid"])][1] == e["values"]["msgTotalEnqueues"] for e in short)
 
     # Lifecycles: every created queue has a row; every deletion is there with both times.
-    lc = {(r["agent"], r["object_id"]): r for r in delta.read_arrow(gs.path("object_lifecycles")).to_pylist()}
+    lc = {(r["agent"], r["object_id"]): r for r in delta.read_arrow(gs.path("lifecycle_state")).to_pylist()}
     creates = [e for e in entries if e["kind"] == "create" and e["class_name"] == "queue"]
     deletes = [e for e in entries if e["kind"] == "delete" and e["class_name"] == "queue"]
     assert len(deletes) >= 6

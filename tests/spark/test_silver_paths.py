@@ -37,7 +37,7 @@ pytestmark = pytest.mark.spark
 
 SILVER = ("object_samples", "events", "heartbeats", "method_responses", "method_calls",
           "agents", "quarantine", "parked", "schema_registry")  # fmt: skip
-GOLD = ("statistic_rates", "object_lifecycles", "agent_liveness", "rate_state")
+GOLD = ("statistic_rates", "lifecycle_state", "object_lifecycles", "agent_liveness", "rate_state")
 # Columns that say when a row was written, not what it holds.
 WHEN = ("first_seen", "last_seen", "first_app", "first_batch")
 # Real traffic: qpidd over AMQP 0-10 (AM2), and over AMQP 1.0 with QMF v1 and v2 agents.
@@ -144,10 +144,10 @@ def test_tasks_and_driver_give_identical_silver_and_gold(
     for s, mode in ((tasks, "tasks"), (driver, "driver")):
         gs = GoldSettings(silver=s.root, root=s.root + "-gold", compute_on=mode, buckets=3)
         assert run_gold_batch(spark, gs, 0).compute_on == mode
-    assert delta.read_arrow(tasks.root + "-gold/object_lifecycles").num_rows > 0
+    assert delta.read_arrow(tasks.root + "-gold/lifecycle_state").num_rows > 0
     # Each bucket holding an agent's objects wrote its own lifecycle file.
-    agents = set(delta.read_arrow(tasks.root + "-gold/object_lifecycles").column("agent").to_pylist())
-    lc = os.listdir(tasks.root + "-gold/object_lifecycles")
+    agents = set(delta.read_arrow(tasks.root + "-gold/lifecycle_state").column("agent").to_pylist())
+    lc = os.listdir(tasks.root + "-gold/lifecycle_state")
     assert {int(f.split("-k3b")[1][0]) for f in lc if "-k3b" in f} == {
         bucket_of(a, 3) for a in agents
     }
