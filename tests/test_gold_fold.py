@@ -126,3 +126,27 @@ def test_the_same_state_in_any_order_folds_to_the_same_rows() -> None:
     ]  # fmt: skip
     assert fold(rows) == fold(rows[::-1]) and len(fold(rows)) == 2
     assert fold([]) == []
+
+
+def test_gold_start_moves_an_old_lakes_lifecycles_to_the_state_and_folds_them(tmp_path: Any) -> None:
+    """A lake from before the fold: its per-agent ``object_lifecycles`` becomes
+    ``lifecycle_state`` (rows, history and all) and ``object_lifecycles`` its fold; a
+    second start changes nothing."""
+    from pipeline import delta
+    from pipeline.gold import GoldSettings
+    from pipeline.gold.writer import ensure_tables
+
+    gs = GoldSettings(silver=str(tmp_path / "silver"), root=str(tmp_path / "gold"))
+    rows = [row(V1, "AM2", "a", "q1"), row(V2, "V2", "b", "q1"), row(V2, "V2", "c", "q2", created=6)]
+    old = pa.Table.from_pylist(rows, schema=LIFECYCLE_STATE)
+    delta.create_table(gs.path("object_lifecycles"), LIFECYCLE_STATE, name="object_lifecycles")
+    delta.append_arrow(old, gs.path("object_lifecycles"), app_id="old-gold", batch_id=7)
+    ensure_tables(gs)
+    state = delta.read_arrow(gs.path("lifecycle_state"))
+    assert state.sort_by("object_id").to_pylist() == old.sort_by("object_id").to_pylist()
+    assert delta.committed_batch(gs.path("lifecycle_state"), "old-gold") == 7
+    folded = delta.read_arrow(gs.path("object_lifecycles")).to_pylist()
+    assert folded == fold(rows) and [len(r["reporters"]) for r in folded] == [2, 1]
+    ensure_tables(gs)
+    assert delta.read_arrow(gs.path("object_lifecycles")).to_pylist() == folded
+    assert delta.read_arrow(gs.path("lifecycle_state")).num_rows == 3

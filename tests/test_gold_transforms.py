@@ -519,6 +519,23 @@ def test_restarts_from_generations_and_an_outage_recorded_alike_in_both_dialects
     beats = [(T0 + t * S, 4 if t < 5 else 5, 1.0, "V2") for t in range(10)]
     got = [(r["state"], r["started_by"]) for r in tg.liveness_scan(beats, "v2", None, T0 + 9 * S, rules, 0)]
     assert got == [("restarted", "first"), ("up", "restart")]
+    # The same for a v1 agent, whose heartbeats carry no epoch: its objects' new
+    # generation, first seen between the heartbeats at 4 s and 5 s (a 1.2 s restart in a
+    # live qpidd trial), closes the interval alike; a restart time seen before the
+    # interval's last heartbeat (an older batch's) does not close it again.
+    beats = [(T0 + t * S, None, 1.0, "AM2") for t in range(10)]
+    restart = [T0 + 4 * S + S // 2]
+    for restarts, want in (
+        (restart, [("restarted", "first", 0, 5), ("up", "restart", 5, 5)]),
+        ([], [("up", "first", 0, 10)]),
+    ):
+        got = [(r["state"], r["started_by"], (r["up_start_ns"] - T0) // S, r["heartbeats"])
+               for r in tg.liveness_scan(beats, "1.0", None, T0 + 9 * S, rules, 0, restarts)]  # fmt: skip
+        assert got == want
+    after = tg.liveness_scan(beats, "1.0", None, T0 + 9 * S, rules, 0, restart)[1]
+    more = [(T0 + t * S, None, 1.0, "AM2") for t in range(10, 13)]
+    cont = tg.liveness_scan(more, "1.0", after, T0 + 12 * S, rules, 1, restart)
+    assert [(r["state"], r["started_by"], r["heartbeats"]) for r in cont] == [("up", "restart", 8)]
 
 
 def test_lifecycles_across_a_restart_old_generation_lost_new_objects_live() -> None:

@@ -1205,9 +1205,10 @@ def liveness_scan(
     last heartbeat plus the limit, whatever else is known; the interval after it was
     started by a ``restart`` when the heartbeats' epoch changed or the agent's objects
     show a new generation in the outage (``restarts``: ``agent_restarts``; a v1
-    heartbeat carries no epoch), else ``recovered``. A new epoch without an outage
-    closes the interval as ``restarted``. So both dialects of one broker record one
-    restart alike."""
+    heartbeat carries no epoch), else ``recovered``. A new epoch without an outage (for a
+    v1 agent: a new generation of its objects first seen between two heartbeats) closes
+    the interval as ``restarted``. So both dialects of one broker record one restart
+    alike, however short."""
     out: list[dict[str, Any]] = []
     cur = dict(current) if current is not None else None
     for ts_ns, ep, iv, dialect in sorted(beats, key=lambda b: b[0]):
@@ -1224,6 +1225,10 @@ def liveness_scan(
         limit = int(rules.missed * float(cur["interval_s"]) * NS)
         last = int(cur["last_heartbeat_ns"])
         new_epoch = ep is not None and cur["epoch"] is not None and ep != int(cur["epoch"])
+        # A v1 heartbeat has no epoch: a restart shorter than the outage limit shows only
+        # in the agent's objects, a new generation first seen since the last heartbeat.
+        if ep is None and cur["epoch"] is None:
+            new_epoch = any(last < r <= ts_ns for r in restarts)
         if ts_ns - last > limit:
             cur.update(state="down", down_at=_ts_py(last + limit), next_up=_ts_py(ts_ns))
             out.append(cur)
