@@ -181,7 +181,14 @@ def test_gold_equals_the_simulator_manifest(
             assert (r["state"], r["end_reason"]) == ("lost", "agent_restart"), r["object_id"]
             assert micros(r["ended_at"]) == first_new // 1000
     assert all(r["state"] in ("live", "deleted") for r in lc.values() if r["generation"] == 2)
-    # Liveness: one up interval holding every heartbeat of the run.
+    # Liveness: the restart had no heartbeat gap, and an AM2 heartbeat carries no epoch;
+    # the objects' new generation closes the up interval as restarted at the first
+    # heartbeat after it, as a V2 agent's new epoch would: every heartbeat in one of two.
     beats = [e for e in entries if e["kind"] == "heartbeat"]
+    before = sum(e["timestamp_ns"] < first_new for e in beats)
+    assert 0 < before < len(beats)
     liv: list[dict[str, Any]] = delta.read_arrow(gs.path("agent_liveness")).to_pylist()
-    assert [(r["agent"], r["state"], r["heartbeats"]) for r in liv] == [(agent, "up", len(beats))]
+    assert [(r["agent"], r["state"], r["started_by"], r["heartbeats"])
+            for r in sorted(liv, key=lambda r: r["up_start_ns"])] == [
+        (agent, "restarted", "first", before), (agent, "up", "restart", len(beats) - before)
+    ]  # fmt: skip
