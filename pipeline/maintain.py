@@ -397,25 +397,37 @@ def vacuum_table(
         _vacuum_locked(path, settings, keep_from, report)
 
 
-INVENTORY_SCHEMA = "path STRING, length BIGINT, isDir BOOLEAN, modificationTime BIGINT"
-
-
 def _inventory(spark: SparkSession, path: str, spared: set[str]) -> DataFrame:
-    """The table folder's data files but ``spared``, as the inventory Delta's ``VACUUM ...
-    USING INVENTORY`` takes: VACUUM then considers only these. ``_delta_log`` and hidden
-    folders (our ``_staging``) are never Delta's to delete, and are left out."""
-    root = os.path.abspath(path)
-    rows = []
-    for folder, dirs, names in os.walk(root):
-        dirs[:] = [d for d in dirs if not d.startswith(("_", "."))]
-        for name in names:
-            full = os.path.join(folder, name)
-            rel = os.path.relpath(full, root)
-            if name.startswith(("_", ".")) or rel in spared:
-                continue
-            st = os.stat(full)
-            rows.append((f"file:{full}", st.st_size, False, st.st_mtime_ns // 1_000_000))
-    return spark.createDataFrame(rows, INVENTORY_SCHEMA)
+    """The table folder's data files but ``spared`` (paths relative to the table), as the
+    inventory Delta's ``VACUUM ... USING INVENTORY`` takes: VACUUM then considers only
+    these. Listed by Spark's own file index through the table's Hadoop file system (any
+    store Spark reaches), which skips what starts with ``_`` or ``.``: ``_delta_log``
+    and our ``_staging`` are never Delta's to delete."""
+    from pyspark.sql import functions as F
+
+    jvm = spark.sparkContext._jvm
+    assert jvm is not None
+    hpath = jvm.org.apache.hadoop.fs.Path(os.path.abspath(path))
+    fs = hpath.getFileSystem(spark.sparkContext._jsc.hadoopConfiguration())
+    root = str(fs.makeQualified(hpath).toString()).rstrip("/") + "/"
+    files = (
+        spark.read.format("binaryFile").option("recursiveFileLookup", "true").load(root)
+        .select("path", "length", "modificationTime")
+    )  # fmt: skip
+    if spared:
+        gone = spark.createDataFrame([(root + rel,) for rel in sorted(spared)], "path STRING")
+        files = files.join(gone, on="path", how="left_anti")
+    from pyspark.sql.types import BooleanType, LongType, StringType, StructField, StructType
+
+    # VACUUM wants these fields exactly, nullable (the file index gives them non-null).
+    schema = StructType([
+        StructField("path", StringType()), StructField("length", LongType()),
+        StructField("isDir", BooleanType()), StructField("modificationTime", LongType()),
+    ])  # fmt: skip
+    return files.select(
+        "path", "length", F.when(F.col("length") >= 0, F.lit(False)).alias("isDir"),
+        F.unix_millis("modificationTime").alias("modificationTime"),
+    ).to(schema)
 
 
 def _vacuum_locked(
