@@ -86,7 +86,7 @@ def _with_key_names(frame: pl.DataFrame, missing: pl.Expr) -> pl.DataFrame:
 
 
 def object_names(life: pl.DataFrame) -> pl.DataFrame:
-    """One row per (agent, object_id) of gold ``object_lifecycles``: the object's current
+    """One row per (agent, object_id) of gold ``lifecycle_state``: the object's current
     ``name`` (its latest row's). Tables from before gold carried names (no ``name`` column,
     or null) fall back to the index key's last value, then the object id, so a notebook
     still says ``q00021`` rather than ``["1-1-3","q00021"]``."""

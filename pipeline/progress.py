@@ -410,7 +410,8 @@ def summary(root: str | os.PathLike[str], rate_rows: int = SUMMARY_RATE_ROWS) ->
     gold = os.path.join(root, "gold")
     # Names per (agent, object_id) from each agent's lifecycle rows; objects counted
     # once from their fold (``object_lifecycles``: qpidd's v1 and v2 agents are one).
-    state, life = (_lifecycles(os.path.join(gold, n)) for n in ("lifecycle_state", "object_lifecycles"))
+    state = _lifecycles(os.path.join(gold, "lifecycle_state"))
+    life = _lifecycles(os.path.join(gold, "object_lifecycles"))
     names = lifecycle_names(state) if state is not None else {}
     rates, taken, total = _queue_rates(os.path.join(gold, "statistic_rates"), rate_rows)
     out["top_queues_by_enqueue_rate"] = [] if rates is None else top_queues(rates, names=names)

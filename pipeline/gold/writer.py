@@ -494,8 +494,9 @@ class GoldBatchWriter:
 
     def commit_tasks(self, plan: gt.GoldPlan, outs: Sequence[gt.ComputeOutput]) -> GoldReport:
         """Commit the compute tasks' files, in order: rates (append), lifecycle state, its
-        fold (``object_lifecycles``), liveness, then the rate state last (each replacing the table's files), with the app
-        transaction. The plan's folders are removed after, whatever happens."""
+        fold (``object_lifecycles``), liveness, then the rate state last (each replacing
+        the table's files), with the app transaction. The plan's folders are removed
+        after, whatever happens."""
         from pipeline.gold import tasks as gt
 
         s, aid, batch_id = self.settings, self.app_id, plan.batch_id
