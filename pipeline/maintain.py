@@ -397,7 +397,7 @@ def vacuum_table(
         _vacuum_locked(path, settings, keep_from, report)
 
 
-def _inventory(spark: SparkSession, path: str, spared: set[str]) -> DataFrame:
+def vacuum_inventory(spark: SparkSession, path: str, spared: set[str]) -> DataFrame:
     """The table folder's data files but ``spared`` (paths relative to the table), as the
     inventory Delta's ``VACUUM ... USING INVENTORY`` takes: VACUUM then considers only
     these. Listed by Spark's own file index through the table's Hadoop file system (any
@@ -444,7 +444,7 @@ def _vacuum_locked(
         # Files live in a pinned version stay out of VACUUM's inventory, so it cannot
         # delete them whatever their age.
         report.keep_from = keep_from
-        _inventory(spark, path, pinned_files(path, keep_from, latest)).createOrReplaceTempView(
+        vacuum_inventory(spark, path, pinned_files(path, keep_from, latest)).createOrReplaceTempView(
             "qmf_vacuum_inventory"
         )
         target += " USING INVENTORY (SELECT * FROM qmf_vacuum_inventory)"

@@ -510,3 +510,30 @@ def test_pin_of_an_uncommitted_batch_is_the_start_its_end_names(tmp_path: Path) 
     assert read_pin(str(ck)) == 9
     (ck / "offsets" / "2").write_text('v1\n{}\n{"version": 14, "index": 0}\n')  # older form
     assert read_pin(str(ck)) == 12  # the previous entry is the start
+
+
+def test_the_vacuum_inventory_lists_the_data_files_spark_sees(tmp_path: Path) -> None:
+    """A pinned VACUUM's inventory: every data file under the table folder (sub-folders
+    too) with its size and time, listed by Spark's file index; never the log, our
+    ``_staging`` folder or hidden files, and never the spared (pinned) files."""
+    from pipeline.maintain import vacuum_inventory
+    from pipeline.spark import get_spark
+
+    root = tmp_path / "t"
+    (root / "_delta_log").mkdir(parents=True)
+    (root / "_delta_log" / "00000000000000000000.json").write_text("{}")
+    (root / "_staging" / "qmf-x").mkdir(parents=True)
+    (root / "_staging" / "qmf-x" / "part-9.parquet").write_bytes(b"s" * 9)
+    (root / "sub").mkdir()
+    files = {"part-1.parquet": 11, "part-2.parquet": 22, "sub/part-3.parquet": 33}
+    for rel, size in files.items():
+        (root / rel).write_bytes(b"x" * size)
+        os.utime(root / rel, ns=(1_790_000_000_000_000_000 + size * 1_000_000,) * 2)
+    (root / ".part-1.parquet.crc").write_bytes(b"c")
+    rows = vacuum_inventory(get_spark("test"), str(root), {"part-2.parquet"}).collect()
+    got = {r["path"]: (r["length"], r["isDir"], r["modificationTime"]) for r in rows}
+    assert got == {
+        f"file:{root}/{rel}": (size, False, 1_790_000_000_000 + size)
+        for rel, size in files.items() if rel != "part-2.parquet"
+    }  # fmt: skip
+    assert vacuum_inventory(get_spark("test"), str(root), set()).count() == 3
