@@ -585,18 +585,15 @@ def refold(s: BackfillSettings, label: str, run: int) -> TableChange:
     backfill left it (the fold is a function of all of it), with the run's app
     transaction; a dry run only counts."""
     from pipeline import delta
-    from pipeline.gold.fold import fold_lifecycles
-    from pipeline.gold.transforms import conform, frame
-    from schemas.gold import OBJECT_LIFECYCLES
+    from pipeline.gold.writer import replace_fold
 
     path = os.path.join(s.gold, "object_lifecycles")
     before = delta.read_arrow(path).num_rows
     if s.dry_run:
         return TableChange(label, before, before, "dry-run")
-    state = frame(delta.read_arrow(os.path.join(s.gold, "lifecycle_state")))
-    folded = conform(fold_lifecycles(state), OBJECT_LIFECYCLES)
-    r = delta.replace_arrow(folded, path, app_id=s.app_id, batch_id=run)
-    return TableChange(label, before, folded.num_rows, "skipped" if r.skipped else "committed", r.version)
+    r = replace_fold(s.gold, app_id=s.app_id, batch_id=run)
+    written = delta.read_arrow(path).num_rows
+    return TableChange(label, before, written, "skipped" if r.skipped else "committed", r.version)
 
 
 # ------------------------------------------------------------------ the run

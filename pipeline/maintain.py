@@ -404,6 +404,7 @@ def vacuum_inventory(spark: SparkSession, path: str, spared: set[str]) -> DataFr
     store Spark reaches), which skips what starts with ``_`` or ``.``: ``_delta_log``
     and our ``_staging`` are never Delta's to delete."""
     from pyspark.sql import functions as F
+    from pyspark.sql.types import BooleanType, LongType, StringType, StructField, StructType
 
     jvm = spark.sparkContext._jvm
     assert jvm is not None
@@ -417,8 +418,6 @@ def vacuum_inventory(spark: SparkSession, path: str, spared: set[str]) -> DataFr
     if spared:
         gone = spark.createDataFrame([(root + rel,) for rel in sorted(spared)], "path STRING")
         files = files.join(gone, on="path", how="left_anti")
-    from pyspark.sql.types import BooleanType, LongType, StringType, StructField, StructType
-
     # VACUUM wants these fields exactly, nullable (the file index gives them non-null).
     schema = StructType([
         StructField("path", StringType()), StructField("length", LongType()),

@@ -173,10 +173,24 @@ def ensure_tables(settings: GoldSettings) -> None:
         os.rename(old, state)
         log.info("gold: %s holds per-agent lifecycles: renamed to %s", old, state)
         delta.create_table(old, OBJECT_LIFECYCLES, name="object_lifecycles")
-        folded = conform(fold_lifecycles(frame(delta.read_arrow(state))), OBJECT_LIFECYCLES)
-        delta.replace_arrow(folded, old, app_id="qmf-gold-fold", batch_id=0)
+        replace_fold(settings.root, app_id="qmf-gold-fold", batch_id=0)
     for name, schema in GOLD_TABLES.items():
         delta.create_table(settings.path(name), schema, name=name)
+
+
+def replace_fold(
+    root: str, *, app_id: str, batch_id: int, state: pl.DataFrame | None = None
+) -> delta.CommitResult:
+    """``root``'s ``object_lifecycles`` replaced whole by the fold of its lifecycle state
+    (``state``, or the ``lifecycle_state`` table as committed), exactly once: a replay
+    that finds ``(app_id, batch_id)`` committed skips it before folding anything."""
+    path = os.path.join(root, "object_lifecycles")
+    if delta.committed_batch(path, app_id) == batch_id:
+        return delta.CommitResult(skipped=True, version=None)
+    if state is None:
+        state = frame(delta.read_arrow(os.path.join(root, "lifecycle_state")))
+    folded = conform(fold_lifecycles(state), OBJECT_LIFECYCLES)
+    return delta.replace_arrow(folded, path, app_id=app_id, batch_id=batch_id)
 
 
 def gold_input(samples: DataFrame, heartbeats: DataFrame) -> DataFrame:
@@ -320,15 +334,8 @@ class GoldBatchWriter:
         return not delta.replace_arrow(state, path, app_id=self.app_id, batch_id=batch_id).skipped
 
     def write_fold(self, state: pl.DataFrame | None, batch_id: int) -> delta.CommitResult:
-        """``object_lifecycles`` replaced by the fold of the lifecycle state (``state``, or
-        the table as committed), exactly once: a replay that finds the batch skips it."""
-        path = self.settings.path("object_lifecycles")
-        if delta.committed_batch(path, self.app_id) == batch_id:
-            return delta.CommitResult(skipped=True, version=None)
-        if state is None:
-            state = frame(delta.read_arrow(self.settings.path("lifecycle_state")))
-        folded = conform(fold_lifecycles(state), OBJECT_LIFECYCLES)
-        return delta.replace_arrow(folded, path, app_id=self.app_id, batch_id=batch_id)
+        """The batch's ``object_lifecycles`` (``replace_fold``)."""
+        return replace_fold(self.settings.root, app_id=self.app_id, batch_id=batch_id, state=state)
 
     def write_state_files(self, files: list[delta.DataFileInfo], batch_id: int) -> delta.CommitResult:
         """The task path's last write: the buckets' state files replace the state."""
