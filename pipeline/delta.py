@@ -1,12 +1,13 @@
-"""The Delta layer on delta-rs: exactly-once appends, merges and range overwrites.
+"""The jobs' Delta writes: exactly-once appends, merges and range overwrites.
 
-Delta's JARs cannot be fetched here, so Spark never touches the Delta log:
-Spark writes plain Parquet files in parallel (into a staging folder inside
-the table folder), the driver moves them into place and commits them with
-``DeltaTable.create_write_transaction``. Large batches therefore never pass
+Spark tasks write Parquet files from Arrow in parallel (into a staging folder
+inside the table folder), the driver moves them into place and commits them
+through delta-spark's own transaction (``pipeline.lake.transaction``); tables
+are created and evolved by delta-spark. Large batches therefore never pass
 through the driver as one Arrow table. Every write carries a Delta app
 transaction ``(app_id, batch_id)``; a batch id at or below the recorded one
-is a no-op that writes no file. See docs/delta.md.
+is a no-op that writes no file. The driver still lists a version's files with
+delta-rs. See docs/delta.md.
 """
 
 from __future__ import annotations
@@ -17,7 +18,6 @@ import logging
 import os
 import re
 import shutil
-import time
 import urllib.parse
 import uuid
 from collections.abc import Iterable, Iterator, Mapping, Sequence
@@ -29,9 +29,9 @@ from typing import TYPE_CHECKING, Any, Literal
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
-from deltalake import CommitProperties, DeltaTable, Transaction
-from deltalake import Field as DeltaField
-from deltalake.transaction import AddAction
+from deltalake import DeltaTable
+
+from pipeline.lake import transaction
 
 if TYPE_CHECKING:
     from pyspark.sql import Column, DataFrame, SparkSession
@@ -96,9 +96,12 @@ def create_table(
     name: str | None = None,
     configuration: Mapping[str, str | None] | None = None,
 ) -> DeltaTable:
-    """Create the table if absent; an existing table must have the same schema.
+    """Create the table if absent (delta-spark's ``CREATE TABLE IF NOT EXISTS``); an
+    existing table must have the same schema, and gains the nullable columns a release
+    added (``ALTER TABLE ... ADD COLUMNS``).
 
-    Idempotent so that every job can call it at start-up.
+    Idempotent so that every job can call it at start-up; ``name`` is not kept (a
+    path-based table has none in its metadata).
     """
     path = os.fspath(path)
     for col in partition_by:
@@ -122,7 +125,7 @@ def create_table(
         if added:
             # A release added nullable columns: the table gains them (older files read
             # them as null), so a lake written before keeps working.
-            dt.alter.add_columns([DeltaField.from_arrow(f) for f in added])
+            transaction.add_columns(path, _spark_schema(pa.schema(added)))
             dt = DeltaTable(path)
             existing = table_schema(dt)
             log.info("table %s gained columns %s", path, [f.name for f in added])
@@ -139,20 +142,8 @@ def create_table(
             )
         return dt
     os.makedirs(path, exist_ok=True)
-    try:
-        return DeltaTable.create(
-            path,
-            schema,
-            mode="error",
-            partition_by=list(partition_by) or None,
-            name=name,
-            configuration=configuration,
-        )
-    except Exception:
-        if not table_exists(path):
-            raise
-        # Another process created it first: validate theirs like any existing table.
-        return create_table(path, schema, partition_by, name=name, configuration=configuration)
+    transaction.create(path, _spark_schema(schema), partition_by, configuration or {})
+    return create_table(path, schema, partition_by, name=name, configuration=configuration)
 
 
 def _in_order(schema: pa.Schema, names: Sequence[str]) -> pa.Schema:
@@ -403,17 +394,6 @@ def already_committed(dt: DeltaTable, app_id: str, batch_id: int) -> bool:
     return recorded is not None and batch_id <= recorded
 
 
-def commit_properties(app_id: str, batch_id: int, operation: str) -> CommitProperties:
-    return CommitProperties(
-        app_transactions=[Transaction(app_id, batch_id)],
-        custom_metadata={
-            "qmf.operation": operation,
-            "qmf.app_id": app_id,
-            "qmf.batch_id": batch_id,
-        },
-    )
-
-
 # ---------------------------------------------------------------------------
 # Parquet files -> add actions
 
@@ -573,10 +553,10 @@ def _partition_values_from_dir(rel_dir: str, partition_by: Sequence[str]) -> dic
 def build_add_actions(
     table: DeltaTable,
     files: Iterable[tuple[str, Mapping[str, str | None]]],
-) -> tuple[list[AddAction], int]:
-    """Validate data files (relative to the table root) and describe them as add actions.
+) -> tuple[list[transaction.AddFile], int]:
+    """Validate data files (relative to the table root) and describe them as added files.
 
-    Pitfall: ``create_write_transaction`` does not check files against the
+    Pitfall: a raw commit does not check files against the
     table schema, and a bad file makes every later read fail, so each footer
     is checked here: columns and types must match the table's (partition
     columns excluded), and non-nullable columns must hold no null (proven by
@@ -589,9 +569,8 @@ def build_add_actions(
     schema = table_schema(table)
     parts = partition_columns(table)
     file_schema = pa.schema([f for f in schema if f.name not in parts])
-    actions: list[AddAction] = []
+    actions: list[transaction.AddFile] = []
     rows = 0
-    now_ms = int(time.time() * 1000)
     for rel_path, pvalues in files:
         f = describe_file(
             os.path.join(root, rel_path), file_schema, dict(pvalues), name=rel_path, table=root
@@ -603,7 +582,7 @@ def build_add_actions(
                     f"non-nullable partition column {col!r} is null"
                 )
         rows += f.rows
-        actions.append(f.add_action(now_ms))
+        actions.append(f.add_file())
     return actions, rows
 
 
@@ -623,14 +602,13 @@ class DataFileInfo:
     stats: str  # Delta ``stats`` JSON: what the footer holds (possibly partial)
     partition_values: tuple[tuple[str, str | None], ...] = ()
 
-    def add_action(self, now_ms: int) -> AddAction:
-        return AddAction(
-            path=self.name,  # delta-rs URI-encodes it for the log
+    def add_file(self) -> transaction.AddFile:
+        """The file as a commit adds it (its path in the log's URI-encoded form)."""
+        return transaction.AddFile(
+            path=urllib.parse.quote(self.name, safe="/="),
             size=self.size,
-            partition_values=dict(self.partition_values),
-            modification_time=now_ms,
-            data_change=True,
             stats=self.stats,
+            partition_values=dict(self.partition_values),
         )
 
 
@@ -645,7 +623,7 @@ def describe_file(
     """Check a Parquet file against ``schema`` (the table's, partition columns
     excluded) and describe it for a commit.
 
-    Pitfall: ``create_write_transaction`` does not check files against the
+    Pitfall: a raw commit does not check files against the
     table schema, and a bad file makes every later read fail, so the footer
     is checked: columns and types must match, and non-nullable columns must
     hold no null (proven by the footer's schema, its null counts, or the data:
@@ -818,28 +796,28 @@ def _commit_staged(
                     raise DeltaLayerError(f"refusing to overwrite existing data file {dest}")
                 os.rename(f.location, dest)
                 moved.append(dest)
-        now_ms = int(time.time() * 1000)
-        removals: list[Any] = []
+        removals: list[transaction.RemoveFile] = []
         if replace:
             dt.update_incremental()
-            removals = _remove_actions(dt, None, now_ms)
+            removals = _removals(dt, None)
         elif remove:
             dt.update_incremental()
-            removals = _remove_actions(dt, remove, now_ms)
-        dt.create_write_transaction(
-            [*(f.add_action(now_ms) for f in files), *removals],
-            mode="append",
-            schema=dt.schema(),
-            partition_by=partition_columns(dt) or None,
-            commit_properties=commit_properties(app_id, batch_id, operation),
-        )
+            removals = _removals(dt, remove)
+        outcome = transaction.commit(
+            root, [f.add_file() for f in files], removals, app_id=app_id, batch_id=batch_id,
+            operation=operation, overwrite=replace,
+        )  # fmt: skip
+        if outcome.skipped:  # committed meanwhile (a concurrent replay): ours are extra
+            _remove_quietly(moved)
+            moved = []
+            return CommitResult(skipped=True, version=outcome.version)
         committed = True
     finally:
         if not committed:
             _remove_quietly(moved)
         _remove_staging_dirs(root, files)
     return CommitResult(
-        skipped=False, version=_version_after_commit(dt), files_added=len(files),
+        skipped=False, version=outcome.version, files_added=len(files),
         files_removed=len(removals), rows=sum(f.rows for f in files),
     )  # fmt: skip
 
@@ -935,51 +913,31 @@ def _commit_files(
     if already_committed(dt, app_id, batch_id):
         return CommitResult(skipped=True, version=dt.version())
     actions, rows = build_add_actions(dt, files)
-    removals = _remove_actions(dt, remove, int(time.time() * 1000)) if remove else []
-    dt.create_write_transaction(
-        [*actions, *removals],
-        mode="append",
-        schema=dt.schema(),
-        partition_by=partition_columns(dt) or None,
-        commit_properties=commit_properties(app_id, batch_id, operation),
-    )
+    removals = _removals(dt, remove) if remove else []
+    outcome = transaction.commit(
+        table_root(dt), actions, removals, app_id=app_id, batch_id=batch_id,
+        operation=operation, overwrite=operation == "overwrite",
+    )  # fmt: skip
     return CommitResult(
-        skipped=False,
-        version=_version_after_commit(dt),
-        files_added=len(actions),
-        files_removed=len(removals),
-        rows=rows,
+        skipped=outcome.skipped,
+        version=outcome.version,
+        files_added=0 if outcome.skipped else len(actions),
+        files_removed=0 if outcome.skipped else len(removals),
+        rows=0 if outcome.skipped else rows,
     )
 
 
-def _remove_actions(dt: DeltaTable, paths: Sequence[str] | None, now_ms: int) -> list[Any]:
-    """Remove actions for live files of the table (Delta paths as the log writes them;
+def _removals(dt: DeltaTable, paths: Sequence[str] | None) -> list[transaction.RemoveFile]:
+    """Live files of the table version to remove (Delta paths as the log writes them;
     None: every live file)."""
-    from deltalake._internal import RemoveAction
-
     live = _live_actions(dt)
-    out: list[Any] = []
+    out: list[transaction.RemoveFile] = []
     for p in live if paths is None else paths:
         if p not in live:
             raise DeltaLayerError(f"cannot remove {p}: not a live file of {table_root(dt)}")
         size, pvalues = live[p]
-        out.append(
-            RemoveAction(
-                urllib.parse.unquote(p),  # the log form is encoded; delta-rs encodes again
-                data_change=True, deletion_timestamp=now_ms, size=size, partition_values=pvalues,
-            )
-        )  # fmt: skip
+        out.append(transaction.RemoveFile(p, size, pvalues))
     return out
-
-
-def _version_after_commit(dt: DeltaTable) -> int | None:
-    """The table's version after our commit; None if only reading it back failed (the
-    commit is durable)."""
-    try:
-        dt.update_incremental()
-        return int(dt.version())
-    except Exception:
-        return None
 
 
 def _live_actions(dt: DeltaTable) -> dict[str, tuple[int, dict[str, str | None]]]:
@@ -1574,8 +1532,11 @@ def merge_arrow(
     app_id: str,
     batch_id: int,
 ) -> CommitResult:
-    """Upsert Arrow rows on ``keys`` exactly once (delta-rs MERGE: only files holding
-    matched keys are rewritten). Duplicate keys in ``table`` are an error."""
+    """Upsert Arrow rows on ``keys`` exactly once: the files holding matched keys are
+    rewritten without them, with the new rows, in one commit (a file-level merge, as
+    Delta's MERGE does, here in Arrow on the driver for small state tables: delta-spark's
+    MERGE costs seconds of Spark jobs per batch). Duplicate keys in ``table`` are an
+    error."""
     dt, schema, done = _merge_target(path, keys, app_id, batch_id)
     if done is not None:
         return done
@@ -1584,29 +1545,45 @@ def merge_arrow(
         counts = source.group_by(list(keys)).aggregate([([], "count_all")])
         if pc.max(counts.column("count_all")).as_py() > 1:
             raise ValueError(f"batch {batch_id} has duplicate keys {list(keys)}")
-    predicate = " AND ".join(f"t.{_sql_ident(k)} = s.{_sql_ident(k)}" for k in keys)
-    with table_lock(path):  # no compaction between the merge's snapshot and its commit
+    with table_lock(path):  # no compaction between choosing the files and the commit
         dt.update_incremental()
-        metrics = (
-            dt.merge(
-                source,
-                predicate=predicate,
-                source_alias="s",
-                target_alias="t",
-                commit_properties=commit_properties(app_id, batch_id, "upsert"),
-            )
-            .when_matched_update_all()
-            .when_not_matched_insert_all()
-            .execute()
-        )
-    dt.update_incremental()
+        if partition_columns(dt):
+            raise DeltaLayerError("merge_arrow merges unpartitioned tables only")
+        touched: list[LiveFile] = []
+        kept: list[pa.Table] = []
+        matched = 0
+        source_keys = source.select(list(keys))
+        for f in live_files(dt):
+            target = read_data_file(f, schema, keys)
+            target = target.append_column("__row", pa.array(range(target.num_rows), pa.int64()))
+            keep = target.join(source_keys, keys=list(keys), join_type="left anti")
+            if keep.num_rows < target.num_rows:
+                touched.append(f)
+                matched += target.num_rows - keep.num_rows
+                rows = read_data_file(f, schema)  # map columns cannot pass a join: take
+                at = keep.column("__row")
+                kept.append(rows.take(at.take(pc.sort_indices(at))))
+        out = pa.concat_tables([conform_arrow(t, schema) for t in kept] + [source])
+        root = table_root(dt)
+        names = [_write_file(dt, out, batch_id)] if out.num_rows else []
+        try:
+            result = commit_files(
+                root, [(n, {}) for n in names], app_id=app_id, batch_id=batch_id,
+                remove=[f.delta_path for f in touched], operation="upsert",
+            )  # fmt: skip
+        except BaseException:
+            _remove_quietly(os.path.join(root, n) for n in names)
+            raise
+    if result.skipped:
+        _remove_quietly(os.path.join(root, n) for n in names)
+        return result
     return CommitResult(
         skipped=False,
-        version=dt.version(),
-        files_added=int(metrics.get("num_target_files_added", 0)),
-        files_removed=int(metrics.get("num_target_files_removed", 0)),
-        rows=int(metrics.get("num_target_rows_inserted", 0)),
-        updated=int(metrics.get("num_target_rows_updated", 0)),
+        version=result.version,
+        files_added=result.files_added,
+        files_removed=result.files_removed,
+        rows=source.num_rows - matched,
+        updated=matched,
     )
 
 

@@ -423,14 +423,9 @@ class RegistryTable:
             self._append(seed_table(self.kinds), self.SEED_APP, 0)
 
     def _append(self, rows: pa.Table, app_id: str, batch_id: int) -> None:
-        from deltalake import CommitProperties, Transaction, write_deltalake
+        from pipeline import delta
 
-        write_deltalake(
-            self.path,
-            rows,
-            mode="append",
-            commit_properties=CommitProperties(app_transactions=[Transaction(app_id, batch_id)]),
-        )
+        delta.append_arrow(rows, self.path, app_id=app_id, batch_id=batch_id)
 
     def table(self) -> pa.Table:
         """Every row (cached per table version)."""
@@ -495,30 +490,21 @@ class RegistryTable:
         return int(rows.num_rows)
 
     def _merge(self, rows: pa.Table, app_id: str, batch_id: int) -> None:
-        from deltalake import CommitProperties, DeltaTable, Transaction
-
-        from pipeline.delta import table_lock
+        """Upsert ``rows``: a known schema keeps its row but for ``last_seen`` (the
+        new one) and ``source_agent`` (the first one known)."""
+        from pipeline import delta
 
         keys = ("package", "class_name", "schema_hash", "kind")
-        predicate = " AND ".join(f't."{k}" = s."{k}"' for k in keys)
-        with table_lock(self.path):  # no compaction between the merge's snapshot and commit
-            (
-                DeltaTable(self.path)
-                .merge(
-                    rows,
-                    predicate=predicate,
-                    source_alias="s",
-                    target_alias="t",
-                    commit_properties=CommitProperties(
-                        app_transactions=[Transaction(app_id, batch_id)]
-                    ),
-                )
-                .when_matched_update(
-                    updates={
-                        "last_seen": 's."last_seen"',
-                        "source_agent": 'coalesce(t."source_agent", s."source_agent")',
-                    }
-                )
-                .when_not_matched_insert_all()
-                .execute()
-            )
+        current = {
+            (r["package"], r["class_name"], bytes(r["schema_hash"]), r["kind"]): r
+            for r in self.table().to_pylist()
+        }
+        merged = []
+        for r in rows.to_pylist():
+            old = current.get((r["package"], r["class_name"], bytes(r["schema_hash"]), r["kind"]))
+            if old is not None:
+                r = {**old, "last_seen": r["last_seen"],
+                     "source_agent": old["source_agent"] or r["source_agent"]}  # fmt: skip
+            merged.append(r)
+        table = pa.Table.from_pylist(merged, schema=rows.schema)
+        delta.merge_arrow(table, self.path, keys=keys, app_id=app_id, batch_id=batch_id)
