@@ -38,7 +38,7 @@ from tests.lake import START_NS, Lake
 
 ROOT = Path(__file__).resolve().parent.parent
 NOTEBOOKS = ROOT / "notebooks"
-LAKE_NOTEBOOKS = ("queues", "lifecycles", "health")
+LAKE_NOTEBOOKS = ("queues", "lifecycles", "health", "spark_sql")
 KERNEL = "qmf-tests-venv"  # a kernelspec of our own: never a python3 found elsewhere
 PNG = b"\x89PNG\r\n\x1a\n"
 CELL_TIMEOUT_S = 300
@@ -563,6 +563,90 @@ def test_health_notebook(sim_lake: Lake, kernel: Any, tmp_path: Path) -> None:
 
 
 @pytest.mark.spark
+def test_spark_sql_notebook(sim_lake: Lake, kernel: Any, tmp_path: Path) -> None:
+    """Spark SQL by path over gold (delta-spark), history and time travel, checked against
+    the tables as delta-rs reads them."""
+    from deltalake import DeltaTable
+
+    run = run_notebook(
+        kernel,
+        "spark_sql",
+        sim_lake.root,
+        tmp_path / "figs",
+        {
+            "per_class": "_frame(per_class)",
+            "top": "_frame(top_enqueued)",
+            "states": "_frame(states)",
+            "versions": "history['version'].tolist()",
+            "operations": "history['operation'].tolist()",
+            "metadata": "history['userMetadata'].tolist()",
+            "previous": "previous",
+            "rows_before": "rows_before",
+            "rows_now": "rows_now",
+        },
+    )
+    check_figures(run, tmp_path / "figs", {"spark_top_queues"})
+    v = run.values
+    rates = delta.read_arrow(sim_lake.gold / "statistic_rates").to_pylist()
+
+    # Counters per class: intervals, the sum of deltas, the resets.
+    groups: dict[tuple[str, str], list[dict[str, Any]]] = defaultdict(list)
+    for r in rates:
+        if r["kind"] == "counter":
+            groups[(r["class_name"], r["statistic"])].append(r)
+    assert [(row[0], row[1], row[2], row[4]) for row in v["per_class"]] == [
+        (c, s, len(rs), sum(r["reset"] is not None for r in rs)) for (c, s), rs in sorted(groups.items())
+    ]
+    for row, (_key, rs) in zip(v["per_class"], sorted(groups.items()), strict=True):
+        deltas = [r["delta"] for r in rs if r["delta"] is not None]
+        assert row[3] == (pytest.approx(sum(deltas), rel=1e-12) if deltas else None)
+
+    # The busiest queues: deltas by name, one agent per broker (V2 first).
+    state = delta.read_arrow(sim_lake.gold / "lifecycle_state").to_pylist()
+    named = {(r["agent"], r["object_id"]): (r["broker"], r["name"]) for r in state}
+    per_agent: dict[tuple[str | None, str | None, str], list[Any]] = {}
+    for r in rates:
+        key = (r["agent"], r["object_id"])
+        if r["class_name"] != "queue" or r["statistic"] != "msgTotalEnqueues" or key not in named:
+            continue
+        broker, name = named[key]
+        acc = per_agent.setdefault((broker, name, r["agent"]), [0.0, False, False])
+        if r["delta"] is not None:
+            acc[0] += r["delta"]
+            acc[2] = True
+        acc[1] = acc[1] or r["dialect"] == "V2"
+    picked: dict[tuple[str, str | None], tuple[str, float | None]] = {}
+    for (broker, name, agent), (total, _v2, any_delta) in sorted(
+        per_agent.items(), key=lambda kv: (not kv[1][1], kv[0][2])
+    ):
+        picked.setdefault((broker or agent, name), (agent, total if any_delta else None))
+    expected = sorted(
+        ((name, agent, total) for (_b, name), (agent, total) in picked.items()),
+        key=lambda e: (-(e[2] or 0), e[0], e[1]),
+    )[:10]
+    assert [(q, a) for q, a, _ in v["top"]] == [(q, a) for q, a, _ in expected]
+    assert [t for _, _, t in v["top"]] == [pytest.approx(t, rel=1e-12) for _, _, t in expected]
+    assert len(v["top"]) == 10
+
+    # Objects by class and state, from the folded table.
+    objects = Counter(
+        (r["class_name"], r["state"])
+        for r in delta.read_arrow(sim_lake.gold / "object_lifecycles").to_pylist()
+    )
+    assert v["states"] == [[c, s, n] for (c, s), n in sorted(objects.items())]
+
+    # History: every version delta-rs sees; time travel reads what delta-rs reads there.
+    path = sim_lake.gold / "statistic_rates"
+    versions = sorted(h["version"] for h in DeltaTable(str(path)).history())
+    assert v["versions"] == versions
+    assert v["operations"][0] == "CREATE TABLE" and set(v["operations"][1:]) == {"WRITE"}
+    assert all(m.startswith("qmf.operation=") and ";qmf.batch_id=" in m for m in v["metadata"][1:])
+    assert v["previous"] == versions[-2]
+    assert v["rows_before"] == delta.read_arrow(path, version=versions[-2]).num_rows
+    assert v["rows_now"] == len(rates) > v["rows_before"]
+
+
+@pytest.mark.spark
 def test_notebooks_run_on_empty_tables(sim_lake: Lake, kernel: Any, tmp_path: Path) -> None:
     """Right after ``qmf run`` starts the tables exist but hold nothing: no cell fails,
     the results are empty, every figure is still shown and saved."""
@@ -583,12 +667,20 @@ def test_notebooks_run_on_empty_tables(sim_lake: Lake, kernel: Any, tmp_path: Pa
             "restarts": "restarts.height",
             "agrees": "spark_agrees",
         },
+        "spark_sql": {
+            "top": "len(top_enqueued)",
+            "classes": "len(per_class)",
+            "states": "len(states)",
+            "versions": "len(history)",
+            "rows": "[rows_before, rows_now]",
+        },
     }
     figures = {
         "bronze": {"bronze_messages"},
         "queues": {"queue_throughput", "queue_depth"},
         "lifecycles": {"object_churn", "object_lifecycles"},
         "health": {"events_timeline", "agent_health"},
+        "spark_sql": {"spark_top_queues"},
     }
     results = {}
     for name, values in probes.items():
@@ -601,6 +693,7 @@ def test_notebooks_run_on_empty_tables(sim_lake: Lake, kernel: Any, tmp_path: Pa
     assert results["queues"] == {"top": 0, "agrees": True, "agents": {}}
     assert results["lifecycles"] == {"transients": 0, "agrees": True}
     assert results["health"] == {"events": {}, "restarts": 0, "agrees": True}
+    assert results["spark_sql"] == {"top": 0, "classes": 0, "states": 0, "versions": 1, "rows": [0, 0]}
 
 
 @pytest.fixture(scope="module")

@@ -341,6 +341,39 @@ def test_merge_arrow_rewrites_only_the_files_with_matched_keys(tmp_path: Path) -
     assert replay.skipped and committed_batch(path, "m") == 7
 
 
+def test_a_table_the_previous_release_wrote_with_delta_rs_is_appended_and_merged(
+    spark: SparkSession, tmp_path: Path
+) -> None:
+    """The upgrade path: a table delta-rs created and committed to (app transaction
+    included) takes the new release's delta-spark commits, and every reader agrees."""
+    from deltalake import CommitProperties, Transaction, write_deltalake
+
+    path = tmp_path / "events"
+    DeltaTable.create(str(path), EVENTS, name="events")
+    old = pa.Table.from_pylist([event(i) for i in range(3)], schema=EVENTS)
+    write_deltalake(
+        str(path), old, mode="append",
+        commit_properties=CommitProperties(app_transactions=[Transaction("load", 0)]),
+    )  # fmt: skip
+    create_table(path, EVENTS)  # the new release's start: the table is accepted as it is
+    assert append_arrow(old, path, app_id="load", batch_id=0).skipped  # delta-rs's txn holds
+    more = pa.Table.from_pylist([event(3), event(4)], schema=EVENTS)
+    assert append_arrow(more, path, app_id="load", batch_id=1).version == 2
+    upsert = pa.Table.from_pylist([event(1, name="one")], schema=EVENTS)
+    assert merge_arrow(upsert, path, keys=["id"], app_id="m", batch_id=0).version == 3
+    assert committed_batch(path, "load") == 1 and committed_batch(path, "m") == 0
+    expected = {0: "n0", 1: "one", 2: "n2", 3: "n3", 4: "n4"}
+    assert {r["id"]: r["name"] for r in read_arrow(path).to_pylist()} == expected
+    assert {r["id"]: r["name"] for r in spark.read.format("delta").load(str(path)).collect()} == expected
+    assert dict(pl.read_delta(str(path)).select("id", "name").iter_rows()) == expected
+    # Delta's checksum is written from the first delta-spark commit on: later commits
+    # read the app's last batch from it.
+    assert (path / "_delta_log" / f"{3:020d}.crc").exists()
+    history = spark.sql(f"DESCRIBE HISTORY delta.`{path}`").orderBy("version").collect()
+    assert [(h["version"], h["operation"]) for h in history][2:] == [(2, "WRITE"), (3, "WRITE")]
+    assert history[3]["userMetadata"] == "qmf.operation=upsert;qmf.app_id=m;qmf.batch_id=0"
+
+
 def bronze_row(values: dict[str, Any]) -> dict[str, Any]:
     """A full bronze row: columns not given are null, or False for non-null flags."""
     row = {
