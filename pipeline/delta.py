@@ -84,8 +84,14 @@ _COMMIT_FILE = re.compile(r"\d{20}\.json")
 
 
 def table_exists(path: str | os.PathLike[str]) -> bool:
-    """True when ``path`` holds a Delta log."""
-    return os.path.isdir(os.path.join(os.fspath(path), "_delta_log"))
+    """True when ``path`` holds a Delta log with a commit or a checkpoint: delta-spark
+    makes ``_delta_log`` before it writes the first commit, and a table is not there
+    to read until that commit is."""
+    try:
+        names = os.listdir(os.path.join(os.fspath(path), "_delta_log"))
+    except (FileNotFoundError, NotADirectoryError):
+        return False
+    return any(_COMMIT_FILE.fullmatch(n) or n == "_last_checkpoint" for n in names)
 
 
 def create_table(

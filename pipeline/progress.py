@@ -234,7 +234,9 @@ _NAME_COLS = ["name", "broker"]  # gold's names; absent from tables written befo
 
 def _lifecycles(path: str) -> pa.Table | None:
     """A lifecycle table's summary columns, or None where gold has not made it."""
-    if not os.path.isdir(os.path.join(path, "_delta_log")):
+    from pipeline import delta
+
+    if not delta.table_exists(path):
         return None
     return _read(path, _table_columns(path, _LIFE_COLS + _NAME_COLS))
 

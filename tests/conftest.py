@@ -91,6 +91,17 @@ def spark() -> Iterator[SparkSession]:
     session.stop()
 
 
+@pytest.fixture(autouse=True)
+def _commits_use_the_test_session(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A test that commits to Delta without asking for ``spark`` (a lake built for a
+    notebook, the fold) commits through the test session, not one with a job's settings
+    that every later ``spark`` fixture of the process would then get. Lazy: no test
+    starts Spark unless it commits."""
+    from pipeline.lake import transaction
+
+    monkeypatch.setattr(transaction, "new_session", lambda: request.getfixturevalue("spark"))
+
+
 @pytest.fixture(scope="session")
 def broker() -> Any:
     """The project-local RabbitMQ node, started once if it is not running."""

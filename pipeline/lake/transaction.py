@@ -27,7 +27,8 @@ if TYPE_CHECKING:
     from pyspark.sql.types import StructType
 
 __all__ = [
-    "AddFile", "Outcome", "RemoveFile", "add_columns", "commit", "create", "last_batch", "session",
+    "AddFile", "Outcome", "RemoveFile", "add_columns", "commit", "create", "last_batch", "new_session",
+    "session",
 ]  # fmt: skip
 
 
@@ -84,16 +85,20 @@ class Outcome:
     version: int | None
 
 
-def session() -> SparkSession:
-    """The active SparkSession, or one with the project's settings (delta-spark loaded)."""
-    from pyspark.sql import SparkSession
-
-    active = SparkSession.getActiveSession()
-    if active is not None:
-        return active
+def new_session() -> SparkSession:
+    """The session a commit starts when none is active: the project's settings
+    (delta-spark loaded). A test suite points this at its own session."""
     from pipeline.spark import get_spark
 
     return get_spark(app_name="qmf-commit")
+
+
+def session() -> SparkSession:
+    """The active SparkSession (a job's), or ``new_session()``."""
+    from pyspark.sql import SparkSession
+
+    active = SparkSession.getActiveSession()
+    return active if active is not None else new_session()
 
 
 def _delta(spark: SparkSession) -> Any:
