@@ -107,8 +107,8 @@ def pipeline_run(
     """The bronze stream; returns (seconds, seconds to first commit, rows, session start s)."""
     from deltalake import DeltaTable
 
-    from pipeline import delta
     from pipeline.bronze import BronzeSettings, start_bronze, tune_shuffles
+    from pipeline.lake import delta
     from pipeline.spark import get_spark
 
     t0 = time.perf_counter()

@@ -23,7 +23,13 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."
 from deltalake import CommitProperties, Transaction, write_deltalake
 from pyspark.sql import DataFrame, SparkSession
 
-from pipeline.delta import UNIQUE_COLUMNS_OPTIONS, append_batch, conform, create_table, read_arrow
+from pipeline.lake.delta import (
+    UNIQUE_COLUMNS_OPTIONS,
+    append_batch,
+    conform,
+    create_table,
+    read_arrow,
+)
 from pipeline.spark import get_spark
 from schemas.tables import BRONZE
 

@@ -46,10 +46,10 @@ from typing import TYPE_CHECKING
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 
-from pipeline import delta
 from pipeline.cli import main as qmf
 from pipeline.codec.capture import read_capture
 from pipeline.gold import DEFAULT_MAX_ROWS_PER_TRIGGER, GoldBatchWriter, GoldSettings, gold_input
+from pipeline.lake import delta
 from pipeline.silver import SilverBatchWriter, SilverSettings, bronze_rows
 
 if TYPE_CHECKING:

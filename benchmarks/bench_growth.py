@@ -78,7 +78,7 @@ def grow(table: Path, rows: int, commits: int, size: int) -> float:
     """Write ``rows`` rows in ``commits`` appends; returns seconds."""
     from deltalake import write_deltalake
 
-    from pipeline import delta
+    from pipeline.lake import delta
 
     start = time.perf_counter()
     delta.create_table(str(table), BRONZE, name="bronze")
@@ -126,8 +126,8 @@ def main() -> int:
     try:
         from deltalake import DeltaTable
 
-        from pipeline import delta
         from pipeline.bronze import tune_shuffles
+        from pipeline.lake import delta
         from pipeline.spark import get_spark
 
         if not delta.table_exists(grown):
@@ -180,7 +180,7 @@ def main() -> int:
 def _rows(table: Path) -> int:
     from deltalake import DeltaTable
 
-    from pipeline import delta
+    from pipeline.lake import delta
 
     if not delta.table_exists(table):
         return 0

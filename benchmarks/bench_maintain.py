@@ -4,12 +4,12 @@
 
 1. Builds a bronze table the way a streaming job does: ``--commits`` small
    commits (one pyarrow Parquet file each, committed with an app
-   transaction as ``pipeline.delta.commit_files`` does), ``--rows`` rows each, ``received_at`` spread over
+   transaction as ``pipeline.lake.delta.commit_files`` does), ``--rows`` rows each, ``received_at`` spread over
    two days.
 2. Times "a day's query" (the rows of one day, counted per routing key) with
-   Spark (``pipeline.delta.read_table``) and with pyarrow
-   (``pipeline.delta.read_arrow``), ``--repeats`` times each: the baseline.
-3. Runs ``pipeline.maintain.maintain_table`` (compaction + vacuum, retention 0:
+   Spark (``pipeline.lake.delta.read_table``) and with pyarrow
+   (``pipeline.lake.delta.read_arrow``), ``--repeats`` times each: the baseline.
+3. Runs ``pipeline.lake.maintain.maintain_table`` (compaction + vacuum, retention 0:
    no stream reads the table) and times the same queries again.
 
 Prints files, bytes and versions before/after, the maintenance time, the
@@ -40,8 +40,8 @@ import pyarrow.parquet as pq
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from pipeline import delta  # noqa: E402
-from pipeline.maintain import MaintainSettings, maintain_table  # noqa: E402
+from pipeline.lake import delta  # noqa: E402
+from pipeline.lake.maintain import MaintainSettings, maintain_table  # noqa: E402
 from schemas.tables import BRONZE  # noqa: E402
 
 DAY0 = datetime(2027, 1, 15, tzinfo=UTC)

@@ -48,11 +48,11 @@ import pyarrow as pa
 import pyarrow.compute as pc
 from deltalake import DeltaTable
 
-from pipeline import delta
 from pipeline.cli import main as qmf
 from pipeline.codec.capture import read_capture
 from pipeline.commands.metrics import MetricsState, Selection
 from pipeline.gold import GoldBatchWriter, GoldSettings, gold_input_arrow
+from pipeline.lake import delta
 from pipeline.silver import SilverBatchWriter, SilverSettings, bronze_rows
 
 START_NS = 1_800_000_000_000_000_000

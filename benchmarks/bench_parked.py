@@ -41,11 +41,11 @@ from collections.abc import Callable, Sequence
 from datetime import UTC, datetime
 from typing import Any
 
-from pipeline import delta
 from pipeline.codec.capture import CapturedMessage
 from pipeline.codec.records import Am2ObjectId, ObjectSample
 from pipeline.codec.schema import ClassSchema, Element, SchemaKey, SchemaRegistry
 from pipeline.codec.v1 import encode_records, schema_response_for
+from pipeline.lake import delta
 
 WIDGET = ClassSchema(
     key=SchemaKey("org.bench", "widget", b"\x05" * 16),

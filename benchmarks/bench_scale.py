@@ -133,8 +133,8 @@ from bench_decode import SHARED, queue_stream
 from bench_machine import describe, machine_scaling
 
 from pipeline import ALLOCATOR_ENV as PIPELINE_ALLOCATOR_ENV
-from pipeline import delta
-from pipeline.delta_source import DataFile, arrow_schema, read_file
+from pipeline.lake import delta
+from pipeline.lake.delta_source import DataFile, arrow_schema, read_file
 from schemas.tables import BRONZE
 
 REPO = Path(__file__).resolve().parents[1]

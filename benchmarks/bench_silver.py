@@ -58,11 +58,11 @@ sys.path.insert(0, os.path.dirname(__file__))
 
 from bench_decode import mixed_stream, queue_stream
 
-from pipeline import delta
 from pipeline.codec.layout import sample_schema
 from pipeline.codec.message import decode_message
 from pipeline.codec.schema import SchemaRegistry
 from pipeline.codec.vectorized import decode_content, tune_malloc
+from pipeline.lake import delta
 from pipeline.silver import SilverBatchWriter, SilverSettings
 from pipeline.silver.decode import decode_arrow
 from pipeline.silver.registry import StatisticKinds, seed_table, to_registry

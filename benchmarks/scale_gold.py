@@ -177,7 +177,7 @@ def child_gold(cfg: dict[str, Any]) -> dict[str, Any]:
 
 def commit_files(silver: str, name: str) -> list[list[str]]:
     """The data files each commit after the first (table creation) added to a silver table."""
-    from pipeline.delta_source import DeltaLogReader
+    from pipeline.lake.delta_source import DeltaLogReader
 
     log = DeltaLogReader(os.path.join(silver, name))
     files: list[list[str]] = []
@@ -201,8 +201,6 @@ def _ceiling_worker(
         os.sched_setaffinity(0, {cpu})
     import polars as pl
 
-    from pipeline import delta
-    from pipeline.delta_source import DataFile
     from pipeline.gold.tasks import (
         LIVENESS_KEYS,
         bucket_column,
@@ -218,6 +216,8 @@ def _ceiling_worker(
         gold_batch,
         upsert_rows,
     )
+    from pipeline.lake import delta
+    from pipeline.lake.delta_source import DataFile
     from schemas.gold import AGENT_LIVENESS, LIFECYCLE_STATE, RATE_STATE, STATISTIC_RATES
 
     rates_rules, live_rules = RateRules(), LivenessRules()

@@ -18,7 +18,7 @@ from pipeline.bronze import (
     BronzeSettings,
     run_bronze,
 )
-from pipeline.jobrun import run_job, setup_logging, trigger_arg
+from pipeline.runtime.jobrun import run_job, setup_logging, trigger_arg
 
 
 def _key_value(text: str) -> tuple[str, str]:

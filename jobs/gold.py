@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING
 
 from pipeline.gold import DEFAULT_MAX_ROWS_PER_TRIGGER, GoldSettings, run_gold, run_gold_batch
 from pipeline.gold.transforms import LivenessRules, RateRules
-from pipeline.jobrun import run_job, setup_logging, trigger_arg
+from pipeline.runtime.jobrun import run_job, setup_logging, trigger_arg
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession

@@ -5,7 +5,7 @@
 
 Delta's OPTIMIZE and VACUUM (delta-spark) rewrite and delete the files, in
 this job's session (it also runs as ``qmf maintain`` and from cron). Only
-argument wiring lives here; the logic is in ``pipeline.maintain``
+argument wiring lives here; the logic is in ``pipeline.lake.maintain``
 (docs/maintenance.md).
 """
 

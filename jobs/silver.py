@@ -19,7 +19,7 @@ from collections.abc import Sequence
 from datetime import datetime
 from typing import TYPE_CHECKING
 
-from pipeline.jobrun import run_job, setup_logging, trigger_arg
+from pipeline.runtime.jobrun import run_job, setup_logging, trigger_arg
 from pipeline.silver import SilverSettings, run_silver, run_silver_batch
 from pipeline.silver.settings import CALLS_DRIVER_MAX_ROWS, DRIVER_MAX_BYTES
 

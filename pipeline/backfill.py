@@ -317,17 +317,17 @@ def replace_rows(
     The range is the rows matching ``predicate`` (Spark SQL) or whose ``keys``
     appear in ``key_rows``. Files holding range rows are rewritten without
     them, together with ``new``; one commit removes the old files and adds
-    the new ones (``pipeline.delta``'s write path, app transaction
+    the new ones (``pipeline.lake.delta``'s write path, app transaction
     ``(app_id, batch_id)``). Every row of ``new`` must belong to the range,
     so a rerun replaces exactly what this one wrote (``check=False`` when
     the caller built ``new`` so). ``rows``: the size of ``new`` if known
     (saves a Spark job). ``dry_run`` only counts. The table lock is held
     shared from the snapshot to the commit, so a compaction cannot rewrite the
-    files in between (``pipeline.delta.table_lock``).
+    files in between (``pipeline.lake.delta.table_lock``).
     """
     from contextlib import nullcontext
 
-    from pipeline import delta
+    from pipeline.lake import delta
 
     with nullcontext() if dry_run else delta.table_lock(path):
         return _replace(
@@ -350,7 +350,7 @@ def _replace(
     rows: int | None,
     check: bool,
 ) -> TableChange:
-    from pipeline import delta
+    from pipeline.lake import delta
 
     dt = delta.open_for_write(path)
     schema = delta.table_schema(dt)
@@ -402,7 +402,7 @@ def bronze_in_range(spark: SparkSession, s: BackfillSettings) -> DataFrame:
     """Bronze rows received in ``[from, to)``."""
     from pyspark.sql import functions as F
 
-    from pipeline import delta
+    from pipeline.lake import delta
 
     df = delta.read_table(spark, s.bronze)
     return df.where(
@@ -510,7 +510,7 @@ def _silver_view(
     new: DataFrame | None,
 ) -> DataFrame:
     """A silver table as it is after the silver step: the range's rows replaced by ``new``."""
-    from pipeline import delta
+    from pipeline.lake import delta
 
     df = delta.read_table(spark, os.path.join(s.silver, name))
     if ids is None or new is None:
@@ -565,7 +565,7 @@ def gold_rows(
     """
     from pyspark.sql import functions as F
 
-    from pipeline import delta
+    from pipeline.lake import delta
 
     predicate, keys = gold_ranges(s)[name]
     fresh = delta.read_table(spark, os.path.join(scratch, name)).withColumn(
@@ -584,8 +584,8 @@ def refold(s: BackfillSettings, label: str, run: int) -> TableChange:
     """``object_lifecycles`` replaced whole by the fold of ``lifecycle_state`` as the
     backfill left it (the fold is a function of all of it), with the run's app
     transaction; a dry run only counts."""
-    from pipeline import delta
     from pipeline.gold.writer import replace_fold
+    from pipeline.lake import delta
 
     path = os.path.join(s.gold, "object_lifecycles")
     before = delta.read_arrow(path).num_rows
@@ -601,7 +601,7 @@ def refold(s: BackfillSettings, label: str, run: int) -> TableChange:
 
 def choose_run(s: BackfillSettings) -> int:
     """The run id: ``--run``, else the crashed run to resume, else the next one."""
-    from pipeline import delta
+    from pipeline.lake import delta
 
     if s.run is not None:
         return s.run
@@ -616,7 +616,7 @@ def choose_run(s: BackfillSettings) -> int:
 
 def run_backfill(spark: SparkSession, s: BackfillSettings) -> BackfillReport:
     """Re-derive the range's silver and/or gold rows; one commit per table (none on a dry run)."""
-    from pipeline import delta
+    from pipeline.lake import delta
 
     missing = [p for p in [s.bronze, *s.tables().values()] if not delta.table_exists(p)]
     if "gold" in s.layers:

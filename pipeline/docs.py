@@ -378,7 +378,7 @@ def _options_table(
 
 def render() -> str:
     """The whole reference, as Markdown."""
-    from pipeline.delta_source import DeltaSourceOptions
+    from pipeline.lake.delta_source import DeltaSourceOptions
     from pipeline.source import QmfOptions
 
     commands = list(qmf_parsers())

@@ -3,7 +3,7 @@
 Every job, test and notebook gets its session here so the settings that the
 Delta layer and the streaming source rely on (UTC, microsecond Parquet
 timestamps, Arrow, the driver's interpreter on the workers, delta-spark's JARs,
-extension and catalog: ``pipeline.jars``) are set once.
+extension and catalog: ``pipeline.runtime.jars``) are set once.
 Under ``spark-submit`` the master and any ``--conf`` given there win: this
 module only fills in what is missing.
 """
@@ -22,7 +22,7 @@ from pyspark import SparkConf, SparkContext
 from pyspark.sql import SparkSession
 
 from pipeline import ALLOCATOR_ENV
-from pipeline.jars import delta_conf
+from pipeline.runtime.jars import delta_conf
 
 DEFAULT_MASTER = "local[2]"
 # A file for Spark's and the JVM's output when the caller gives none (jobs run with
@@ -118,7 +118,7 @@ def _existing_conf() -> dict[str, str]:
 
 def _log4j_config(level: str) -> str:
     """A log4j2 file at the given root level (written once per level and user)."""
-    from pipeline import sparklog
+    from pipeline.runtime import sparklog
 
     return _write_config(f"qmf-log4j2-{level}", sparklog.log4j2_config(level))
 
@@ -170,7 +170,7 @@ def spark_log() -> Path | None:
 
 def _file_log4j_config(log_file: Path) -> str:
     """The log4j2 configuration file that writes to ``log_file`` (one per log file)."""
-    from pipeline import sparklog
+    from pipeline.runtime import sparklog
 
     digest = hashlib.sha1(str(log_file).encode()).hexdigest()[:12]
     return _write_config(f"qmf-log4j2-file-{digest}", sparklog.log4j2_config("warn", log_file))
@@ -182,7 +182,7 @@ def _launch_logged(options: Mapping[str, str], log_file: Path, app_name: str) ->
     (``getOrCreate`` then uses it as if it had launched it)."""
     from pyspark.java_gateway import launch_gateway
 
-    from pipeline import sparklog
+    from pipeline.runtime import sparklog
 
     global _log_file
     out = sparklog.open_log(log_file, app_name)
@@ -217,8 +217,8 @@ DRIVER_STACK = "-Xss16m"
 
 # The JIT of a job's driver JVM: C1 only. On the task paths no row passes through the
 # JVM, yet its C2 compiler kept compiling through the first minutes of a stream: 0.4-0.5
-# CPU-s per 3.5 s micro-batch of silver on one core (docs/performance.md, "the JVM's
-# JIT"), taken from the tasks' Python workers, and a slower start. C1 alone compiles
+# CPU-s per 3.5 s micro-batch of silver on one core (docs/performance-log.md, "the
+# JVM's JIT"), taken from the tasks' Python workers, and a slower start. C1 alone compiles
 # that code at a fraction of the cost; what runs slower is JVM-side row work (Spark's
 # own Parquet scan), which notebooks do, so they keep the full JIT (``quick_jit``).
 QUICK_JIT = "-XX:TieredStopAtLevel=1"
@@ -254,7 +254,7 @@ def get_spark(
     defaults never override what spark-submit (or an existing session) set.
     ``log_file`` (else ``$QMF_SPARK_LOG``): when this call launches the JVM, Spark's
     log and the JVM's stdout and stderr go to that file instead of the terminal
-    (``spark_log()`` says whether they did; see ``pipeline.sparklog``). Under
+    (``spark_log()`` says whether they did; see ``pipeline.runtime.sparklog``). Under
     spark-submit the JVM is spark-submit's and keeps its console.
     ``quick_jit``: a JVM launched here compiles with C1 only (``QUICK_JIT``); notebooks,
     whose queries do their row work in the JVM, pass False.

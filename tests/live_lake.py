@@ -18,10 +18,10 @@ import polars as pl
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from pipeline import delta
 from pipeline.codec.capture import read_capture
 from pipeline.commands.metrics import MetricsState, make_server
 from pipeline.gold import GoldBatchWriter, GoldSettings, gold_input_arrow
+from pipeline.lake import delta
 from pipeline.silver import SilverBatchWriter, SilverSettings, bronze_rows
 
 QPIDD_SAMPLE = "samples/qpidd-amqp10/qmf1-qmf2-60s.jsonl"

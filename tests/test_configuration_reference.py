@@ -36,7 +36,7 @@ def test_every_command_job_and_option_is_listed() -> None:
 
 
 def test_source_receiver_and_environment_are_listed() -> None:
-    from pipeline.delta_source import DeltaSourceOptions
+    from pipeline.lake.delta_source import DeltaSourceOptions
     from pipeline.source import QmfOptions
 
     text = docs.render()

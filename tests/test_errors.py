@@ -149,7 +149,7 @@ def test_local_broker_port_in_use_is_one_line_and_exit_2(tmp_path: Path) -> None
 def test_a_failed_query_is_reported_by_its_python_cause() -> None:
     """qmf run's last line for a failed query: the Python error inside Spark's wrapper
     (the message shape of a refused login in the embedded receiver, as Spark 4.3 gives it)."""
-    from pipeline.streaming import query_error
+    from pipeline.runtime.streaming import query_error
 
     spark_text = (
         "[PYTHON_STREAMING_DATA_SOURCE_RUNTIME_ERROR] Failed when Python streaming data "

@@ -132,9 +132,9 @@ def test_gold_start_moves_an_old_lakes_lifecycles_to_the_state_and_folds_them(tm
     """A lake from before the fold: its per-agent ``object_lifecycles`` becomes
     ``lifecycle_state`` (rows, history and all) and ``object_lifecycles`` its fold; a
     second start changes nothing."""
-    from pipeline import delta
     from pipeline.gold import GoldSettings
     from pipeline.gold.writer import ensure_tables
+    from pipeline.lake import delta
 
     gs = GoldSettings(silver=str(tmp_path / "silver"), root=str(tmp_path / "gold"))
     rows = [row(V1, "AM2", "a", "q1"), row(V2, "V2", "b", "q1"), row(V2, "V2", "c", "q2", created=6)]

@@ -14,10 +14,8 @@ from typing import Any
 import polars as pl
 import pytest
 
-from pipeline import delta
 from pipeline.cli import main as qmf
 from pipeline.codec.capture import read_capture
-from pipeline.delta_source import DataFile
 from pipeline.gold import GoldBatchWriter, GoldSettings
 from pipeline.gold import tasks as gt
 from pipeline.gold.tasks import (
@@ -31,6 +29,8 @@ from pipeline.gold.tasks import (
     series_file,
 )
 from pipeline.gold.writer import ORDER
+from pipeline.lake import delta
+from pipeline.lake.delta_source import DataFile
 from pipeline.silver import SilverBatchWriter, SilverSettings, bronze_rows
 from schemas.gold import GOLD_TABLES
 

@@ -270,7 +270,7 @@ def test_series_key_drops_the_agent_epoch_of_v2_references() -> None:
     import pyarrow as pa
 
     from pipeline.gold.transforms import series_key
-    from pipeline.live import with_series
+    from pipeline.views.live import with_series
 
     ref = '{\\"_agent_epoch\\":%d,\\"_object_name\\":\\"org.apache.qpid.broker:queue:tq-5\\"}'
     keys = [f'["{ref % 1}","tq-5"]', f'["{ref % 2}","tq-5"]', '["0-1-1-0-3","q1"]', '["0-2-1-0-3","q1"]']

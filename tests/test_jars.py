@@ -1,4 +1,4 @@
-"""pipeline.jars: the locked JARs are checked before a session starts (no Spark here)."""
+"""pipeline.runtime.jars: the locked JARs are checked before a session starts (no Spark here)."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from pipeline import SetupError
-from pipeline import jars as pj
+from pipeline.runtime import jars as pj
 
 
 def _lock(tmp: Path, content: bytes) -> tuple[Path, Path]:

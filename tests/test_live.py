@@ -24,12 +24,12 @@ import pyarrow as pa
 import pytest
 from deltalake import DeltaTable, write_deltalake
 
-from pipeline import delta
 from pipeline.cli import main
 from pipeline.commands.metrics import Selection
 from pipeline.commands.top import format_rate
 from pipeline.gold import GoldBatchWriter
-from pipeline.live import LiveView
+from pipeline.lake import delta
+from pipeline.views.live import LiveView
 from tests.lake import Lake, copy_lake
 from tests.live_lake import QPIDD_SAMPLE, build, metrics_server
 
@@ -60,7 +60,7 @@ Quiet = Callable[[str, int], bool]  # (agent, end_ns) -> is a counter ending the
 def view_quiet(root: Path) -> Quiet:
     """The quiet rule with the publish cycles and last sightings a view reads from the lake
     (the rule itself is tested on hand-made rows below)."""
-    from pipeline.live import QUIET_CYCLES
+    from pipeline.views.live import QUIET_CYCLES
 
     view = LiveView(root, max_events=0)
     view.refresh()
@@ -653,7 +653,7 @@ def test_a_counter_ages_to_zero_one_and_a_half_cycles_after_its_end() -> None:
     """Counters of an object its agent did not republish: 0 once the agent was seen more than
     1.5 publish cycles after the rate's end; gauges keep their value; other agents' rows and
     agents never seen since are left alone."""
-    from pipeline.live import with_quiet
+    from pipeline.views.live import with_quiet
 
     end, cycle = 1_000 * 10**9, 2 * 10**9
     rows = pa.table({

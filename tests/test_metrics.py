@@ -19,9 +19,9 @@ from prometheus_client.openmetrics.parser import (
 )
 from prometheus_client.parser import text_string_to_metric_families as parse_text
 
-from pipeline import delta
 from pipeline.commands.metrics import MetricsState, Selection
-from pipeline.live import collapse
+from pipeline.lake import delta
+from pipeline.views.live import collapse
 from tests.live_lake import QPIDD_SAMPLE, build, metrics_server
 
 BROKER = "amqp-broker@vm:25672"

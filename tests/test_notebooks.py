@@ -8,7 +8,7 @@ before each notebook a setup cell clears the kernel's namespace (``%reset -f``),
 ``QMF_DATA`` and ``QMF_NOTEBOOK_OUT`` at the lake and the figure folder and starts the
 kernel's SparkSession with the test settings. After it, a probe cell sends back, as one
 JSON display output, the values the notebook computed, what its figures draw and name
-(``pipeline.notebook.figure_labels``) and the interpreter the kernel runs. The values are
+(``pipeline.views.notebook.figure_labels``) and the interpreter the kernel runs. The values are
 checked against the tables and the simulator's manifest; every figure must come out as a
 PNG image of the notebook, label queues by their names (``q00003``, not an index key or
 an object id) and agents by their broker. Every notebook is stored without outputs."""
@@ -30,10 +30,10 @@ from typing import Any
 import polars as pl
 import pytest
 
-from pipeline import delta
-from pipeline.live import key_name, last_index_value
-from pipeline.progress import SEVERITIES
+from pipeline.lake import delta
 from pipeline.sim.manifest import read_manifest
+from pipeline.views.live import key_name, last_index_value
+from pipeline.views.progress import SEVERITIES
 from tests.lake import START_NS, Lake
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -60,7 +60,7 @@ import sys as _sys
 import polars as _pl
 import polars.selectors as _cs
 from IPython.display import display as _display
-from pipeline import notebook as _nb
+from pipeline.views import notebook as _nb
 
 
 def _plain(v):
@@ -778,7 +778,7 @@ def test_notebooks_name_qpidd_queues_as_qpid_stat_does(
 
 
 # ---------------------------------------------------------------------------
-# pipeline.notebook's naming helpers, on small frames (no kernel, no Spark).
+# pipeline.views.notebook's naming helpers, on small frames (no kernel, no Spark).
 
 
 def _life(rows: list[dict[str, Any]], columns: tuple[str, ...] = ()) -> pl.DataFrame:
@@ -790,7 +790,7 @@ def _life(rows: list[dict[str, Any]], columns: tuple[str, ...] = ()) -> pl.DataF
 
 
 def test_object_names_take_the_latest_row_and_fall_back_to_the_index_key() -> None:
-    from pipeline.notebook import object_names
+    from pipeline.views.notebook import object_names
 
     rows: list[dict[str, Any]] = [
         # renamed: the later batch's name wins, whatever the row order
@@ -814,7 +814,7 @@ def test_object_names_take_the_latest_row_and_fall_back_to_the_index_key() -> No
 
 
 def test_with_names_joins_rates_on_agent_and_object_id() -> None:
-    from pipeline.notebook import with_names
+    from pipeline.views.notebook import with_names
 
     names = pl.DataFrame(
         {"agent": ["a", "b"], "object_id": ["1", "1"], "name": ["q-rate-50", "vh/q-b"]}
@@ -837,7 +837,7 @@ def test_with_names_joins_rates_on_agent_and_object_id() -> None:
 
 
 def test_agent_labels_name_agents_by_broker_and_tell_them_apart() -> None:
-    from pipeline.notebook import agent_labels
+    from pipeline.views.notebook import agent_labels
 
     def row(agent: str, dialect: str, broker: str | None, batch: int) -> dict[str, Any]:
         return {"agent": agent, "object_id": f"{agent}-{batch}", "index_key": None,
@@ -872,7 +872,7 @@ def test_agent_labels_name_agents_by_broker_and_tell_them_apart() -> None:
 
 
 def test_one_agent_per_broker_keeps_the_v2_view_of_each_object() -> None:
-    from pipeline.notebook import one_agent_per_broker
+    from pipeline.views.notebook import one_agent_per_broker
 
     def row(agent: str, dialect: str, broker: str | None) -> dict[str, Any]:
         return {"agent": agent, "object_id": "x", "index_key": None, "dialect": dialect,
@@ -908,7 +908,7 @@ def test_one_agent_per_broker_keeps_the_v2_view_of_each_object() -> None:
 
 
 def test_heartbeat_agent_names_qmf_v1_heartbeats_as_gold_does() -> None:
-    from pipeline.notebook import heartbeat_agent
+    from pipeline.views.notebook import heartbeat_agent
 
     beats = pl.DataFrame(
         {"agent": [None, "apache.org:qpidd:1", None, "sim-agent"],
@@ -924,7 +924,7 @@ def test_figure_labels_read_titles_legends_and_categorical_ticks() -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    from pipeline.notebook import figure_labels, label
+    from pipeline.views.notebook import figure_labels, label
 
     fig, (top, bottom) = plt.subplots(2, 1)
     try:

@@ -13,7 +13,7 @@ import polars as pl
 import pyarrow as pa
 
 from pipeline.commands.soak import PROGRESS
-from pipeline.progress import (
+from pipeline.views.progress import (
     Named,
     ProgressDisplay,
     ProgressStats,
@@ -156,8 +156,8 @@ def _rates(rows: list[tuple[str, str, str, float]], batch_id: int) -> pa.Table:
 def test_summary_reads_the_newest_rate_rows_up_to_its_bound(tmp_path: Path) -> None:
     """Three commits of rates: the summary ranks queues over all of them, or only over
     the newest files within ``rate_rows``, and says so."""
-    from pipeline import delta
-    from pipeline.progress import summary
+    from pipeline.lake import delta
+    from pipeline.views.progress import summary
     from schemas.gold import STATISTIC_RATES
 
     path = tmp_path / "gold" / "statistic_rates"
@@ -219,7 +219,7 @@ _LIFE = [
 
 
 def _liveness(path: Path) -> None:
-    from pipeline import delta
+    from pipeline.lake import delta
     from schemas.gold import AGENT_LIVENESS
 
     rows = {"agent": ["1.0", "1.0"], "dialect": ["AM2", "AM2"], "epoch": [1, 2],
@@ -234,10 +234,10 @@ def _liveness(path: Path) -> None:
 def test_summary_for_people_names_queues_and_brokers(tmp_path: Path) -> None:
     """Lifecycles with names: the JSON gains them, the tables show them, objects per
     class, events by severity in severity order, agents by broker with their restarts."""
-    from pipeline import delta
     from pipeline.gold.fold import fold_lifecycles
     from pipeline.gold.transforms import conform
-    from pipeline.progress import summary
+    from pipeline.lake import delta
+    from pipeline.views.progress import summary
     from schemas.gold import LIFECYCLE_STATE, OBJECT_LIFECYCLES, STATISTIC_RATES
     from schemas.silver import EVENTS
 
@@ -303,8 +303,8 @@ def _filled(cols: dict[str, list[Any]], schema: pa.Schema) -> pa.Table:
 def test_summary_of_tables_written_before_the_name_columns(tmp_path: Path) -> None:
     """An older lake (lifecycles without ``name``/``broker``): the summary still runs, the
     queues named by their index key's last value and the broker by the agent."""
-    from pipeline import delta
-    from pipeline.progress import summary
+    from pipeline.lake import delta
+    from pipeline.views.progress import summary
     from schemas.gold import LIFECYCLE_STATE, STATISTIC_RATES
 
     old = pa.schema([f for f in LIFECYCLE_STATE if f.name not in ("name", "broker")])

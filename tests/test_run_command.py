@@ -14,9 +14,9 @@ from typing import Any
 
 import pytest
 
-from pipeline import delta
 from pipeline.broker import config_env, delete_queue
 from pipeline.commands.run import QUEUE
+from pipeline.lake import delta
 from tests.integration.e2e import decoded_messages, manifest_messages
 from tests.terminal import spark_noise
 

@@ -53,7 +53,7 @@ def test_log_paths_share_the_run_time(tmp_path: Path) -> None:
 def test_a_data_folder_with_tables_is_said_to_continue(tmp_path: Path) -> None:
     """A second run into the same --data adds to the tables and its summary counts both
     runs: said once at the start rather than discovered in the totals."""
-    from pipeline import delta
+    from pipeline.lake import delta
 
     assert earlier_tables(tmp_path) is None
     delta.create_table(tmp_path / "bronze", pa.schema([("x", pa.int64())]), name="bronze")

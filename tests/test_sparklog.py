@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from pipeline import sparklog
+from pipeline.runtime import sparklog
 from tests.terminal import spark_noise
 
 
@@ -95,7 +95,7 @@ def test_driver_logging_ours_to_the_terminal_the_rest_to_the_file(
 
 WORKER_SCRIPT = """
 import logging, os, sys
-from pipeline import sparklog
+from pipeline.runtime import sparklog
 from pipeline.spark import get_spark, spark_log
 
 def warn_from_a_worker(batches):

@@ -184,14 +184,14 @@ fi
 # each such process compiled pyspark from source: about 0.65 CPU-s per process, a
 # dozen and more per query start. This .pth moves those two zips, which ship inside the
 # installed pyspark (the same code), after site-packages, whose pyspark is compiled
-# (docs/DESIGN.md, "Conventions"; docs/performance.md, 2026-12-01).
+# (docs/DESIGN.md, "Conventions"; docs/performance-log.md, 2026-12-01).
 site="$(.venv/bin/python -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')"
 cmp -s tools/qmf-pyspark-path.pth "$site/qmf-pyspark-path.pth" \
   || cp tools/qmf-pyspark-path.pth "$site/qmf-pyspark-path.pth"
 
 # --- JARs (jars.lock) ------------------------------------------------------------
 # delta-spark's JARs, fetched once from Maven Central into jars/ and checked against
-# the sha256 in jars.lock (a run fetches nothing; pipeline/jars.py checks them again
+# the sha256 in jars.lock (a run fetches nothing; pipeline/runtime/jars.py checks them again
 # before each session). $QMF_MAVEN_REPO points at a mirror; without curl's access,
 # Maven's own resolver (mvn dependency:copy) is tried.
 maven_repo="${QMF_MAVEN_REPO:-https://repo.maven.apache.org/maven2}"
@@ -220,7 +220,7 @@ done < jars.lock
 # installed pyspark): jobs submitted with it load Delta as get_spark's sessions do.
 spark_home="$(.venv/bin/python -c 'import os, pyspark; print(os.path.dirname(pyspark.__file__))')"
 mkdir -p "$spark_home/conf"
-.venv/bin/python -m pipeline.jars >.qmf/spark-defaults.conf || die "the JARs do not check out"
+.venv/bin/python -m pipeline.runtime.jars >.qmf/spark-defaults.conf || die "the JARs do not check out"
 cmp -s .qmf/spark-defaults.conf "$spark_home/conf/spark-defaults.conf" \
   || cp .qmf/spark-defaults.conf "$spark_home/conf/spark-defaults.conf"
 log "ready (.venv/bin/qmf; local broker: .venv/bin/qmf broker start)"

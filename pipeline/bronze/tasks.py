@@ -6,9 +6,9 @@ driver plans (``plan_units``: the ranges cut and grouped into units of about
 equal records, one per task), and each unit is written by ``write_unit``: it
 reads its ranges from the landing log with pyarrow (memory-mapped segments),
 drops matched redeliveries, writes one Parquet file into the batch's staging
-folder of the bronze table and returns only its ``pipeline.delta.DataFileInfo``.
+folder of the bronze table and returns only its ``pipeline.lake.delta.DataFileInfo``.
 The driver then commits every file of the batch in one Delta commit with the
-app transaction (``pipeline.delta.commit_staged``, in ``pipeline.bronze.writer``).
+app transaction (``pipeline.lake.delta.commit_staged``, in ``pipeline.bronze.writer``).
 
 The same ``write_unit`` runs in one of two places, so both give the same rows:
 
@@ -38,7 +38,8 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
-from pipeline import delta, taskworker
+from pipeline.lake import delta
+from pipeline.runtime import taskworker
 from pipeline.source import DEFAULT_MAX_RECORDS_PER_PARTITION, LandingRange, read_range
 from receivers.landing import SEGMENT_RE
 from schemas.tables import BRONZE, LANDING

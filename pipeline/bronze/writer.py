@@ -39,10 +39,11 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from pipeline import delta
 from pipeline.bronze import tasks
 from pipeline.bronze.tasks import DRIVER_MAX_BYTES
 from pipeline.bronze.transforms import bronze_batch
+from pipeline.lake import delta
+from pipeline.runtime.streaming import await_query, offset_log_sources, start_gated, trigger_kwargs
 from pipeline.source import (
     DEFAULT_MAX_RECORDS_PER_PARTITION,
     LandingRange,
@@ -50,7 +51,6 @@ from pipeline.source import (
     register,
     split_ranges,
 )
-from pipeline.streaming import await_query, offset_log_sources, start_gated, trigger_kwargs
 from receivers.landing import LandingLog
 from schemas.tables import BRONZE
 

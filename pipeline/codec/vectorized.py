@@ -240,7 +240,7 @@ def decode_content(
     with its agents, a backlog) is cut after each message that adds a schema
     some later content lacks, and each part is walked with the registry as it
     stands there: that content stays on the kernels instead of going to the
-    per-record path (see "schemas met in the batch" in docs/performance.md).
+    per-record path (see "schemas met in the batch" in docs/performance-log.md).
     """
     table = batch if isinstance(batch, pa.Table) else pa.Table.from_batches([batch])
     names = table.column_names

@@ -47,7 +47,7 @@ def backfill(args: argparse.Namespace) -> int:
         if settings is not None:
             from pyspark.errors import PySparkRuntimeError
 
-            from pipeline import sparklog
+            from pipeline.runtime import sparklog
             from pipeline.spark import get_spark, spark_log
 
             log = log_file(settings.gold)

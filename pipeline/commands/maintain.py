@@ -47,7 +47,7 @@ def register(subparsers: Any) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from pipeline.maintain import (
+    from pipeline.lake.maintain import (
         MaintainSettings,
         StreamCheckpoint,
         data_streams,

@@ -12,12 +12,12 @@ PromQL's ``=~`` anchors it); with a selector but no ``family`` every
 statistic is selected from. A counter's value is the rate of its latest gold
 interval (``qmf_statistic_rate_per_second``; 0 once its agent was seen more
 than 1.5 publish cycles after the interval's end without a new sample of the
-object: unchanged, ``pipeline.live.with_quiet``), any other statistic's its
+object: unchanged, ``pipeline.views.live.with_quiet``), any other statistic's its
 latest value (``qmf_statistic_value``). Labels: ``broker``, ``class``,
 ``name`` (gold's names), ``statistic``; a broker publishing an object through
-its QMF v1 and v2 agents (qpidd) gives it once (``pipeline.live.collapse``).
+its QMF v1 and v2 agents (qpidd) gives it once (``pipeline.views.live.collapse``).
 A background thread reads what the tables gained every ``--refresh`` seconds
-(``pipeline.live``; the first read starts from gold's latest state) and renders
+(``pipeline.views.live``; the first read starts from gold's latest state) and renders
 the default exposition ahead, so a scrape, the first included, answers from
 what is rendered. The
 exposition and its content negotiation (OpenMetrics or the Prometheus text
@@ -47,7 +47,7 @@ from prometheus_client.exposition import choose_encoder, gzip_accepted
 from prometheus_client.metrics_core import GaugeMetricFamily, Metric
 from prometheus_client.samples import Sample
 
-from pipeline.live import CONSUMERS, DEPTH, DEQUEUES, ENQUEUES, LiveView
+from pipeline.views.live import CONSUMERS, DEPTH, DEQUEUES, ENQUEUES, LiveView
 
 log = logging.getLogger(__name__)
 
@@ -189,7 +189,7 @@ def metric_families(
     version: int | None,
     state_version: int | None = None,
 ) -> list[Metric]:
-    """The metric families of selected current rows (collapsed: ``pipeline.live.collapse``).
+    """The metric families of selected current rows (collapsed: ``pipeline.views.live.collapse``).
 
     Counters without a rate (their latest interval was a reset) are left out: their rate is
     unknown until the next interval. Rows of an ambiguous name (one agent has two objects

@@ -220,10 +220,10 @@ def _bronze_summary(table: Path, max_rows: int = SUMMARY_ROWS) -> dict[str, Any]
     """
     import pyarrow.compute as pc
 
-    from pipeline import delta
     from pipeline.codec.seed import seeded_registry
     from pipeline.codec.summary import RecordCounts
-    from pipeline.progress import table_rows
+    from pipeline.lake import delta
+    from pipeline.views.progress import table_rows
 
     rows = table_rows(table)
     if rows > max_rows:
@@ -248,7 +248,7 @@ def _bronze_summary(table: Path, max_rows: int = SUMMARY_ROWS) -> dict[str, Any]
 
 
 def _table_counts(data: Path) -> dict[str, int]:
-    from pipeline.progress import table_rows
+    from pipeline.views.progress import table_rows
 
     out = {name: table_rows(data / "silver" / name)
            for name in ("object_samples", "events", "heartbeats", "quarantine")}  # fmt: skip
@@ -335,7 +335,7 @@ def _drain(spark: Any, name: str, start: Any, settings: Any, timeout_s: float) -
     """Run a downstream query once more with AvailableNow: to the end of its input."""
     import dataclasses
 
-    from pipeline.streaming import await_query
+    from pipeline.runtime.streaming import await_query
 
     query = start(spark, dataclasses.replace(settings, trigger="availableNow"))
     rc = await_query(query, name, available_now=True, timeout_s=timeout_s)
@@ -362,7 +362,7 @@ def log_paths(data: Path, stamp: str | None = None) -> tuple[Path, Path]:
 def earlier_tables(data: Path) -> str | None:
     """What the data folder already holds from earlier runs, said once: this run adds to
     those tables and its summary covers them too (no surprise in the totals)."""
-    from pipeline.progress import table_rows
+    from pipeline.views.progress import table_rows
 
     rows = table_rows(data / "bronze")
     if rows == 0:
@@ -376,7 +376,7 @@ def earlier_tables(data: Path) -> str | None:
 def report(summary: dict[str, Any], as_json: bool, saved: Path | None) -> None:
     """The closing summary on stdout: tables for people, or the JSON object (``--json``);
     the JSON is also in ``saved`` (DATA/logs/summary-<time>.json)."""
-    from pipeline.progress import print_summary
+    from pipeline.views.progress import print_summary
 
     text = json.dumps(summary, indent=1)
     if saved is not None:
@@ -393,14 +393,14 @@ def report(summary: dict[str, Any], as_json: bool, saved: Path | None) -> None:
 def run(args: argparse.Namespace) -> int:
     from pyspark.errors import PySparkRuntimeError
 
-    from pipeline import sparklog
     from pipeline.bronze import BronzeSettings, start_bronze
     from pipeline.gold import GoldSettings, start_gold
-    from pipeline.maintain import PeriodicMaintenance
-    from pipeline.progress import ProgressDisplay, Rates, progress_stats
-    from pipeline.progress import summary as tables_summary
+    from pipeline.lake.maintain import PeriodicMaintenance
+    from pipeline.runtime import sparklog
     from pipeline.silver import SilverSettings, start_silver
     from pipeline.spark import get_spark, spark_log
+    from pipeline.views.progress import ProgressDisplay, Rates, progress_stats
+    from pipeline.views.progress import summary as tables_summary
     from receivers.config import ConfigError
     from receivers.receiver import config_from_options
 
@@ -522,7 +522,7 @@ def run(args: argparse.Namespace) -> int:
                 break
             time.sleep(1.0)
     finally:
-        from pipeline.streaming import stop_queries
+        from pipeline.runtime.streaming import stop_queries
 
         maintenance.stop()
         if sim is not None and sim.poll() is None:
@@ -543,7 +543,7 @@ def run(args: argparse.Namespace) -> int:
     spark.stop()
     sparklog.flush()  # our last warnings from Spark's Python processes, before the summary
     if failed is not None:
-        from pipeline.streaming import query_error
+        from pipeline.runtime.streaming import query_error
 
         print(f"qmf run: a query failed: {query_error(failed)} (Spark's log: {_spark_log()})",
               file=sys.stderr)  # fmt: skip

@@ -27,7 +27,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-# qmf run's progress line (pipeline.progress.progress_line): "(N landed) | bronze N (lag N)".
+# qmf run's progress line (pipeline.views.progress.progress_line): "(N landed) | bronze N (lag N)".
 PROGRESS = re.compile(r"\(([\d,]+) landed\) \| bronze ([\d,]+) \(lag ([\d,]+)\)")
 
 

@@ -7,11 +7,11 @@ of msgTotalEnqueues/msgTotalDequeues), depth (msgDepth) and consumers
 (consumerCount), then the latest events. A broker publishing both QMF v1 and
 v2 (qpidd) gives each queue once: the agent with the newest sample (V2 on a
 tie); ``--json`` lists every agent. Each refresh reads only what the tables
-gained (``pipeline.live``). Queues whose object has ended (deleted, or lost
+gained (``pipeline.views.live``). Queues whose object has ended (deleted, or lost
 with its agent) leave the table. A queue its agent stopped republishing
 (qpidd publishes an object only when it changed) shows 0 msg/s once the agent
 was seen more than 1.5 publish cycles after the queue's latest interval
-(``pipeline.live.with_quiet``). On a terminal the table is redrawn in place
+(``pipeline.views.live.with_quiet``). On a terminal the table is redrawn in place
 (rich); otherwise each frame is printed as plain text.
 """
 
@@ -31,7 +31,7 @@ from rich.live import Live
 from rich.table import Table
 from rich.text import Text
 
-from pipeline.live import LiveView, QueueRow, severity_name
+from pipeline.views.live import LiveView, QueueRow, severity_name
 
 PLAIN_WIDTH = 10_000  # plain frames are as wide as their rows: nothing cut, nothing wrapped
 

@@ -67,8 +67,6 @@ import polars as pl
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from pipeline import delta, taskworker
-from pipeline.delta_source import DataFile, arrow_schema, read_file
 from pipeline.gold.transforms import (
     LIFECYCLE_KEYS,
     LivenessRules,
@@ -86,7 +84,10 @@ from pipeline.gold.transforms import (
     statistic_defs,
     upsert_rows,
 )
-from pipeline.ipc import from_ipc
+from pipeline.lake import delta
+from pipeline.lake.delta_source import DataFile, arrow_schema, read_file
+from pipeline.runtime import taskworker
+from pipeline.runtime.ipc import from_ipc
 from schemas.gold import AGENT_LIVENESS, LIFECYCLE_STATE, RATE_STATE, STATISTIC_RATES
 
 if TYPE_CHECKING:
@@ -325,7 +326,7 @@ class Kept:
     Kept as written (Arrow), not as polars frames: keeping then costs nothing at the
     write, and a task that takes a file converts it (``frame``), which is what a read of
     the file does after decoding its Parquet: a rate state of 224,000 rows read and cast
-    in 0.096 s, converted in 0.015 s (docs/performance.md, 2026-12-01). Keeping polars
+    in 0.096 s, converted in 0.015 s (docs/performance-log.md, 2026-12-01). Keeping polars
     frames converted every file written, kept or not taken, and cost the write about
     what the hits saved the read.
 

@@ -39,9 +39,7 @@ from typing import TYPE_CHECKING
 import polars as pl
 import pyarrow as pa
 
-from pipeline import delta
 from pipeline.bronze.writer import checkpoint_query_id
-from pipeline.delta_source import DataFile, read_batch
 from pipeline.gold.fold import fold_lifecycles
 from pipeline.gold.transforms import (
     LIFECYCLE_KEYS,
@@ -52,8 +50,10 @@ from pipeline.gold.transforms import (
     gold_batch,
     upsert_rows,
 )
-from pipeline.ipc import to_ipc
-from pipeline.streaming import await_query, start_gated, trigger_kwargs
+from pipeline.lake import delta
+from pipeline.lake.delta_source import DataFile, read_batch
+from pipeline.runtime.ipc import to_ipc
+from pipeline.runtime.streaming import await_query, start_gated, trigger_kwargs
 from schemas.gold import (
     AGENT_LIVENESS,
     GOLD_TABLES,
@@ -270,7 +270,7 @@ class GoldReport:
 
 def batch_files(settings: GoldSettings, batch_id: int) -> list[list[DataFile]] | None:
     """The silver files (samples, heartbeats) of micro-batch ``batch_id``, or None."""
-    from pipeline.delta_source import batch_files as files_of
+    from pipeline.lake.delta_source import batch_files as files_of
     from schemas.tables import spark_schema
 
     reads = [
@@ -647,7 +647,7 @@ def start_gold(
     spark: SparkSession, settings: GoldSettings, writer: GoldBatchWriter | None = None
 ) -> StreamingQuery:
     """Start the streaming query over silver's samples and heartbeats (``qmf-delta``)."""
-    from pipeline.delta_source import register
+    from pipeline.lake.delta_source import register
     from schemas.tables import spark_schema
 
     register(spark)

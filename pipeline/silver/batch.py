@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import pyarrow as pa
 
-from pipeline.delta_source import DataFile, batch_files, read_files
+from pipeline.lake.delta_source import DataFile, batch_files, read_files
 from pipeline.silver.settings import SilverSettings
 from schemas.tables import BRONZE
 
@@ -19,7 +19,7 @@ from schemas.tables import BRONZE
 def bronze_files(settings: SilverSettings, batch_id: int) -> list[DataFile] | None:
     """The bronze files of micro-batch ``batch_id`` of the silver stream; None when
     they cannot be known (no checkpoint, or a query's first batch whose start is not
-    logged: ``pipeline.delta_source.batch_files``)."""
+    logged: ``pipeline.lake.delta_source.batch_files``)."""
     from schemas.tables import spark_schema
 
     reads = [(settings.bronze, spark_schema(BRONZE))]

@@ -7,10 +7,10 @@ import threading
 from datetime import datetime
 from typing import TYPE_CHECKING
 
-from pipeline import delta
+from pipeline.lake import delta
+from pipeline.runtime.streaming import await_query, start_gated
 from pipeline.silver.settings import SilverSettings
 from pipeline.silver.writer import BatchReport, SilverBatchWriter
-from pipeline.streaming import await_query, start_gated
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
@@ -57,7 +57,7 @@ def run_silver_batch(
 
 def start_silver(spark: SparkSession, settings: SilverSettings) -> StreamingQuery:
     """Start the streaming query over bronze (source ``qmf-delta``, the table's appends)."""
-    from pipeline.delta_source import register
+    from pipeline.lake.delta_source import register
 
     register(spark)
     writer = SilverBatchWriter(settings)

@@ -32,8 +32,9 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
-from pipeline import delta, taskworker
 from pipeline.codec.schema import ClassSchema, SchemaRegistry
+from pipeline.lake import delta
+from pipeline.runtime import taskworker
 from schemas.silver import METHOD_CALLS
 
 if TYPE_CHECKING:

@@ -21,8 +21,8 @@ from datetime import UTC, datetime, timedelta
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from pipeline import delta
 from pipeline.codec.schema import SchemaRegistry
+from pipeline.lake import delta
 from pipeline.silver.decode import parse_key_text
 from schemas.tables import TS
 

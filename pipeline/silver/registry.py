@@ -416,14 +416,14 @@ class RegistryTable:
 
     def ensure(self, seed: bool = True) -> None:
         """Create the table; seed it from the XML (once, even across concurrent starts)."""
-        from pipeline import delta
+        from pipeline.lake import delta
 
         delta.create_table(self.path, SCHEMA_REGISTRY, name="schema_registry")
         if seed and delta.committed_batch(self.path, self.SEED_APP) is None:
             self._append(seed_table(self.kinds), self.SEED_APP, 0)
 
     def _append(self, rows: pa.Table, app_id: str, batch_id: int) -> None:
-        from pipeline import delta
+        from pipeline.lake import delta
 
         delta.append_arrow(rows, self.path, app_id=app_id, batch_id=batch_id)
 
@@ -431,7 +431,7 @@ class RegistryTable:
         """Every row (cached per table version)."""
         from deltalake import DeltaTable
 
-        from pipeline import delta
+        from pipeline.lake import delta
 
         version = DeltaTable(self.path).version()
         if self._cache is not None and self._cache[0] == version:
@@ -458,7 +458,7 @@ class RegistryTable:
         than ``touch_after_s`` (qpid consoles re-request schemas constantly;
         a merge per batch for that would be pure cost). Returns rows written.
         """
-        from pipeline import delta
+        from pipeline.lake import delta
 
         if not seen:
             return 0
@@ -492,7 +492,7 @@ class RegistryTable:
     def _merge(self, rows: pa.Table, app_id: str, batch_id: int) -> None:
         """Upsert ``rows``: a known schema keeps its row but for ``last_seen`` (the
         new one) and ``source_agent`` (the first one known)."""
-        from pipeline import delta
+        from pipeline.lake import delta
 
         keys = ("package", "class_name", "schema_hash", "kind")
         current = {

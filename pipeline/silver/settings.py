@@ -5,9 +5,9 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 
-from pipeline import delta
+from pipeline.lake import delta
+from pipeline.runtime.streaming import trigger_kwargs
 from pipeline.silver.registry import DEFAULT_KINDS_FILE, RegistryTable, StatisticKinds
-from pipeline.streaming import trigger_kwargs
 from schemas.silver import SILVER_TABLES
 
 # Where a micro-batch's row work runs (docs/DESIGN.md, Silver: where it runs).

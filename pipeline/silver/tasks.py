@@ -6,7 +6,7 @@ bronze files, or row groups, each task reads; one staging folder per table),
 every task decodes its part with the vectorized codec and writes one Parquet
 file per silver table into that table's staging folder, and returns only
 
-* the description of each file (``pipeline.delta.DataFileInfo``: name, size,
+* the description of each file (``pipeline.lake.delta.DataFileInfo``: name, size,
   rows, footer statistics), checked against the table schema in the task;
 * the schema records it met (registry rows) and its agent observations, already
   aggregated (one row per agent and dialect);
@@ -26,7 +26,7 @@ batches' messages it decoded in ``parked_resolved``.
 The driver then finishes the batch as on the driver path
 (``SilverBatchWriter.finish``) and commits each table's files, its own
 included, in one Delta commit with the app transaction
-(``pipeline.delta.commit_staged``). Its work grows with files, schemas,
+(``pipeline.lake.delta.commit_staged``). Its work grows with files, schemas,
 agents and the keys parked messages wait for, not with object samples, events,
 heartbeats, parked messages or method calls.
 """
@@ -43,10 +43,11 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
-from pipeline import delta, taskworker
 from pipeline.codec.schema import ClassSchema, SchemaRegistry
-from pipeline.delta_source import DataFile, arrow_schema, read_file
-from pipeline.ipc import from_ipc, to_ipc
+from pipeline.lake import delta
+from pipeline.lake.delta_source import DataFile, arrow_schema, read_file
+from pipeline.runtime import taskworker
+from pipeline.runtime.ipc import from_ipc, to_ipc
 from pipeline.silver import parked
 from pipeline.silver.agents import agent_rows, merge_agent_rows
 from pipeline.silver.decode import (

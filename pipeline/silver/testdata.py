@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import pyarrow as pa
 
-from pipeline import delta
+from pipeline.lake import delta
 from schemas.tables import BRONZE
 
 if TYPE_CHECKING:

@@ -19,7 +19,7 @@ One micro-batch (``SilverBatchWriter.__call__``), streaming or batch:
    calls are paired by bucket of (dialect, seq) (``pipeline.silver.methods``: in
    Spark tasks on the task path above ``calls_driver_max_rows``, else here);
 4. each non-empty table gets one Delta commit of all its files carrying
-   ``(app_id, batch_id)`` (``pipeline.delta.commit_staged``,
+   ``(app_id, batch_id)`` (``pipeline.lake.delta.commit_staged``,
    ``append_parquet``; ``method_calls`` replaces its candidate files in the same
    commit): a replay commits nothing twice. ``parked_resolved``
    is written last, so a crash before it leaves the parked messages pending
@@ -44,9 +44,9 @@ from typing import TYPE_CHECKING
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from pipeline import delta
 from pipeline.bronze.writer import checkpoint_query_id
 from pipeline.codec.schema import SchemaRegistry
+from pipeline.lake import delta
 from pipeline.silver import parked
 from pipeline.silver.agents import agent_rows, merge_agent_rows
 from pipeline.silver.batch import bronze_files, read_bronze
@@ -68,7 +68,7 @@ from schemas.silver import SILVER_TABLES
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
 
-    from pipeline.delta_source import DataFile
+    from pipeline.lake.delta_source import DataFile
     from pipeline.silver.tasks import TaskResults
 
 log = logging.getLogger(__name__)

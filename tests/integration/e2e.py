@@ -26,8 +26,8 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 from deltalake import DeltaTable
 
-from pipeline import delta
 from pipeline.codec.message import decode_message
+from pipeline.lake import delta
 from pipeline.qmfxml import default_schema
 from pipeline.sim.manifest import read_manifest, record_row
 from receivers.landing import LandingLog

@@ -7,10 +7,10 @@ from collections import defaultdict
 from pathlib import Path
 from typing import Any
 
-from pipeline import delta
 from pipeline.codec.capture import read_capture
 from pipeline.codec.records import ObjectSample
 from pipeline.codec.seed import seeded_registry
+from pipeline.lake import delta
 
 FINAL = ("msgTotalEnqueues", "msgTotalDequeues")
 MAX_GAP_NS = 300 * 10**9  # gold's max_gap_s: older objects start at their first sample

@@ -25,7 +25,7 @@ import pytest
 from pyspark.sql import SparkSession
 
 from pipeline import broker as qmf_broker
-from pipeline import delta
+from pipeline.lake import delta
 from receivers.landing import LandingLog
 from receivers.publisher import OutMessage, Publisher
 from tests.integration.e2e import (

@@ -35,7 +35,7 @@ import pyarrow as pa
 import pytest
 
 from pipeline import broker as qmf_broker
-from pipeline import delta
+from pipeline.lake import delta
 from tests.integration.e2e import (
     Child,
     children,

@@ -24,7 +24,7 @@ from typing import Any
 import pytest
 
 from pipeline import broker as qmf_broker
-from pipeline import delta
+from pipeline.lake import delta
 from receivers.publisher import Publisher
 from tests.integration.e2e import (
     Child,

@@ -23,8 +23,8 @@ import pytest
 from chispa import assert_df_equality
 from deltalake import DeltaTable
 
-from pipeline import delta
 from pipeline.backfill import BackfillReport, BackfillSettings, choose_run, run_backfill
+from pipeline.lake import delta
 from tests.lake import Lake, copy_lake
 
 if TYPE_CHECKING:

@@ -14,11 +14,11 @@ import pyarrow as pa
 import pytest
 from pyspark.sql import SparkSession
 
-from pipeline import delta
 from pipeline.bronze import BronzeSettings, checkpoint_query_id, start_bronze
 from pipeline.bronze.transforms import bronze_batch
+from pipeline.lake import delta
+from pipeline.runtime.streaming import trigger_kwargs
 from pipeline.source import register
-from pipeline.streaming import trigger_kwargs
 from receivers.landing import LandedMessage, LandingLog, LandingWriter, message_key
 from schemas.tables import BRONZE, LANDING, spark_schema
 from tests.spark.test_source import REPO, land

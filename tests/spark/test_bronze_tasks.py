@@ -16,7 +16,6 @@ import pyarrow as pa
 import pytest
 from pyspark.sql import SparkSession
 
-from pipeline import delta
 from pipeline.bronze import (
     BronzeSettings,
     checkpoint_query_id,
@@ -26,6 +25,7 @@ from pipeline.bronze import (
     write_ranges_tasks,
 )
 from pipeline.bronze.tasks import Unit, landing_bytes, plan_units
+from pipeline.lake import delta
 from pipeline.source import LandingRange, split_ranges
 from receivers.landing import LandingLog, LandingWriter
 from schemas.tables import BRONZE

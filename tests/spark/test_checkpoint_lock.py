@@ -18,7 +18,7 @@ import pytest
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql.streaming import StreamingQuery
 
-from pipeline.streaming import CHECKPOINT_LOCK, CHECKPOINTS, start_gated, stop_query
+from pipeline.runtime.streaming import CHECKPOINT_LOCK, CHECKPOINTS, start_gated, stop_query
 from tests.submit import REPO
 
 pytestmark = [pytest.mark.spark]
@@ -27,7 +27,7 @@ pytestmark = [pytest.mark.spark]
 # is in use, with the error's first words).
 OTHER = """
 import sys
-from pipeline.streaming import CHECKPOINTS, CheckpointInUse
+from pipeline.runtime.streaming import CHECKPOINTS, CheckpointInUse
 try:
     CHECKPOINTS.acquire(sys.argv[1])
 except CheckpointInUse as e:

@@ -30,7 +30,7 @@ from typing import Any
 import pyarrow as pa
 import pytest
 
-from pipeline import delta
+from pipeline.lake import delta
 from tests.submit import EXECUTOR_QUICK_JIT, SPARK_SUBMIT, spark_submit_env
 
 REPO = Path(__file__).resolve().parents[2]

@@ -17,7 +17,7 @@ import pytest
 from deltalake import DeltaTable
 from pyspark.sql import DataFrame, SparkSession
 
-from pipeline.delta import (
+from pipeline.lake.delta import (
     MAX_STAT_STRING_BYTES,
     DeltaLayerError,
     SchemaMismatchError,

@@ -18,8 +18,8 @@ from deltalake.transaction import AddAction
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql.streaming.datasource import ReadAllAvailable, ReadMaxFiles, ReadMaxRows
 
-from pipeline.delta import append_batch, create_table, overwrite_range, read_arrow
-from pipeline.delta_source import (
+from pipeline.lake.delta import append_batch, create_table, overwrite_range, read_arrow
+from pipeline.lake.delta_source import (
     DataFile,
     DeltaSourceError,
     DeltaSourceOptions,
@@ -254,7 +254,7 @@ def test_range_files_lists_a_snapshot_once_and_again_for_a_new_table(
     same version, is listed anew (its commit files differ)."""
     import shutil
 
-    from pipeline import delta_source as ds
+    from pipeline.lake import delta_source as ds
 
     path = new_table(tmp_path / "t")
     rs_append(path, range(0, 4))
@@ -691,7 +691,7 @@ def test_many_commits_between_triggers(qmf: SparkSession, tmp_path: Path) -> Non
 def test_first_batch_start_is_known_only_inside_a_starting_snapshot() -> None:
     """A first batch that ends inside a starting snapshot began at that snapshot's start
     (only an initial offset makes snapshot positions); any other end leaves it unknown."""
-    from pipeline.delta_source import _snapshot_starts
+    from pipeline.lake.delta_source import _snapshot_starts
 
     snap = json.dumps({"version": 8, "index": 1, "snapshot": True})
     other = json.dumps({"version": 3, "index": 2, "snapshot": True})
@@ -729,7 +729,7 @@ def test_batch_files_knows_every_batch_of_a_query_the_first_included(
     (these went through Spark's scan, a backlog collected through the JVM), and for a
     union whose second source has nothing new in a batch: Spark logs that source's
     start again as its end, whose "from" names an earlier batch's start."""
-    from pipeline.delta_source import read_batch
+    from pipeline.lake.delta_source import read_batch
 
     a, b = new_table(tmp_path / "a"), new_table(tmp_path / "b")
     rs_append(a, range(0, 4))

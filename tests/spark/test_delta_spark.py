@@ -17,8 +17,8 @@ import pytest
 from deltalake import DeltaTable as RsTable
 from pyspark.sql import SparkSession
 
-from pipeline import delta
-from pipeline.jars import DELTA_CATALOG, DELTA_EXTENSION, jar_paths
+from pipeline.lake import delta
+from pipeline.runtime.jars import DELTA_CATALOG, DELTA_EXTENSION, jar_paths
 from schemas.tables import TABLES
 from tests.lake import Lake
 from tests.submit import SPARK_SUBMIT, spark_submit_env

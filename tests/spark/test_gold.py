@@ -20,7 +20,6 @@ import pyarrow.compute as pc
 import pytest
 from chispa import assert_df_equality
 
-from pipeline import delta
 from pipeline.codec.capture import read_capture
 from pipeline.codec.message import decode_message
 from pipeline.codec.records import ObjectSample, id_columns
@@ -32,6 +31,7 @@ from pipeline.gold import (
     run_gold_batch,
 )
 from pipeline.gold.transforms import RateRules, frame
+from pipeline.lake import delta
 from pipeline.silver import SilverBatchWriter, SilverSettings, bronze_rows
 from pipeline.silver.registry import StatisticKinds, seed_table, to_registry
 from schemas.gold import GOLD_TABLES

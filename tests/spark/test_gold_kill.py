@@ -16,9 +16,9 @@ from typing import TYPE_CHECKING, Any
 import pytest
 from chispa import assert_df_equality
 
-from pipeline import delta
 from pipeline.codec.capture import read_capture
 from pipeline.gold import GoldSettings, run_gold_batch
+from pipeline.lake import delta
 from pipeline.silver import SilverBatchWriter, SilverSettings, bronze_rows
 from schemas.gold import GOLD_TABLES
 from tests.integration.e2e import kill_after_batch, last_batch_id, run_job_to_end

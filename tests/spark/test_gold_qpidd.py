@@ -30,11 +30,11 @@ import pyarrow.compute as pc
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from pipeline import delta
 from pipeline.cli import main
 from pipeline.codec.capture import read_capture
 from pipeline.commands.metrics import MetricsState
 from pipeline.gold import GoldBatchWriter, GoldSettings, gold_input_arrow
+from pipeline.lake import delta
 from pipeline.silver import SilverBatchWriter, SilverSettings, bronze_rows
 
 SAMPLES = "samples/qpidd-amqp10"

@@ -17,8 +17,8 @@ import pyarrow as pa
 import pytest
 from chispa import assert_df_equality
 
-from pipeline import delta
 from pipeline.gold import GoldBatchWriter, GoldSettings, gold_input
+from pipeline.lake import delta
 from pipeline.silver.registry import RegistryTable
 from schemas.silver import HEARTBEATS, OBJECT_SAMPLES
 

@@ -19,11 +19,11 @@ from typing import TYPE_CHECKING, Any
 
 import pytest
 
-from pipeline import delta
 from pipeline.cli import main
 from pipeline.codec.capture import read_capture
 from pipeline.gold import GoldSettings, run_gold_batch
 from pipeline.gold.transforms import LivenessRules
+from pipeline.lake import delta
 from pipeline.silver import SilverBatchWriter, SilverSettings, bronze_rows
 from pipeline.sim.manifest import read_manifest
 

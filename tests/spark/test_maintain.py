@@ -1,4 +1,4 @@
-"""Table maintenance (pipeline/maintain.py): compaction and vacuum, streams running or not.
+"""Table maintenance (pipeline/lake/maintain.py): compaction and vacuum, streams running or not.
 
 * every table of the simulated lake compacted and vacuumed: same rows, fewer
   files, app transactions kept, committed batches still skipped;
@@ -22,8 +22,8 @@ import pyarrow.parquet as pq
 import pytest
 from deltalake import DeltaTable
 
-from pipeline import delta
-from pipeline.maintain import (
+from pipeline.lake import delta
+from pipeline.lake.maintain import (
     MaintainSettings,
     StreamCheckpoint,
     data_streams,
@@ -33,8 +33,8 @@ from pipeline.maintain import (
     read_pin,
     stream_pins,
 )
+from pipeline.runtime.streaming import await_query
 from pipeline.silver import SilverSettings, start_silver
-from pipeline.streaming import await_query
 from schemas.silver import OBJECT_SAMPLES
 from schemas.tables import BRONZE
 from tests.lake import copy_lake
@@ -190,7 +190,7 @@ def test_command_dry_run_changes_nothing_then_the_job_compacts(
 
 
 def test_periodic_maintenance_runs_in_the_background(sim_lake: Lake, tmp_path: Path) -> None:
-    from pipeline.maintain import PeriodicMaintenance
+    from pipeline.lake.maintain import PeriodicMaintenance
 
     lake = copy_lake(sim_lake, tmp_path / "lake")
     rows = _rows(lake.bronze)
@@ -212,7 +212,7 @@ def _mirror(
 ) -> Any:
     """A downstream stream of silver's object_samples (as gold reads silver): its rows
     appended to ``target`` exactly once per micro-batch."""
-    from pipeline.delta_source import register
+    from pipeline.lake.delta_source import register
 
     register(spark)
     delta.create_table(target, OBJECT_SAMPLES)
@@ -392,7 +392,7 @@ def test_unknown_checkpoint_with_delta_offsets_pins_everything(
 
 
 def test_vacuum_spares_the_version_a_replayed_batch_reads(tmp_path: Path) -> None:
-    """``pipeline.delta.read_before_batch`` reads its own table as of before a batch the checkpoint
+    """``pipeline.lake.delta.read_before_batch`` reads its own table as of before a batch the checkpoint
     has not committed (a replay): that version's files survive compaction and vacuum."""
 
     schema = pa.schema([pa.field("k", pa.int64(), nullable=False)])
@@ -426,9 +426,9 @@ def test_merges_and_replaces_racing_compaction_lose_and_double_nothing(
     spark: SparkSession, tmp_path: Path
 ) -> None:
     """Writers that remove files (upserts, whole-table replaces) against compaction in
-    a loop. Without ``pipeline.delta.table_lock`` a merge fails when a compaction
+    a loop. Without ``pipeline.lake.delta.table_lock`` a merge fails when a compaction
     commits first, and a replace re-adds rows the compaction rewrote (docs/maintenance.md)."""
-    from pipeline.maintain import TableReport, compact_table
+    from pipeline.lake.maintain import TableReport, compact_table
 
     schema = pa.schema([pa.field("k", pa.int64(), nullable=False), pa.field("v", pa.int64())])
     merged, replaced = str(tmp_path / "merged"), str(tmp_path / "replaced")
@@ -516,7 +516,7 @@ def test_the_vacuum_inventory_lists_the_data_files_spark_sees(tmp_path: Path) ->
     """A pinned VACUUM's inventory: every data file under the table folder (sub-folders
     too) with its size and time, listed by Spark's file index; never the log, our
     ``_staging`` folder or hidden files, and never the spared (pinned) files."""
-    from pipeline.maintain import vacuum_inventory
+    from pipeline.lake.maintain import vacuum_inventory
     from pipeline.spark import get_spark
 
     root = tmp_path / "t"

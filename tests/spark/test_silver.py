@@ -17,8 +17,8 @@ from typing import TYPE_CHECKING, Any
 import pyarrow as pa
 import pytest
 
-from pipeline import delta
 from pipeline.codec.capture import CapturedMessage, read_capture
+from pipeline.lake import delta
 from pipeline.silver import SilverSettings, bronze_rows, run_silver_batch, write_bronze
 from schemas.silver import SILVER_TABLES
 

@@ -14,8 +14,8 @@ from typing import Any
 import pytest
 
 from pipeline import broker as qmf_broker
-from pipeline import delta
 from pipeline.codec.capture import read_capture
+from pipeline.lake import delta
 from pipeline.silver import SilverSettings, run_silver_batch
 from tests.integration.e2e import (
     Child,

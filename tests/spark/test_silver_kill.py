@@ -17,8 +17,8 @@ from typing import TYPE_CHECKING, Any
 
 import pytest
 
-from pipeline import delta
 from pipeline.codec.capture import read_capture
+from pipeline.lake import delta
 from pipeline.silver import SilverSettings, bronze_rows, run_silver_batch, write_bronze
 from tests.integration.e2e import kill_after_batch, run_job_to_end
 

@@ -15,11 +15,11 @@ import pytest
 
 import pipeline.silver as silver_mod
 import pipeline.silver.writer as silver_writer
-from pipeline import delta
 from pipeline.codec.capture import CapturedMessage
 from pipeline.codec.records import Am2ObjectId, Heartbeat, ObjectSample
 from pipeline.codec.schema import ClassSchema, Element, SchemaKey, SchemaRegistry
 from pipeline.codec.v1 import encode_records, schema_response_for
+from pipeline.lake import delta
 from pipeline.silver import (
     SilverBatchWriter,
     SilverSettings,

@@ -21,12 +21,12 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from pipeline import delta
 from pipeline.codec.capture import CapturedMessage
 from pipeline.codec.records import MethodRequest, MethodResponse, ObjectSample, Record
 from pipeline.codec.schema import ClassSchema, SchemaRegistry
 from pipeline.codec.types import Am1ObjectId, Am2ObjectId
 from pipeline.codec.v1 import encode_record
+from pipeline.lake import delta
 from pipeline.qmfxml import default_schema
 from pipeline.silver import (
     BatchReport,

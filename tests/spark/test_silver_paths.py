@@ -22,11 +22,11 @@ import pyarrow as pa
 import pytest
 from chispa import assert_df_equality
 
-from pipeline import delta
 from pipeline.cli import main as qmf
 from pipeline.codec.capture import CapturedMessage, read_capture
 from pipeline.gold import GoldSettings, run_gold_batch
 from pipeline.gold.tasks import bucket_of
+from pipeline.lake import delta
 from pipeline.silver import SilverSettings, bronze_rows, run_silver, write_bronze
 from pipeline.silver.writer import BatchReport, SilverBatchWriter
 
@@ -164,7 +164,7 @@ def test_auto_decodes_small_batches_on_the_driver_and_large_ones_in_tasks(
 ) -> None:
     """``auto``: a batch whose bronze files hold at most ``driver_max_bytes`` stays on the
     driver, a larger one goes to tasks; the tables equal the driver path's."""
-    from pipeline.delta_source import DeltaLogReader
+    from pipeline.lake.delta_source import DeltaLogReader
 
     msgs = list(read_capture(os.path.join(shared_dir, "samples/qpidd-capture-20s.jsonl")))
     parts = _split(msgs, 4)
@@ -304,7 +304,7 @@ def test_one_bronze_file_of_one_row_group_feeds_every_task(
     """A micro-batch of a single bronze file with a single row group (a bronze batch of
     up to 100,000 messages writes one) is cut by rows into one unit per core; the
     units read every row once, and the tables equal the driver path's."""
-    from pipeline.delta_source import DeltaLogReader
+    from pipeline.lake.delta_source import DeltaLogReader
     from pipeline.silver.tasks import _read_unit, plan_units
 
     msgs = list(read_capture(os.path.join(shared_dir, REAL["qpidd"])))

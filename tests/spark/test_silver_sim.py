@@ -16,11 +16,11 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import pytest
 
-from pipeline import delta
 from pipeline.cli import main as qmf
 from pipeline.codec.capture import read_capture
 from pipeline.codec.layout import to_json
 from pipeline.codec.schema import v2_name
+from pipeline.lake import delta
 from pipeline.silver import SilverSettings, bronze_rows, run_silver_batch, write_bronze
 
 if TYPE_CHECKING:

@@ -92,7 +92,7 @@ def test_workers_keep_polars_freed_pages_for_their_next_batch(spark: SparkSessio
     """Polars' jemalloc in every Python worker gets ``ALLOCATOR_ENV`` (set as an executor
     variable, which a cluster's workers need: they do not inherit the driver's
     environment): with jemalloc's defaults each batch's frames fault their pages in
-    again (docs/performance.md, 2026-12-02)."""
+    again (docs/performance-log.md, 2026-12-02)."""
     from pipeline import ALLOCATOR_ENV
 
     def conf(_: object) -> str | None:

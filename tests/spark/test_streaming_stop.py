@@ -16,7 +16,7 @@ import pytest
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql.streaming.query import StreamingQuery
 
-from pipeline.streaming import StopGate, poll_s, start_gated, stop_queries, stop_query
+from pipeline.runtime.streaming import StopGate, poll_s, start_gated, stop_queries, stop_query
 
 pytestmark = [pytest.mark.spark]
 

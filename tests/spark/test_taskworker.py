@@ -6,14 +6,14 @@ import gc
 
 from pyspark.sql import SparkSession
 
-from pipeline import taskworker
+from pipeline.runtime import taskworker
 
 
 def _probe(_: int) -> tuple[bool, int, int, int]:
     """In a task: start from nothing frozen, settle, then count frozen and tracked."""
     import gc
 
-    from pipeline import taskworker
+    from pipeline.runtime import taskworker
 
     gc.unfreeze()
     before = gc.get_freeze_count()
@@ -28,7 +28,7 @@ def _cycle(_: int) -> list[int]:
     """In a task: settle ``2 x UNFREEZE_EVERY`` times; the frozen count after each."""
     import gc
 
-    from pipeline import taskworker
+    from pipeline.runtime import taskworker
 
     counts = []
     for _ in range(2 * taskworker.UNFREEZE_EVERY):

@@ -4,7 +4,7 @@ PySpark's daemon reuses a Python worker for many tasks (``spark.python.worker.re
 and runs a full ``gc.collect()`` in it after every task (``pyspark/daemon.py``). With
 polars, pyarrow, numba's kernels and the codec imported, a worker tracks ~190,000
 objects, and that collection took 0.10-0.16 s per task on the project's VM, spent while
-the worker's next task waits (docs/performance.md, "the daemon's collection").
+the worker's next task waits (docs/performance-log.md, "the daemon's collection").
 
 ``settle`` freezes (``gc.freeze``) what is alive when a task starts, right after the
 daemon's collection of the previous task's garbage: imported modules, compiled kernels,

@@ -12,7 +12,7 @@ streams running (docs/maintenance.md):
   do not read the rows again; readers of any version see every row once;
 * concurrent writers: appends commute with compaction (Delta's conflict
   check lets OPTIMIZE commit on top of them); writers that remove files
-  (merges, replace commits) hold ``pipeline.delta.table_lock`` shared from
+  (merges, replace commits) hold ``pipeline.lake.delta.table_lock`` shared from
   their snapshot to their commit and compaction holds it exclusive, so
   neither sees the other half-way. A conflict with any other writer fails
   the compaction's commit, which is retried on the new version;
@@ -43,7 +43,7 @@ import pyarrow as pa
 from deltalake import DeltaTable
 from pyspark.sql import DataFrame, SparkSession
 
-from pipeline import delta
+from pipeline.lake import delta
 
 log = logging.getLogger(__name__)
 

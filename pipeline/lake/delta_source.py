@@ -24,7 +24,7 @@ Delta's own streaming source does:
 
 Commits after the start are read straight from ``_delta_log/<v>.json`` (exact
 and cheap); the starting snapshot comes from delta-rs (``get_add_actions``),
-which also understands checkpoints. Only local tables, as in pipeline.delta.
+which also understands checkpoints. Only local tables, as in pipeline.lake.delta.
 
 One small class per role, as in pipeline/source.py:
 
@@ -66,13 +66,13 @@ from pyspark.sql.streaming.datasource import (
 )
 from pyspark.sql.types import StructType
 
-from pipeline.streaming import offset_log_sources
+from pipeline.runtime.streaming import offset_log_sources
 
 if TYPE_CHECKING:
     from deltalake import DeltaTable
     from pyspark.sql import SparkSession
 
-    from pipeline.delta import CommitStamp
+    from pipeline.lake.delta import CommitStamp
 
 log = logging.getLogger(__name__)
 
@@ -440,7 +440,7 @@ class DeltaLogReader:
     def table(self, version: int | None = None) -> DeltaTable:
         from deltalake import DeltaTable
 
-        from pipeline.delta import check_protocol
+        from pipeline.lake.delta import check_protocol
 
         dt = DeltaTable(self.root, version=version)
         check_protocol(dt, write=False)
@@ -455,7 +455,7 @@ class DeltaLogReader:
         once per batch (26 ms a batch for gold's two silver tables of 24 commits)."""
         if self._snapshot is not None and self._snapshot[0] == version:
             return self._snapshot[1]
-        from pipeline.delta import commit_stamp
+        from pipeline.lake.delta import commit_stamp
 
         stamp = commit_stamp(self.root, version)
         with _SNAPSHOTS_LOCK:
@@ -911,7 +911,7 @@ class DeltaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         schema for a table that did not exist at ``load()`` included)."""
         if self._checked_schema:
             return
-        from pipeline.delta import table_schema
+        from pipeline.lake.delta import table_schema
         from schemas.tables import spark_schema
 
         table = spark_schema(table_schema(self.log.table())).simpleString()
@@ -1018,7 +1018,7 @@ class DeltaDataSource(DataSource):
         return NAME
 
     def schema(self) -> StructType:
-        from pipeline.delta import table_exists, table_schema
+        from pipeline.lake.delta import table_exists, table_schema
         from schemas.tables import spark_schema
 
         opts = DeltaSourceOptions.parse(self.options)  # fail at load(), not in the first batch

@@ -24,7 +24,7 @@ JobBody = Callable[["SparkSession", threading.Event], int]
 
 def trigger_arg(text: str) -> str:
     """argparse type of ``--trigger``: availableNow or processingTime=<interval>."""
-    from pipeline.streaming import trigger_kwargs
+    from pipeline.runtime.streaming import trigger_kwargs
 
     try:
         trigger_kwargs(text)

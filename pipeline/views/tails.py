@@ -7,7 +7,7 @@ removed; those files are read with pyarrow.parquet (never through delta-rs'
 dataset readers). ``StateTail`` (gold's ``rate_state``, rewritten whole),
 ``RatesTail`` (``statistic_rates``: the first read goes newest commit first
 down to the state's batch) and ``EventsTail`` (the newest events) specialise
-the first read. What is made of the rows is ``pipeline.live``'s business.
+the first read. What is made of the rows is ``pipeline.views.live``'s business.
 """
 
 from __future__ import annotations
@@ -191,7 +191,7 @@ class DeltaTail:
         """The table's current snapshot (protocol checked)."""
         from deltalake import DeltaTable
 
-        from pipeline import delta
+        from pipeline.lake import delta
 
         dt = DeltaTable(self.path)
         delta.check_protocol(dt, write=False)

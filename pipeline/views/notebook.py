@@ -7,7 +7,7 @@ Plain reads go through polars' native Delta reader, which lists the table's
 files with delta-rs and reads them itself; ``DeltaTable.to_pandas`` and
 ``to_pyarrow_table``/``to_pyarrow_dataset`` are avoided because they can
 abort the process at exit (docs: spark-delta-notes pitfall 7). Spark reads go
-through ``pipeline.delta.read_table`` with the project's session.
+through ``pipeline.lake.delta.read_table`` with the project's session.
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from pipeline.live import last_index_value
+from pipeline.views.live import last_index_value
 
 if TYPE_CHECKING:
     import polars as pl
@@ -51,7 +51,7 @@ def read_polars(layer: str, name: str | None = None) -> pl.DataFrame:
     """The whole table as a polars DataFrame (an empty table gives its columns, no rows)."""
     import polars as pl
 
-    from pipeline import delta
+    from pipeline.lake import delta
 
     path = table_path(layer, name)
     if not delta.table_exists(path):
@@ -248,8 +248,8 @@ def spark_session(app_name: str = "qmf-notebook") -> SparkSession:
 
 
 def read_spark(spark: SparkSession, layer: str, name: str | None = None) -> DataFrame:
-    """The table as a Spark DataFrame (``pipeline.delta.read_table``)."""
-    from pipeline import delta
+    """The table as a Spark DataFrame (``pipeline.lake.delta.read_table``)."""
+    from pipeline.lake import delta
 
     return delta.read_table(spark, table_path(layer, name))
 

@@ -6,7 +6,7 @@ which checks them again, so a missing or damaged JAR is one clear set-up error a
 the start, never a ``ClassNotFoundException`` in the middle of a job. Nothing here
 fetches anything.
 
-``python -m pipeline.jars`` prints the same settings as a ``spark-defaults.conf``
+``python -m pipeline.runtime.jars`` prints the same settings as a ``spark-defaults.conf``
 (set-up writes it where this venv's ``spark-submit`` reads it).
 """
 
@@ -20,7 +20,7 @@ from pathlib import Path
 
 from pipeline import SetupError
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 LOCK = REPO / "jars.lock"
 # Where the JARs live: ``jars/`` beside the lock, unless ``$QMF_JARS_DIR`` says else
 # (an image that keeps them elsewhere).
@@ -148,7 +148,7 @@ def delta_conf(existing: dict[str, str] | None = None, folder: Path | None = Non
 
 def spark_defaults() -> str:
     """``delta_conf`` as a ``spark-defaults.conf``."""
-    lines = ["# Written by tools/setup.sh from jars.lock (pipeline/jars.py): Delta for spark-submit."]
+    lines = ["# Written by tools/setup.sh from jars.lock (pipeline/runtime/jars.py): Delta for spark-submit."]
     lines += [f"{k} {v}" for k, v in delta_conf().items()]
     return "\n".join(lines) + "\n"
 

@@ -7,7 +7,7 @@ names things: queues and agents by the gold lifecycles' ``name`` and ``broker``
 (rates carry ids only: they are joined on ``(agent, object_id)``).
 
 Both read the Delta tables as they are on disk (no Spark): row counts come from
-the add actions' ``numRecords`` (``pipeline.delta`` writes it for every file,
+the add actions' ``numRecords`` (``pipeline.lake.delta`` writes it for every file,
 from the Parquet footer's row count, which always exists), and the summary
 reads only the columns it needs, file by file. Its cost is bounded however
 long the run was: the top queues come from the newest ``SUMMARY_RATE_ROWS``
@@ -42,7 +42,7 @@ def table_rows(path: str | os.PathLike[str]) -> int:
     """Rows of a Delta table from its log (0 while it does not exist)."""
     from deltalake import DeltaTable
 
-    from pipeline import delta
+    from pipeline.lake import delta
 
     if not delta.table_exists(path):
         return 0
@@ -180,14 +180,14 @@ def _isatty(file: IO[str]) -> bool:
 
 def _columns_schema(path: str, columns: list[str]) -> pa.Schema:
     """The table's fields ``columns``, nullable (as ``delta.iter_batches`` yields them)."""
-    from pipeline import delta
+    from pipeline.lake import delta
 
     return pa.schema([delta.table_schema(path).field(c).with_nullable(True) for c in columns])
 
 
 def _read(path: str, columns: list[str]) -> pa.Table | None:
     """Only ``columns`` of the table, file by file (None while it does not exist)."""
-    from pipeline import delta
+    from pipeline.lake import delta
 
     if not delta.table_exists(path):
         return None
@@ -200,7 +200,7 @@ def _queue_rates(path: str, max_rows: int) -> tuple[pa.Table | None, int, int]:
     filtered file by file (memory: the matching rows only); and rows read / in all."""
     import pyarrow.parquet as pq
 
-    from pipeline import delta
+    from pipeline.lake import delta
 
     if not delta.table_exists(path):
         return None, 0, 0
@@ -234,7 +234,7 @@ _NAME_COLS = ["name", "broker"]  # gold's names; absent from tables written befo
 
 def _lifecycles(path: str) -> pa.Table | None:
     """A lifecycle table's summary columns, or None where gold has not made it."""
-    from pipeline import delta
+    from pipeline.lake import delta
 
     if not delta.table_exists(path):
         return None
@@ -285,7 +285,7 @@ def top_queues(rates: pa.Table, n: int = 5, names: Names | None = None) -> list[
     it) and key form (statistics before its properties) count together, and a broker that
     publishes it through several agents (qpidd's QMF v1 and v2) lists it once, from the
     agent with the most rated intervals (V2 on a tie)."""
-    from pipeline.live import key_name
+    from pipeline.views.live import key_name
 
     t = rates.filter(
         pc.and_(
@@ -342,7 +342,7 @@ def top_queues(rates: pa.Table, n: int = 5, names: Names | None = None) -> list[
 
 def _table_columns(path: str, wanted: Iterable[str]) -> list[str]:
     """Those of ``wanted`` the table has (its log's schema)."""
-    from pipeline import delta
+    from pipeline.lake import delta
 
     have = set(delta.table_schema(path).names)
     return [c for c in wanted if c in have]

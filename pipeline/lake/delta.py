@@ -297,7 +297,7 @@ def check_protocol(dt: DeltaTable, *, write: bool) -> None:
 
 
 # ---------------------------------------------------------------------------
-# Coordination with compaction (pipeline/maintain.py)
+# Coordination with compaction (pipeline/lake/maintain.py)
 
 LOCK_FILE = "_qmf_table.lock"  # leading underscore: Delta readers and VACUUM ignore it
 

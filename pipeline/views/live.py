@@ -2,7 +2,7 @@
 
 ``qmf top`` and ``qmf serve-metrics`` share it. The gold and silver tables are
 Delta tables appended to by the running pipeline; a refresh reads only what
-was committed since the previous one (``pipeline.tails.DeltaTail``: the commit files of the
+was committed since the previous one (``pipeline.views.tails.DeltaTail``: the commit files of the
 new versions name the Parquet files they added; those files are read with
 pyarrow.parquet, never through delta-rs' dataset readers). The view is one
 row per series of gold's ``rate_state`` (``LiveView.rows``): the
@@ -41,7 +41,7 @@ import polars as pl
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from pipeline.tails import DeltaTail, EventsTail, RatesTail, StateTail, to_arrow, to_frame
+from pipeline.views.tails import DeltaTail, EventsTail, RatesTail, StateTail, to_arrow, to_frame
 from schemas.gold import AGENT_LIVENESS, LIFECYCLE_STATE
 
 if TYPE_CHECKING:
