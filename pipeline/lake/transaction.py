@@ -27,7 +27,7 @@ if TYPE_CHECKING:
     from pyspark.sql.types import StructType
 
 __all__ = [
-    "AddFile", "Outcome", "RemoveFile", "add_columns", "commit", "create", "last_batch", "new_session",
+    "TABLE_PROPERTIES", "AddFile", "Outcome", "RemoveFile", "add_columns", "commit", "create", "last_batch", "new_session",
     "session",
 ]  # fmt: skip
 
@@ -180,6 +180,18 @@ def commit(
     return Outcome(skipped=False, version=int(txn.commit(seq, op)))
 
 
+# Every table's properties at creation (a caller's own win):
+# - no deletion vectors, whatever a session's defaults say: delta-rs and polars read the
+#   tables, and our own readers list files from the log (docs/delta.md);
+# - a checkpoint every 100 commits (delta-rs's default), not delta-spark's 10: each is a
+#   Spark job of about 1.2 s in the committing driver, and gold commits five tables per
+#   batch (docs/performance.md, 2026-12-05); readers replay at most 99 small JSON commits.
+TABLE_PROPERTIES: Mapping[str, str] = {
+    "delta.enableDeletionVectors": "false",
+    "delta.checkpointInterval": "100",
+}
+
+
 def _quoted(name: str) -> str:
     return "`" + name.replace("`", "``") + "`"
 
@@ -190,16 +202,17 @@ def create(
     partition_by: Sequence[str] = (),
     properties: Mapping[str, str | None] | None = None,
 ) -> None:
-    """Create a path-based table by delta-spark (``CREATE TABLE IF NOT EXISTS``): a
-    table another process created first is left as it is. Nested fields are
-    declared nullable: Delta has no NOT NULL inside arrays, maps and structs."""
+    """Create a path-based table by delta-spark (``CREATE TABLE IF NOT EXISTS``) with
+    ``TABLE_PROPERTIES``: a table another process created first is left as it is.
+    Nested fields are declared nullable: Delta has no NOT NULL inside arrays, maps and
+    structs."""
     from delta.tables import DeltaTable
 
     builder = DeltaTable.createIfNotExists(session()).location(os.path.abspath(root))
     builder = builder.addColumns(_nested_nullable(schema))
     if partition_by:
         builder = builder.partitionedBy(*partition_by)
-    for key, value in (properties or {}).items():
+    for key, value in {**TABLE_PROPERTIES, **(properties or {})}.items():
         if value is not None:
             builder = builder.property(key, value)
     builder.execute()

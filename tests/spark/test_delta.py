@@ -263,6 +263,28 @@ def test_readers_agree(spark: SparkSession, tmp_path: Path) -> None:
     assert spark_rows(read_table(spark, path, version=1)) == arrow_as_spark_rows(expected)[:6]
 
 
+def test_tables_are_created_without_deletion_vectors_whatever_the_session_says(
+    spark: SparkSession, tmp_path: Path
+) -> None:
+    """A session whose defaults enable deletion vectors (a user's spark-defaults) still
+    creates our tables without them, and with a checkpoint every 100 commits."""
+    key = "spark.databricks.delta.properties.defaults.enableDeletionVectors"
+    spark.conf.set(key, "true")
+    try:
+        create_table(tmp_path / "events", EVENTS)
+        spark.sql(f"CREATE TABLE delta.`{tmp_path / 'theirs'}` (id BIGINT) USING delta")
+    finally:
+        spark.conf.unset(key)
+    ours = DeltaTable(str(tmp_path / "events"))
+    assert ours.metadata().configuration == {
+        "delta.enableDeletionVectors": "false", "delta.checkpointInterval": "100",
+    }  # fmt: skip
+    assert "deletionVectors" not in (ours.protocol().writer_features or [])
+    # The setting is real: a table created without ours gets deletion vectors.
+    theirs = DeltaTable(str(tmp_path / "theirs"))
+    assert "deletionVectors" in (theirs.protocol().writer_features or [])
+
+
 def test_unsupported_table_features_refused(spark: SparkSession, tmp_path: Path) -> None:
     """Deletion vectors would make plain file reads return deleted rows: refused."""
     path = tmp_path / "dv"
