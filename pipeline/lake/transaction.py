@@ -27,7 +27,7 @@ if TYPE_CHECKING:
     from pyspark.sql.types import StructType
 
 __all__ = [
-    "TABLE_PROPERTIES", "AddFile", "Outcome", "RemoveFile", "add_columns", "commit", "create", "last_batch", "new_session",
+    "TABLE_PROPERTIES", "AddFile", "Outcome", "RemoveFile", "add_columns", "commit", "create", "new_session",
     "session",
 ]  # fmt: skip
 
@@ -40,16 +40,14 @@ class AddFile:
     size: int
     stats: str | None
     partition_values: Mapping[str, str | None]
-    modification_ms: int = 0
-    data_change: bool = True
 
     def action(self, now_ms: int) -> dict[str, Any]:
         add: dict[str, Any] = {
             "path": self.path,
             "partitionValues": dict(self.partition_values),
             "size": self.size,
-            "modificationTime": self.modification_ms or now_ms,
-            "dataChange": self.data_change,
+            "modificationTime": now_ms,
+            "dataChange": True,
         }
         if self.stats:
             add["stats"] = self.stats
@@ -64,12 +62,12 @@ class RemoveFile:
     size: int
     partition_values: Mapping[str, str | None]
 
-    def action(self, now_ms: int, data_change: bool) -> dict[str, Any]:
+    def action(self, now_ms: int) -> dict[str, Any]:
         return {
             "remove": {
                 "path": self.path,
                 "deletionTimestamp": now_ms,
-                "dataChange": data_change,
+                "dataChange": True,
                 "extendedFileMetadata": True,
                 "partitionValues": dict(self.partition_values),
                 "size": self.size,
@@ -112,12 +110,6 @@ def _delta_log(spark: SparkSession, root: str) -> Any:
     return _delta(spark).DeltaLog.forTable(spark._jsparkSession, path)
 
 
-def last_batch(root: str | os.PathLike[str], app_id: str) -> int | None:
-    """The last batch ``app_id`` committed to the table (Delta's ``txnVersion``)."""
-    version = _app_version(_delta_log(session(), os.fspath(root)).startTransaction(), app_id)
-    return None if version < 0 else version
-
-
 def _app_version(txn: Any, app_id: str) -> int:
     """The app's last batch in the transaction's snapshot, -1 if none.
 
@@ -148,7 +140,6 @@ def commit(
     batch_id: int,
     operation: str,
     overwrite: bool = False,
-    data_change: bool = True,
 ) -> Outcome:
     """Commit ``adds`` and ``removes`` to the table at ``root`` as ``app_id``'s
     ``batch_id``, exactly once: a batch the table already has commits nothing.
@@ -165,7 +156,7 @@ def commit(
         return Outcome(skipped=True, version=int(txn.snapshot().version()))
     now_ms = int(time.time() * 1000)
     actions = [a.action(now_ms) for a in adds]
-    actions += [r.action(now_ms, data_change) for r in removes]
+    actions += [r.action(now_ms) for r in removes]
     actions.append({"txn": {"appId": app_id, "version": batch_id, "lastUpdated": now_ms}})
     parse = _delta(spark).actions.Action.fromJson
     jlist = jvm.java.util.ArrayList()
