@@ -18,7 +18,7 @@ ratio in brackets).
 trigger); the input rate is then per simulated second (rate rows / K).
 
 ``--stream`` runs the gold *streaming job* instead (``start_gold``, AvailableNow,
-its default ``maxRowsPerTrigger``) over the whole silver run, twice in the same
+its default ``maxBytesPerTrigger``) over the whole silver run, twice in the same
 process: reading each micro-batch's silver files on the driver (the default)
 and, as the same-run baseline, collecting each batch through Spark
 (``read_on_driver=False``). It prints each run's wall time against the
@@ -48,7 +48,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 
 from pipeline.cli import main as qmf
 from pipeline.codec.capture import read_capture
-from pipeline.gold import DEFAULT_MAX_ROWS_PER_TRIGGER, GoldBatchWriter, GoldSettings, gold_input
+from pipeline.gold import DEFAULT_MAX_BYTES_PER_TRIGGER, GoldBatchWriter, GoldSettings, gold_input
 from pipeline.lake import delta
 from pipeline.silver import SilverBatchWriter, SilverSettings, bronze_rows
 
@@ -63,7 +63,7 @@ def pct(values: list[float], q: float) -> float:
     return s[min(len(s) - 1, round(q * (len(s) - 1)))]
 
 
-def stream_runs(ss: SilverSettings, tmp: str, intervals: int, max_rows: int) -> int:
+def stream_runs(ss: SilverSettings, tmp: str, intervals: int, max_bytes: int) -> int:
     """The gold streaming job over the whole silver run: driver reads vs Spark reads."""
     import polars as pl
 
@@ -88,7 +88,7 @@ def stream_runs(ss: SilverSettings, tmp: str, intervals: int, max_rows: int) -> 
         gs = GoldSettings(
             silver=ss.root, root=os.path.join(tmp, f"gold-{on_driver}"),
             checkpoint=os.path.join(tmp, f"ckpt-{on_driver}"), read_on_driver=on_driver,
-            max_rows_per_trigger=max_rows,
+            max_bytes_per_trigger=max_bytes or None,
         )  # fmt: skip
         w = Timed(gs)
         t0 = time.perf_counter()
@@ -143,10 +143,9 @@ def main() -> int:
     ap.add_argument("--per-batch", type=int, default=1,
                     help="publish intervals per gold micro-batch (a longer trigger)")  # fmt: skip
     ap.add_argument("--stream", action="store_true", help="run the streaming job (see above)")
-    ap.add_argument("--max-rows-per-trigger", type=int, default=DEFAULT_MAX_ROWS_PER_TRIGGER,
-                    help="--stream: silver rows per micro-batch (about 17,500 per interval at "
-                         "10,000 queues: 17500 gives one-interval batches, as a live stream that "
-                         "keeps up has)")  # fmt: skip
+    ap.add_argument("--max-bytes-per-trigger", type=int, default=DEFAULT_MAX_BYTES_PER_TRIGGER,
+                    help="--stream: silver file bytes per micro-batch and source (1: one "
+                         "interval's commit per batch, as a live stream that keeps up has)")  # fmt: skip
     ap.add_argument("--keep", action="store_true", help="keep the temporary folder")
     args = ap.parse_args()
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
@@ -169,7 +168,7 @@ def main() -> int:
         os.remove(cap)
         print(f"sim + silver: {n_msgs} messages in {time.perf_counter() - t0:.1f} s", flush=True)
         if args.stream:
-            return stream_runs(ss, tmp, args.intervals, args.max_rows_per_trigger)
+            return stream_runs(ss, tmp, args.intervals, args.max_bytes_per_trigger)
 
         from pyspark.sql import functions as F
 

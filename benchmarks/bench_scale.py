@@ -134,7 +134,7 @@ from bench_machine import describe, machine_scaling
 
 from pipeline import ALLOCATOR_ENV as PIPELINE_ALLOCATOR_ENV
 from pipeline.lake import delta
-from pipeline.lake.delta_source import DataFile, arrow_schema, read_file
+from pipeline.lake.files import DataFile, arrow_schema, read_file
 from schemas.tables import BRONZE
 
 REPO = Path(__file__).resolve().parents[1]
@@ -868,7 +868,6 @@ def child_big(cfg: dict[str, Any]) -> dict[str, Any]:
     the start) and tasks read them; until 2026-11-27 the second went through Spark's
     scan (``run_dataframe``)."""
     from pipeline.silver import SilverSettings, start_silver
-    from pipeline.silver.batch import bronze_files
 
     run = Path(cfg["run"])
     shutil.rmtree(run, ignore_errors=True)
@@ -922,7 +921,6 @@ def child_big(cfg: dict[str, Any]) -> dict[str, Any]:
             "samples": [x.rows.get(SAMPLES, 0) for x in r],
             "seconds": [x.seconds for x in r],
             "decode_on": [x.decode_on for x in r],
-            "files_known": bronze_files(settings, 0) is not None,
             "table_rows": footer_rows(settings.path(SAMPLES)),
             "wall_s": wall,
             "memory": memory,
@@ -1182,7 +1180,7 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
                          "default the job's)")  # fmt: skip
     ap.add_argument("--gold-per-batch", type=int, default=0,
                     help="gold: publish intervals (silver commits) per micro-batch (default 0: "
-                         "as many as the gold job's default maxRowsPerTrigger admits)")
+                         "as many as the gold job's default maxBytesPerTrigger admits)")
     ap.add_argument("--timeout", type=float, default=900.0, help="per Spark query, seconds")
     ap.add_argument("--default-allocators", action="store_true",
                     help="keep the allocators' environment as it is (see ALLOCATOR_ENV)")  # fmt: skip
@@ -1213,18 +1211,17 @@ def run_big(args: argparse.Namespace, work: Path) -> dict[str, Any]:
     res = run_child(cfg)
     head = sum(big["samples"][:files])
     tail = big["samples"][files]
-    wants = {"files": ([head, tail], True), "rows": ([head + tail], True)}
+    wants = {"files": [head, tail], "rows": [head + tail]}
     out: dict[str, Any] = {"samples": head}
     for variant, how in (
         ("files", "limit ends inside the table: the driver knows the files, tasks read them"),
         ("rows", "first batch takes the whole table: its end offset names its start, tasks read the files"),
     ):
         r = res[variant]
-        want, known = wants[variant]
+        want = wants[variant]
         ok = (
             r["samples"] == want
             and r["table_rows"] == sum(want)
-            and r["files_known"] == known
             and set(r["decode_on"]) == {"tasks"}
         )
         mem = r["memory"]

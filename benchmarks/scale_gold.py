@@ -11,7 +11,7 @@ publish interval. Then:
 
 * **the gold stream** (``start_gold``, ``compute_on="tasks"``, 2 buckets on every
   master so the work is cut the same way, ``--gold-per-batch`` silver commits per
-  micro-batch, by default as many as the job's default ``maxRowsPerTrigger`` admits,
+  micro-batch, by default as many as the job's default ``maxBytesPerTrigger`` admits,
   ``trigger="availableNow"``) in a fresh process per master: ``local[1]`` (pinned to
   one CPU) and ``local[2]``. The figure is gold input rows (object samples and
   heartbeats) per second over the steady micro-batches (all but the first
@@ -124,7 +124,7 @@ def child_gold(cfg: dict[str, Any]) -> dict[str, Any]:
         silver=cfg["silver"], root=str(run / "gold"), checkpoint=str(run / "checkpoint"),
         compute_on="tasks", buckets=BUCKETS, rate_buckets=cfg.get("rate_buckets"),
         max_files_per_trigger=cfg["per_batch"],
-        max_rows_per_trigger=None, trigger="availableNow",
+        max_bytes_per_trigger=None, trigger="availableNow",
     )  # fmt: skip
     if cfg.get("keep_mib") is not None:
         settings = dataclasses.replace(settings, keep_mib=cfg["keep_mib"])
@@ -177,13 +177,12 @@ def child_gold(cfg: dict[str, Any]) -> dict[str, Any]:
 
 def commit_files(silver: str, name: str) -> list[list[str]]:
     """The data files each commit after the first (table creation) added to a silver table."""
-    from pipeline.lake.delta_source import DeltaLogReader
+    from pipeline.lake.files import commit_adds
 
-    log = DeltaLogReader(os.path.join(silver, name))
     files: list[list[str]] = []
     v = 1
-    while (c := log.commit(v)) is not None:
-        files.append([f.path for f in c.adds])
+    while (adds := commit_adds(os.path.join(silver, name), v)) is not None:
+        files.append([f.path for f in adds])
         v += 1
     return files
 
@@ -217,7 +216,7 @@ def _ceiling_worker(
         upsert_rows,
     )
     from pipeline.lake import delta
-    from pipeline.lake.delta_source import DataFile
+    from pipeline.lake.files import DataFile
     from schemas.gold import AGENT_LIVENESS, LIFECYCLE_STATE, RATE_STATE, STATISTIC_RATES
 
     rates_rules, live_rules = RateRules(), LivenessRules()
@@ -359,24 +358,25 @@ def run(args: Any, work: Path) -> dict[str, Any]:
         run_child,
     )  # fmt: skip
 
-    from pipeline.gold.writer import DEFAULT_MAX_ROWS_PER_TRIGGER
+    from pipeline.gold.writer import DEFAULT_MAX_BYTES_PER_TRIGGER
 
     m = build_silver(work / "gold-input", args.gold_agents, args.gold_queues, args.gold_intervals)
     # By default a micro-batch is what the gold job admits with its own defaults: whole
-    # silver commits up to maxRowsPerTrigger rows (the ratios depend on the batch size:
-    # a batch's fixed cost weighs less in a larger one, docs/performance.md).
-    median = sorted(m["samples"])[len(m["samples"]) // 2]
+    # silver commits up to maxBytesPerTrigger bytes of samples (the ratios depend on the
+    # batch size: a batch's fixed cost weighs less in a larger one, docs/performance.md).
+    sizes = sorted(sum(os.path.getsize(p) for p in c) for c in commit_files(m["silver"], "object_samples"))
+    median = sizes[len(sizes) // 2]
     # At least two measured batches after the warm ones (a small input: smaller batches).
     n = args.gold_per_batch or max(
         1,
-        min(DEFAULT_MAX_ROWS_PER_TRIGGER // max(1, median), len(m["samples"]) // (args.warm + 2)),
+        min(DEFAULT_MAX_BYTES_PER_TRIGGER // max(1, median), len(m["samples"]) // (args.warm + 2)),
     )
     print(f"\n== gold: {args.gold_agents} AM2 agents x {args.gold_queues:,} queues, "
           f"{args.gold_intervals} publish intervals of 1 s, one silver commit each; "
           f"{n} per micro-batch"
           + ("" if args.gold_per_batch else
-             f" (at most what the job's default maxRowsPerTrigger, "
-             f"{DEFAULT_MAX_ROWS_PER_TRIGGER:,} rows, admits)"))  # fmt: skip
+             f" (at most what the job's default maxBytesPerTrigger, "
+             f"{DEFAULT_MAX_BYTES_PER_TRIGGER:,} bytes, admits)"))  # fmt: skip
     per_batch = sum(m["samples"]) * n // len(m["samples"])
     print(f"  silver: {m['messages']:,} messages, {sum(m['samples']):,} object samples "
           f"(~{per_batch:,} per micro-batch), built in {m['build_s']:.0f} s")  # fmt: skip

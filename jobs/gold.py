@@ -3,7 +3,7 @@
     spark-submit jobs/gold.py --silver S --root G --checkpoint C [--trigger availableNow]
     spark-submit jobs/gold.py --silver S --root G --batch-id N [--from T0 --to T1]
 
-The first form streams silver's samples and heartbeats (source ``qmf-delta``),
+The first form streams silver's samples and heartbeats (Delta's streaming source),
 restartable from its checkpoint, exactly once; the second (backfill) runs
 the same writer once over the silver tables, or a sample-time range, as gold
 batch N of ``--app-id``. Only argument wiring lives here; the logic is in
@@ -19,9 +19,15 @@ from collections.abc import Sequence
 from datetime import datetime
 from typing import TYPE_CHECKING
 
-from pipeline.gold import DEFAULT_MAX_ROWS_PER_TRIGGER, GoldSettings, run_gold, run_gold_batch
+from pipeline.gold import DEFAULT_MAX_BYTES_PER_TRIGGER, GoldSettings, run_gold, run_gold_batch
 from pipeline.gold.transforms import LivenessRules, RateRules
-from pipeline.runtime.jobrun import run_job, setup_logging, trigger_arg
+from pipeline.runtime.jobrun import (
+    run_job,
+    setup_logging,
+    starting_version_arg,
+    starting_versions,
+    trigger_arg,
+)
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
@@ -36,9 +42,14 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--trigger", type=trigger_arg, default="availableNow",
                    help="availableNow (default) or processingTime=<interval>")
     p.add_argument("--max-files-per-trigger", type=int, default=None)
-    p.add_argument("--max-rows-per-trigger", type=int, default=DEFAULT_MAX_ROWS_PER_TRIGGER,
-                   help="silver rows per micro-batch and source (0: no limit); the batch is "
-                        "collected into the driver")  # fmt: skip
+    p.add_argument("--max-bytes-per-trigger", type=int, default=DEFAULT_MAX_BYTES_PER_TRIGGER,
+                   metavar="BYTES",
+                   help="silver file bytes per micro-batch and source (Delta's maxBytesPerTrigger; "
+                        "0: no limit); the batch is read into the driver")  # fmt: skip
+    p.add_argument("--starting-version", type=starting_version_arg, action="append",
+                   metavar="TABLE=V",
+                   help="a new checkpoint's first version of object_samples or heartbeats "
+                        "(Delta's startingVersion)")  # fmt: skip
     p.add_argument("--read-through-spark", action="store_true",
                    help="collect each micro-batch through Spark instead of reading its silver "
                         "files on the driver")  # fmt: skip
@@ -96,7 +107,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         registry=args.registry,
         trigger=args.trigger,
         max_files_per_trigger=args.max_files_per_trigger,
-        max_rows_per_trigger=args.max_rows_per_trigger or None,
+        max_bytes_per_trigger=args.max_bytes_per_trigger or None,
+        starting_versions=starting_versions(args.starting_version, ("object_samples", "heartbeats")),
         read_on_driver=not args.read_through_spark,
         compute_on=args.compute_on,
         driver_max_bytes=args.driver_max_bytes,

@@ -3,7 +3,7 @@
     spark-submit jobs/silver.py --bronze B --root R --checkpoint C [--trigger availableNow]
     spark-submit jobs/silver.py --bronze B --root R --batch-id N --bronze-batches LO:HI
 
-The first form streams bronze's appends (source ``qmf-delta``), restartable
+The first form streams bronze's appends (Delta's streaming source), restartable
 from its checkpoint; the second decodes a bronze range once (by bronze batch
 ids, or ``--received-from/--received-to``) as silver batch N of app
 ``--app-id``, with the same writer. Only argument wiring lives here; the
@@ -19,7 +19,13 @@ from collections.abc import Sequence
 from datetime import datetime
 from typing import TYPE_CHECKING
 
-from pipeline.runtime.jobrun import run_job, setup_logging, trigger_arg
+from pipeline.runtime.jobrun import (
+    run_job,
+    setup_logging,
+    starting_version_arg,
+    starting_versions,
+    trigger_arg,
+)
 from pipeline.silver import SilverSettings, run_silver, run_silver_batch
 from pipeline.silver.settings import CALLS_DRIVER_MAX_ROWS, DRIVER_MAX_BYTES
 
@@ -45,6 +51,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--trigger", type=trigger_arg, default="availableNow",
                    help="availableNow (default) or processingTime=<interval>")
     p.add_argument("--max-files-per-trigger", type=int, default=None)
+    p.add_argument("--starting-version", type=starting_version_arg, action="append", metavar="bronze=V",
+                   help="a new checkpoint's first bronze version (Delta's startingVersion)")
     p.add_argument("--timeout", type=float, default=None,
                    help="seconds: run time for processingTime, upper bound for availableNow")
     p.add_argument("--parked-max-age", type=float, default=3600.0, metavar="SECONDS",
@@ -84,6 +92,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         registry=args.registry,
         trigger=args.trigger,
         max_files_per_trigger=args.max_files_per_trigger,
+        starting_version=starting_versions(args.starting_version, ("bronze",)).get("bronze"),
         parked_max_age_s=args.parked_max_age,
         decode_on=args.decode_on,
         driver_max_bytes=args.driver_max_bytes,

@@ -41,16 +41,14 @@ SOURCE_OPTIONS: dict[str, str] = {
     "embeddedreceiver": "`true`: run a receiver in the driver (options `receiver.*`, below)",
 }
 
+# Delta's own streaming source, as silver (over bronze) and gold (over silver) use it.
 DELTA_SOURCE_OPTIONS: dict[str, str] = {
-    "path": "the Delta table's folder (a local/POSIX path, or `file://`); required",
-    "startingversion": "`earliest`, `latest` or a table version to start after",
-    "maxfilespertrigger": "at most N data files per micro-batch",
-    "maxrowspertrigger": "at most about N rows per micro-batch (whole files)",
-    "maxbytespertrigger": "at most about N bytes per micro-batch (whole files)",
-    "ignoredeletes": "skip commits that only remove files (e.g. a vacuum or a delete)",
-    "ignorechanges": "skip commits that rewrite files (MERGE, OPTIMIZE) instead of failing",
-    "skipchangecommits": "skip every commit that is not a pure append",
-    "maxbytesperpartition": "a micro-batch's files are split into Spark tasks of about N bytes",
+    "maxFilesPerTrigger": "at most N data files per micro-batch (Delta's default 1000); "
+    "`--max-files-per-trigger` of both jobs",
+    "maxBytesPerTrigger": "about N bytes of data files per micro-batch (whole files); gold's "
+    "`--max-bytes-per-trigger`",
+    "startingVersion": "a new checkpoint's first table version; `--starting-version TABLE=V` "
+    "of both jobs",
 }
 
 RECEIVER_OPTIONS: dict[str, str] = {
@@ -378,7 +376,6 @@ def _options_table(
 
 def render() -> str:
     """The whole reference, as Markdown."""
-    from pipeline.lake.delta_source import DeltaSourceOptions
     from pipeline.source import QmfOptions
 
     commands = list(qmf_parsers())
@@ -430,12 +427,14 @@ def render() -> str:
         "",
     ]
     out += _options_table(list(QmfOptions.KNOWN), SOURCE_OPTIONS, _dataclass_defaults(QmfOptions))
-    out += ['### `spark.readStream.format("qmf-delta")`: a Delta table\'s appends', ""]
-    out += _options_table(
-        list(DeltaSourceOptions.KNOWN),
-        DELTA_SOURCE_OPTIONS,
-        _dataclass_defaults(DeltaSourceOptions),
-    )
+    out += [
+        '### `spark.readStream.format("delta")`: Delta\'s source, in silver and gold',
+        "",
+        "The jobs read their input with Delta's own streaming source; the options they set "
+        "(all others: Delta's documentation):",
+        "",
+    ]
+    out += _options_table(list(DELTA_SOURCE_OPTIONS), DELTA_SOURCE_OPTIONS, {})
     out += [
         "## Embedded receiver options",
         "",

@@ -36,11 +36,11 @@ def test_every_command_job_and_option_is_listed() -> None:
 
 
 def test_source_receiver_and_environment_are_listed() -> None:
-    from pipeline.lake.delta_source import DeltaSourceOptions
+    from pipeline.docs import DELTA_SOURCE_OPTIONS
     from pipeline.source import QmfOptions
 
     text = docs.render()
-    for option in (*QmfOptions.KNOWN, *DeltaSourceOptions.KNOWN):
+    for option in (*QmfOptions.KNOWN, *DELTA_SOURCE_OPTIONS):
         assert f"| `{option}` |" in text
     receiver = docs.receiver_option_names()
     assert {"url", "preset", "queue", "cafile", "sasl", "partition", "readytimeout"} <= set(

@@ -30,7 +30,7 @@ from pipeline.gold.tasks import (
 )
 from pipeline.gold.writer import ORDER
 from pipeline.lake import delta
-from pipeline.lake.delta_source import DataFile
+from pipeline.lake.files import DataFile
 from pipeline.silver import SilverBatchWriter, SilverSettings, bronze_rows
 from schemas.gold import GOLD_TABLES
 

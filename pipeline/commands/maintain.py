@@ -4,7 +4,7 @@
     qmf maintain --table data/bronze --stream data/checkpoints/silver=data/bronze
 
 Safe while the streams run (docs/maintenance.md): compaction commits carry
-no data change (the ``qmf-delta`` source skips them), writers that remove
+no data change (Delta's streaming source skips them), writers that remove
 files share a table lock with it, app transactions are kept, and vacuum
 spares every version a checkpoint may still read, plus ``--retention-hours``.
 """
@@ -25,7 +25,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                        help="a table to maintain (repeatable)")
     p.add_argument("--stream", action="append", default=[], metavar="CHECKPOINT[=TABLE,...]",
                    help="with --table: a streaming checkpoint and the tables it reads "
-                        "(qmf-delta); without =TABLES its offsets pin every table")
+                        "(Delta's source); without =TABLES its offsets pin every table")
     p.add_argument("--retention-hours", type=int, default=None,
                    help="removed files younger than this are kept (default 168)")
     p.add_argument("--target-size", type=int, default=None, metavar="BYTES",

@@ -7,13 +7,14 @@
 
 from pipeline.gold.writer import (
     BEAT_COLS,
-    DEFAULT_MAX_ROWS_PER_TRIGGER,
+    DEFAULT_MAX_BYTES_PER_TRIGGER,
     LIVENESS_KEYS,
     SAMPLE_COLS,
     GoldBatchWriter,
     GoldReport,
     GoldSettings,
-    batch_from_offset_log,
+    batch_files,
+    batch_on_driver,
     ensure_tables,
     gold_input,
     gold_input_arrow,
@@ -25,13 +26,14 @@ from pipeline.gold.writer import (
 
 __all__ = [
     "BEAT_COLS",
-    "DEFAULT_MAX_ROWS_PER_TRIGGER",
+    "DEFAULT_MAX_BYTES_PER_TRIGGER",
     "LIVENESS_KEYS",
     "SAMPLE_COLS",
     "GoldBatchWriter",
     "GoldReport",
     "GoldSettings",
-    "batch_from_offset_log",
+    "batch_files",
+    "batch_on_driver",
     "ensure_tables",
     "gold_input",
     "gold_input_arrow",

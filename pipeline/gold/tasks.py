@@ -85,7 +85,7 @@ from pipeline.gold.transforms import (
     upsert_rows,
 )
 from pipeline.lake import delta
-from pipeline.lake.delta_source import DataFile, arrow_schema, read_file
+from pipeline.lake.files import DataFile, arrow_schema, read_file
 from pipeline.runtime import taskworker
 from pipeline.runtime.ipc import from_ipc
 from schemas.gold import AGENT_LIVENESS, LIFECYCLE_STATE, RATE_STATE, STATISTIC_RATES

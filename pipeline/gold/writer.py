@@ -1,12 +1,11 @@
 """The gold job: silver samples and heartbeats -> rates, lifecycles, liveness, exactly once.
 
 One query reads two silver tables (``object_samples`` and ``heartbeats``,
-source ``qmf-delta``) as one stream (``gold_input``: both projected onto one
-schema with a ``source`` column), so one checkpoint and one batch id cover
-both. A streaming micro-batch is read on the driver with pyarrow from the
-files between its offset-log positions (``batch_from_offset_log``); the
-query's first batch and batch mode are collected from Spark as Arrow (one
-Spark job). Either way the batch is computed on the driver in polars
+each with Delta's streaming source) as one stream (``gold_input``: both
+projected onto one schema with a ``source`` column), so one checkpoint and one
+batch id cover both. A streaming micro-batch is read on the driver with pyarrow
+from the files of its plan (``batch_on_driver``, ``pipeline.lake.files``); batch
+mode is collected from Spark as Arrow (one Spark job). Either way the batch is computed on the driver in polars
 (``pipeline.gold.transforms.gold_batch``; why: docs/DESIGN.md, Gold):
 
 1. agent liveness: heartbeats continue each agent's open up interval
@@ -51,9 +50,15 @@ from pipeline.gold.transforms import (
     upsert_rows,
 )
 from pipeline.lake import delta
-from pipeline.lake.delta_source import DataFile, read_batch
+from pipeline.lake.files import DataFile, read_files
+from pipeline.lake.files import batch_files as plan_files
 from pipeline.runtime.ipc import to_ipc
-from pipeline.runtime.streaming import await_query, start_gated, trigger_kwargs
+from pipeline.runtime.streaming import (
+    await_query,
+    refuse_old_checkpoint,
+    start_gated,
+    trigger_kwargs,
+)
 from schemas.gold import (
     AGENT_LIVENESS,
     GOLD_TABLES,
@@ -81,7 +86,7 @@ SAMPLE_COLS = (
     "object_name", "index_key", "ints", "floats", "texts",
 )  # fmt: skip
 BEAT_COLS = ("timestamp_ns", "attributes")
-DEFAULT_MAX_ROWS_PER_TRIGGER = 100_000  # ~5-8 s of gold work and ~100 MB of Arrow at 10,000 queues
+DEFAULT_MAX_BYTES_PER_TRIGGER = 3 << 20  # of silver files per source: ~115,000 samples (~26 bytes each)
 LIVENESS_KEYS = ("agent", "up_start_ns")
 # The task path's commits, in order: the rate state last (a batch's completion mark).
 ORDER = ("statistic_rates", "lifecycle_state", "object_lifecycles", "agent_liveness", "rate_state")
@@ -100,9 +105,13 @@ class GoldSettings:
     registry: str | None = None
     trigger: str = "availableNow"
     max_files_per_trigger: int | None = None
-    # Silver samples per micro-batch (per source): a batch is collected into the
-    # driver, so a backlog (gold restarted, or behind) must not arrive as one batch.
-    max_rows_per_trigger: int | None = DEFAULT_MAX_ROWS_PER_TRIGGER
+    # Silver file bytes per micro-batch and source (Delta's ``maxBytesPerTrigger``): a
+    # batch is read into the driver, so a backlog (gold restarted, or behind) must not
+    # arrive as one batch.
+    max_bytes_per_trigger: int | None = DEFAULT_MAX_BYTES_PER_TRIGGER
+    # Delta's ``startingVersion`` per silver table (``object_samples``, ``heartbeats``) of
+    # a new checkpoint's stream (absent: the table as of the start, then its commits).
+    starting_versions: dict[str, int] = field(default_factory=dict)
     rates: RateRules = field(default_factory=RateRules)
     liveness: LivenessRules = field(default_factory=LivenessRules)
     query_name: str = "qmf_gold"
@@ -141,13 +150,15 @@ class GoldSettings:
         if self.keep_mib < 0:
             raise ValueError(f"keep_mib {self.keep_mib}: must be >= 0")
 
-    def source_options(self) -> dict[str, str]:
-        """Options of the ``qmf-delta`` reads besides ``path`` (limits: the stream's only)."""
+    def source_options(self, name: str) -> dict[str, str]:
+        """Options of Delta's streaming read of silver table ``name`` (admission control)."""
         out: dict[str, str] = {}
         if self.max_files_per_trigger is not None:
             out["maxFilesPerTrigger"] = str(self.max_files_per_trigger)
-        if self.max_rows_per_trigger is not None:
-            out["maxRowsPerTrigger"] = str(self.max_rows_per_trigger)
+        if self.max_bytes_per_trigger is not None:
+            out["maxBytesPerTrigger"] = str(self.max_bytes_per_trigger)
+        if name in self.starting_versions:
+            out["startingVersion"] = str(self.starting_versions[name])
         return out
 
     def path(self, name: str) -> str:
@@ -234,25 +245,19 @@ def gold_input_arrow(samples: pa.Table, heartbeats: pa.Table) -> pl.DataFrame:
     return frame(pa.concat_tables(parts))
 
 
-def batch_from_offset_log(settings: GoldSettings, batch_id: int) -> pl.DataFrame | None:
-    """Micro-batch ``batch_id`` of the gold stream read on the driver, or None if unknown.
-
-    Its start is the previous batch's entry in the offset log and its end its
-    own (``offset_log_sources``: samples, then heartbeats, the union's order);
-    the files between are what the ``qmf-delta`` sources' ``partitions()``
-    give, read with pyarrow. A query's first batch starts at the sources'
-    initial offset, which Spark does not log: that batch goes through Spark.
-    """
+def batch_on_driver(settings: GoldSettings, files: list[list[DataFile]] | None) -> pl.DataFrame | None:
+    """A micro-batch of the gold stream read on the driver with pyarrow from its silver
+    files (``batch_files``: samples, then heartbeats); None when they are not known
+    or ``read_on_driver`` is off (then Spark collects it)."""
     from schemas.tables import spark_schema
 
-    if not settings.read_on_driver:
+    if not settings.read_on_driver or files is None:
         return None
-    reads = [
-        (settings.silver_path(name), spark_schema(schema), source_columns(schema))
-        for name, schema in (("object_samples", OBJECT_SAMPLES), ("heartbeats", HEARTBEATS))
+    tables = [
+        read_files(fs, spark_schema(schema), source_columns(schema))
+        for fs, schema in zip(files, (OBJECT_SAMPLES, HEARTBEATS), strict=True)
     ]
-    tables = read_batch(settings.checkpoint, batch_id, reads, settings.source_options())
-    return None if tables is None else gold_input_arrow(*tables)
+    return gold_input_arrow(*tables)
 
 
 @dataclass
@@ -268,16 +273,12 @@ class GoldReport:
     steps: dict[str, float] = field(default_factory=dict)
 
 
-def batch_files(settings: GoldSettings, batch_id: int) -> list[list[DataFile]] | None:
-    """The silver files (samples, heartbeats) of micro-batch ``batch_id``, or None."""
-    from pipeline.lake.delta_source import batch_files as files_of
-    from schemas.tables import spark_schema
-
-    reads = [
-        (settings.silver_path(name), spark_schema(schema))
-        for name, schema in (("object_samples", OBJECT_SAMPLES), ("heartbeats", HEARTBEATS))
-    ]
-    return files_of(settings.checkpoint, batch_id, reads, settings.source_options())
+def batch_files(settings: GoldSettings, df: DataFrame) -> list[list[DataFile]] | None:
+    """The silver files (samples, heartbeats) of ``df``, a micro-batch of the gold stream,
+    from its plan (``pipeline.lake.files.batch_files``); None in batch mode."""
+    return plan_files(
+        df, [settings.silver_path("object_samples"), settings.silver_path("heartbeats")]
+    )
 
 
 # Auto rate stage: on when the last batch's largest bucket of agents held this many times
@@ -347,7 +348,7 @@ class GoldBatchWriter:
             return
         t0 = time.perf_counter()
         s = self.settings
-        files = batch_files(s, batch_id) if s.checkpoint else None
+        files = batch_files(s, df)
         mode = s.compute_on
         if mode == "auto":
             size = None if files is None else sum(f.size for fs in files for f in fs)
@@ -355,7 +356,7 @@ class GoldBatchWriter:
         if mode == "tasks":
             report = self.write_tasks(df, files, batch_id)
         else:
-            batch = batch_from_offset_log(s, batch_id)
+            batch = batch_on_driver(s, files)
             if batch is None:
                 batch = frame(df.toArrow())
             report = self.write(batch, batch_id)
@@ -646,23 +647,18 @@ def run_gold_batch(
 def start_gold(
     spark: SparkSession, settings: GoldSettings, writer: GoldBatchWriter | None = None
 ) -> StreamingQuery:
-    """Start the streaming query over silver's samples and heartbeats (``qmf-delta``)."""
-    from pipeline.lake.delta_source import register
-    from schemas.tables import spark_schema
-
-    register(spark)
+    """Start the streaming query over silver's samples and heartbeats (Delta's source)."""
+    refuse_old_checkpoint(settings.checkpoint, "gold", ["object_samples", "heartbeats"])
     writer = writer or GoldBatchWriter(settings)
 
-    def read(name: str, schema: pa.Schema) -> DataFrame:
+    def read(name: str) -> DataFrame:
         return (
-            spark.readStream.format("qmf-delta")
-            .schema(spark_schema(schema))
-            .options(**settings.source_options())
-            .option("path", settings.silver_path(name))
-            .load()
+            spark.readStream.format("delta")
+            .options(**settings.source_options(name))
+            .load(settings.silver_path(name))
         )
 
-    stream = gold_input(read("object_samples", OBJECT_SAMPLES), read("heartbeats", HEARTBEATS))
+    stream = gold_input(read("object_samples"), read("heartbeats"))
     return start_gated(
         stream,
         writer,

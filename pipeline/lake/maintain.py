@@ -8,7 +8,7 @@ a session of their own. Why it is safe with the bronze, silver and gold
 streams running (docs/maintenance.md):
 
 * rows: a compaction commit only re-packs rows (``dataChange=false`` adds and
-  removes). The ``qmf-delta`` source skips such commits, so downstream jobs
+  removes). Delta's streaming source skips such commits, so downstream jobs
   do not read the rows again; readers of any version see every row once;
 * concurrent writers: appends commute with compaction (Delta's conflict
   check lets OPTIMIZE commit on top of them); writers that remove files
@@ -21,7 +21,7 @@ streams running (docs/maintenance.md):
 * vacuum: a file is deleted only when it was removed more than
   ``retention_hours`` ago *and* it is not live in any version a stream or a
   recovery may still read (``stream_pins``): versions from the oldest
-  ``qmf-delta`` offset a checkpoint's next (or replayed) batch starts at, and
+  Delta source offset a checkpoint's next (or replayed) batch starts at, and
   from the version before a not-yet-checkpointed batch of a streaming writer
   (silver's ``table_before`` reads it on a replay). Such files are left out of
   the inventory VACUUM is given (``VACUUM ... USING INVENTORY``).
@@ -86,9 +86,9 @@ class MaintainSettings:
 
 @dataclass(frozen=True)
 class StreamCheckpoint:
-    """A streaming query's checkpoint and the Delta tables it reads with ``qmf-delta``.
+    """A streaming query's checkpoint and the Delta tables it streams from (Delta's source).
 
-    ``reads=None``: not known. If such a checkpoint holds ``qmf-delta``
+    ``reads=None``: not known. If such a checkpoint holds Delta source
     offsets, they could point into any table: nothing is vacuumed.
     """
 
@@ -146,13 +146,9 @@ def _batch_ids(folder: str) -> list[int]:
     return sorted(int(n) for n in names if n.isdigit())
 
 
-def _positions(
-    checkpoint: str, batch_id: int, starts: bool = False
-) -> list[tuple[int, bool]] | None:
-    """The ``qmf-delta`` offsets (version, snapshot) of one offset-log entry, in
-    source order; None if the entry is gone. Other sources' offsets are left out.
-    ``starts``: the batch's start each end offset names (``"from"``) instead; None
-    when one does not (written before ends named their start)."""
+def _positions(checkpoint: str, batch_id: int) -> list[tuple[int, bool]] | None:
+    """The Delta source offsets (version, starting snapshot) of one offset-log entry, in
+    source order; None if the entry is gone. Other sources' offsets are left out."""
     try:
         with open(os.path.join(checkpoint, "offsets", str(batch_id)), encoding="utf-8") as fh:
             lines = fh.read().splitlines()
@@ -164,28 +160,22 @@ def _positions(
             value = json.loads(line)
         except json.JSONDecodeError:
             continue
-        if isinstance(value, dict) and {"version", "index"} <= set(value):
-            if starts:
-                value = value.get("from")
-                if not isinstance(value, dict):
-                    return None
-            out.append((int(value["version"]), bool(value.get("snapshot", False))))
+        if isinstance(value, dict) and "reservoirVersion" in value:
+            out.append((int(value["reservoirVersion"]), bool(value.get("isStartingVersion"))))
     return out
 
 
 def read_pin(checkpoint: str) -> int | None:
     """The oldest table version the query's next batch, or the replay of its last
-    uncommitted one, reads from (its ``qmf-delta`` start offsets); None when it
+    uncommitted one, reads from (its Delta source start offsets); None when it
     holds no such offset.
 
-    Spark re-runs an uncommitted batch N from the end of batch N-1; a
-    committed one is followed by a batch starting at its end. A position
-    ``{version v}`` reads the files of commit v on (live at v or later), a
-    snapshot position the files live at v: both need versions >= v. An
-    uncommitted batch's end offset names its start (``"from"``), which the replay
-    reads from; an older entry's start is the previous entry, and an older
-    uncommitted first batch started from an initial offset that is not logged:
-    every version is needed (0).
+    Spark re-runs an uncommitted batch N from the end of batch N-1; a committed
+    one is followed by a batch starting at its end. A position in version v reads
+    the files commit v (and later ones) added, a starting-snapshot position the
+    files live at v: both need versions >= v. An uncommitted first batch starts
+    at the snapshot its end lies in, or, once past it, at a snapshot whose
+    version is not logged: then every version is needed (0).
     """
     offsets = _batch_ids(os.path.join(checkpoint, "offsets"))
     if not offsets:
@@ -193,15 +183,15 @@ def read_pin(checkpoint: str) -> int | None:
     last = offsets[-1]
     newest = _positions(checkpoint, last)
     if not newest:
-        return None  # no qmf-delta source (bronze reads the landing log)
+        return None  # no Delta source (bronze reads the landing log)
     if last in set(_batch_ids(os.path.join(checkpoint, "commits"))):
         start = newest
+    elif last > 0 and (previous := _positions(checkpoint, last - 1)):
+        start = previous
+    elif all(snapshot for _v, snapshot in newest):
+        start = newest
     else:
-        named = _positions(checkpoint, last, starts=True)
-        previous = _positions(checkpoint, last - 1) if last > 0 and not named else None
-        if not (named or previous):
-            return 0  # a replay from an initial offset that is not logged: keep everything
-        start = named or previous or []
+        return 0  # a replay from a starting snapshot whose version is not logged
     return min(v for v, _snapshot in start)
 
 

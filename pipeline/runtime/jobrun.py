@@ -11,10 +11,13 @@ from __future__ import annotations
 import argparse
 import logging
 import signal
+import sys
 import threading
 from collections.abc import Callable
 from types import FrameType
 from typing import TYPE_CHECKING
+
+from pipeline import SetupError
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
@@ -31,6 +34,31 @@ def trigger_arg(text: str) -> str:
     except ValueError as exc:
         raise argparse.ArgumentTypeError(str(exc)) from None
     return text
+
+
+def starting_version_arg(text: str) -> tuple[str, int]:
+    """argparse type of ``--starting-version TABLE=V``: Delta's ``startingVersion`` of one
+    source table of a new checkpoint (what a refused old checkpoint's message names)."""
+    name, sep, value = text.rpartition("=")
+    try:
+        version = int(value)
+    except ValueError:
+        version = -1
+    if not sep or not name or version < 0:
+        raise argparse.ArgumentTypeError(f"{text!r}: expected TABLE=VERSION, VERSION >= 0")
+    return name, version
+
+
+def starting_versions(given: list[tuple[str, int]] | None, tables: tuple[str, ...]) -> dict[str, int]:
+    """``--starting-version`` values by table, each one of ``tables`` and given once."""
+    out: dict[str, int] = {}
+    for name, version in given or []:
+        if name not in tables:
+            raise SystemExit(f"--starting-version {name}={version}: TABLE is one of {', '.join(tables)}")
+        if name in out:
+            raise SystemExit(f"--starting-version {name}: given twice")
+        out[name] = version
+    return out
 
 
 def setup_logging() -> None:
@@ -60,5 +88,8 @@ def run_job(app_name: str, body: JobBody) -> int:
     tune_shuffles(spark)
     try:
         return body(spark, stop)
+    except SetupError as exc:  # e.g. a checkpoint this release cannot resume: one clear line
+        print(f"{app_name}: {exc}", file=sys.stderr)
+        return 2
     finally:
         spark.stop()

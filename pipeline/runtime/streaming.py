@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import re
@@ -9,6 +10,8 @@ import threading
 import time
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
+
+from pipeline import SetupError
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame
@@ -57,6 +60,65 @@ def offset_log_sources(checkpoint: str, batch_id: int) -> list[str] | None:
     if not sources or any(s in ("", "-") for s in sources):
         return None
     return sources
+
+
+def last_offsets(checkpoint: str) -> tuple[int, list[str]] | None:
+    """The newest entry of the checkpoint's offset log: its batch id and source offsets."""
+    folder = os.path.join(checkpoint, "offsets")
+    try:
+        ids = [int(n) for n in os.listdir(folder) if n.isdigit()]
+    except FileNotFoundError:
+        return None
+    for batch_id in sorted(ids, reverse=True):
+        sources = offset_log_sources(checkpoint, batch_id)
+        if sources is not None:
+            return batch_id, sources
+    return None
+
+
+class OldCheckpointError(SetupError):
+    """A checkpoint of a previous release that this release's stream cannot resume
+    (a ``SetupError``: ``qmf`` prints it on one line)."""
+
+
+def refuse_old_checkpoint(checkpoint: str, job: str, tables: Sequence[str]) -> None:
+    """Stop before Spark fails obscurely on a checkpoint whose offsets are the previous
+    release's ``qmf-delta`` source's (``{"version", "index"}``), not Delta's source's.
+
+    ``tables``: the names of the query's sources, in the offset log's order. The
+    message says where each source stopped and how to go on exactly once: a new
+    checkpoint with ``--starting-version`` per table (the jobs' app id comes from
+    the checkpoint, so the new query must start where the old one ended).
+    """
+    if not checkpoint:
+        return
+    last = last_offsets(checkpoint)
+    if last is None:
+        return
+    batch_id, sources = last
+    ends: list[tuple[str, int, int]] = []
+    for name, text in zip(tables, sources, strict=False):
+        try:
+            end = json.loads(text)
+        except json.JSONDecodeError:
+            return
+        if not isinstance(end, dict) or "reservoirVersion" in end or "version" not in end:
+            return
+        ends.append((name, int(end["version"]), int(end.get("index", 0))))
+    inside = [f"{n} (inside version {v})" for n, v, i in ends if i > 0]
+    how = (
+        "let the previous release finish its stream first (availableNow to the end) "
+        f"so it stops between versions: now it stopped in {', '.join(inside)}"
+        if inside
+        else "move it aside and start with a new checkpoint and "
+        + " ".join(f"--starting-version {n}={v}" for n, v, _ in ends)
+        + " (the first version it has not read)"
+    )
+    raise OldCheckpointError(
+        f"{job}: checkpoint {checkpoint} holds the offsets of the previous release's "
+        f"qmf-delta source (batch {batch_id}); Delta's streaming source cannot resume "
+        f"them: {how}"
+    )
 
 
 def trigger_kwargs(trigger: str) -> dict[str, bool | str]:

@@ -15,7 +15,7 @@ One package, one module per role:
 * ``testdata``: bronze rows from captured messages (tests, benchmarks).
 """
 
-from pipeline.silver.batch import batch_from_offset_log
+from pipeline.silver.batch import batch_on_driver
 from pipeline.silver.job import bronze_range, run_silver, run_silver_batch, start_silver
 from pipeline.silver.settings import SilverSettings, ensure_tables
 from pipeline.silver.testdata import bronze_rows, counts, write_bronze
@@ -25,7 +25,7 @@ __all__ = [
     "BatchReport",
     "SilverBatchWriter",
     "SilverSettings",
-    "batch_from_offset_log",
+    "batch_on_driver",
     "bronze_range",
     "bronze_rows",
     "counts",

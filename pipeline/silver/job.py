@@ -8,7 +8,7 @@ from datetime import datetime
 from typing import TYPE_CHECKING
 
 from pipeline.lake import delta
-from pipeline.runtime.streaming import await_query, start_gated
+from pipeline.runtime.streaming import await_query, refuse_old_checkpoint, start_gated
 from pipeline.silver.settings import SilverSettings
 from pipeline.silver.writer import BatchReport, SilverBatchWriter
 
@@ -56,18 +56,12 @@ def run_silver_batch(
 
 
 def start_silver(spark: SparkSession, settings: SilverSettings) -> StreamingQuery:
-    """Start the streaming query over bronze (source ``qmf-delta``, the table's appends)."""
-    from pipeline.lake.delta_source import register
-
-    register(spark)
+    """Start the streaming query over bronze (Delta's streaming source: the table's appends)."""
+    refuse_old_checkpoint(settings.checkpoint, "silver", ["bronze"])
     writer = SilverBatchWriter(settings)
-    reader = (
-        spark.readStream.format("qmf-delta")
-        .options(**settings.source_options())
-        .option("path", settings.bronze)
-    )
+    reader = spark.readStream.format("delta").options(**settings.source_options())
     return start_gated(
-        reader.load(),
+        reader.load(settings.bronze),
         writer,
         name=settings.query_name,
         checkpoint=settings.checkpoint,

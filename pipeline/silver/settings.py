@@ -36,6 +36,9 @@ class SilverSettings:
     kinds_file: str | None = DEFAULT_KINDS_FILE
     trigger: str = "availableNow"
     max_files_per_trigger: int | None = None
+    # Delta's ``startingVersion`` of a new checkpoint's stream: the first bronze version
+    # it reads (None: bronze as of the start, then every later commit).
+    starting_version: int | None = None
     parked_max_age_s: float = 3600.0
     registry_touch_s: float = 60.0
     agents_touch_s: float = 60.0
@@ -77,10 +80,13 @@ class SilverSettings:
         return os.path.join(self.root, name)
 
     def source_options(self) -> dict[str, str]:
-        """Options of the ``qmf-delta`` read of bronze besides ``path``."""
-        if self.max_files_per_trigger is None:
-            return {}
-        return {"maxFilesPerTrigger": str(self.max_files_per_trigger)}
+        """Options of Delta's streaming read of bronze (its admission control)."""
+        out: dict[str, str] = {}
+        if self.max_files_per_trigger is not None:
+            out["maxFilesPerTrigger"] = str(self.max_files_per_trigger)
+        if self.starting_version is not None:
+            out["startingVersion"] = str(self.starting_version)
+        return out
 
 
 def ensure_tables(settings: SilverSettings) -> RegistryTable:

@@ -45,7 +45,7 @@ import pyarrow.parquet as pq
 
 from pipeline.codec.schema import ClassSchema, SchemaRegistry
 from pipeline.lake import delta
-from pipeline.lake.delta_source import DataFile, arrow_schema, read_file
+from pipeline.lake.files import DataFile, arrow_schema, read_file
 from pipeline.runtime import taskworker
 from pipeline.runtime.ipc import from_ipc, to_ipc
 from pipeline.silver import parked

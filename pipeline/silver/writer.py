@@ -68,7 +68,7 @@ from schemas.silver import SILVER_TABLES
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
 
-    from pipeline.lake.delta_source import DataFile
+    from pipeline.lake.files import DataFile
     from pipeline.silver.tasks import TaskResults
 
 log = logging.getLogger(__name__)
@@ -210,7 +210,7 @@ class SilverBatchWriter:
         the batch's bronze files), then finish and commit the batch."""
         t0 = time.perf_counter()
         registry = self.registry_before(batch_id)
-        files = bronze_files(self.settings, batch_id)
+        files = bronze_files(self.settings, df)
         mode = self.settings.decode_on
         t_plan = time.perf_counter()
         if mode == "auto":

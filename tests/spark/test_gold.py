@@ -26,7 +26,8 @@ from pipeline.codec.records import ObjectSample, id_columns
 from pipeline.gold import (
     GoldBatchWriter,
     GoldSettings,
-    batch_from_offset_log,
+    batch_files,
+    batch_on_driver,
     run_gold,
     run_gold_batch,
 )
@@ -265,7 +266,7 @@ class CompareReads(GoldBatchWriter):
 
     def __call__(self, df: DataFrame, batch_id: int) -> None:
         via_spark = frame(df.toArrow())
-        direct = batch_from_offset_log(self.settings, batch_id)
+        direct = batch_on_driver(self.settings, batch_files(self.settings, df))
         order = ["source", "partition", "offset", "record_index", "timestamp_ns"]
         same = direct is not None and via_spark.sort(order, nulls_last=True).equals(
             direct.sort(order, nulls_last=True), null_equal=True
@@ -277,8 +278,8 @@ class CompareReads(GoldBatchWriter):
 def test_driver_read_of_a_batch_equals_sparks(
     spark: SparkSession, silver_root: str, tmp_path: Path
 ) -> None:
-    """Each streaming batch, read from the offset log's positions with pyarrow, holds
-    exactly the rows (values, types, nulls) Spark's read of that batch holds."""
+    """Each streaming batch, read from the files of its plan with pyarrow, holds exactly
+    the rows (values, types, nulls) Spark's read of that batch holds."""
     s = GoldSettings(
         silver=silver_root, root=str(tmp_path / "gold"), checkpoint=str(tmp_path / "ckpt"),
         max_files_per_trigger=1,
@@ -286,8 +287,7 @@ def test_driver_read_of_a_batch_equals_sparks(
     w = CompareReads(s)
     assert run_gold(spark, s, timeout_s=1800, writer=w) == 0
     assert len(w.seen) >= PARTS
-    # The first batch too: it ends inside both tables' starting snapshots (one file per
-    # trigger), so its start is known although Spark does not log it.
+    # The first batch too (inside both tables' starting snapshots: one file per trigger).
     assert w.seen[0][0] == 0
     assert all(direct == rows and same for _, rows, direct, same in w.seen), w.seen
     assert sum(rows for _, rows, _, _ in w.seen) == (
@@ -297,4 +297,4 @@ def test_driver_read_of_a_batch_equals_sparks(
     # Spark's read is off when asked: every batch then goes through Spark.
     off = GoldSettings(silver=silver_root, root=str(tmp_path / "g2"), checkpoint=s.checkpoint,
                        read_on_driver=False)  # fmt: skip
-    assert batch_from_offset_log(off, 1) is None
+    assert batch_on_driver(off, [[], []]) is None

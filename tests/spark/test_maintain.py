@@ -3,7 +3,7 @@
 * every table of the simulated lake compacted and vacuumed: same rows, fewer
   files, app transactions kept, committed batches still skipped;
 * bronze appended to and compacted (bronze and silver) while a silver stream
-  and a downstream ``qmf-delta`` reader of silver run: every row once;
+  and a downstream reader of silver (Delta's streaming source) run: every row once;
 * vacuum spares the versions a checkpoint still reads; the stream restarts.
 """
 
@@ -212,16 +212,13 @@ def _mirror(
 ) -> Any:
     """A downstream stream of silver's object_samples (as gold reads silver): its rows
     appended to ``target`` exactly once per micro-batch."""
-    from pipeline.lake.delta_source import register
-
-    register(spark)
     delta.create_table(target, OBJECT_SAMPLES)
 
     def write(df: DataFrame, batch_id: int) -> None:
         delta.append_batch(df, target, app_id="mirror", batch_id=batch_id)
 
     return (
-        spark.readStream.format("qmf-delta").option("path", source).load()
+        spark.readStream.format("delta").load(source)
         .writeStream.foreachBatch(write).option("checkpointLocation", checkpoint)
         .trigger(**({"availableNow": True} if drain else {"processingTime": "1 second"}))
         .start()
@@ -492,24 +489,31 @@ def test_merges_and_replaces_racing_compaction_lose_and_double_nothing(
         assert got == expected, path
 
 
-def test_pin_of_an_uncommitted_batch_is_the_start_its_end_names(tmp_path: Path) -> None:
-    """A replay reads from the start the batch's end offset names (``"from"``): an
-    uncommitted first batch no longer pins every version, and a later one pins that
-    start, a source with nothing new included (its end names an earlier start: kept)."""
+def _delta_offset(version: int, index: int = -1, snapshot: bool = False) -> str:
+    return json.dumps({"sourceVersion": 1, "reservoirId": "t", "reservoirVersion": version,
+                       "index": index, "isStartingVersion": snapshot})  # fmt: skip
+
+
+def test_pin_of_a_replay_is_where_delta_sources_batch_starts(tmp_path: Path) -> None:
+    """Delta's source offsets pin the versions a replay or the next batch reads: an
+    uncommitted first batch inside its starting snapshot pins that snapshot, one past
+    it every version; an uncommitted later batch the previous end; a committed batch
+    its own end; gold's two sources the older."""
     ck = tmp_path / "ck"
     (ck / "offsets").mkdir(parents=True)
     (ck / "commits").mkdir()
-    first = {"version": 9, "index": 0, "from": {"version": 5, "index": 0, "snapshot": True}}
-    (ck / "offsets" / "0").write_text(f"v1\n{{}}\n{json.dumps(first)}\n")
+    (ck / "offsets" / "0").write_text(f"v1\n{{}}\n{_delta_offset(5, 2, True)}\n")
     assert read_pin(str(ck)) == 5
+    (ck / "offsets" / "0").write_text(f"v1\n{{}}\n{_delta_offset(9)}\n")
+    assert read_pin(str(ck)) == 0  # its start was a snapshot of a version not logged
     (ck / "commits" / "0").write_text("v1\n{}\n")
-    second = {"version": 12, "index": 0, "from": {"version": 9, "index": 0}}
-    (ck / "offsets" / "1").write_text(f"v1\n{{}}\n{json.dumps(second)}\n{json.dumps(first)}\n")
-    assert read_pin(str(ck)) == 5
-    (ck / "offsets" / "1").write_text(f"v1\n{{}}\n{json.dumps(second)}\n")
     assert read_pin(str(ck)) == 9
-    (ck / "offsets" / "2").write_text('v1\n{}\n{"version": 14, "index": 0}\n')  # older form
-    assert read_pin(str(ck)) == 12  # the previous entry is the start
+    (ck / "offsets" / "1").write_text(f"v1\n{{}}\n{_delta_offset(12)}\n{_delta_offset(4)}\n")
+    assert read_pin(str(ck)) == 9  # the replay of batch 1 starts at batch 0's end
+    (ck / "commits" / "1").write_text("v1\n{}\n")
+    assert read_pin(str(ck)) == 4  # the next batch: from each source's end, the older
+    (ck / "offsets" / "2").write_text('v1\n{}\n{"version": 14, "index": 0}\n')  # not Delta's
+    assert read_pin(str(ck)) is None
 
 
 def test_the_vacuum_inventory_lists_the_data_files_spark_sees(tmp_path: Path) -> None:

@@ -27,6 +27,7 @@ from pipeline.codec.capture import CapturedMessage, read_capture
 from pipeline.gold import GoldSettings, run_gold_batch
 from pipeline.gold.tasks import bucket_of
 from pipeline.lake import delta
+from pipeline.lake.files import commit_adds
 from pipeline.silver import SilverSettings, bronze_rows, run_silver, write_bronze
 from pipeline.silver.writer import BatchReport, SilverBatchWriter
 
@@ -164,18 +165,15 @@ def test_auto_decodes_small_batches_on_the_driver_and_large_ones_in_tasks(
 ) -> None:
     """``auto``: a batch whose bronze files hold at most ``driver_max_bytes`` stays on the
     driver, a larger one goes to tasks; the tables equal the driver path's."""
-    from pipeline.lake.delta_source import DeltaLogReader
-
     msgs = list(read_capture(os.path.join(shared_dir, "samples/qpidd-capture-20s.jsonl")))
     parts = _split(msgs, 4)
     probe = str(tmp_path / "probe")
     write_bronze(probe, parts)
-    log = DeltaLogReader(probe)
     per_file = []
     for v in range(1, 5):  # version 0 creates the table; one bronze file per commit after
-        c = log.commit(v)
-        assert c is not None and len(c.adds) == 1
-        per_file.append(c.adds[0].size)
+        adds = commit_adds(probe, v) or []
+        assert len(adds) == 1
+        per_file.append(adds[0].size)
     batches = [per_file[0] + per_file[1], per_file[2] + per_file[3]]
     assert batches[0] != batches[1]
     limit = min(batches)
@@ -304,7 +302,6 @@ def test_one_bronze_file_of_one_row_group_feeds_every_task(
     """A micro-batch of a single bronze file with a single row group (a bronze batch of
     up to 100,000 messages writes one) is cut by rows into one unit per core; the
     units read every row once, and the tables equal the driver path's."""
-    from pipeline.lake.delta_source import DeltaLogReader
     from pipeline.silver.tasks import _read_unit, plan_units
 
     msgs = list(read_capture(os.path.join(shared_dir, REAL["qpidd"])))
@@ -314,16 +311,16 @@ def test_one_bronze_file_of_one_row_group_feeds_every_task(
     driver, _ = _stream(spark, tmp_path / "driver", whole, "driver")
     assert_same_tables(spark, tasks.root, driver.root, SILVER)
 
-    c = DeltaLogReader(tasks.bronze).commit(1)
-    assert c is not None and len(c.adds) == 1
-    units = plan_units(c.adds, 3)
+    adds = commit_adds(tasks.bronze, 1) or []
+    assert len(adds) == 1
+    units = plan_units(adds, 3)
     slices = sorted(p.rows for u in units for p in u.parts if p.rows is not None)
     assert len(units) == 3 and slices[0][0] == 0 and slices[-1][1] == len(msgs)
     assert all(a[1] == b[0] for a, b in itertools.pairwise(slices))
     offsets = sorted(o for u in units for b in _read_unit(u) for o in b.column("offset").to_pylist())
     assert offsets == list(range(len(msgs)))
     # Files enough for every task: whole files, no slices.
-    assert [[p.rows for p in u.parts] for u in plan_units(c.adds, 1)] == [[None]]
+    assert [[p.rows for p in u.parts] for u in plan_units(adds, 1)] == [[None]]
 
 
 def test_gold_stream_direct_split_and_driver_paths_agree(
