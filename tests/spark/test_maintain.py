@@ -380,8 +380,8 @@ def test_unknown_checkpoint_with_delta_offsets_pins_everything(
     lake = copy_lake(sim_lake, tmp_path / "lake")
     ckpt = lake.root / "checkpoints" / "notebook"
     (ckpt / "offsets").mkdir(parents=True)
-    (ckpt / "offsets" / "0").write_text('v1\n{}\n{"version": 2, "index": 0}\n')
-    (ckpt / "offsets" / "1").write_text('v1\n{}\n{"version": 3, "index": 0}\n')
+    (ckpt / "offsets" / "0").write_text(f"v1\n{{}}\n{_delta_offset(2)}\n")
+    (ckpt / "offsets" / "1").write_text(f"v1\n{{}}\n{_delta_offset(3)}\n")
     streams = data_streams(lake.root)
     assert [(Path(s.path).name, s.reads) for s in streams] == [("notebook", None)]
     pins = stream_pins(data_tables(lake.root), streams)
