@@ -49,7 +49,7 @@ from pipeline.gold.transforms import (
     gold_batch,
     upsert_rows,
 )
-from pipeline.lake import delta
+from pipeline.lake import delta, transaction
 from pipeline.lake.files import DataFile, read_files
 from pipeline.lake.files import batch_files as plan_files
 from pipeline.runtime.ipc import to_ipc
@@ -70,7 +70,7 @@ from schemas.gold import (
 from schemas.silver import HEARTBEATS, OBJECT_SAMPLES
 
 if TYPE_CHECKING:
-    from collections.abc import Sequence
+    from collections.abc import Callable, Sequence
 
     from pyspark.sql import DataFrame, SparkSession
     from pyspark.sql.streaming.query import StreamingQuery
@@ -90,6 +90,13 @@ DEFAULT_MAX_BYTES_PER_TRIGGER = 3 << 20  # of silver files per source: ~115,000 
 LIVENESS_KEYS = ("agent", "up_start_ns")
 # The task path's commits, in order: the rate state last (a batch's completion mark).
 ORDER = ("statistic_rates", "lifecycle_state", "object_lifecycles", "agent_liveness", "rate_state")
+# ... as groups whose tables are committed at once (``transaction.concurrently``): the
+# fold (``object_lifecycles``) reads ``lifecycle_state`` as committed, the rate state ends.
+COMMIT_GROUPS = (
+    ("statistic_rates", "lifecycle_state", "agent_liveness"),
+    ("object_lifecycles",),
+    ("rate_state",),
+)
 COMPUTE_MODES = ("auto", "tasks", "driver")
 # The two silver tables of the gold input, in the offset log's order.
 SOURCE_SCHEMAS = {"sample": OBJECT_SAMPLES, "heartbeat": HEARTBEATS}
@@ -510,28 +517,32 @@ class GoldBatchWriter:
         s, aid, batch_id = self.settings, self.app_id, plan.batch_id
         report = GoldReport(batch_id, compute_on="tasks", tasks=len(outs))
         tops = gt.output_tops(outs)
+        def commit(name: str) -> Callable[[], delta.CommitResult]:
+            tfiles = [f for o in outs for f in o.files.get(name, ())]
+            if name == "object_lifecycles":
+                return lambda: self.write_fold(None, batch_id)
+            if name == "rate_state":
+                return lambda: self.write_state_files(tfiles, batch_id)
+            return lambda: delta.commit_staged(
+                s.path(name), tfiles, app_id=aid, batch_id=batch_id,
+                replace=name != "statistic_rates",
+            )  # fmt: skip
+
         try:
-            for name in ORDER:
-                tfiles = [f for o in outs for f in o.files.get(name, ())]
-                if name == "object_lifecycles":
-                    result = self.write_fold(None, batch_id)
-                elif name == "rate_state":
-                    result = self.write_state_files(tfiles, batch_id)
-                else:
-                    result = delta.commit_staged(
-                        s.path(name), tfiles, app_id=aid, batch_id=batch_id,
-                        replace=name != "statistic_rates",
+            for group in COMMIT_GROUPS:
+                results = transaction.concurrently({name: commit(name) for name in group})
+                for name in group:
+                    result = results[name]
+                    if not result.skipped:
+                        report.committed.append(name)
+                    self._tops.pop(name, None)
+                    stamp = None if result.skipped or result.version is None else (
+                        delta.commit_stamp(s.path(name), result.version)
                     )  # fmt: skip
-                if not result.skipped:
-                    report.committed.append(name)
-                self._tops.pop(name, None)
-                stamp = None if result.skipped or result.version is None else (
-                    delta.commit_stamp(s.path(name), result.version)
-                )  # fmt: skip
-                if stamp is not None and name in tops:
-                    self._tops[name] = (stamp, tops[name])
-                if name == "rate_state":
-                    self._last = None if stamp is None else (stamp, batch_id)
+                    if stamp is not None and name in tops:
+                        self._tops[name] = (stamp, tops[name])
+                    if name == "rate_state":
+                        self._last = None if stamp is None else (stamp, batch_id)
         finally:
             self.drop_plan(plan)
         for o in outs:
@@ -576,25 +587,27 @@ class GoldBatchWriter:
             batch_id=batch_id,
         )
         aid = self.app_id
-        writes = {
-            "statistic_rates": delta.append_arrow(
+        # Four tables, each written from this batch's rows alone (the fold from the state
+        # in memory): committed at once; the rate state after them.
+        calls: dict[str, Callable[[], delta.CommitResult]] = {
+            "statistic_rates": lambda: delta.append_arrow(
                 conform(out.rates, STATISTIC_RATES), s.path("statistic_rates"), app_id=aid,
                 batch_id=batch_id,
             ),
-            "lifecycle_state": delta.merge_arrow(
+            "lifecycle_state": lambda: delta.merge_arrow(
                 conform(out.lifecycles, LIFECYCLE_STATE), s.path("lifecycle_state"),
                 keys=LIFECYCLE_KEYS, app_id=aid, batch_id=batch_id,
             ),
-            # No changed row, no change of the fold: the table keeps the last one.
-            "object_lifecycles": self.write_fold(
-                upsert_rows(lifecycles, out.lifecycles, LIFECYCLE_KEYS), batch_id
-            ) if out.lifecycles.height else delta.CommitResult(skipped=True, version=None),
-            "agent_liveness": delta.merge_arrow(
+            "agent_liveness": lambda: delta.merge_arrow(
                 conform(out.liveness, AGENT_LIVENESS), s.path("agent_liveness"), keys=LIVENESS_KEYS,
                 app_id=aid, batch_id=batch_id,
             ),
         }  # fmt: skip
-        report.committed = [k for k, r in writes.items() if not r.skipped]
+        if out.lifecycles.height:  # no changed row, no change of the fold: it stays
+            folded = upsert_rows(lifecycles, out.lifecycles, LIFECYCLE_KEYS)
+            calls["object_lifecycles"] = lambda: self.write_fold(folded, batch_id)
+        writes = transaction.concurrently(calls)
+        report.committed = [k for k in ORDER if k in writes and not writes[k].skipped]
         if self.write_state(conform(out.state, RATE_STATE), batch_id):
             report.committed.append("rate_state")
         report.rows = {

@@ -18,18 +18,20 @@ from __future__ import annotations
 import json
 import os
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
     from pyspark.sql.types import StructType
 
 __all__ = [
-    "TABLE_PROPERTIES", "AddFile", "Outcome", "RemoveFile", "add_columns", "commit", "create", "new_session",
-    "session",
+    "TABLE_PROPERTIES", "AddFile", "Outcome", "RemoveFile", "add_columns", "commit", "concurrently", "create",
+    "new_session", "session",
 ]  # fmt: skip
+
+T = TypeVar("T")
 
 
 @dataclass(frozen=True)
@@ -97,6 +99,36 @@ def session() -> SparkSession:
 
     active = SparkSession.getActiveSession()
     return active if active is not None else new_session()
+
+
+def concurrently(calls: Mapping[str, Callable[[], T]]) -> dict[str, T]:
+    """Run independent commits (each on its own table) at once, one thread each, and
+    return their results by name; the first error is raised once all have ended.
+
+    A commit's time is mostly the JVM's (the log read, the write of the commit
+    file and its checksum, py4j round trips), so commits of different tables
+    overlap well. Each thread gets the caller's SparkSession as its active session
+    (Spark keeps it per thread).
+    """
+    from concurrent.futures import ThreadPoolExecutor
+
+    if len(calls) < 2:
+        return {name: call() for name, call in calls.items()}
+    spark = session()
+
+    def run(call: Callable[[], T]) -> T:
+        jvm = spark._jvm
+        assert jvm is not None
+        jvm.org.apache.spark.sql.SparkSession.setActiveSession(spark._jsparkSession)
+        return call()
+
+    with ThreadPoolExecutor(max_workers=len(calls), thread_name_prefix="qmf-commit") as pool:
+        futures = {name: pool.submit(run, call) for name, call in calls.items()}
+    for f in futures.values():
+        error = f.exception()
+        if error is not None:
+            raise error
+    return {name: f.result() for name, f in futures.items()}
 
 
 def _delta(spark: SparkSession) -> Any:

@@ -126,18 +126,27 @@ def sorted_table(path: Path) -> pa.Table:
 APP_ID = re.compile(r"app-\d{14}-\d{4}")
 
 
-def executor_tasks(events: Path) -> dict[str, dict[str, int]]:
+def executor_tasks(events: Path, *, ours: bool = False) -> dict[str, dict[str, int]]:
     """Tasks per executor of each application, from its event log: {app id: {executor: n}}.
-    (A rolling log is a folder of ``events_<n>_<app>`` files, a plain one a file.)"""
+    (A rolling log is a folder of ``events_<n>_<app>`` files, a plain one a file.)
+    ``ours``: only tasks of the jobs the ``foreachBatch`` function starts (their call site
+    is py4j's callback server, through which Spark calls it), not those of Delta's own
+    jobs (the stream's starting snapshot at ``start``, its state in Delta's operations)."""
     out: dict[str, dict[str, int]] = {}
     for log in sorted(events.rglob("*")):
         app = APP_ID.search(log.name)
         if app is None or not log.is_file() or log.name.startswith((".", "appstatus")):
             continue
         per = out.setdefault(app.group(0), {})
+        names: dict[int, str] = {}
         for line in log.read_text().splitlines():
             event = json.loads(line)
+            if event.get("Event") == "SparkListenerStageSubmitted":
+                info = event["Stage Info"]
+                names[int(info["Stage ID"])] = str(info.get("Stage Name", ""))
             if event.get("Event") == "SparkListenerTaskEnd":
+                if ours and "py4j/clientserver.py" not in names.get(int(event["Stage ID"]), ""):
+                    continue
                 executor = event["Task Info"]["Executor ID"]
                 per[executor] = per.get(executor, 0) + 1
     return out
@@ -223,11 +232,13 @@ def test_method_calls_pair_in_executor_tasks_on_local_cluster(
             "--calls-driver-max-rows", "0",
         )  # fmt: skip
         assert proc.returncode == 0, proc.stderr[-4000:]
-        (per,) = executor_tasks(events).values()
+        (per,) = executor_tasks(events, ours=True).values()
+        (every,) = executor_tasks(events).values()
     finally:
         remove_executor_logs(
             sorted({m.group(0) for m in map(APP_ID.search, map(str, events.rglob("*"))) if m})
         )
+    assert sum(every.values()) > sum(per.values())  # Delta's jobs ran on the executors too
     assert (proc.stdout + proc.stderr).count("paired_on='tasks'") == 3, proc.stdout[-3000:]
     # 3 batches x (1-2 decode tasks + 2 pairing tasks: one per bucket), on the executors
     # only (12 seen; a query's first batch is decoded over its DataFrame's partitions)

@@ -363,6 +363,38 @@ def test_merge_arrow_rewrites_only_the_files_with_matched_keys(tmp_path: Path) -
     assert replay.skipped and committed_batch(path, "m") == 7
 
 
+def test_commits_of_different_tables_run_at_once_and_errors_surface(tmp_path: Path) -> None:
+    """``transaction.concurrently``: each table gets its own commit with its app
+    transaction, a replay of the group commits nothing, and an error in one call is
+    raised after the others have committed."""
+    from pipeline.lake import transaction
+
+    paths = [tmp_path / f"t{i}" for i in range(3)]
+    for p in paths:
+        create_table(p, EVENTS)
+
+    def append(p: Path, i: int) -> Any:
+        return lambda: append_arrow(pa.Table.from_pylist([event(i)], schema=EVENTS), p, app_id="g", batch_id=4)
+
+    got = transaction.concurrently({p.name: append(p, i) for i, p in enumerate(paths)})
+    assert {k: (r.skipped, r.version, r.rows) for k, r in got.items()} == {
+        "t0": (False, 1, 1), "t1": (False, 1, 1), "t2": (False, 1, 1)
+    }
+    assert [read_arrow(p).column("id").to_pylist() for p in paths] == [[0], [1], [2]]
+    again = transaction.concurrently({p.name: append(p, 9) for p in paths})
+    assert all(r.skipped for r in again.values())
+    assert all(committed_batch(p, "g") == 4 for p in paths)
+
+    def broken() -> Any:
+        raise ValueError("no such table")
+
+    more = tmp_path / "t3"
+    create_table(more, EVENTS)
+    with pytest.raises(ValueError, match="no such table"):
+        transaction.concurrently({"bad": broken, "t3": append(more, 3)})
+    assert read_arrow(more).column("id").to_pylist() == [3]
+
+
 def test_a_table_the_previous_release_wrote_with_delta_rs_is_appended_and_merged(
     spark: SparkSession, tmp_path: Path
 ) -> None:
