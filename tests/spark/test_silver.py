@@ -252,3 +252,78 @@ def test_stream_equals_batch_and_restarts_from_its_checkpoint(
     assert read(stream, "object_samples").num_rows == read(batch, "object_samples").num_rows > 0
     # Three bronze commits, one file per trigger: three micro-batches.
     assert sorted(set(read(stream, "object_samples").column("batch_id").to_pylist())) == [0, 1, 2]
+
+
+def test_an_old_checkpoint_is_refused_and_a_new_one_continues_where_it_ended(
+    spark: SparkSession, shared_dir: str, tmp_path: Any
+) -> None:
+    """The upgrade from the ``qmf-delta`` release: the old checkpoint (its stream read
+    bronze up to version 2, so its last end offset is version 3, index 0) is refused with
+    the version to start at; a new checkpoint started there reads only what came after,
+    so silver equals a single batch over all of bronze: nothing missing, nothing twice."""
+    from pipeline.runtime.jobrun import starting_version_arg, starting_versions
+    from pipeline.runtime.streaming import OldCheckpointError
+    from pipeline.silver import run_silver, start_silver
+
+    msgs = capture(shared_dir)
+    parts = [
+        bronze_rows(msgs[:300], batch_id=0),
+        bronze_rows(msgs[300:600], first_offset=300, batch_id=1),
+        bronze_rows(msgs[600:], first_offset=600, batch_id=2),
+    ]
+    batch = settings_for(tmp_path / "batch")
+    write_bronze(batch.bronze, parts)
+    run_silver_batch(spark, batch, 0)
+
+    bronze, root = str(tmp_path / "bronze"), str(tmp_path / "silver")
+    write_bronze(bronze, parts[:2])  # versions 1 and 2 (0 creates the table)
+    before = SilverSettings(bronze=bronze, root=root, checkpoint=str(tmp_path / "ck-before"))
+    assert run_silver(spark, before, timeout_s=300) == 0  # what the old release wrote
+    old = tmp_path / "ck-old"  # its checkpoint, as qmf-delta left it
+    (old / "offsets").mkdir(parents=True)
+    end = {"version": 3, "index": 0, "from": {"version": 2, "index": 0}}
+    (old / "offsets" / "4").write_text(f"v1\n{{}}\n{json.dumps(end)}\n")
+    write_bronze(bronze, parts[2:])  # version 3, after the upgrade
+
+    with pytest.raises(OldCheckpointError, match=r"--starting-version bronze=3 \("):
+        start_silver(spark, SilverSettings(bronze=bronze, root=root, checkpoint=str(old)))
+    given = starting_versions([starting_version_arg("bronze=3")], ("bronze",))
+    new = SilverSettings(
+        bronze=bronze, root=root, checkpoint=str(tmp_path / "ck-new"),
+        starting_version=given["bronze"],
+    )  # fmt: skip
+    assert run_silver(spark, new, timeout_s=300) == 0
+    for name in ("object_samples", "events", "heartbeats", "method_responses", "quarantine"):
+        assert _rows(new, name) == _rows(batch, name), name
+    assert read(new, "object_samples").num_rows == read(batch, "object_samples").num_rows > 0
+
+
+
+def test_a_job_given_an_old_checkpoint_exits_2_with_one_line(tmp_path: Any) -> None:
+    """``jobs/gold.py`` over a checkpoint of the ``qmf-delta`` release: exit 2, and the
+    line says what to do for both of its sources (no traceback)."""
+    import subprocess
+
+    from tests.integration.e2e import stream_job
+
+    old = tmp_path / "ck"
+    (old / "offsets").mkdir(parents=True)
+    ends = [{"version": 7, "index": 0}, {"version": 5, "index": 0}]
+    (old / "offsets" / "2").write_text("v1\n{}\n" + "\n".join(json.dumps(e) for e in ends) + "\n")
+    log_path = tmp_path / "gold.log"
+    with open(log_path, "wb") as log:
+        job = stream_job("gold.py", ["--silver", str(tmp_path / "silver"), "--root",
+                                     str(tmp_path / "gold"), "--checkpoint", str(old)], log)  # fmt: skip
+        try:
+            assert job.wait(timeout=300) == 2, log_path.read_text()[-3000:]
+        except subprocess.TimeoutExpired:
+            job.kill()
+            raise
+    text = log_path.read_text()
+    assert (
+        f"qmf-gold: gold: checkpoint {old} holds the offsets of the previous release's "
+        "qmf-delta source (batch 2); Delta's streaming source cannot resume them: move it "
+        "aside and start with a new checkpoint and --starting-version object_samples=7 "
+        "--starting-version heartbeats=5 (the first version it has not read)\n"
+    ) in text
+    assert "Traceback" not in text
