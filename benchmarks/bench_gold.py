@@ -63,7 +63,9 @@ def pct(values: list[float], q: float) -> float:
     return s[min(len(s) - 1, round(q * (len(s) - 1)))]
 
 
-def stream_runs(ss: SilverSettings, tmp: str, intervals: int, max_bytes: int) -> int:
+def stream_runs(
+    ss: SilverSettings, tmp: str, intervals: int, max_bytes: int, from_commits: bool = False
+) -> int:
     """The gold streaming job over the whole silver run: driver reads vs Spark reads."""
     import polars as pl
 
@@ -89,6 +91,7 @@ def stream_runs(ss: SilverSettings, tmp: str, intervals: int, max_bytes: int) ->
             silver=ss.root, root=os.path.join(tmp, f"gold-{on_driver}"),
             checkpoint=os.path.join(tmp, f"ckpt-{on_driver}"), read_on_driver=on_driver,
             max_bytes_per_trigger=max_bytes or None,
+            starting_versions={"object_samples": 0, "heartbeats": 0} if from_commits else {},
         )  # fmt: skip
         w = Timed(gs)
         t0 = time.perf_counter()
@@ -146,6 +149,9 @@ def main() -> int:
     ap.add_argument("--max-bytes-per-trigger", type=int, default=DEFAULT_MAX_BYTES_PER_TRIGGER,
                     help="--stream: silver file bytes per micro-batch and source (1: one "
                          "interval's commit per batch, as a live stream that keeps up has)")  # fmt: skip
+    ap.add_argument("--from-commits", action="store_true",
+                    help="--stream: read silver's commits from version 0, as a live stream reads "
+                         "new commits, not a new checkpoint's starting snapshot")  # fmt: skip
     ap.add_argument("--keep", action="store_true", help="keep the temporary folder")
     args = ap.parse_args()
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
@@ -168,7 +174,7 @@ def main() -> int:
         os.remove(cap)
         print(f"sim + silver: {n_msgs} messages in {time.perf_counter() - t0:.1f} s", flush=True)
         if args.stream:
-            return stream_runs(ss, tmp, args.intervals, args.max_bytes_per_trigger)
+            return stream_runs(ss, tmp, args.intervals, args.max_bytes_per_trigger, args.from_commits)
 
         from pyspark.sql import functions as F
 

@@ -221,9 +221,11 @@ def run(
 
 def stream_run(
     name: str, bodies: list[bytes], reg: SchemaRegistry, size: int, batches: int, work: str,
-    spark: Any,
+    spark: Any, from_commits: bool = False,
 ) -> dict[str, float]:  # fmt: skip
-    """The streaming silver job over ``batches`` bronze files of ``size`` messages."""
+    """The streaming silver job over ``batches`` bronze files of ``size`` messages;
+    ``from_commits``: read bronze's commits from version 0 (as a live stream reads what
+    comes after its start) rather than the starting snapshot of a new checkpoint."""
     from pipeline.silver import start_silver, write_bronze
 
     reps = -(-size * batches // len(bodies))
@@ -248,6 +250,7 @@ def stream_run(
     st = SilverSettings(
         bronze=os.path.join(root, "bronze"), root=os.path.join(root, "silver"),
         checkpoint=os.path.join(root, "checkpoint"), decode_on="driver", max_files_per_trigger=1,
+        starting_version=0 if from_commits else None,
     )  # fmt: skip
     write_bronze(st.bronze, tables)
     t0 = time.perf_counter()
@@ -306,6 +309,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--stream", action="store_true", help="run the streaming job (see above)")
     ap.add_argument("--ratio-only", action="store_true", help="print only the 10x check")
     ap.add_argument("--batches", type=int, default=8, help="--stream: micro-batches per stream")
+    ap.add_argument("--from-commits", action="store_true",
+                    help="--stream: read bronze's commits from version 0, as a live stream "
+                         "reads new commits, not a new checkpoint's starting snapshot")  # fmt: skip
     ap.add_argument("--default-allocators", action="store_true",
                     help="keep the allocators' environment as it is (see ALLOCATOR_ENV)")  # fmt: skip
     args = ap.parse_args(argv)
@@ -343,7 +349,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         if args.stream:
             for name, bodies in (("mixed", mixed), ("queue-i", queue)):
-                stream_run(name, bodies, seed, args.large, args.batches, work, spark)
+                stream_run(name, bodies, seed, args.large, args.batches, work, spark,
+                           args.from_commits)  # fmt: skip
             return 0
         for name, bodies in (("mixed", mixed), ("queue-i", queue)):
             for size in (args.small, args.large):
