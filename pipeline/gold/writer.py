@@ -545,6 +545,7 @@ class GoldBatchWriter:
                         self._last = None if stamp is None else (stamp, batch_id)
         finally:
             self.drop_plan(plan)
+        report.committed = [name for name in ORDER if name in report.committed]
         for o in outs:
             for k, v in o.rows.items():
                 report.rows[k] = report.rows.get(k, 0) + v
