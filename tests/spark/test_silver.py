@@ -217,6 +217,22 @@ def _rows(settings: SilverSettings, name: str) -> list[tuple[Any, ...]]:
     return sorted(tuple(map(repr, r)) for r in zip(*(t.column(c).to_pylist() for c in cols), strict=True))
 
 
+def three_parts_and_batch(
+    spark: SparkSession, msgs: list[CapturedMessage], step: int, tmp: Any
+) -> tuple[list[pa.Table], SilverSettings]:
+    """Bronze parts of ``step``, ``step`` and the rest of the messages (offsets
+    continuing), and silver made from all of them in one batch (the reference)."""
+    parts = [
+        bronze_rows(msgs[:step], batch_id=0),
+        bronze_rows(msgs[step : 2 * step], first_offset=step, batch_id=1),
+        bronze_rows(msgs[2 * step :], first_offset=2 * step, batch_id=2),
+    ]
+    batch = settings_for(tmp / "batch")
+    write_bronze(batch.bronze, parts)
+    run_silver_batch(spark, batch, 0)
+    return parts, batch
+
+
 @pytest.mark.parametrize("decode_on", ["tasks", "driver"])
 def test_stream_equals_batch_and_restarts_from_its_checkpoint(
     spark: SparkSession, shared_dir: str, tmp_path: Any, decode_on: str
@@ -226,15 +242,7 @@ def test_stream_equals_batch_and_restarts_from_its_checkpoint(
     its plan, the first and the restart's batch included)."""
     from pipeline.silver import run_silver
 
-    msgs = capture(shared_dir)
-    parts = [
-        bronze_rows(msgs[:250], batch_id=0),
-        bronze_rows(msgs[250:500], first_offset=250, batch_id=1),
-        bronze_rows(msgs[500:], first_offset=500, batch_id=2),
-    ]
-    batch = settings_for(tmp_path / "batch")
-    write_bronze(batch.bronze, parts)
-    run_silver_batch(spark, batch, 0)
+    parts, batch = three_parts_and_batch(spark, capture(shared_dir), 250, tmp_path)
 
     stream = SilverSettings(
         bronze=str(tmp_path / "stream" / "bronze"),
@@ -265,15 +273,7 @@ def test_an_old_checkpoint_is_refused_and_a_new_one_continues_where_it_ended(
     from pipeline.runtime.streaming import OldCheckpointError
     from pipeline.silver import run_silver, start_silver
 
-    msgs = capture(shared_dir)
-    parts = [
-        bronze_rows(msgs[:300], batch_id=0),
-        bronze_rows(msgs[300:600], first_offset=300, batch_id=1),
-        bronze_rows(msgs[600:], first_offset=600, batch_id=2),
-    ]
-    batch = settings_for(tmp_path / "batch")
-    write_bronze(batch.bronze, parts)
-    run_silver_batch(spark, batch, 0)
+    parts, batch = three_parts_and_batch(spark, capture(shared_dir), 300, tmp_path)
 
     bronze, root = str(tmp_path / "bronze"), str(tmp_path / "silver")
     write_bronze(bronze, parts[:2])  # versions 1 and 2 (0 creates the table)
