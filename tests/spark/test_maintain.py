@@ -516,12 +516,13 @@ def test_pin_of_a_replay_is_where_delta_sources_batch_starts(tmp_path: Path) -> 
     assert read_pin(str(ck)) is None
 
 
-def test_the_vacuum_inventory_lists_the_data_files_spark_sees(tmp_path: Path) -> None:
+def test_the_vacuum_inventory_lists_the_data_files_spark_sees(
+    spark: SparkSession, tmp_path: Path
+) -> None:
     """A pinned VACUUM's inventory: every data file under the table folder (sub-folders
     too) with its size and time, listed by Spark's file index; never the log, our
     ``_staging`` folder or hidden files, and never the spared (pinned) files."""
     from pipeline.lake.maintain import vacuum_inventory
-    from pipeline.spark import get_spark
 
     root = tmp_path / "t"
     (root / "_delta_log").mkdir(parents=True)
@@ -534,10 +535,12 @@ def test_the_vacuum_inventory_lists_the_data_files_spark_sees(tmp_path: Path) ->
         (root / rel).write_bytes(b"x" * size)
         os.utime(root / rel, ns=(1_790_000_000_000_000_000 + size * 1_000_000,) * 2)
     (root / ".part-1.parquet.crc").write_bytes(b"c")
-    rows = vacuum_inventory(get_spark("test"), str(root), {"part-2.parquet"}).collect()
+    # The test session: a session made here with a job's settings would be every later
+    # test's in this process (test_spark_session.py::test_test_session_settings).
+    rows = vacuum_inventory(spark, str(root), {"part-2.parquet"}).collect()
     got = {r["path"]: (r["length"], r["isDir"], r["modificationTime"]) for r in rows}
     assert got == {
         f"file:{root}/{rel}": (size, False, 1_790_000_000_000 + size)
         for rel, size in files.items() if rel != "part-2.parquet"
     }  # fmt: skip
-    assert vacuum_inventory(get_spark("test"), str(root), set()).count() == 3
+    assert vacuum_inventory(spark, str(root), set()).count() == 3
