@@ -265,7 +265,7 @@ def build_bronze(root: Path, wl: Workload) -> dict[str, Any]:
         commits.append([wl.tail_messages])
     first = 0
     for b, sizes in enumerate(commits):
-        staging = delta.stage_dir(path, "bench-bronze", b)
+        stage = delta.Stage(path, "bench-bronze", b)
         infos = []
         for n in sizes:
             idx = [(first + j) % len(source) for j in range(n)]
@@ -275,7 +275,7 @@ def build_bronze(root: Path, wl: Workload) -> dict[str, Any]:
                 t = bronze_rows([source[i] for i in idx], first_offset=first, batch_id=b)
             else:
                 t = queue_table([source[i] for i in idx], first, b)
-            w = delta.DataFileWriter(os.path.join(staging, delta.data_file_name(b)), BRONZE)
+            w = delta.DataFileWriter(stage.file(delta.data_file_name()), BRONZE)
             w.write(t)
             info = w.close()
             assert info is not None

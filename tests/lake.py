@@ -100,3 +100,40 @@ def copy_lake(lake: Lake, dest: Path) -> Lake:
     """A private copy of the lake for a test that writes to it."""
     shutil.copytree(lake.root, dest)
     return Lake(root=dest, manifest=dest / lake.manifest.name)
+
+
+def stray_files(table: str | Path) -> list[str]:
+    """What a table folder holds beyond the data files its log ever listed (live, or
+    removed and waiting for VACUUM), the log and the lock: files no commit lists, and
+    scratch folders. Empty after every batch's commit (what attempts wrote and did not
+    commit went with the commit)."""
+    import json
+    import os
+    import urllib.parse
+
+    import pyarrow.parquet as pq
+
+    from pipeline.lake import delta
+
+    root = Path(table)
+    listed: set[str] = set()
+    for entry in (root / "_delta_log").iterdir():
+        if entry.name.endswith(".json"):
+            for line in entry.read_text().splitlines():
+                add = json.loads(line).get("add")
+                if add is not None:
+                    listed.add(add["path"])
+        elif entry.name.endswith(".checkpoint.parquet"):
+            adds = pq.read_table(entry, columns=["add"]).column("add").to_pylist()
+            listed.update(a["path"] for a in adds if a is not None)
+    known = {os.path.normpath(root / urllib.parse.unquote(p)) for p in listed}
+    out = []
+    for dirpath, dirs, names in os.walk(root):
+        dirs[:] = [d for d in dirs if d != "_delta_log"]
+        for name in names:
+            full = os.path.normpath(os.path.join(dirpath, name))
+            if name != delta.LOCK_FILE and not name.endswith(".crc") and full not in known:
+                out.append(os.path.relpath(full, root))
+    if (root / delta.SCRATCH_DIR).exists():
+        out.append(delta.SCRATCH_DIR)
+    return sorted(out)

@@ -1,12 +1,12 @@
-"""Bronze's row work, in Spark tasks or on the driver: landing ranges -> staged Parquet files.
+"""Bronze's row work, in Spark tasks or on the driver: landing ranges -> Parquet data files.
 
 A micro-batch of bronze is a set of landing ranges (``pipeline.source.LandingRange``:
 offsets ``[start, end)`` of one landing partition, known from the offset log). The
 driver plans (``plan_units``: the ranges cut and grouped into units of about
 equal records, one per task), and each unit is written by ``write_unit``: it
 reads its ranges from the landing log with pyarrow (memory-mapped segments),
-drops matched redeliveries, writes one Parquet file into the batch's staging
-folder of the bronze table and returns only its ``pipeline.lake.delta.DataFileInfo``.
+drops matched redeliveries, writes one Parquet file into the bronze table's
+folder under the batch's prefix (``pipeline.lake.delta.Stage``) and returns only its ``pipeline.lake.delta.DataFileInfo``.
 The driver then commits every file of the batch in one Delta commit with the
 app transaction (``pipeline.lake.delta.commit_staged``, in ``pipeline.bronze.writer``).
 
@@ -82,7 +82,7 @@ class UnitPlan:
     """What every unit of one batch shares: where files go, the table's schema
     (checked in the task, so the driver never opens a footer), the batch id."""
 
-    staging: str
+    stage: str  # the batch's file-name prefix in the table folder (``delta.Stage``)
     schema: pa.Schema
     batch_id: int
 
@@ -161,20 +161,21 @@ def _bronze_batches(unit: Unit, batch_id: int) -> Iterator[pa.RecordBatch]:
             yield pa.RecordBatch.from_arrays(cols, schema=BRONZE)
 
 
-def file_name(unit: Unit, batch_id: int) -> str:
-    """A fresh data file name: batch, first partition and offset (for a reader of the
-    folder), then a random token (never reused, so attempts never collide)."""
+def file_name(unit: Unit) -> str:
+    """A fresh data file name after the stage's prefix: first partition and offset (for a
+    reader of the folder), then a random token (never reused: a retried task's file
+    never meets its first try's)."""
     first = unit.ranges[0]
-    rel = f"part-{batch_id:06d}-{first.partition}-{first.start}-{uuid.uuid4().hex[:12]}.parquet"
+    rel = f"{first.partition}-{first.start}-{uuid.uuid4().hex[:12]}.parquet"
     return "".join(c if c.isalnum() or c in "-_." else "_" for c in rel)
 
 
 def write_unit(unit: Unit, plan: UnitPlan) -> delta.DataFileInfo | None:
-    """One Parquet file in the staging folder for one unit, described for the commit
+    """One Parquet file in the table folder for one unit, described for the commit
     (None if every row was a matched redelivery). A failed write removes its file;
-    whatever a killed task leaves goes with the staging folder."""
+    what a killed task leaves goes after the batch's commit (``delta.sweep_batch``)."""
     taskworker.settle()
-    full = os.path.join(plan.staging, file_name(unit, plan.batch_id))
+    full = delta.staged_file(plan.stage, file_name(unit))
     writer: pq.ParquetWriter | None = None
     try:
         for b in _bronze_batches(unit, plan.batch_id):
@@ -191,8 +192,7 @@ def write_unit(unit: Unit, plan: UnitPlan) -> delta.DataFileInfo | None:
             return None
         writer.close()
         writer = None
-        root = os.path.dirname(os.path.dirname(plan.staging))
-        return delta.describe_file(full, plan.schema, table=root)
+        return delta.describe_file(full, plan.schema, table=delta.staged_table_root(plan.stage))
     except BaseException:
         if writer is not None:
             writer.close()

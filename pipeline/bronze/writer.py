@@ -19,20 +19,18 @@ Where the rows of a batch are written (``BronzeSettings.writer``): the driver
 knows the batch's landing ranges from the offset log (``batch_ranges``), so
 the rows never need to pass through Spark: Spark tasks (``tasks``, the path
 that grows with the cluster) or driver threads (``arrow``, no Spark job for
-small batches) write them with pyarrow into a staging folder of the table, and
+small batches) write them with pyarrow straight into the table folder, and
 the driver commits the files once (``pipeline.bronze.tasks``); ``auto`` picks
 by the batch's landing bytes. A crash between the writes and the commit
-leaves only a staging folder, which the batch's replay removes first
-(``remove_batch_staging``).
+leaves files no commit lists; the batch's replay removes them once it has
+committed (``pipeline.lake.delta.sweep_batch``).
 """
 
 from __future__ import annotations
 
-import glob
 import json
 import logging
 import os
-import shutil
 import threading
 import time
 from collections.abc import Mapping
@@ -137,7 +135,6 @@ class BronzeBatchWriter:
         done = delta.committed_batch(self.settings.table, self.app_id)
         if done is not None and batch_id <= done:
             log.info("bronze batch %d already committed: skipped", batch_id)
-            remove_batch_staging(self.settings.table, self.app_id, batch_id)
             return
         t0 = time.perf_counter()
         ranges = batch_ranges(self.settings, batch_id) if self.settings.writer != "spark" else None
@@ -210,25 +207,6 @@ def batch_ranges(settings: BronzeSettings, batch_id: int) -> list[LandingRange] 
     return split_ranges(settings.landing, begin, end, DEFAULT_MAX_RECORDS_PER_PARTITION)
 
 
-def remove_batch_staging(table: str, app_id: str, batch_id: int) -> None:
-    """Remove the staging folders earlier attempts of this batch left: killed between
-    their tasks' writes and the commit (the replay writes the batch again), or
-    during the cleanup after it (the replay is skipped). Nothing in them was
-    committed, so they are garbage; other batches' folders are left alone."""
-    root = os.path.abspath(table)
-    prefix = os.path.basename(delta.stage_dir_prefix(root, app_id, batch_id))
-    for old in glob.glob(os.path.join(root, delta.STAGING_DIR, glob.escape(prefix) + "-*")):
-        shutil.rmtree(old, ignore_errors=True)
-    _remove_empty_staging(root)
-
-
-def _remove_empty_staging(root: str) -> None:
-    try:
-        os.rmdir(os.path.join(root, delta.STAGING_DIR))
-    except OSError:
-        pass  # missing, or another batch's folder is in it
-
-
 def _write_staged(
     ranges: list[LandingRange],
     table: str,
@@ -238,22 +216,19 @@ def _write_staged(
     spark: SparkSession | None,
 ) -> delta.CommitResult:
     """Plan the units, write them (Spark tasks if ``spark``, else driver threads) into
-    one staging folder, commit all the files once. Whatever happens, the staging
-    folder is gone afterwards (committed files were moved out of it)."""
+    the table folder under one ``Stage``, commit all the files once."""
     root = os.path.abspath(table)
-    staging = delta.fresh_stage_dir(root, app_id, batch_id)  # earlier attempts' go first
-    try:
-        plan = tasks.UnitPlan(staging, delta.table_schema(root), batch_id)
+    with delta.Stage(root, app_id, batch_id) as stage:
+        plan = tasks.UnitPlan(stage.prefix, delta.table_schema(root), batch_id)
         if spark is None:
             units = tasks.plan_units(ranges, os.cpu_count() or 1)
             files = tasks.run_on_driver(units, plan)
         else:
             units = tasks.plan_units(ranges, spark.sparkContext.defaultParallelism)
             files = tasks.run_in_tasks(spark, units, plan)
-        return delta.commit_staged(root, files, app_id=app_id, batch_id=batch_id)
-    finally:
-        shutil.rmtree(staging, ignore_errors=True)
-        _remove_empty_staging(root)
+        done = delta.commit_staged(root, files, app_id=app_id, batch_id=batch_id)
+        stage.done = True
+        return done
 
 
 def write_ranges_arrow(

@@ -142,13 +142,16 @@ def input_agent(batch: pl.DataFrame, rules: LivenessRules) -> pl.Series:
     ).to_series()
 
 
-def bucket_file_name(batch_id: int, buckets: int, bucket: int, ext: str = "parquet") -> str:
-    return f"part-{batch_id:08d}-k{buckets}b{bucket}-{uuid.uuid4().hex}.{ext}"
+def bucket_file_name(buckets: int, bucket: int) -> str:
+    """A data file of a bucket of agents, after its stage's prefix (``delta.staged_file``)."""
+    return f"k{buckets}b{bucket}-{uuid.uuid4().hex}.parquet"
 
 
-def series_file_name(batch_id: int, buckets: int, bucket: int, *, keyed: bool) -> str:
+def series_file_name(buckets: int, bucket: int, *, keyed: bool) -> str:
+    """A data file of a bucket of series (``s``) or of unkeyed rows (``u``), after its
+    stage's prefix."""
     kind = "s" if keyed else "u"
-    return f"part-{batch_id:08d}-k{buckets}{kind}{bucket}-{uuid.uuid4().hex}.parquet"
+    return f"k{buckets}{kind}{bucket}-{uuid.uuid4().hex}.parquet"
 
 
 def series_file(name: str, buckets: int) -> tuple[str, int] | None:
@@ -211,8 +214,8 @@ class GoldPlan:
 
     batch_id: int
     buckets: int
-    shuffle: str  # folder of the split step's files
-    staging: tuple[tuple[str, str], ...]  # (table, its staging folder)
+    shuffle: str  # folder of the split step's files ("": no split step)
+    staging: tuple[tuple[str, str], ...]  # (table, its file-name prefix: ``delta.Stage``)
     rates: RateRules
     liveness: LivenessRules
     registry: bytes = b""  # Arrow IPC of the schema registry
@@ -223,6 +226,7 @@ class GoldPlan:
     # Buckets of series of the rate stage (``rate_compute``); 0: the agent tasks pair the
     # rates themselves (one task per bucket of agents does all).
     rate_buckets: int = 0
+    scratch: str = ""  # the batch's scratch folder (bucket claims; the shuffle inside)
 
 
 @dataclass
@@ -576,7 +580,7 @@ def compute(
         out.rows.update(rates=rates.height, state=new_state.height)
         t2 = time.perf_counter()
     for name, table in results.items():
-        _write_result(plan, name, table, bucket_file_name(plan.batch_id, plan.buckets, bucket), out)
+        _write_result(plan, name, table, bucket_file_name(plan.buckets, bucket), out)
     KEPT.drop(used)
     # "gold" holds "agent_stage", and without a rate stage "state_read" and "rate_stage".
     out.seconds.update(read=t1 - t0, gold=t2 - t1, agent_stage=t_agent - t1,
@@ -588,13 +592,14 @@ def compute(
 
 
 def _write_result(plan: GoldPlan, name: str, table: pa.Table, file_name: str, out: ComputeOutput) -> None:
-    """A task's rows of a gold table -> one Parquet file in the table's staging folder
-    (none when empty), described in ``out``; a state table's frame stays in ``KEPT``."""
+    """A task's rows of a gold table -> one Parquet file in the table's folder under the
+    batch's stage (none when empty), described in ``out``; a state table's frame stays
+    in ``KEPT``."""
     if name in TIME_COLUMNS:
         out.tops[name] = max(out.tops.get(name, 0), _column_top(table, TIME_COLUMNS[name]))
     if table.num_rows == 0:
         return
-    w = delta.DataFileWriter(os.path.join(dict(plan.staging)[name], file_name), table.schema, unique=())
+    w = delta.DataFileWriter(delta.staged_file(dict(plan.staging)[name], file_name), table.schema, unique=())
     try:
         w.write(table)
         info = w.close()
@@ -671,10 +676,10 @@ def rate_compute(
     t2 = time.perf_counter()
     out.rows = {"rates": rates.height, "state": new_state.height}
     _write_result(plan, "statistic_rates", conform(rates, STATISTIC_RATES),
-                  series_file_name(plan.batch_id, plan.rate_buckets, bucket, keyed=True), out)  # fmt: skip
+                  series_file_name(plan.rate_buckets, bucket, keyed=True), out)  # fmt: skip
     keyed = new_state["index_key"].is_not_null()
     for is_keyed, rows in ((True, new_state.filter(keyed)), (False, new_state.filter(~keyed))):
-        name = series_file_name(plan.batch_id, plan.rate_buckets, bucket, keyed=is_keyed)
+        name = series_file_name(plan.rate_buckets, bucket, keyed=is_keyed)
         _write_result(plan, "rate_state", conform(rows, RATE_STATE), name, out)
     KEPT.drop(used)
     out.seconds = {"rate_read": t1 - t0, "rate": t2 - t1, "rate_write": time.perf_counter() - t2,
@@ -685,8 +690,8 @@ def rate_compute(
 
 def claims_folder(plan: GoldPlan, stage: str) -> str:
     """Where the tasks of a stage (``agents``, ``series``) of the plan's batch claim their
-    buckets: inside the rates' staging folder, which goes with the plan."""
-    return os.path.join(dict(plan.staging)["statistic_rates"], f"_claims-{stage}")
+    buckets: inside the plan's scratch folder, which goes with the plan."""
+    return os.path.join(plan.scratch, f"_claims-{stage}")
 
 
 def compute_claimed(

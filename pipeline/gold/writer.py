@@ -329,6 +329,8 @@ class GoldBatchWriter:
         # The rate state's commit of this writer's last batch, and that batch id: while it
         # is the table's latest, it is the last batch committed (``_done``).
         self._last: tuple[delta.CommitStamp, int] | None = None
+        # The stages of the task path's batch in flight (``plan_tasks`` to ``drop_plan``).
+        self._stages: delta.Stages | None = None
 
     @property
     def app_id(self) -> str:
@@ -445,22 +447,20 @@ class GoldBatchWriter:
     def plan_tasks(
         self, batch_id: int, buckets: int, rate_buckets: int = 0, *, shuffle: bool
     ) -> gt.GoldPlan:
-        """The task path's plan of a batch, before its two times are known: staging
-        folders (and the split step's shuffle folder), the registry, the gold tables'
-        live files."""
+        """The task path's plan of a batch, before its two times are known: the tables'
+        stages (``self._stages``, closed by ``drop_plan``), the scratch folder (bucket
+        claims, the split step's shuffle), the registry, the gold tables' live files."""
         from pipeline.gold import tasks as gt
 
         s, aid = self.settings, self.app_id
-        # The shuffle's folder: hidden inside the rates table (not among the gold root's
-        # tables), named apart from the tables' own staging folders of this batch.
-        folder = (
-            delta.fresh_stage_dir(s.path("statistic_rates"), f"{aid}-shuffle", batch_id)
-            if shuffle else ""
-        )  # fmt: skip
+        # Scratch: hidden inside the rates table (not among the gold root's tables).
+        scratch = delta.scratch_dir(s.path("statistic_rates"), f"{aid}-shuffle", batch_id)
+        self._stages = delta.Stages(aid, batch_id)
         return gt.GoldPlan(
-            batch_id=batch_id, buckets=buckets, rate_buckets=rate_buckets, shuffle=folder,
+            batch_id=batch_id, buckets=buckets, rate_buckets=rate_buckets,
+            shuffle=scratch if shuffle else "", scratch=scratch,
             staging=tuple(
-                (name, delta.fresh_stage_dir(s.path(name), aid, batch_id))
+                (name, self._stages.prefix(s.path(name)))
                 for name in ("statistic_rates", *gt.STATE_TABLES)
             ),
             rates=s.rates, liveness=s.liveness, keep_bytes=s.keep_mib << 20,
@@ -502,10 +502,15 @@ class GoldBatchWriter:
         )
 
     def drop_plan(self, plan: gt.GoldPlan) -> None:
-        """Remove a plan's staging and shuffle folders (after a failure, or its commit)."""
-        for folder in (plan.shuffle, *(f for _n, f in plan.staging)):
-            if folder:
-                delta.remove_stage_dir(folder)
+        """Close the plan's stages and remove its scratch folder (after a failure, or its
+        commits)."""
+        try:
+            if self._stages is not None:
+                self._stages.close()
+        finally:
+            self._stages = None
+            if plan.scratch:
+                delta.remove_scratch_dir(plan.scratch)
 
     def commit_tasks(self, plan: gt.GoldPlan, outs: Sequence[gt.ComputeOutput]) -> GoldReport:
         """Commit the compute tasks' files, in order: rates (append), lifecycle state, its
@@ -533,6 +538,8 @@ class GoldBatchWriter:
                 results = transaction.concurrently({name: commit(name) for name in group})
                 for name in group:
                     result = results[name]
+                    if self._stages is not None:
+                        self._stages.done(s.path(name))
                     if not result.skipped:
                         report.committed.append(name)
                     self._tops.pop(name, None)

@@ -39,7 +39,6 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-STAGING_DIR = "_staging"
 FILE_COL = "__delta_file"
 HIVE_NULL = "__HIVE_DEFAULT_PARTITION__"
 # Strings longer than this get no min/max stats (delta-spark truncates at 32
@@ -311,7 +310,10 @@ def table_lock(path: str | os.PathLike[str], *, exclusive: bool = False) -> Iter
     compaction landing in between would otherwise make a merge fail
     (delta-rs counts its adds as new data) or let a raw remove+add commit
     re-add rows the compaction had already rewritten (measured: doubled
-    rows). Appends take no lock: they commute with compaction.
+    rows). Every writer holds it shared from its first data file to its
+    commit (``Stage``, ``write_and_commit``, the Arrow writers): VACUUM, which
+    holds it exclusive, would otherwise delete the files in flight, which no
+    commit lists yet.
     """
     fd = os.open(os.path.join(os.fspath(path), LOCK_FILE), os.O_RDWR | os.O_CREAT, 0o644)
     try:
@@ -539,23 +541,6 @@ def _null_problems(pf: pq.ParquetFile, schema: pa.Schema, stats: Mapping[str, An
     return problems
 
 
-def _partition_values_from_dir(rel_dir: str, partition_by: Sequence[str]) -> dict[str, str | None]:
-    """Hive-style ``a=x/b=y`` folder names (as Spark writes them) to Delta partition values."""
-    values: dict[str, str | None] = {}
-    parts = [p for p in rel_dir.split("/") if p]
-    for part in parts:
-        key, sep, raw = part.partition("=")
-        if not sep:
-            raise DeltaLayerError(f"unexpected folder {part!r} in staged output")
-        value = urllib.parse.unquote(raw)
-        values[urllib.parse.unquote(key)] = None if value == HIVE_NULL else value
-    if sorted(values) != sorted(partition_by):
-        raise DeltaLayerError(
-            f"staged folder {rel_dir!r} does not give partitions {list(partition_by)}"
-        )
-    return values
-
-
 def build_add_actions(
     table: DeltaTable,
     files: Iterable[tuple[str, Mapping[str, str | None]]],
@@ -656,42 +641,182 @@ def describe_file(
     )
 
 
-def stage_dir(path: str | os.PathLike[str], app_id: str, batch_id: int) -> str:
-    """A fresh staging folder inside the table (``_staging/<app>-<batch>-<token>``, hidden
-    from readers): writers put a batch's files there; ``commit_staged`` moves them in."""
-    d = _staging_dir(os.path.abspath(os.fspath(path)), app_id, batch_id)
-    os.makedirs(d, exist_ok=True)
-    return d
+# ---------------------------------------------------------------------------
+# Where one attempt of a batch writes a table's new data files
 
 
-def staged_table_root(folder: str) -> str:
-    """The table a staging folder of ``stage_dir`` belongs to (its files, once
-    committed, are ``<root>/<name>``)."""
-    return os.path.dirname(os.path.dirname(os.path.abspath(folder).rstrip(os.sep)))
+def batch_prefix(path: str | os.PathLike[str], app_id: str, batch_id: int) -> str:
+    """``<root>/part-<batch, 8 digits>-<app digest, 16 hex>``: the data files every attempt
+    of one app's batch writes into the table folder start so. Both fields have fixed
+    widths, so no other batch's or app's prefix extends this one."""
+    import hashlib
+
+    digest = hashlib.sha1(app_id.encode(), usedforsecurity=False).hexdigest()[:16]
+    return os.path.join(os.path.abspath(os.fspath(path)), f"part-{batch_id:08d}-{digest}")
 
 
-def remove_stage_dir(folder: str) -> None:
-    """Remove a staging folder (and the table's ``_staging`` once empty): after the
-    batch's commit, or its failure; what was committed was moved out before."""
+def staged_file(prefix: str, name: str) -> str:
+    """The full path of a data file ``name`` written under a ``Stage``'s ``prefix``."""
+    return f"{prefix}-{name}"
+
+
+_STAGED_NAME = re.compile(r"part-\d{8}-[0-9a-f]{16}-[0-9a-f]{12}-(.+)")
+
+
+def staged_name(name: str) -> str:
+    """The writer's own part of a data file name written under a ``Stage`` (what its
+    writer passed to ``staged_file``); any other name as it is (files of older
+    releases, of delta-spark's writer)."""
+    found = _STAGED_NAME.fullmatch(os.path.basename(name))
+    return found.group(1) if found else os.path.basename(name)
+
+
+def staged_table_root(prefix: str) -> str:
+    """The table folder a ``Stage``'s ``prefix`` writes into."""
+    return os.path.dirname(prefix)
+
+
+def _named(root: str, start: str) -> list[str]:
+    """Files of the table folder whose names start with ``start`` (one listing)."""
+    try:
+        return [e.path for e in os.scandir(root) if e.name.startswith(start)]
+    except FileNotFoundError:
+        return []
+
+
+class Stage:
+    """Where one attempt of a batch writes one table's new files: straight into the table
+    folder, where they are committed, under names that start with ``prefix`` (the
+    batch's ``batch_prefix`` and a token of this attempt). No staging folder, no rename
+    (on an object store, a copy).
+
+    Held as a context: the table lock is held shared from the first file to the end
+    (``table_lock``): a VACUUM cannot take the files in flight for garbage. The writer
+    sets ``done`` once ``commit_staged`` returned; without it, leaving removes what the
+    attempt wrote, unless the table has the batch (a commit that raised after it
+    landed: its files are then left to VACUUM). A killed attempt's files are removed
+    by the commit of a later attempt of the batch (``commit_staged``), or by VACUUM.
+    """
+
+    def __init__(self, path: str | os.PathLike[str], app_id: str, batch_id: int) -> None:
+        self.root = os.path.abspath(os.fspath(path))
+        self.app_id = app_id
+        self.batch_id = batch_id
+        self.prefix = f"{batch_prefix(self.root, app_id, batch_id)}-{uuid.uuid4().hex[:12]}"
+        self.done = False
+        self._lock: Any = None
+
+    def file(self, name: str) -> str:
+        return staged_file(self.prefix, name)
+
+    def __enter__(self) -> Stage:
+        self._lock = table_lock(self.root)
+        self._lock.__enter__()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        try:
+            if not self.done:
+                self.discard()
+        finally:
+            self._lock.__exit__(None, None, None)
+
+    def discard(self) -> None:
+        """Remove this attempt's files, unless the table has the batch."""
+        mine = _named(self.root, os.path.basename(self.prefix) + "-")
+        if not mine:
+            return
+        done = committed_batch(self.root, self.app_id)
+        if done is None or done < self.batch_id:
+            _remove_quietly(mine)
+
+
+class Stages:
+    """The ``Stage`` of each table one attempt of a batch writes into (one per table
+    folder, made at its first use), closed together after the batch's commits."""
+
+    def __init__(self, app_id: str, batch_id: int) -> None:
+        self.app_id = app_id
+        self.batch_id = batch_id
+        self._by_root: dict[str, Stage] = {}
+
+    def prefix(self, path: str | os.PathLike[str]) -> str:
+        """The file-name prefix of the table's stage (entered now if new)."""
+        root = os.path.abspath(os.fspath(path))
+        stage = self._by_root.get(root)
+        if stage is None:
+            stage = self._by_root[root] = Stage(root, self.app_id, self.batch_id).__enter__()
+        return stage.prefix
+
+    def done(self, path: str | os.PathLike[str]) -> None:
+        """``commit_staged`` returned for the table: its files are settled."""
+        stage = self._by_root.get(os.path.abspath(os.fspath(path)))
+        if stage is not None:
+            stage.done = True
+
+    def close(self) -> None:
+        """Leave every stage (``Stage.__exit__``), the first error raised after all."""
+        errors: list[BaseException] = []
+        for stage in self._by_root.values():
+            try:
+                stage.__exit__(None, None, None)
+            except BaseException as exc:  # the others still close
+                errors.append(exc)
+        self._by_root = {}
+        if errors:
+            raise errors[0]
+
+    def __enter__(self) -> Stages:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def sweep_batch(
+    path: str | os.PathLike[str], app_id: str, batch_id: int, keep: Iterable[str]
+) -> list[str]:
+    """After the batch's commit: remove the files of its other attempts (killed before
+    their commits; one writer per app, so none is still writing) and what this one wrote
+    but did not commit. ``keep``: the committed file names. The removed paths."""
+    prefix = batch_prefix(path, app_id, batch_id)
+    kept = set(keep)
+    gone = [
+        p for p in _named(os.path.dirname(prefix), os.path.basename(prefix) + "-")
+        if os.path.basename(p) not in kept
+    ]  # fmt: skip
+    _remove_quietly(gone)
+    return gone
+
+
+# Scratch folders: a batch's intermediate files that are never committed (gold's shuffle).
+SCRATCH_DIR = "_scratch"
+
+
+def scratch_dir(path: str | os.PathLike[str], label: str, batch_id: int) -> str:
+    """A fresh scratch folder of the table (``_scratch/<label>-<batch>-<token>``, hidden
+    from readers and VACUUM), after removing those an earlier attempt of the batch left
+    (one writer per label, so none is in use)."""
+    import glob
+
+    safe = "".join(c if c.isalnum() or c in "-_." else "_" for c in label)
+    start = os.path.join(os.path.abspath(os.fspath(path)), SCRATCH_DIR, f"{safe}-{batch_id}")
+    for old in glob.glob(glob.escape(start) + "-*"):
+        shutil.rmtree(old, ignore_errors=True)
+    folder = f"{start}-{uuid.uuid4().hex[:12]}"
+    os.makedirs(folder, exist_ok=True)
+    return folder
+
+
+def remove_scratch_dir(folder: str) -> None:
+    """Remove a scratch folder, and the table's ``_scratch`` once empty."""
     shutil.rmtree(folder, ignore_errors=True)
     parent = os.path.dirname(folder.rstrip(os.sep))
-    if os.path.basename(parent) == STAGING_DIR:
+    if os.path.basename(parent) == SCRATCH_DIR:
         try:
             os.rmdir(parent)
         except OSError:
             pass
-
-
-def fresh_stage_dir(path: str | os.PathLike[str], app_id: str, batch_id: int) -> str:
-    """``stage_dir``, after removing the staging folders an earlier attempt of the same
-    batch left (a crash before its commit; one writer per app, so none is in use)."""
-    import glob
-
-    root = os.path.abspath(os.fspath(path))
-    prefix = stage_dir_prefix(root, app_id, batch_id)
-    for old in glob.glob(glob.escape(prefix) + "-*"):
-        shutil.rmtree(old, ignore_errors=True)
-    return stage_dir(root, app_id, batch_id)
 
 
 class DataFileWriter:
@@ -742,9 +867,9 @@ class DataFileWriter:
         _remove_quietly([self.full_path])
 
 
-def data_file_name(batch_id: int) -> str:
-    """A fresh data file name: the batch id, then a random token (never reused)."""
-    return f"part-{batch_id:08d}-{uuid.uuid4().hex}.parquet"
+def data_file_name() -> str:
+    """A fresh data file name for a ``Stage`` (a random token: never reused)."""
+    return f"{uuid.uuid4().hex}.parquet"
 
 
 def commit_staged(
@@ -757,16 +882,15 @@ def commit_staged(
     replace: bool = False,
     remove: Sequence[str] = (),
 ) -> CommitResult:
-    """Commit files described where they were written, exactly once.
+    """Commit files written in the table folder (a ``Stage``'s), exactly once.
 
-    Files still in a staging folder of the table are moved into its root
-    (a rename on the same filesystem); a replayed batch (already committed)
-    removes them instead. The footers are not read again: ``describe_file``
-    checked them where they were written. ``replace``: the files are the
-    table's whole new content; every live file is removed in the same commit
-    (listed under the table lock, so a compaction cannot slip in). ``remove``:
-    Delta paths of live files these files replace (a file-level upsert; checked
-    live under the table lock).
+    The footers are not read again: ``describe_file`` checked them where they were
+    written. After the commit, the batch's files of other attempts go
+    (``sweep_batch``); a replayed batch (already committed) removes ``files``
+    instead. ``replace``: the files are the table's whole new content; every live
+    file is removed in the same commit (listed under the table lock, so a compaction
+    cannot slip in). ``remove``: Delta paths of live files these files replace (a
+    file-level upsert; checked live under the table lock).
     """
     if replace:
         with table_lock(path):
@@ -775,26 +899,6 @@ def commit_staged(
         with table_lock(path):
             return _commit_staged(path, files, app_id, batch_id, operation, False, remove)
     return _commit_staged(path, files, app_id, batch_id, operation, False)
-
-
-def _move_in(root: str, files: Sequence[DataFileInfo]) -> list[str]:
-    """Rename staged files into the table folder; the paths moved (to remove if the
-    commit does not happen). A file already there (written in place, or moved by an
-    earlier try of the same commit, which may have committed) is left as it is."""
-    moved: list[str] = []
-    try:
-        for f in files:
-            dest = os.path.join(root, f.name)
-            if f.location == dest or (not os.path.exists(f.location) and os.path.exists(dest)):
-                continue
-            if os.path.exists(dest):
-                raise DeltaLayerError(f"refusing to overwrite existing data file {dest}")
-            os.rename(f.location, dest)
-            moved.append(dest)
-    except BaseException:
-        _remove_quietly(moved)
-        raise
-    return moved
 
 
 def _commit_staged(
@@ -806,50 +910,34 @@ def _commit_staged(
     replace: bool,
     remove: Sequence[str] = (),
 ) -> CommitResult:
-    """Move the files in and commit them. Only a commit that removes files lists the
-    table version (delta-rs, so far): an append lets delta-spark's transaction check the
+    """Commit the files in place. Only a commit that removes files lists the table
+    version (delta-rs, so far): an append lets delta-spark's transaction check the
     app's last batch (a replay commits nothing and its files go again), with no
     delta-rs open of the table (22-29 ms 99 commits after a checkpoint)."""
+    root = os.path.abspath(os.fspath(path))
+    outside = [f.location for f in files if f.location != os.path.join(root, f.name)]
+    if outside:
+        raise DeltaLayerError(f"not data files of {root}: {outside[:3]}")
     dt = open_for_write(path) if replace or remove else None
-    root = os.path.abspath(os.fspath(path)) if dt is None else table_root(dt)
     if dt is not None and already_committed(dt, app_id, batch_id):
-        _remove_quietly(f.location for f in files if f.location != os.path.join(root, f.name))
-        _remove_staging_dirs(root, files)
+        _remove_quietly(f.location for f in files)
         return CommitResult(skipped=True, version=dt.version())
-    moved: list[str] = []
-    committed = False
-    try:
-        moved = _move_in(root, files)
-        removals: list[transaction.RemoveFile] = []
-        if dt is not None:
-            dt.update_incremental()
-            removals = _removals(dt, None if replace else remove)
-        outcome = transaction.commit(
-            root, [f.add_file() for f in files], removals, app_id=app_id, batch_id=batch_id,
-            operation=operation, overwrite=replace,
-        )  # fmt: skip
-        if outcome.skipped:  # a replay of a committed batch (or a concurrent one): ours are extra
-            return CommitResult(skipped=True, version=outcome.version)
-        committed = True
-    finally:
-        if not committed:
-            _remove_quietly(moved)
-        _remove_staging_dirs(root, files)
+    removals: list[transaction.RemoveFile] = []
+    if dt is not None:
+        dt.update_incremental()
+        removals = _removals(dt, None if replace else remove)
+    outcome = transaction.commit(
+        root, [f.add_file() for f in files], removals, app_id=app_id, batch_id=batch_id,
+        operation=operation, overwrite=replace,
+    )  # fmt: skip
+    if outcome.skipped:  # a replay of a committed batch (or a concurrent one): ours are extra
+        _remove_quietly(f.location for f in files)
+        return CommitResult(skipped=True, version=outcome.version)
+    sweep_batch(root, app_id, batch_id, (f.name for f in files))
     return CommitResult(
         skipped=False, version=outcome.version, files_added=len(files),
         files_removed=len(removals), rows=sum(f.rows for f in files),
     )  # fmt: skip
-
-
-def _remove_staging_dirs(root: str, files: Sequence[DataFileInfo]) -> None:
-    staging = os.path.join(root, STAGING_DIR)
-    for d in {os.path.dirname(f.location) for f in files}:
-        if os.path.dirname(d) == staging:
-            shutil.rmtree(d, ignore_errors=True)
-    try:
-        os.rmdir(staging)
-    except OSError:
-        pass
 
 
 def append_parquet(
@@ -875,27 +963,23 @@ def append_parquet(
     if data.num_rows > parallel_rows:
         parts = min(max(1, threads), -(-data.num_rows // parallel_rows))
     step = -(-data.num_rows // parts)
-    staging = stage_dir(path, app_id, batch_id)
-    token = uuid.uuid4().hex
-    names = [f"part-{batch_id:08d}-{token}-{i}.parquet" for i in range(parts)]
+    with Stage(path, app_id, batch_id) as stage:
 
-    def write(i: int) -> DataFileInfo:
-        w = DataFileWriter(os.path.join(staging, names[i]), schema)
-        w.write(data.slice(i * step, step))
-        info = w.close()
-        assert info is not None
-        return info
+        def write(i: int) -> DataFileInfo:
+            w = DataFileWriter(stage.file(f"{i}.parquet"), schema)
+            w.write(data.slice(i * step, step))
+            info = w.close()
+            assert info is not None
+            return info
 
-    try:
         if parts == 1:
             infos = [write(0)]
         else:
             with ThreadPoolExecutor(parts, thread_name_prefix="qmf-parquet") as pool:
                 infos = list(pool.map(write, range(parts)))
-    except BaseException:
-        shutil.rmtree(staging, ignore_errors=True)
-        raise
-    return commit_staged(path, infos, app_id=app_id, batch_id=batch_id)
+        done = commit_staged(path, infos, app_id=app_id, batch_id=batch_id)
+        stage.done = True
+        return done
 
 
 def commit_files(
@@ -1005,51 +1089,6 @@ def no_dictionary(*columns: str) -> dict[str, str]:
 UNIQUE_COLUMNS_OPTIONS = no_dictionary("msg_key", "message_id", "correlation_id", "body")
 
 
-def stage_dir_prefix(root: str, app_id: str, batch_id: int) -> str:
-    """``<root>/_staging/<app>-<batch>``: the staging folders of one batch start so."""
-    safe_app = "".join(c if c.isalnum() or c in "-_." else "_" for c in app_id)
-    return os.path.join(root, STAGING_DIR, f"{safe_app}-{batch_id}")
-
-
-def _staging_dir(root: str, app_id: str, batch_id: int) -> str:
-    return f"{stage_dir_prefix(root, app_id, batch_id)}-{uuid.uuid4().hex[:12]}"
-
-
-def _stage_and_move(
-    df: DataFrame,
-    root: str,
-    staging: str,
-    partition_by: Sequence[str],
-    writer_options: Mapping[str, str] | None = None,
-) -> list[tuple[str, dict[str, str | None]]]:
-    """Spark writes Parquet in parallel into ``staging``; the files are then renamed
-    into the table folder (same filesystem, so a rename, not a copy)."""
-    writer = df.write.mode("error").option("compression", "snappy")
-    for key, value in (writer_options or {}).items():
-        writer = writer.option(key, value)
-    if partition_by:
-        writer = writer.partitionBy(*partition_by)
-    writer.parquet(staging)
-    files: list[tuple[str, dict[str, str | None]]] = []
-    for dirpath, _dirs, names in os.walk(staging):
-        rel_dir = os.path.relpath(dirpath, staging)
-        rel_dir = "" if rel_dir == "." else rel_dir
-        for name in sorted(names):
-            if not name.endswith(".parquet") or name.startswith((".", "_")):
-                continue
-            if pq.ParquetFile(os.path.join(dirpath, name)).metadata.num_rows == 0:
-                continue  # Spark writes one empty file for an empty batch
-            pvalues = _partition_values_from_dir(rel_dir, partition_by) if partition_by else {}
-            rel_path = os.path.join(rel_dir, name) if rel_dir else name
-            dest = os.path.join(root, rel_path)
-            os.makedirs(os.path.dirname(dest), exist_ok=True)
-            if os.path.exists(dest):
-                raise DeltaLayerError(f"refusing to overwrite existing data file {dest}")
-            os.rename(os.path.join(dirpath, name), dest)
-            files.append((rel_path, pvalues))
-    return sorted(files)
-
-
 @contextmanager
 def _nulls_refused() -> Iterator[None]:
     """Report conform()'s row-level null check (a failed Spark job) as
@@ -1084,34 +1123,27 @@ def write_and_commit(
     remove: Sequence[str] = (),
     writer_options: Mapping[str, str] | None = None,
 ) -> CommitResult:
-    """Stage ``df`` (already conformed), move its files in, commit; clean up on failure."""
+    """Write ``df`` (already conformed) with delta-spark's writer straight into the table
+    and commit it, replacing the live files ``remove``, exactly once
+    (``transaction.write``). The table lock is held shared from the removes' check to
+    the commit: no compaction replaces them, no VACUUM deletes the files in flight."""
     root = table_root(dt)
-    parts = partition_columns(dt)
-    staging = _staging_dir(root, app_id, batch_id)
-    moved: list[tuple[str, dict[str, str | None]]] = []
-    committed = False
-    try:
+    with table_lock(root):
+        removals: list[transaction.RemoveFile] = []
+        if remove:
+            dt.update_incremental()
+            removals = _removals(dt, remove)
         with _nulls_refused():
-            moved = _stage_and_move(df, root, staging, parts, writer_options)
-        # Re-check right before committing: narrows the window in which a
-        # concurrent replay of the same batch could commit twice.
-        dt.update_incremental()
-        if already_committed(dt, app_id, batch_id):
-            return CommitResult(skipped=True, version=dt.version())
-        result = commit_files(
-            root, moved, app_id=app_id, batch_id=batch_id, remove=remove, operation=operation
-        )
-        committed = True
-        return result
-    finally:
-        shutil.rmtree(staging, ignore_errors=True)
-        if not committed and moved and not already_committed(DeltaTable(root), app_id, batch_id):
-            _remove_quietly(os.path.join(root, rel) for rel, _ in moved)
-        staging_root = os.path.join(root, STAGING_DIR)
-        try:
-            os.rmdir(staging_root)
-        except OSError:
-            pass
+            done = transaction.write(
+                df, root, removals, app_id=app_id, batch_id=batch_id, operation=operation,
+                options=writer_options,
+            )  # fmt: skip
+    if done.skipped:
+        return CommitResult(skipped=True, version=done.version)
+    return CommitResult(
+        skipped=False, version=done.version, files_added=done.files,
+        files_removed=len(removals), rows=done.rows,
+    )  # fmt: skip
 
 
 def append_batch(
@@ -1511,25 +1543,27 @@ def _commit_arrow(
     data = conform_arrow(table, table_schema(dt))
     root = table_root(dt)
     files: list[tuple[str, dict[str, str | None]]] = []
-    if data.num_rows or replace:
-        files.append((_write_file(dt, data, batch_id), {}))
     committed = False
-    try:
-        if replace:
-            with table_lock(path):  # no compaction between listing the files and the commit
+    # Held from the file's write to the commit: no VACUUM takes the file in flight, no
+    # compaction comes between a replace's listing and its commit.
+    with table_lock(path):
+        try:
+            if data.num_rows or replace:
+                files.append((_write_file(dt, data, batch_id), {}))
+            if replace:
                 dt.update_incremental()
                 remove = [f.delta_path for f in live_files(dt)]
                 result = commit_files(
                     root, files, app_id=app_id, batch_id=batch_id, remove=remove,
                     operation="overwrite",
                 )  # fmt: skip
-        else:
-            result = _commit_files(root, files, app_id, batch_id, (), "append", opened=dt)
-        committed = not result.skipped
-        return result
-    finally:
-        if not committed:
-            _remove_quietly(os.path.join(root, rel) for rel, _ in files)
+            else:
+                result = _commit_files(root, files, app_id, batch_id, (), "append", opened=dt)
+            committed = not result.skipped
+            return result
+        finally:
+            if not committed:
+                _remove_quietly(os.path.join(root, rel) for rel, _ in files)
 
 
 def append_arrow(

@@ -381,7 +381,8 @@ def vacuum_table(
     A pin (``keep_from``): the files live in any version from it on are left out of
     the inventory VACUUM works from (``USING INVENTORY``), so it keeps them. Under the
     exclusive table lock: no other compaction (a second maintainer) or merge of ours
-    removes files meanwhile; appends go on (they remove nothing).
+    removes files meanwhile, and no writer has data files in flight (written, not yet
+    committed: they hold the lock shared from their first file to their commit).
     """
     with delta.table_lock(path, exclusive=True):
         _vacuum_locked(path, settings, keep_from, report)
@@ -392,7 +393,7 @@ def vacuum_inventory(spark: SparkSession, path: str, spared: set[str]) -> DataFr
     inventory Delta's ``VACUUM ... USING INVENTORY`` takes: VACUUM then considers only
     these. Listed by Spark's own file index through the table's Hadoop file system (any
     store Spark reaches), which skips what starts with ``_`` or ``.``: ``_delta_log``
-    and our ``_staging`` are never Delta's to delete."""
+    and our ``_scratch`` are never Delta's to delete."""
     from pyspark.sql import functions as F
     from pyspark.sql.types import BooleanType, LongType, StringType, StructField, StructType
 

@@ -8,6 +8,8 @@ streaming sink commit what their tasks wrote: a transaction on the table's
 ``DeltaLog`` that checks the app's last batch (``txnVersion``), adds the files
 with a ``txn`` action, and commits with Delta's conflict checks, commit info,
 checksums, checkpoints and log clean-up. delta-rs commits nothing in the jobs.
+Rows that are a Spark DataFrame (bronze's ``spark`` writer, backfills) are
+written by Delta's own writer in the same transaction (``write``).
 
 This runs on the driver, in the JVM of the active SparkSession (or one made
 with the project's settings); the actions cross py4j as Delta's log JSON.
@@ -27,8 +29,8 @@ if TYPE_CHECKING:
     from pyspark.sql.types import StructType
 
 __all__ = [
-    "TABLE_PROPERTIES", "AddFile", "Outcome", "RemoveFile", "add_columns", "commit", "concurrently", "create",
-    "new_session", "session",
+    "TABLE_PROPERTIES", "AddFile", "Outcome", "RemoveFile", "Written", "add_columns", "commit", "concurrently",
+    "create", "new_session", "session", "write",
 ]  # fmt: skip
 
 T = TypeVar("T")
@@ -181,26 +183,107 @@ def commit(
     overwrite when ``overwrite``).
     """
     spark = session()
-    jvm = spark._jvm
-    assert jvm is not None
     txn = _delta_log(spark, os.fspath(root)).startTransaction()
     if _app_version(txn, app_id) >= batch_id:
         return Outcome(skipped=True, version=int(txn.snapshot().version()))
     now_ms = int(time.time() * 1000)
-    actions = [a.action(now_ms) for a in adds]
-    actions += [r.action(now_ms) for r in removes]
-    actions.append({"txn": {"appId": app_id, "version": batch_id, "lastUpdated": now_ms}})
+    actions = [json.dumps(a.action(now_ms), separators=(",", ":")) for a in adds]
+    version = _commit(spark, txn, [], actions, removes, app_id, batch_id, operation, overwrite)
+    return Outcome(skipped=False, version=version)
+
+
+@dataclass(frozen=True)
+class Written:
+    """What ``write`` committed: the version (None when ``skipped``), its new files
+    and their rows (from the files' statistics)."""
+
+    skipped: bool
+    version: int | None
+    files: int = 0
+    rows: int = 0
+
+
+def write(
+    df: Any,
+    root: str | os.PathLike[str],
+    removes: Sequence[RemoveFile] = (),
+    *,
+    app_id: str,
+    batch_id: int,
+    operation: str,
+    options: Mapping[str, str] | None = None,
+) -> Written:
+    """Write the DataFrame ``df`` with delta-spark's own writer and commit its files
+    with ``removes`` as ``app_id``'s ``batch_id``, exactly once.
+
+    ``OptimisticTransaction.writeFiles`` is what ``df.write.format("delta")`` runs:
+    Spark tasks write Parquet straight into the table folder under Delta's commit
+    protocol (no staging folder, no rename), checking the table's NOT NULL columns.
+    Unlike that writer, the same transaction also removes the files the caller
+    chose (a file-level replace: a backfill's range). A replayed batch writes nothing.
+    Files of a failed write stay unreferenced, for VACUUM, as with Delta's writer.
+    """
+    spark = session()
+    txn = _delta_log(spark, os.fspath(root)).startTransaction()
+    if _app_version(txn, app_id) >= batch_id:
+        return Written(skipped=True, version=int(txn.snapshot().version()))
+    before = {k: spark.conf.get(k, None) for k in options or {}}
+    try:
+        for k, v in (options or {}).items():
+            spark.conf.set(k, v)
+        written = txn.writeFiles(df._jdf)
+    finally:
+        for k, old in before.items():
+            if old is None:
+                spark.conf.unset(k)
+            else:
+                spark.conf.set(k, old)
+    files = rows = 0
+    it = written.iterator()
+    jactions = []
+    while it.hasNext():
+        action = it.next()
+        jactions.append(action)
+        add = json.loads(action.json()).get("add")
+        if add is not None:
+            files += 1
+            rows += int(json.loads(add.get("stats") or "{}").get("numRecords", 0))
+    version = _commit(spark, txn, jactions, [], removes, app_id, batch_id, operation, False)
+    return Written(skipped=False, version=version, files=files, rows=rows)
+
+
+def _commit(
+    spark: SparkSession,
+    txn: Any,
+    jactions: Sequence[Any],
+    actions: Sequence[str],
+    removes: Sequence[RemoveFile],
+    app_id: str,
+    batch_id: int,
+    operation: str,
+    overwrite: bool,
+) -> int:
+    """Commit Delta actions (``jactions`` already in the JVM, ``actions`` as log JSON),
+    ``removes`` and the app's ``txn`` action; the committed version."""
+    jvm = spark._jvm
+    assert jvm is not None
+    now_ms = int(time.time() * 1000)
+    texts = [*actions, *(json.dumps(r.action(now_ms), separators=(",", ":")) for r in removes)]
+    txn_action = {"txn": {"appId": app_id, "version": batch_id, "lastUpdated": now_ms}}
+    texts.append(json.dumps(txn_action, separators=(",", ":")))
     parse = _delta(spark).actions.Action.fromJson
     jlist = jvm.java.util.ArrayList()
-    for a in actions:
-        jlist.add(parse(json.dumps(a, separators=(",", ":"))))
+    for a in jactions:
+        jlist.add(a)
+    for text in texts:
+        jlist.add(parse(text))
     seq = jvm.scala.jdk.javaapi.CollectionConverters.asScala(jlist).toSeq()
     mode = jvm.org.apache.spark.sql.SaveMode
     none = jvm.scala.Option.empty()
     meta = jvm.scala.Option.apply(f"qmf.operation={operation};qmf.app_id={app_id};qmf.batch_id={batch_id}")
-    write = getattr(_delta(spark), "DeltaOperations$Write")
-    op = write(mode.Overwrite if overwrite else mode.Append, none, none, meta, *([none] * 5))
-    return Outcome(skipped=False, version=int(txn.commit(seq, op)))
+    write_op = getattr(_delta(spark), "DeltaOperations$Write")
+    op = write_op(mode.Overwrite if overwrite else mode.Append, none, none, meta, *([none] * 5))
+    return int(txn.commit(seq, op))
 
 
 # Every table's properties at creation (a caller's own win):

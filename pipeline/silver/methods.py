@@ -3,7 +3,7 @@
 The decode (``pipeline.silver.decode``) emits each half of a call as an untyped
 ``method_calls`` row. A call's halves meet by (dialect, seq), so the halves are
 split into *buckets* of that key (``bucket_of``) where they are decoded: a Spark
-task writes one Parquet file per bucket into the table's staging folder
+task writes one Parquet file per bucket into the table's folder, under the batch's stage
 (``PartWriter``). The pairing then runs per bucket (``pair_task``): in one Spark
 task per bucket, or, for few rows, on the driver (``run_pairing``; the same
 function over every bucket at once, so the results are identical).
@@ -21,7 +21,6 @@ docs/DESIGN.md, Method calls.
 
 from __future__ import annotations
 
-import os
 import uuid
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
@@ -42,7 +41,7 @@ if TYPE_CHECKING:
 
 OPEN_PREFIX = "calls-open-"  # request-only rows that may still be answered
 CLOSED_PREFIX = "calls-closed-"  # every other row: completed, response-only, superseded
-PARTS_PREFIX = "calls-parts-"  # a batch's halves of one bucket (staging only)
+PARTS_PREFIX = "calls-parts-"  # a batch's halves of one bucket (never committed)
 # Columns of object samples that give an AM1 object's class (and which sample is latest).
 CLASS_COLUMNS = (
     "dialect", "boot_seq", "bank", "object_num", "package", "class_name", "schema_hash",
@@ -69,7 +68,7 @@ def part_name(batch_id: int, bucket: int) -> str:
 
 def part_bucket(location: str) -> int:
     """The bucket a part file of ``part_name`` holds."""
-    name = os.path.basename(location)
+    name = delta.staged_name(location)
     return int(name[len(PARTS_PREFIX) + 9 :].split("-", 2)[0][1:])
 
 
@@ -89,7 +88,7 @@ class PartWriter:
         for bucket in np.unique(b).tolist():
             w = self.writers.get(bucket)
             if w is None:
-                path = os.path.join(self.folder, part_name(self.batch_id, bucket))
+                path = delta.staged_file(self.folder, part_name(self.batch_id, bucket))
                 w = self.writers[bucket] = delta.DataFileWriter(path, METHOD_CALLS)
             w.write(parts.filter(pa.array(b == bucket)))
 
@@ -273,7 +272,7 @@ class PairPlan:
     stored: tuple[delta.LiveFile, ...]  # candidate files as of before the batch
     samples: tuple[str, ...]  # this batch's object-sample files (AM1 objects' classes)
     samples_path: str  # the object_samples table: classes this batch does not give
-    staging: str  # the method_calls staging folder the paired files go to
+    staging: str  # the method_calls stage prefix the paired files go under (``delta.Stage``)
     # In-process runs only (never pickled to a task): rows the driver holds.
     parts_rows: pa.Table | None = field(default=None, compare=False)
     samples_rows: pa.Table | None = field(default=None, compare=False)
@@ -339,7 +338,7 @@ def _write(folder: str, prefix: str, batch_id: int, rows: pa.Table) -> list[delt
     if rows.num_rows == 0:
         return []
     name = f"{prefix}{batch_id:08d}-{uuid.uuid4().hex}.parquet"
-    w = delta.DataFileWriter(os.path.join(folder, name), METHOD_CALLS, unique=("call_id",))
+    w = delta.DataFileWriter(delta.staged_file(folder, name), METHOD_CALLS, unique=("call_id",))
     w.write(rows)
     info = w.close()
     return [] if info is None else [info]
@@ -347,7 +346,7 @@ def _write(folder: str, prefix: str, batch_id: int, rows: pa.Table) -> list[delt
 
 def pair_task(plan: PairPlan, bucket: int | None) -> Paired:
     """One bucket (None: all of them, on the driver): read its halves and stored rows,
-    pair, write its open and closed files into the staging folder; return their
+    pair, write its open and closed files under the stage; return their
     descriptions and the rows the batch changed."""
     taskworker.settle()
     parts = _read_parts(plan, bucket)
@@ -381,7 +380,7 @@ def stored_before(path: str, app_id: str, batch_id: int) -> tuple[pa.Schema, lis
     schema, files = delta.file_facts_before_batch(path, app_id, batch_id, "response_partition")
     out = []
     for f in files:
-        name = os.path.basename(f.live.local_path)
+        name = delta.staged_name(f.live.local_path)
         if name.startswith(OPEN_PREFIX) or (
             not name.startswith(CLOSED_PREFIX) and (f.nulls is None or f.nulls > 0)
         ):
@@ -442,7 +441,7 @@ class MethodCallTable:
 
     def run(self, work: CallWork, spark: SparkSession | None) -> Paired:
         """Pair in Spark tasks (``spark`` given), else here. Rows the driver holds are
-        written to the staging folder first, for the tasks to read."""
+        written under the stage first, for the tasks to read (swept after the commit)."""
         plan = work.plan
         if spark is None:
             return run_pairing(None, plan)
@@ -453,7 +452,7 @@ class MethodCallTable:
             extra_parts = [f.location for f in w.close()]
         extra_samples: list[str] = []
         if plan.samples_rows is not None:
-            p = os.path.join(plan.staging, f"samples-{uuid.uuid4().hex}.parquet")
+            p = delta.staged_file(plan.staging, f"samples-{uuid.uuid4().hex}.parquet")
             pq.write_table(plan.samples_rows.select(list(CLASS_COLUMNS)), p)
             extra_samples = [p]
         shipped = replace(

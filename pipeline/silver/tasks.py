@@ -2,9 +2,9 @@
 
 The task path of a micro-batch (``decode_on="tasks"``, and ``"auto"`` above the
 driver threshold), as dlt's normalize workers do it: the driver plans (which
-bronze files, or row groups, each task reads; one staging folder per table),
+bronze files, or row groups, each task reads; one stage prefix per table),
 every task decodes its part with the vectorized codec and writes one Parquet
-file per silver table into that table's staging folder, and returns only
+file per silver table into that table's folder (``pipeline.lake.delta.Stage``), and returns only
 
 * the description of each file (``pipeline.lake.delta.DataFileInfo``: name, size,
   rows, footer statistics), checked against the table schema in the task;
@@ -13,7 +13,7 @@ file per silver table into that table's staging folder, and returns only
 * a summary of the messages it parked for want of a schema, by key
   (``pipeline.silver.parked``: the messages themselves are in its ``parked`` file);
 * nothing of v1 method calls: their halves go to files by bucket of (dialect, seq)
-  in the ``method_calls`` staging folder (``pipeline.silver.methods.PartWriter``),
+  under the ``method_calls`` stage (``pipeline.silver.methods.PartWriter``),
   for the pairing's tasks.
 
 When a batch brings a schema that parked messages wait for (this batch's, in
@@ -72,7 +72,7 @@ from schemas.tables import BRONZE
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
 
-# Written by the tasks, straight into the tables' staging folders.
+# Written by the tasks, straight into the tables' folders.
 TASK_TABLES = (SAMPLES, EVENTS_T, HEARTBEATS_T, METHODS_T, QUARANTINE_T, PARKED_T, CALL_PARTS_T)
 # ... and by the tasks that decode parked messages again.
 RESOLVED_T = "parked_resolved"
@@ -80,7 +80,7 @@ RESOLVE_TABLES = (*TASK_TABLES, RESOLVED_T)
 RESOLVE_SCHEMAS = {**OUTPUT_SCHEMAS, RESOLVED_T: RESOLVED}
 # Returned to the driver (small, and completed with the whole batch).
 SIDE_TABLES = (SEEN_T,)
-# The table whose staging folder holds each task table's files (the call halves are
+# The table whose folder holds each task table's files (the call halves are
 # staged in ``method_calls``: the pairing's files go there too).
 STAGED_IN = {CALL_PARTS_T: "method_calls"}
 # Bronze columns the decode reads.
@@ -97,7 +97,7 @@ class TaskPlan:
     schemas: tuple[ClassSchema, ...]
     batch_id: int
     kinds: StatisticKinds
-    staging: tuple[tuple[str, str], ...]  # (table, staging folder inside the table)
+    staging: tuple[tuple[str, str], ...]  # (table, its file-name prefix: ``delta.Stage``)
     call_buckets: int = 1  # buckets of (dialect, seq) the call halves are split into
 
 
@@ -126,12 +126,11 @@ class TaskResults:
     messages: int
     pending: pa.Table = field(default_factory=parked.PENDING.empty_table)
     resolved: int = 0
-    staging: dict[str, str] = field(default_factory=dict)  # table -> its staging folder
 
 
 def run_task(batches: Iterable[pa.RecordBatch], plan: TaskPlan) -> TaskOutput:
     """One task: decode its bronze batches, write each task table's rows into one
-    Parquet file in its staging folder, describe the files, keep the side rows."""
+    Parquet file under its stage prefix, describe the files, keep the side rows."""
     taskworker.settle()
     reg = SchemaRegistry(plan.schemas)  # plans do not pickle: rebuilt in the task
     rows = _Rows(plan.batch_id, plan.staging, OUTPUT_SCHEMAS, plan.call_buckets)
@@ -164,7 +163,7 @@ class _Rows:
         self.batch_id = batch_id
         self.writers = {
             name: delta.DataFileWriter(
-                os.path.join(folder, delta.data_file_name(batch_id)), schemas[name]
+                delta.staged_file(folder, delta.data_file_name()), schemas[name]
             )
             for name, folder in staging
             if name != CALL_PARTS_T
@@ -376,7 +375,7 @@ class ResolvePlan:
     kinds: StatisticKinds
     known: tuple[str, ...]  # missing keys decodable now (this batch's parked files)
     retry: tuple[str, ...]  # stored keys of earlier batches' messages to decode again
-    staging: tuple[tuple[str, str], ...]  # (table, staging folder) of RESOLVE_TABLES
+    staging: tuple[tuple[str, str], ...]  # (table, file-name prefix) of RESOLVE_TABLES
     parked_schema: pa.Schema
     resolved_schema: pa.Schema
     resolved_files: tuple[delta.LiveFile, ...]  # parked_resolved as of before the batch
@@ -510,10 +509,10 @@ def decode_to_files(
     in one batch (``resolve_task``): the returned ``parked`` files hold only what still
     waits. The driver gets file descriptions and the side rows, not the rows.
     """
-    staging = [(name, os.path.join(scratch, name)) for name in RESOLVE_TABLES]
-    for name, folder in staging:
+    staging = [(name, os.path.join(scratch, name, "part")) for name in RESOLVE_TABLES]
+    for name, prefix in staging:
         if name != RESOLVED_T:  # no earlier batch is decoded again: never written
-            os.makedirs(folder, exist_ok=True)
+            os.makedirs(os.path.dirname(prefix), exist_ok=True)
     first = [(n, f) for n, f in staging if n in TASK_TABLES]
     plan1 = TaskPlan(tuple(registry), batch_id, kinds, tuple(first))
     got = gather(run_dataframe(df, plan1), batch_id)

@@ -8,7 +8,8 @@ One micro-batch (``SilverBatchWriter.__call__``), streaming or batch:
 2. the row work: on the driver (the batch's bronze files read there and
    decoded by ``pipeline.silver.decode.decode_arrow``), or in Spark tasks
    (``pipeline.silver.tasks``: each task decodes its part and writes its
-   Parquet files into the tables' staging folders, returning only their
+   Parquet files straight into the tables' folders under the batch's stage
+   prefixes (``pipeline.lake.delta.Stage``), returning only their
    descriptions and the few rows step 3 needs); ``decode_on`` chooses,
    ``auto`` by the size of the batch's bronze files;
 3. schemas met in the batch decode the batch's messages that were parked for
@@ -115,17 +116,16 @@ class BatchReport:
 @dataclass
 class _Batch:
     """One batch's work in ``finish``, carried between its steps: the files of each table
-    (the tasks', then the parked messages' and the calls' ones), the staging folders they
-    sit in, the folders made on the driver (removed after the batch) and the table locks
-    held until the commit."""
+    (the tasks', then the parked messages' and the calls' ones), the stages they are
+    written under (``delta.Stages``, closed after the batch) and the table locks held
+    until the commit."""
 
     batch_id: int
     report: BatchReport
     staged: TaskResults | None
     spark: SparkSession | None
     files: dict[str, list[delta.DataFileInfo]]
-    folders: dict[str, str]  # table -> staging folder
-    stages: list[str] = field(default_factory=list)
+    stages: delta.Stages
     locks: contextlib.ExitStack = field(default_factory=contextlib.ExitStack)
 
 
@@ -217,18 +217,15 @@ class SilverBatchWriter:
             small = files is not None and sum(f.size for f in files) <= self.settings.driver_max_bytes
             mode = "driver" if small else "tasks"
         staged: TaskResults | None = None
-        if mode == "driver":
-            bronze = read_bronze(files) if files is not None else df.toArrow()
-            decoded = decode_arrow(bronze, registry.copy(), batch_id, self.kinds)
-        else:
-            staged = self.run_tasks(df, files, registry, batch_id)
-            decoded = staged.side
-        t1 = time.perf_counter()
-        try:
-            report = self.finish(decoded, registry, batch_id, staged, df.sparkSession)
-        finally:
-            for folder in [] if staged is None else staged.staging.values():
-                delta.remove_stage_dir(folder)
+        with delta.Stages(self.app_id, batch_id) as stages:
+            if mode == "driver":
+                bronze = read_bronze(files) if files is not None else df.toArrow()
+                decoded = decode_arrow(bronze, registry.copy(), batch_id, self.kinds)
+            else:
+                staged = self.run_tasks(df, files, registry, batch_id, stages)
+                decoded = staged.side
+            t1 = time.perf_counter()
+            report = self.finish(decoded, registry, batch_id, staged, df.sparkSession, stages)
         report.decode_on = mode
         report.tasks = 0 if staged is None else staged.tasks
         report.seconds["plan"] = t_plan - t0  # the registry as of the batch, its files
@@ -241,13 +238,13 @@ class SilverBatchWriter:
         files: list[DataFile] | None,
         registry: SchemaRegistry,
         batch_id: int,
+        stages: delta.Stages,
     ) -> TaskResults:
         """The task path's Spark job: plan, run the tasks, gather their outputs."""
         from pipeline.silver import tasks
 
         staging = tuple(
-            (name, delta.fresh_stage_dir(self._staged_in(name), self.app_id, batch_id))
-            for name in tasks.TASK_TABLES
+            (name, stages.prefix(self._staged_in(name))) for name in tasks.TASK_TABLES
         )
         spark = df.sparkSession
         plan = tasks.TaskPlan(
@@ -258,9 +255,7 @@ class SilverBatchWriter:
             outputs = tasks.run_units(spark, tasks.plan_units(files, units), plan)
         else:
             outputs = tasks.run_dataframe(df, plan)
-        results = tasks.gather(outputs, batch_id)
-        results.staging = dict(staging)
-        return results
+        return tasks.gather(outputs, batch_id)
 
     def decode_local(self, bronze: pa.Table, batch_id: int) -> BatchReport:
         """The same batch, decoded on the driver (no Spark): tests, tools, tiny batches."""
@@ -275,10 +270,15 @@ class SilverBatchWriter:
         batch_id: int,
         staged: TaskResults | None = None,
         spark: SparkSession | None = None,
+        stages: delta.Stages | None = None,
     ) -> BatchReport:
         """Steps 3-5 of the module docstring on a decoded batch. ``staged``: what the
         tasks wrote and returned (task path); ``decoded`` is then their side rows.
-        ``spark``: where parked messages are decoded again when there are many."""
+        ``spark``: where parked messages are decoded again when there are many.
+        ``stages``: where the tasks wrote (the caller closes them); else made here."""
+        if stages is None:
+            with delta.Stages(self.app_id, batch_id) as own:
+                return self.finish(decoded, registry, batch_id, staged, spark, own)
         t0 = time.perf_counter()
         report = BatchReport(batch_id)
         seen_rows = [decoded.get(SEEN_T)]
@@ -287,7 +287,7 @@ class SilverBatchWriter:
         b = _Batch(
             batch_id, report, staged, spark,
             files={} if staged is None else {k: list(v) for k, v in staged.files.items()},
-            folders={} if staged is None else dict(staged.staging),
+            stages=stages,
         )  # fmt: skip
         if staged is None:  # the driver path holds this batch's parked messages
             again = (
@@ -330,8 +330,6 @@ class SilverBatchWriter:
             self._commit(b, merged, calls)
         finally:
             b.locks.close()
-            for folder in b.stages:
-                delta.remove_stage_dir(folder)
         seen = [
             SeenSchema(schema_from_row(r), r["source_agent"], r["first_seen"])
             for t in seen_rows
@@ -360,7 +358,7 @@ class SilverBatchWriter:
         this batch's parked files when ``known_now``, the ``parked`` table's messages
         stored under ``retry``. In Spark tasks on the task path or above
         ``driver_max_bytes`` of files; here otherwise (the second value says which).
-        Their files join ``b.files``; staging folders made here join ``b.folders``."""
+        Their files join ``b.files``, written under ``b.stages``."""
         from pipeline.silver import tasks
 
         batch_id, staged, spark, files = b.batch_id, b.staged, b.spark, b.files
@@ -407,18 +405,14 @@ class SilverBatchWriter:
         return got, on
 
     def _staged_in(self, name: str) -> str:
-        """The table whose staging folder holds a task table's files."""
+        """The table whose folder holds a task table's files."""
         from pipeline.silver.tasks import STAGED_IN
 
         return self.settings.path(STAGED_IN.get(name, name))
 
     def _stage_for(self, b: _Batch, name: str) -> str:
-        """The batch's staging folder for a task table: the tasks' (``b.folders``), or one
-        made now (removed with ``b.stages`` after the batch)."""
-        if name not in b.folders:
-            b.folders[name] = delta.fresh_stage_dir(self._staged_in(name), self.app_id, b.batch_id)
-            b.stages.append(b.folders[name])
-        return b.folders[name]
+        """The batch's stage prefix for a task table (``b.stages``: one per table folder)."""
+        return b.stages.prefix(self._staged_in(name))
 
     def _pair_calls(
         self, b: _Batch, merged: Decoded, registry: SchemaRegistry
@@ -472,11 +466,13 @@ class SilverBatchWriter:
                     path, files[name], app_id=self.app_id, batch_id=batch_id,
                     operation="merge", remove=calls[0],
                 )  # fmt: skip
+                b.stages.done(path)
             elif files.get(name):
                 done = delta.commit_staged(
-                    path, self._with_driver_rows(name, t, files[name], batch_id),
+                    path, self._with_driver_rows(name, t, files[name], b.stages.prefix(path)),
                     app_id=self.app_id, batch_id=batch_id,
                 )  # fmt: skip
+                b.stages.done(path)
             else:
                 assert t is not None
                 done = delta.append_parquet(path, t, app_id=self.app_id, batch_id=batch_id)
@@ -488,15 +484,14 @@ class SilverBatchWriter:
         name: str,
         rows: pa.Table | None,
         files: list[delta.DataFileInfo],
-        batch_id: int,
+        prefix: str,
     ) -> list[delta.DataFileInfo]:
         """The tasks' files of a table, plus one file of the rows the driver decoded
-        (parked messages whose schema came with the batch) in the same staging folder."""
+        (parked messages whose schema came with the batch) under the table's stage."""
         if rows is None or rows.num_rows == 0:
             return files
-        folder = os.path.dirname(files[0].location)
         w = delta.DataFileWriter(
-            os.path.join(folder, delta.data_file_name(batch_id)), SILVER_TABLES[name]
+            delta.staged_file(prefix, delta.data_file_name()), SILVER_TABLES[name]
         )
         w.write(rows)
         info = w.close()

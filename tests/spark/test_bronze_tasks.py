@@ -29,6 +29,7 @@ from pipeline.lake import delta
 from pipeline.source import LandingRange, split_ranges
 from receivers.landing import LandingLog, LandingWriter
 from schemas.tables import BRONZE
+from tests.lake import stray_files
 from tests.spark.test_bronze_job import content, land_copies
 from tests.spark.test_source import land
 
@@ -170,7 +171,7 @@ def test_tasks_and_driver_write_identical_tables(spark: SparkSession, tmp_path: 
         *(("a", i) for i in range(20_000)), *(("b", i) for i in range(4_000))
     ]
     for t in tables.values():
-        assert not os.path.exists(os.path.join(t, delta.STAGING_DIR))
+        assert stray_files(t) == []
 
 
 def test_replay_commits_nothing_twice(spark: SparkSession, tmp_path: Path) -> None:
@@ -184,33 +185,33 @@ def test_replay_commits_nothing_twice(spark: SparkSession, tmp_path: Path) -> No
     assert (first.skipped, again.skipped, driver.skipped) == (False, True, True)
     assert again.version == driver.version == first.version
     assert sorted(os.listdir(table)) == files  # the replays' files were removed
-    assert len(files) == 3 and "_delta_log" in files
+    assert len(files) == 4 and {"_delta_log", delta.LOCK_FILE} <= set(files)
     commits = [b for _app, b, _v in delta.app_transactions(table)]
     assert commits.count(0) == 1
     assert delta.read_arrow(table).num_rows == 24_000
 
 
-def test_a_killed_attempts_staging_is_removed_by_the_replay(
+def test_a_killed_attempts_files_are_removed_by_the_replays_commit(
     spark: SparkSession, tmp_path: Path
 ) -> None:
-    """A crash between the tasks' writes and the commit leaves a staging folder:
-    nothing of it is committed, and the batch's next attempt removes it (only
-    its own: another batch's folder, even batch 10 against 1, stays)."""
+    """A crash between the tasks' writes and the commit leaves files in the table folder
+    that no commit lists: the batch's next attempt removes them once it has committed
+    (only its batch's: another batch's, even batch 10 against 1, and another app's stay)."""
     root, table = tmp_path / "landing", str(tmp_path / "bronze")
     _msgs, ranges = _landing(root)
     delta.create_table(table, BRONZE, name="bronze")
-    staging = Path(table) / delta.STAGING_DIR
-    mine = Path(delta.stage_dir_prefix(table, "app", 1) + "-deadbeef0001")
-    other = Path(delta.stage_dir_prefix(table, "app", 10) + "-deadbeef0010")
-    for d in (mine, other):
-        d.mkdir(parents=True)
-        (d / "part-000001-a-0-leftover.parquet").write_bytes(b"PAR1 half a file")
+    mine = Path(delta.batch_prefix(table, "app", 1) + "-deadbeef0001-a-0-leftover.parquet")
+    other = Path(delta.batch_prefix(table, "app", 10) + "-deadbeef0010-a-0-leftover.parquet")
+    stranger = Path(delta.batch_prefix(table, "app2", 1) + "-deadbeef0002-a-0-leftover.parquet")
+    for f in (mine, other, stranger):
+        f.write_bytes(b"PAR1 half a file")
     got = write_ranges_tasks(spark, ranges, table, app_id="app", batch_id=1)
     assert (got.skipped, got.rows) == (False, 24_000)
-    assert sorted(p.name for p in staging.iterdir()) == [other.name]
+    assert not mine.exists() and other.exists() and stranger.exists()
+    assert stray_files(table) == sorted([other.name, stranger.name])
     assert delta.read_arrow(table).num_rows == 24_000
     live = sorted(p.name for p in Path(table).iterdir() if p.suffix == ".parquet")
-    assert len(live) == 2 and not any("leftover" in n for n in live)
+    assert len(live) == 4 and sum("leftover" in n for n in live) == 2
 
 
 def test_stream_through_tasks_equals_stream_on_driver(

@@ -234,9 +234,10 @@ def test_add_actions_carry_stats(spark: SparkSession, tmp_path: Path) -> None:
     assert stats["numRecords"] == 3
     assert stats["minValues"]["id"] == 1 and stats["maxValues"]["id"] == 3
     assert stats["minValues"]["ts"] == "2024-05-01T12:00:01.250Z"
-    assert stats["maxValues"]["ts"] == "2024-05-01T12:00:03.251Z"
+    # delta-spark's writer truncates to the millisecond (readers give maxima 1 ms slack)
+    assert stats["maxValues"]["ts"] == "2024-05-01T12:00:03.250Z"
     assert stats["minValues"]["day"] == "2024-05-01"
-    assert stats["nullCount"] == {"id": 0, "name": 0, "ts": 0, "day": 0, "body": 0}
+    assert stats["nullCount"] == {"id": 0, "name": 0, "ts": 0, "day": 0, "body": 0, "props": 0}
     assert adds[0]["size"] == os.path.getsize(path / adds[0]["path"])
 
 
@@ -487,7 +488,7 @@ def test_insert_if_absent_dedups_bronze(spark: SparkSession, tmp_path: Path) -> 
     rows = sorted((r["msg_key"], r["offset"], r["batch_id"]) for r in read_arrow(path).to_pylist())
     assert rows == [("a", 0, 0), ("b", 1, 0), ("c", 6, 1)]
     # A batch of only duplicates still records its batch id, with no data file.
-    files = data_files(path)
+    files = set(DeltaTable(str(path)).file_uris())
     third = merge_batch(
         bronze(spark, [msg("c", 6, 2)]),
         path,
@@ -497,7 +498,7 @@ def test_insert_if_absent_dedups_bronze(spark: SparkSession, tmp_path: Path) -> 
         mode="insert_if_absent",
     )
     assert (third.skipped, third.rows, third.files_added) == (False, 0, 0)
-    assert data_files(path) == files
+    assert set(DeltaTable(str(path)).file_uris()) == files
     assert committed_batch(path, "bronze") == 2
 
 
@@ -577,7 +578,8 @@ def test_partitioned_append_and_readers(spark: SparkSession, tmp_path: Path) -> 
     assert after == (expected - {(0, "a b", date(2024, 5, 1)), (6, "a b", date(2024, 5, 1))}) | {
         (100, "a b", date(2024, 5, 1))
     }
-    assert len(pq.read_table(DeltaTable(str(path)).file_uris(), columns=["id"])) == len(after)
+    files = DeltaTable(str(path)).file_uris()
+    assert len(pq.read_table(files, columns=["id"], partitioning=None)) == len(after)
     assert {(r["id"], r["site"], r["day"]) for r in spark_rows(read_table(spark, path))} == after
 
 
@@ -783,14 +785,10 @@ def test_large_binary_append_round_trip(spark: SparkSession, tmp_path: Path) -> 
         (add,) = commit_adds(path, b + 1)
         ids = [r["id"] for r in rows]
         notes = sorted(r["note"] for r in rows)
-        assert required(path, add["path"], "body")
-        assert not required(path, add["path"], "note")
-        if b == 0:  # 100 B bodies: the footer has stats, the add action a null count
-            assert not no_body_stats(path, add["path"])
-            nulls = {"id": 0, "body": 0, "note": 0}
-        else:  # any 5 KB+ body in the chunk: no body stats at all
-            assert no_body_stats(path, add["path"])
-            nulls = {"id": 0, "note": 0}
+        # delta-spark's writer: every column OPTIONAL, stats from the rows (binary:
+        # a null count, no min/max), whatever the Parquet footer holds
+        assert not required(path, add["path"], "body")
+        nulls = {"id": 0, "body": 0, "note": 0}
         assert add["stats"] == {
             "numRecords": len(rows),
             "minValues": {"id": min(ids), "note": notes[0]},
@@ -828,11 +826,11 @@ def test_large_binary_insert_if_absent(spark: SparkSession, tmp_path: Path) -> N
     )
     assert (r1.skipped, r1.rows) == (False, 5)
     assert_blobs(spark, path, first + second[4:9])
-    # Every file holds a 5 KB+ body: no body stats, so no body nullCount in the log.
+    # delta-spark's writer counts nulls of binary columns too (no min/max for them).
     for version in (1, 2):
         for add in commit_adds(path, version):
-            assert no_body_stats(path, add["path"])
-            assert sorted(add["stats"]["nullCount"]) == ["id", "note"]
+            assert sorted(add["stats"]["nullCount"]) == ["body", "id", "note"]
+            assert sorted(add["stats"]["minValues"]) == ["id", "note"]
 
 
 def test_large_binary_upsert(spark: SparkSession, tmp_path: Path) -> None:
@@ -873,15 +871,11 @@ def test_large_binary_overwrite_range(spark: SparkSession, tmp_path: Path) -> No
     assert (result.skipped, result.files_removed) == (False, 1)
     kept = [r for r in base if r["id"] not in (2, 3, 4, 5)]
     assert_blobs(spark, path, kept + replacement + extra)
-    # The rewritten rows come from a Spark scan, whose columns are all nullable:
-    # files store body as OPTIONAL, some without any stats, and still commit.
+    # delta-spark's writer takes the stats from the rows, not the footers.
     adds = commit_adds(path, 3)
     assert sum(a["stats"]["numRecords"] for a in adds) == 7
-    without = [a for a in adds if no_body_stats(path, a["path"])]
-    assert without
     for add in adds:
-        nulls = {"id": 0, "note": 0} if add in without else {"id": 0, "body": 0, "note": 0}
-        assert add["stats"]["nullCount"] == nulls
+        assert add["stats"]["nullCount"] == {"id": 0, "body": 0, "note": 0}
 
 
 def test_spark_file_without_statistics_commits(spark: SparkSession, tmp_path: Path) -> None:
@@ -999,7 +993,7 @@ def test_row_groups_with_and_without_stats(spark: SparkSession, tmp_path: Path) 
         "numRecords": 12,
         "minValues": {"id": 0, "note": "n00"},
         "maxValues": {"id": 11, "note": "n11"},
-        "nullCount": {"id": 0, "note": 0},
+        "nullCount": {"id": 0, "body": 0, "note": 0},  # delta-spark's, from the rows
     }
     assert_blobs(spark, path, rows)
 
@@ -1030,12 +1024,8 @@ def test_long_strings_have_no_stats_and_are_never_skipped(
         batch: list[dict[str, Any]] = [
             {"id": len(rows) + j, "name": n} for j, n in enumerate(names)
         ]
-        append_batch(
-            spark.createDataFrame(pa.Table.from_pylist(batch, schema=NAMES)).coalesce(1),
-            path,
-            app_id="load",
-            batch_id=b,
-        )
+        # the Arrow writer's own stats (delta-spark's writer truncates strings instead)
+        append_arrow(pa.Table.from_pylist(batch, schema=NAMES), path, app_id="load", batch_id=b)
         rows += batch
         (add,) = commit_adds(path, b + 1)
         files.append(add["path"])
@@ -1142,7 +1132,7 @@ def test_timestamp_stats_far_from_1970(spark: SparkSession, tmp_path: Path) -> N
         ({"id": 2}, {"id": 2}),  # its maximum would be in year 10000: no ts bounds
         (
             {"id": 3, "ts": "2024-05-01T12:00:00.000Z"},
-            {"id": 4, "ts": "2024-05-01T12:00:01.000Z"},
+            {"id": 4, "ts": "2024-05-01T12:00:00.999Z"},  # delta-spark truncates
         ),
         (
             {"id": 5, "ts": "1900-01-01T00:00:00.500Z"},
@@ -1199,8 +1189,9 @@ def test_maps_large_empty_and_null(spark: SparkSession, tmp_path: Path) -> None:
     )
     assert sorted(read_arrow(path).to_pylist(), key=lambda r: r["id"]) == rows
     assert sorted(read_table(spark, path).toArrow().to_pylist(), key=lambda r: r["id"]) == rows
-    for add in commit_adds(path, 1):
-        assert add["stats"]["nullCount"] == {"id": 0}  # no null counts for maps
+    adds = commit_adds(path, 1)
+    assert all(sorted(a["stats"]["nullCount"]) == ["id", "props", "tags"] for a in adds)
+    assert sum(a["stats"]["nullCount"]["props"] for a in adds) == 1  # delta-spark counts map nulls
     nullable = pa.schema([f.with_nullable(True) for f in MAPS])
     bad = [{"id": 9, "props": None, "tags": None}]
     with pytest.raises(SchemaMismatchError, match="null in non-nullable column 'tags'"):

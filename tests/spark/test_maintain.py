@@ -521,14 +521,14 @@ def test_the_vacuum_inventory_lists_the_data_files_spark_sees(
 ) -> None:
     """A pinned VACUUM's inventory: every data file under the table folder (sub-folders
     too) with its size and time, listed by Spark's file index; never the log, our
-    ``_staging`` folder or hidden files, and never the spared (pinned) files."""
+    ``_scratch`` folder or hidden files, and never the spared (pinned) files."""
     from pipeline.lake.maintain import vacuum_inventory
 
     root = tmp_path / "t"
     (root / "_delta_log").mkdir(parents=True)
     (root / "_delta_log" / "00000000000000000000.json").write_text("{}")
-    (root / "_staging" / "qmf-x").mkdir(parents=True)
-    (root / "_staging" / "qmf-x" / "part-9.parquet").write_bytes(b"s" * 9)
+    (root / delta.SCRATCH_DIR / "qmf-x").mkdir(parents=True)
+    (root / delta.SCRATCH_DIR / "qmf-x" / "part-9.parquet").write_bytes(b"s" * 9)
     (root / "sub").mkdir()
     files = {"part-1.parquet": 11, "part-2.parquet": 22, "sub/part-3.parquet": 33}
     for rel, size in files.items():
@@ -544,3 +544,41 @@ def test_the_vacuum_inventory_lists_the_data_files_spark_sees(
         for rel, size in files.items() if rel != "part-2.parquet"
     }  # fmt: skip
     assert vacuum_inventory(spark, str(root), set()).count() == 3
+
+
+def test_vacuum_waits_for_a_batch_whose_files_are_in_flight(
+    spark: SparkSession, sim_lake: Lake, tmp_path: Path
+) -> None:
+    """A batch writes its files into the table folder before its commit lists them. A
+    VACUUM at retention 0 started meanwhile waits for the batch's stage (the table
+    lock), so it cannot take them for garbage; after the commit it keeps them, and it
+    still deletes a file no commit lists that is not in flight."""
+    import threading
+
+    from pipeline.lake.maintain import TableReport, vacuum_table
+
+    path = str(tmp_path / "bronze")
+    delta.create_table(path, BRONZE, name="bronze")
+    rows = delta.read_arrow(sim_lake.bronze).slice(0, 50)
+    _append_bronze(path, rows.slice(0, 25), 0)
+    orphan = Path(delta.batch_prefix(path, "killed", 0) + "-000000000000-x.parquet")
+    pq.write_table(rows.slice(0, 1).cast(BRONZE), orphan)
+    report = TableReport(path)
+    with delta.Stage(path, "app", 1) as stage:
+        w = delta.DataFileWriter(stage.file(delta.data_file_name()), BRONZE)
+        w.write(rows.slice(25, 25))
+        info = w.close()
+        assert info is not None
+        vac = threading.Thread(target=vacuum_table, args=(path, NOW, None, report))
+        vac.start()
+        vac.join(5)
+        assert vac.is_alive() and Path(info.location).exists()  # waiting for the stage
+        delta.commit_staged(path, [info], app_id="app", batch_id=1)
+        stage.done = True
+    vac.join(300)
+    assert not vac.is_alive()
+    assert [os.path.basename(p) for p in report.vacuumed] == [orphan.name]
+    assert Path(info.location).exists() and not orphan.exists()
+    assert sorted(r["offset"] for r in delta.read_arrow(path).to_pylist()) == sorted(
+        rows.column("offset").to_pylist()
+    )

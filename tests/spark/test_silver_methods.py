@@ -283,7 +283,7 @@ def _by_file(path: str) -> dict[str, set[str]]:
 
     out: dict[str, set[str]] = {"open": set(), "closed": set(), "other": set()}
     for f in delta.snapshot_files(path)[2]:
-        name = os.path.basename(f.local_path)
+        name = delta.staged_name(f.local_path)
         kind = "open" if name.startswith(OPEN_PREFIX) else "closed" if name.startswith(CLOSED_PREFIX) else "other"
         out[kind] |= set(pq.read_table(f.local_path, columns=["call_id"]).column("call_id").to_pylist())
     return out
@@ -474,7 +474,7 @@ def test_part_files_name_their_bucket(tmp_path: Any) -> None:
         [{"call_id": f"p0:{i}:0", "dialect": "AM2", "seq": i, "batch_id": 3} for i in range(7)],
         schema=METHOD_CALLS,
     )
-    w = PartWriter(str(tmp_path), 3, 4)
+    w = PartWriter(delta.Stage(tmp_path, "app", 3).prefix, 3, 4)
     w.write(t.slice(0, 4))
     w.write(t.slice(4))
     files = w.close()
@@ -482,7 +482,8 @@ def test_part_files_name_their_bucket(tmp_path: Any) -> None:
     for f in files:
         rows = pq.read_table(f.location)
         assert set(bucket_of(rows, 4).tolist()) == {part_bucket(f.location)}
-        assert os.path.basename(f.location).startswith("calls-parts-00000003-b0000")
+        assert delta.staged_name(f.location).startswith("calls-parts-00000003-b0000")
+        assert os.path.basename(f.location).startswith(os.path.basename(delta.batch_prefix(tmp_path, "app", 3)))
     assert sum(f.rows for f in files) == 7
 
 

@@ -30,6 +30,7 @@ from pipeline.lake import delta
 from pipeline.lake.files import commit_adds
 from pipeline.silver import SilverSettings, bronze_rows, run_silver, write_bronze
 from pipeline.silver.writer import BatchReport, SilverBatchWriter
+from tests.lake import stray_files
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
@@ -134,12 +135,12 @@ def test_tasks_and_driver_give_identical_silver_and_gold(
     assert delta.read_arrow(tasks.path("object_samples")).num_rows > 0
     assert_same_tables(spark, tasks.root, driver.root, SILVER)
     # Each task wrote its own file (a task whose messages held no sample writes none):
-    # one or two per batch; nothing is left in staging.
+    # one or two per batch; nothing is left beside the live files.
     samples = tasks.path("object_samples")
     names = [f for f in os.listdir(samples) if f.endswith(".parquet")]
     for b in (0, 1):
         assert 1 <= len([f for f in names if f.startswith(f"part-{b:08d}-")]) <= 2
-    assert not os.path.exists(os.path.join(samples, delta.STAGING_DIR))
+    assert stray_files(samples) == []
 
     # Gold: in tasks (buckets of agents) over one silver, on the driver over the other.
     for s, mode in ((tasks, "tasks"), (driver, "driver")):
@@ -155,9 +156,11 @@ def test_tasks_and_driver_give_identical_silver_and_gold(
     if source == "am2":  # three agents, spread over two of the three buckets
         assert len(agents) == 3 and len({bucket_of(a, 3) for a in agents}) == 2
     assert_same_tables(spark, tasks.root + "-gold", driver.root + "-gold", GOLD)
-    # Every staging folder (the tasks' files, gold's shuffle) is gone after the commits.
+    # What was not committed (parked halves, call parts, gold's shuffle) is gone after
+    # the commits.
     for root in (tasks.root, tasks.root + "-gold"):
-        assert [d for d, _, _ in os.walk(root) if delta.STAGING_DIR in d] == [], root
+        for table in sorted(os.listdir(root)):
+            assert stray_files(os.path.join(root, table)) == [], (root, table)
 
 
 def test_auto_decodes_small_batches_on_the_driver_and_large_ones_in_tasks(
@@ -366,4 +369,5 @@ def test_gold_stream_direct_split_and_driver_paths_agree(
     assert_same_tables(spark, roots["split-agents"], roots["driver"], GOLD)
     assert_same_tables(spark, roots["auto"], roots["driver"], GOLD)
     for root in roots.values():
-        assert [d for d, _, _ in os.walk(root) if delta.STAGING_DIR in d] == [], root
+        for table in sorted(os.listdir(root)):
+            assert stray_files(os.path.join(root, table)) == [], (root, table)
