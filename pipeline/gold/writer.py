@@ -455,18 +455,26 @@ class GoldBatchWriter:
         s, aid = self.settings, self.app_id
         # Scratch: hidden inside the rates table (not among the gold root's tables).
         scratch = delta.scratch_dir(s.path("statistic_rates"), f"{aid}-shuffle", batch_id)
-        self._stages = delta.Stages(aid, batch_id)
-        return gt.GoldPlan(
-            batch_id=batch_id, buckets=buckets, rate_buckets=rate_buckets,
-            shuffle=scratch if shuffle else "", scratch=scratch,
-            staging=tuple(
-                (name, self._stages.prefix(s.path(name)))
-                for name in ("statistic_rates", *gt.STATE_TABLES)
-            ),
-            rates=s.rates, liveness=s.liveness, keep_bytes=s.keep_mib << 20,
-            registry=self.registry_ipc(),
-            tables=tuple((n, gt.table_listing(s.path(n))[0]) for n in gt.STATE_TABLES),
-        )  # fmt: skip
+        self._stages = stages = delta.Stages(aid, batch_id)
+        try:
+            return gt.GoldPlan(
+                batch_id=batch_id, buckets=buckets, rate_buckets=rate_buckets,
+                shuffle=scratch if shuffle else "", scratch=scratch,
+                staging=tuple(
+                    (name, stages.prefix(s.path(name)))
+                    for name in ("statistic_rates", *gt.STATE_TABLES)
+                ),
+                rates=s.rates, liveness=s.liveness, keep_bytes=s.keep_mib << 20,
+                registry=self.registry_ipc(),
+                tables=tuple((n, gt.table_listing(s.path(n))[0]) for n in gt.STATE_TABLES),
+            )  # fmt: skip
+        except BaseException:  # no plan to drop: its stages and scratch go here
+            self._stages = None
+            try:
+                stages.close()
+            finally:
+                delta.remove_scratch_dir(scratch)
+            raise
 
     def registry_ipc(self) -> bytes:
         """The silver schema registry as Arrow IPC, read again only after it changed."""
