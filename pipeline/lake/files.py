@@ -88,13 +88,33 @@ def plan_files(df: DataFrame) -> dict[str, int] | None:
     """
     try:
         plan = df._jdf.queryExecution().logical()
-        if plan.getClass().getSimpleName() != "LogicalRDD":
-            return None
-        rdd = plan.rdd()
     except Exception:  # not a JVM DataFrame (e.g. Spark Connect): use the DataFrame
         return None
+    if plan.getClass().getSimpleName() != "LogicalRDD":
+        return None
     out: dict[str, int] = {}
-    return out if _scans(rdd, out, set()) else None
+    try:
+        found = _scans(plan.rdd(), out, set())
+    except Exception as exc:  # a Spark release whose internals differ: say so, once
+        _warn_fallback(exc)
+        return None
+    return out if found else None
+
+
+_WARNED: list[str] = []
+
+
+def _warn_fallback(exc: BaseException) -> None:
+    """One warning per process: the batches are read through the DataFrame (correct,
+    slower) because the file scan of Spark's plan could not be read."""
+    import logging
+
+    if not _WARNED:
+        _WARNED.append(type(exc).__name__)
+        logging.getLogger(__name__).warning(
+            "cannot read the files of a micro-batch's plan (%s: %s); reading its rows "
+            "through the DataFrame instead (correct, slower)", type(exc).__name__, exc,
+        )  # fmt: skip
 
 
 def batch_files(df: DataFrame, tables: Sequence[str]) -> list[list[DataFile]] | None:
