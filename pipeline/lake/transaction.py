@@ -29,8 +29,8 @@ if TYPE_CHECKING:
     from pyspark.sql.types import StructType
 
 __all__ = [
-    "TABLE_PROPERTIES", "AddFile", "Outcome", "RemoveFile", "Written", "add_columns", "app_batch", "commit",
-    "concurrently", "create", "new_session", "session", "write",
+    "TABLE_PROPERTIES", "AddFile", "Outcome", "RemoveFile", "Written", "add_columns", "commit", "concurrently",
+    "create", "new_session", "session", "write",
 ]  # fmt: skip
 
 T = TypeVar("T")
@@ -163,14 +163,6 @@ def _app_version(txn: Any, app_id: str) -> int:
                     return int(t.version())
             return -1
     return int(txn.txnVersion(app_id))
-
-
-def app_batch(root: str | os.PathLike[str], app_id: str) -> int | None:
-    """``app_id``'s last committed batch in the table's latest version (None: never),
-    as delta-spark's snapshot has it: the checksum's app transactions, no Spark job."""
-    txn = _delta_log(session(), os.fspath(root)).startTransaction()
-    version = _app_version(txn, app_id)
-    return None if version < 0 else version
 
 
 def commit(
