@@ -652,9 +652,10 @@ def describe_file(
 
 
 def batch_prefix(path: str | os.PathLike[str], app_id: str, batch_id: int) -> str:
-    """``<root>/part-<batch, 8 digits>-<app digest, 16 hex>``: the data files every attempt
-    of one app's batch writes into the table folder start so. Both fields have fixed
-    widths, so no other batch's or app's prefix extends this one."""
+    """``<root>/part-<batch, 8 digits or more>-<app digest, 16 hex>``: the data files every
+    attempt of one app's batch writes into the table folder start so. A dash ends each
+    field and the digest has a fixed width, so no other batch's or app's prefix extends
+    this one."""
     import hashlib
 
     digest = hashlib.sha1(app_id.encode(), usedforsecurity=False).hexdigest()[:16]
@@ -666,7 +667,7 @@ def staged_file(prefix: str, name: str) -> str:
     return f"{prefix}-{name}"
 
 
-_STAGED_NAME = re.compile(r"part-\d{8}-[0-9a-f]{16}-[0-9a-f]{12}-(.+)")
+_STAGED_NAME = re.compile(r"part-\d{8,}-[0-9a-f]{16}-[0-9a-f]{12}-(.+)")
 
 
 def staged_name(name: str) -> str:

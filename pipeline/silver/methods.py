@@ -68,8 +68,8 @@ def part_name(batch_id: int, bucket: int) -> str:
 
 def part_bucket(location: str) -> int:
     """The bucket a part file of ``part_name`` holds."""
-    name = delta.staged_name(location)
-    return int(name[len(PARTS_PREFIX) + 9 :].split("-", 2)[0][1:])
+    name = delta.staged_name(location)  # calls-parts-<batch>-b<bucket>-<token>.parquet
+    return int(name[len(PARTS_PREFIX) :].split("-", 2)[1][1:])
 
 
 class PartWriter:
