@@ -21,7 +21,7 @@ import shutil
 import urllib.parse
 import uuid
 from collections.abc import Iterable, Iterator, Mapping, Sequence
-from contextlib import contextmanager
+from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass
 from datetime import UTC, date, datetime, timedelta
 from typing import TYPE_CHECKING, Any, Literal
@@ -711,22 +711,19 @@ class Stage:
         self.batch_id = batch_id
         self.prefix = f"{batch_prefix(self.root, app_id, batch_id)}-{uuid.uuid4().hex[:12]}"
         self.done = False
-        self._lock: Any = None
+        self._held = ExitStack()
 
     def file(self, name: str) -> str:
         return staged_file(self.prefix, name)
 
     def __enter__(self) -> Stage:
-        self._lock = table_lock(self.root)
-        self._lock.__enter__()
+        self._held.enter_context(table_lock(self.root))
         return self
 
     def __exit__(self, *exc: object) -> None:
-        try:
+        with self._held:  # the lock goes last, whatever discard does
             if not self.done:
                 self.discard()
-        finally:
-            self._lock.__exit__(None, None, None)
 
     def discard(self) -> None:
         """Remove this attempt's files, unless the table has the batch."""
@@ -746,13 +743,16 @@ class Stages:
         self.app_id = app_id
         self.batch_id = batch_id
         self._by_root: dict[str, Stage] = {}
+        self._open = ExitStack()
 
     def prefix(self, path: str | os.PathLike[str]) -> str:
         """The file-name prefix of the table's stage (entered now if new)."""
         root = os.path.abspath(os.fspath(path))
         stage = self._by_root.get(root)
         if stage is None:
-            stage = self._by_root[root] = Stage(root, self.app_id, self.batch_id).__enter__()
+            stage = self._by_root[root] = self._open.enter_context(
+                Stage(root, self.app_id, self.batch_id)
+            )
         return stage.prefix
 
     def done(self, path: str | os.PathLike[str]) -> None:
@@ -762,16 +762,9 @@ class Stages:
             stage.done = True
 
     def close(self) -> None:
-        """Leave every stage (``Stage.__exit__``), the first error raised after all."""
-        errors: list[BaseException] = []
-        for stage in self._by_root.values():
-            try:
-                stage.__exit__(None, None, None)
-            except BaseException as exc:  # the others still close
-                errors.append(exc)
+        """Leave every stage (``Stage.__exit__``; each is left even if another fails)."""
         self._by_root = {}
-        if errors:
-            raise errors[0]
+        self._open.close()
 
     def __enter__(self) -> Stages:
         return self

@@ -101,7 +101,7 @@ def plan_files(df: DataFrame) -> dict[str, int] | None:
     return out if found else None
 
 
-_WARNED: list[str] = []
+_warned = False
 
 
 def _warn_fallback(exc: BaseException) -> None:
@@ -109,8 +109,9 @@ def _warn_fallback(exc: BaseException) -> None:
     slower) because the file scan of Spark's plan could not be read."""
     import logging
 
-    if not _WARNED:
-        _WARNED.append(type(exc).__name__)
+    global _warned
+    if not _warned:
+        _warned = True
         logging.getLogger(__name__).warning(
             "cannot read the files of a micro-batch's plan (%s: %s); reading its rows "
             "through the DataFrame instead (correct, slower)", type(exc).__name__, exc,

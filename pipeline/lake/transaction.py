@@ -29,8 +29,8 @@ if TYPE_CHECKING:
     from pyspark.sql.types import StructType
 
 __all__ = [
-    "TABLE_PROPERTIES", "AddFile", "Outcome", "RemoveFile", "Written", "add_columns", "commit", "concurrently",
-    "create", "new_session", "session", "write",
+    "TABLE_PROPERTIES", "AddFile", "Outcome", "RemoveFile", "add_columns", "commit", "concurrently", "create",
+    "new_session", "session", "write",
 ]  # fmt: skip
 
 T = TypeVar("T")
@@ -81,10 +81,13 @@ class RemoveFile:
 
 @dataclass(frozen=True)
 class Outcome:
-    """A commit's version, or ``skipped`` (the app's batch was already in the table)."""
+    """A commit's version, or ``skipped`` (the app's batch was already in the table);
+    for ``write``, the files its writer added and their rows (from their statistics)."""
 
     skipped: bool
     version: int | None
+    files: int = 0
+    rows: int = 0
 
 
 def new_session() -> SparkSession:
@@ -192,17 +195,6 @@ def commit(
     return Outcome(skipped=False, version=version)
 
 
-@dataclass(frozen=True)
-class Written:
-    """What ``write`` committed: the version (None when ``skipped``), its new files
-    and their rows (from the files' statistics)."""
-
-    skipped: bool
-    version: int | None
-    files: int = 0
-    rows: int = 0
-
-
 def write(
     df: Any,
     root: str | os.PathLike[str],
@@ -212,7 +204,7 @@ def write(
     batch_id: int,
     operation: str,
     options: Mapping[str, str] | None = None,
-) -> Written:
+) -> Outcome:
     """Write the DataFrame ``df`` with delta-spark's own writer and commit its files
     with ``removes`` as ``app_id``'s ``batch_id``, exactly once.
 
@@ -226,7 +218,7 @@ def write(
     spark = session()
     txn = _delta_log(spark, os.fspath(root)).startTransaction()
     if _app_version(txn, app_id) >= batch_id:
-        return Written(skipped=True, version=int(txn.snapshot().version()))
+        return Outcome(skipped=True, version=int(txn.snapshot().version()))
     before = {k: spark.conf.get(k, None) for k in options or {}}
     try:
         for k, v in (options or {}).items():
@@ -249,7 +241,7 @@ def write(
             files += 1
             rows += int(json.loads(add.get("stats") or "{}").get("numRecords", 0))
     version = _commit(spark, txn, jactions, [], removes, app_id, batch_id, operation, False)
-    return Written(skipped=False, version=version, files=files, rows=rows)
+    return Outcome(skipped=False, version=version, files=files, rows=rows)
 
 
 def _commit(
