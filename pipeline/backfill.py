@@ -365,9 +365,9 @@ def _replace(
     in_range = sum(per_file.values())
     written = batch.count() if rows is None else rows
     if dry_run:
-        return TableChange(label, in_range, written, "dry-run", dt.version())
+        return TableChange(label, in_range, written, "dry-run", dt.version)
     if delta.already_committed(dt, app_id, batch_id):
-        return TableChange(label, in_range, written, "skipped", dt.version())
+        return TableChange(label, in_range, written, "skipped", dt.version)
     if not per_file and written == 0:  # nothing to remove or add: record the run only
         done = delta.commit_files(path, [], app_id=app_id, batch_id=batch_id, operation="backfill")
         return TableChange(label, 0, 0, "skipped" if done.skipped else "committed", done.version)

@@ -29,9 +29,9 @@ from typing import TYPE_CHECKING, Any, Literal
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
-from deltalake import DeltaTable
 
-from pipeline.lake import transaction
+from pipeline.lake import snapshot, transaction
+from pipeline.lake.snapshot import Snapshot
 
 if TYPE_CHECKING:
     from pyspark.sql import Column, DataFrame, SparkSession
@@ -100,7 +100,7 @@ def create_table(
     *,
     name: str | None = None,
     configuration: Mapping[str, str | None] | None = None,
-) -> DeltaTable:
+) -> Snapshot:
     """Create the table if absent (delta-spark's ``CREATE TABLE IF NOT EXISTS``); an
     existing table must have the same schema, and gains the nullable columns a release
     added (``ALTER TABLE ... ADD COLUMNS``).
@@ -118,7 +118,7 @@ def create_table(
                 "only string, integer, date and boolean partitions are supported"
             )
     if table_exists(path):
-        dt = DeltaTable(path)
+        dt = snapshot.load(path)
         existing = table_schema(dt)
         added = [f for f in schema if f.name not in existing.names]
         strict = [f.name for f in added if not f.nullable]
@@ -131,7 +131,7 @@ def create_table(
             # A release added nullable columns: the table gains them (older files read
             # them as null), so a lake written before keeps working.
             transaction.add_columns(path, _spark_schema(pa.schema(added)))
-            dt = DeltaTable(path)
+            dt = snapshot.load(path)
             existing = table_schema(dt)
             log.info("table %s gained columns %s", path, [f.name for f in added])
         problems = _schema_problems(
@@ -141,9 +141,9 @@ def create_table(
             raise SchemaMismatchError(
                 f"table {path} exists with another schema: " + "; ".join(problems)
             )
-        if list(dt.metadata().partition_columns) != list(partition_by):
+        if dt.partition_columns != list(partition_by):
             raise SchemaMismatchError(
-                f"table {path} is partitioned by {dt.metadata().partition_columns}, not {list(partition_by)}"
+                f"table {path} is partitioned by {dt.partition_columns}, not {list(partition_by)}"
             )
         return dt
     os.makedirs(path, exist_ok=True)
@@ -158,25 +158,19 @@ def _in_order(schema: pa.Schema, names: Sequence[str]) -> pa.Schema:
     return pa.schema(first + [f for f in schema if f.name not in names])
 
 
-def table_schema(table: DeltaTable | str | os.PathLike[str]) -> pa.Schema:
+def table_schema(table: Snapshot | str | os.PathLike[str]) -> pa.Schema:
     """The table's Arrow schema, as recorded in its log."""
-    dt = table if isinstance(table, DeltaTable) else DeltaTable(os.fspath(table))
-    return pa.schema(dt.schema().to_arrow())
+    return (table if isinstance(table, Snapshot) else snapshot.load(table)).schema
 
 
-def table_root(table: DeltaTable) -> str:
-    """The table's local folder (this layer moves files with local renames)."""
-    uri = table.table_uri
-    if uri.startswith("file://"):
-        return urllib.parse.unquote(uri.removeprefix("file://"))
-    if "://" in uri:
-        raise DeltaLayerError(f"only local tables are supported, not {uri}")
-    return uri
+def table_root(table: Snapshot) -> str:
+    """The table's folder."""
+    return table.root
 
 
-def partition_columns(table: DeltaTable) -> list[str]:
+def partition_columns(table: Snapshot) -> list[str]:
     """The table's partition columns, in log order."""
-    return list(table.metadata().partition_columns)
+    return list(table.partition_columns)
 
 
 def _canonical(t: pa.DataType) -> tuple[Any, ...]:
@@ -277,20 +271,20 @@ _SAFE_WRITER_FEATURES = _SAFE_READER_FEATURES | {
 }
 
 
-def check_protocol(dt: DeltaTable, *, write: bool) -> None:
+def check_protocol(table: Snapshot | snapshot.Protocol, *, write: bool) -> None:
     """Refuse tables whose features this layer would silently get wrong
     (deletion vectors, column mapping, constraints, generated columns...)."""
-    proto = dt.protocol()
-    if proto.min_reader_version == 2:
+    proto = table.protocol if isinstance(table, Snapshot) else table
+    if proto.min_reader == 2:
         raise DeltaLayerError("tables with column mapping (reader version 2) are not supported")
-    unsafe = set(proto.reader_features or []) - _SAFE_READER_FEATURES
+    unsafe = set(proto.reader_features) - _SAFE_READER_FEATURES
     if write:
-        if proto.min_writer_version in (3, 4, 5, 6):
+        if proto.min_writer in (3, 4, 5, 6):
             raise DeltaLayerError(
-                f"writer version {proto.min_writer_version} (constraints, generated or "
+                f"writer version {proto.min_writer} (constraints, generated or "
                 "identity columns) is not supported"
             )
-        unsafe |= set(proto.writer_features or []) - _SAFE_WRITER_FEATURES
+        unsafe |= set(proto.writer_features) - _SAFE_WRITER_FEATURES
     if unsafe:
         raise DeltaLayerError(f"table features {sorted(unsafe)} are not supported by this layer")
 
@@ -387,24 +381,25 @@ def is_latest(path: str | os.PathLike[str], stamp: CommitStamp | None) -> bool:
 
 
 def committed_batch(path: str | os.PathLike[str], app_id: str) -> int | None:
-    """The last batch id committed by ``app_id`` (None if it never wrote), with delta-rs.
-
-    Not delta-spark's snapshot (``startTransaction``): measured 2026-12-05, that cost
-    gold's driver path 0.18 s a batch (308,183 against 245,958 rate rows/s,
-    ``bench_gold.py --stream --from-commits``) and 18-24 ms against 8-12 ms alone.
-    The commits themselves check the app's batch in delta-spark's transaction.
-    """
-    return DeltaTable(os.fspath(path)).transaction_version(app_id)
+    """The last batch id committed by ``app_id`` (None if it never wrote)."""
+    return snapshot.load(path).app_version(app_id)
 
 
-def open_for_write(path: str | os.PathLike[str]) -> DeltaTable:
-    dt = DeltaTable(os.fspath(path))
+def table_version(path: str | os.PathLike[str]) -> int:
+    """The table's latest version."""
+    return snapshot.load(path).version
+
+
+def open_for_write(path: str | os.PathLike[str]) -> Snapshot:
+    """The table's latest version, refused if its features are ones this layer would
+    get wrong."""
+    dt = snapshot.load(path)
     check_protocol(dt, write=True)
     return dt
 
 
-def already_committed(dt: DeltaTable, app_id: str, batch_id: int) -> bool:
-    recorded = dt.transaction_version(app_id)
+def already_committed(dt: Snapshot, app_id: str, batch_id: int) -> bool:
+    recorded = dt.app_version(app_id)
     return recorded is not None and batch_id <= recorded
 
 
@@ -548,7 +543,7 @@ def _null_problems(pf: pq.ParquetFile, schema: pa.Schema, stats: Mapping[str, An
 
 
 def build_add_actions(
-    table: DeltaTable,
+    table: Snapshot,
     files: Iterable[tuple[str, Mapping[str, str | None]]],
 ) -> tuple[list[transaction.AddFile], int]:
     """Validate data files (relative to the table root) and describe them as added files.
@@ -921,10 +916,10 @@ def _commit_staged(
     dt = open_for_write(path) if replace or remove else None
     if dt is not None and already_committed(dt, app_id, batch_id):
         _remove_quietly(f.location for f in files)
-        return CommitResult(skipped=True, version=dt.version())
+        return CommitResult(skipped=True, version=dt.version)
     removals: list[transaction.RemoveFile] = []
     if dt is not None:
-        dt.update_incremental()
+        dt = snapshot.load(table_root(dt))
         removals = _removals(dt, None if replace else remove)
     outcome = transaction.commit(
         root, [f.add_file() for f in files], removals, app_id=app_id, batch_id=batch_id,
@@ -956,7 +951,7 @@ def append_parquet(
 
     dt = open_for_write(path)
     if already_committed(dt, app_id, batch_id):
-        return CommitResult(skipped=True, version=dt.version())
+        return CommitResult(skipped=True, version=dt.version)
     schema = table_schema(dt)
     data = conform_arrow(table, schema)
     parts = 1
@@ -1011,13 +1006,13 @@ def _commit_files(
     batch_id: int,
     remove: Sequence[str],
     operation: str,
-    opened: DeltaTable | None = None,
+    opened: Snapshot | None = None,
 ) -> CommitResult:
     """``commit_files``; ``opened``: the table as the caller just opened it for writing
     (no second open of its log)."""
     dt = open_for_write(path) if opened is None else opened
     if already_committed(dt, app_id, batch_id):
-        return CommitResult(skipped=True, version=dt.version())
+        return CommitResult(skipped=True, version=dt.version)
     actions, rows = build_add_actions(dt, files)
     removals = _removals(dt, remove) if remove else []
     outcome = transaction.commit(
@@ -1033,7 +1028,7 @@ def _commit_files(
     )
 
 
-def _removals(dt: DeltaTable, paths: Sequence[str] | None) -> list[transaction.RemoveFile]:
+def _removals(dt: Snapshot, paths: Sequence[str] | None) -> list[transaction.RemoveFile]:
     """Live files of the table version to remove (Delta paths as the log writes them;
     None: every live file)."""
     live = _live_actions(dt)
@@ -1046,29 +1041,9 @@ def _removals(dt: DeltaTable, paths: Sequence[str] | None) -> list[transaction.R
     return out
 
 
-def _live_actions(dt: DeltaTable) -> dict[str, tuple[int, dict[str, str | None]]]:
+def _live_actions(dt: Snapshot) -> dict[str, tuple[int, dict[str, str | None]]]:
     """Live files of the table version: Delta path -> (size, partition values)."""
-    adds = pa.table(dt.get_add_actions(flatten=True))
-    parts = partition_columns(dt)
-    out: dict[str, tuple[int, dict[str, str | None]]] = {}
-    paths = adds.column("path").to_pylist()
-    sizes = adds.column("size_bytes").to_pylist()
-    pcols = {c: adds.column(f"partition.{c}").to_pylist() for c in parts}
-    for i, p in enumerate(paths):
-        pv = {c: _partition_string(pcols[c][i]) for c in parts}
-        out[p] = (int(sizes[i]), pv)
-    return out
-
-
-def _partition_string(value: Any) -> str | None:
-    """A typed partition value from get_add_actions back to the log's string form."""
-    if value is None:
-        return None
-    if isinstance(value, bool):
-        return "true" if value else "false"
-    if isinstance(value, date):
-        return value.isoformat()
-    return str(value)
+    return {f.path: (f.size, dict(f.partition_values)) for f in dt.files}
 
 
 # ---------------------------------------------------------------------------
@@ -1115,7 +1090,7 @@ def _remove_quietly(paths: Iterable[str]) -> None:
 
 def write_and_commit(
     df: DataFrame,
-    dt: DeltaTable,
+    dt: Snapshot,
     *,
     app_id: str,
     batch_id: int,
@@ -1131,7 +1106,7 @@ def write_and_commit(
     with table_lock(root):
         removals: list[transaction.RemoveFile] = []
         if remove:
-            dt.update_incremental()
+            dt = snapshot.load(table_root(dt))
             removals = _removals(dt, remove)
         with _nulls_refused():
             done = transaction.write(
@@ -1161,7 +1136,7 @@ def append_batch(
     """
     dt = open_for_write(path)
     if already_committed(dt, app_id, batch_id):
-        return CommitResult(skipped=True, version=dt.version())
+        return CommitResult(skipped=True, version=dt.version)
     schema = table_schema(dt)
     return write_and_commit(
         conform(df, schema),
@@ -1184,26 +1159,21 @@ class LiveFile:
     partition_values: dict[str, str | None]
 
 
-def live_files(dt: DeltaTable) -> list[LiveFile]:
+def live_files(dt: Snapshot) -> list[LiveFile]:
     """The version's files with their partition values, taken from the log."""
     root = table_root(dt)
     out: list[LiveFile] = []
-    for delta_path, (_size, pvalues) in sorted(_live_actions(dt).items()):
-        if "://" in delta_path:
-            parsed = urllib.parse.urlparse(delta_path)
-            if parsed.scheme != "file":
-                raise DeltaLayerError(f"only local files are supported, not {delta_path}")
-            local = urllib.parse.unquote(parsed.path)
-        elif delta_path.startswith("/"):
-            local = urllib.parse.unquote(delta_path)
-        else:
-            local = os.path.join(root, urllib.parse.unquote(delta_path))
-        out.append(LiveFile(delta_path, local, pvalues))
+    for f in sorted(dt.files, key=lambda f: f.path):
+        try:
+            local = snapshot.local_path(root, f.path)
+        except ValueError as exc:
+            raise DeltaLayerError(str(exc)) from exc
+        out.append(LiveFile(f.path, local, dict(f.partition_values)))
     return out
 
 
 def prune_files(
-    dt: DeltaTable, files: Sequence[LiveFile], column: str, low: Any, high: Any
+    dt: Snapshot, files: Sequence[LiveFile], column: str, low: Any, high: Any
 ) -> list[LiveFile]:
     """The files that may hold rows with ``low <= column <= high``, by the log's
     min/max stats. Stats are optional (Spark writes none for large values):
@@ -1216,7 +1186,7 @@ def prune_files(
         raise SchemaMismatchError(f"column {column!r} not in table")
     if column in partition_columns(dt):
         raise ValueError(f"{column!r} is a partition column: filter partitions instead")
-    adds = pa.table(dt.get_add_actions(flatten=True))
+    adds = dt.stats()
     if f"min.{column}" not in adds.column_names or f"max.{column}" not in adds.column_names:
         return list(files)
     t = schema.field(column).type
@@ -1237,8 +1207,8 @@ def prune_files(
     return [f for f in files if f.delta_path not in skip]
 
 
-def _open(path: str | os.PathLike[str], version: int | None) -> DeltaTable:
-    dt = DeltaTable(os.fspath(path), version=version)
+def _open(path: str | os.PathLike[str], version: int | None) -> Snapshot:
+    dt = snapshot.load(path, version)
     check_protocol(dt, write=False)
     return dt
 
@@ -1284,7 +1254,7 @@ def snapshot_files(path: str | os.PathLike[str]) -> tuple[int, pa.Schema, list[L
     """(version, schema, live files) of the table's latest version: what a driver hands
     to tasks that read the table themselves (``read_data_file``)."""
     dt = _open(path, None)
-    return dt.version(), table_schema(dt), live_files(dt)
+    return dt.version, table_schema(dt), live_files(dt)
 
 
 def iter_batches(
@@ -1316,7 +1286,7 @@ def newest_files(path: str | os.PathLike[str], max_rows: int) -> tuple[list[str]
     """
     dt = _open(path, None)
     local = {f.delta_path: f.local_path for f in live_files(dt)}
-    adds = pa.table(dt.get_add_actions(flatten=True))
+    adds = dt.stats()
     if adds.num_rows == 0:
         return [], 0, 0
     rows = adds.column("num_records").to_pylist()
@@ -1363,7 +1333,7 @@ def _spark_uris(spark: SparkSession, local_paths: Sequence[str]) -> list[str]:
 
 
 def scan_files(
-    spark: SparkSession, dt: DeltaTable, files: Sequence[LiveFile], *, with_file: bool
+    spark: SparkSession, dt: Snapshot, files: Sequence[LiveFile], *, with_file: bool
 ) -> DataFrame:
     """Spark DataFrame over ``files`` in table column order (nullable columns, as
     Spark's Parquet reader always makes them); ``with_file`` adds the Delta path."""
@@ -1426,14 +1396,14 @@ def _sql_ident(name: str) -> str:
 
 def _merge_target(
     path: str | os.PathLike[str], keys: Sequence[str], app_id: str, batch_id: int
-) -> tuple[DeltaTable, pa.Schema, CommitResult | None]:
+) -> tuple[Snapshot, pa.Schema, CommitResult | None]:
     """The table a merge writes, its schema, and the result if the batch is already in it."""
     if not keys:
         raise ValueError("merge needs at least one key column")
     dt = open_for_write(path)
     schema = table_schema(dt)
     if already_committed(dt, app_id, batch_id):
-        return dt, schema, CommitResult(skipped=True, version=dt.version())
+        return dt, schema, CommitResult(skipped=True, version=dt.version)
     for k in keys:
         if k not in schema.names:
             raise SchemaMismatchError(f"key column {k!r} not in table {path}")
@@ -1455,9 +1425,9 @@ def merge_batch(
     """Merge a micro-batch on ``keys``, exactly once.
 
     ``upsert``: matched rows are replaced, the others inserted. It runs
-    delta-rs ``DeltaTable.merge`` with the batch as an Arrow table on the
-    driver: meant for small (dimension-like) tables and batches; delta-rs
-    rewrites only the files holding matched keys. Duplicate keys in the batch
+    ``merge_arrow`` with the batch as an Arrow table on the driver: meant for
+    small (dimension-like) tables and batches; only the files holding matched
+    keys are rewritten. Duplicate keys in the batch
     are an error (which one should win is undefined).
 
     ``insert_if_absent``: rows whose key is already in the table are dropped
@@ -1526,7 +1496,7 @@ def conform_arrow(table: pa.Table, schema: pa.Schema) -> pa.Table:
     return out
 
 
-def _write_file(dt: DeltaTable, table: pa.Table, batch_id: int) -> str:
+def _write_file(dt: Snapshot, table: pa.Table, batch_id: int) -> str:
     if partition_columns(dt):
         raise DeltaLayerError("the Arrow writers write unpartitioned tables only")
     name = f"part-{batch_id:08d}-{uuid.uuid4().hex}.parquet"
@@ -1537,28 +1507,22 @@ def _write_file(dt: DeltaTable, table: pa.Table, batch_id: int) -> str:
 def _commit_arrow(
     table: pa.Table, path: str | os.PathLike[str], *, app_id: str, batch_id: int, replace: bool
 ) -> CommitResult:
-    dt = open_for_write(path)
-    if already_committed(dt, app_id, batch_id):
-        return CommitResult(skipped=True, version=dt.version())
-    data = conform_arrow(table, table_schema(dt))
-    root = table_root(dt)
-    files: list[tuple[str, dict[str, str | None]]] = []
-    committed = False
-    # Held from the file's write to the commit: no VACUUM takes the file in flight, no
-    # compaction comes between a replace's listing and its commit.
+    # Held from the listing and the file's write to the commit: no VACUUM takes the file
+    # in flight, no compaction comes between a replace's listing and its commit.
     with table_lock(path):
+        dt = open_for_write(path)
+        if already_committed(dt, app_id, batch_id):
+            return CommitResult(skipped=True, version=dt.version)
+        data = conform_arrow(table, table_schema(dt))
+        root = table_root(dt)
+        files: list[tuple[str, dict[str, str | None]]] = []
+        committed = False
         try:
             if data.num_rows or replace:
                 files.append((_write_file(dt, data, batch_id), {}))
-            if replace:
-                dt.update_incremental()
-                remove = [f.delta_path for f in live_files(dt)]
-                result = commit_files(
-                    root, files, app_id=app_id, batch_id=batch_id, remove=remove,
-                    operation="overwrite",
-                )  # fmt: skip
-            else:
-                result = _commit_files(root, files, app_id, batch_id, (), "append", opened=dt)
+            remove = [f.delta_path for f in live_files(dt)] if replace else []
+            operation = "overwrite" if replace else "append"
+            result = _commit_files(root, files, app_id, batch_id, remove, operation, opened=dt)
             committed = not result.skipped
             return result
         finally:
@@ -1593,16 +1557,15 @@ def merge_arrow(
     Delta's MERGE does, here in Arrow on the driver for small state tables: delta-spark's
     MERGE costs seconds of Spark jobs per batch). Duplicate keys in ``table`` are an
     error."""
-    dt, schema, done = _merge_target(path, keys, app_id, batch_id)
-    if done is not None:
-        return done
-    source = conform_arrow(table, schema)
-    if source.num_rows:
-        counts = source.group_by(list(keys)).aggregate([([], "count_all")])
-        if pc.max(counts.column("count_all")).as_py() > 1:
-            raise ValueError(f"batch {batch_id} has duplicate keys {list(keys)}")
     with table_lock(path):  # no compaction between choosing the files and the commit
-        dt.update_incremental()
+        dt, schema, done = _merge_target(path, keys, app_id, batch_id)
+        if done is not None:
+            return done
+        source = conform_arrow(table, schema)
+        if source.num_rows:
+            counts = source.group_by(list(keys)).aggregate([([], "count_all")])
+            if pc.max(counts.column("count_all")).as_py() > 1:
+                raise ValueError(f"batch {batch_id} has duplicate keys {list(keys)}")
         if partition_columns(dt):
             raise DeltaLayerError("merge_arrow merges unpartitioned tables only")
         touched: list[LiveFile] = []
@@ -1623,9 +1586,9 @@ def merge_arrow(
         root = table_root(dt)
         names = [_write_file(dt, out, batch_id)] if out.num_rows else []
         try:
-            result = commit_files(
-                root, [(n, {}) for n in names], app_id=app_id, batch_id=batch_id,
-                remove=[f.delta_path for f in touched], operation="upsert",
+            result = _commit_files(
+                root, [(n, {}) for n in names], app_id, batch_id,
+                [f.delta_path for f in touched], "upsert", opened=dt,
             )  # fmt: skip
         except BaseException:
             _remove_quietly(os.path.join(root, n) for n in names)
@@ -1670,7 +1633,7 @@ def overwrite_range(
 
     dt = open_for_write(path)
     if already_committed(dt, app_id, batch_id):
-        return CommitResult(skipped=True, version=dt.version())
+        return CommitResult(skipped=True, version=dt.version)
     schema = table_schema(dt)
     batch = conform(df, schema)
     outside = F.expr(f"NOT coalesce(({predicate}), false)")
@@ -1681,7 +1644,7 @@ def overwrite_range(
     # Held (shared) from choosing the files to the commit: a compaction cannot
     # replace the chosen files in between (it takes the lock exclusively).
     with table_lock(path):
-        dt.update_incremental()
+        dt = snapshot.load(table_root(dt))
         files = live_files(dt)
         if within is not None:
             files = prune_files(dt, files, *within)
@@ -1746,7 +1709,7 @@ def app_transactions(path: str | os.PathLike[str]) -> list[tuple[str, int, int]]
     return out
 
 
-def _open_before_batch(path: str, app_id: str, batch_id: int) -> tuple[DeltaTable, bool]:
+def _open_before_batch(path: str, app_id: str, batch_id: int) -> tuple[Snapshot, bool]:
     """The table as ``batch_id`` first saw it (``version_before_batch``), and whether it
     was empty then (the batch created it: the latest version is opened, for its schema)."""
     version = version_before_batch(path, app_id, batch_id)
@@ -1799,7 +1762,7 @@ def file_facts_before_batch(
     dt, empty = _open_before_batch(path, app_id, batch_id)
     if empty:
         return table_schema(dt), []
-    adds = pa.table(dt.get_add_actions(flatten=True))
+    adds = dt.stats()
     paths = adds.column("path").to_pylist()
 
     def stat(name: str) -> list[Any]:

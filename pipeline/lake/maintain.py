@@ -39,11 +39,10 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import pyarrow as pa
-from deltalake import DeltaTable
 from pyspark.sql import DataFrame, SparkSession
 
-from pipeline.lake import delta
+from pipeline.lake import delta, snapshot
+from pipeline.lake.snapshot import Snapshot
 
 log = logging.getLogger(__name__)
 
@@ -282,10 +281,7 @@ def pinned_files(path: str, keep_from: int, latest: int) -> set[str]:
     ``keep_from`` on: what a stream pinned there may still open."""
     files: set[str] = set()
     for v in keep_versions(path, keep_from, latest):
-        dt = DeltaTable(path, version=v)
-        adds = pa.table(dt.get_add_actions(flatten=True))
-        if adds.num_rows:
-            files.update(urllib.parse.unquote(str(p)) for p in adds.column("path").to_pylist())
+        files.update(urllib.parse.unquote(f.path) for f in snapshot.load(path, v).files)
     return files
 
 
@@ -293,9 +289,8 @@ def pinned_files(path: str, keep_from: int, latest: int) -> set[str]:
 # One table
 
 
-def _files(dt: DeltaTable) -> tuple[int, int, list[int]]:
-    adds = pa.table(dt.get_add_actions(flatten=True))
-    sizes = [int(s) for s in adds.column("size_bytes").to_pylist()] if adds.num_rows else []
+def _files(dt: Snapshot) -> tuple[int, int, list[int]]:
+    sizes = [f.size for f in dt.files]
     return len(sizes), sum(sizes), sizes
 
 
@@ -343,7 +338,7 @@ def compact_table(path: str, settings: MaintainSettings, report: TableReport) ->
     spark.conf.set("spark.databricks.delta.commitInfo.userMetadata", f"qmf.operation={OPERATION}")
     for attempt in range(settings.attempts):
         with delta.table_lock(path, exclusive=True):
-            dt = DeltaTable(path)
+            dt = snapshot.load(path)
             delta.check_protocol(dt, write=True)
             _n, _b, sizes = _files(dt)
             small = sum(1 for s in sizes if s < settings.target_size)
@@ -423,8 +418,8 @@ def vacuum_inventory(spark: SparkSession, path: str, spared: set[str]) -> DataFr
 def _vacuum_locked(
     path: str, settings: MaintainSettings, keep_from: int | None, report: TableReport
 ) -> None:
-    dt = DeltaTable(path)
-    latest = dt.version()
+    dt = snapshot.load(path)
+    latest = dt.version
     spark = _session()
     # Our rule is the retention plus the streams' pins, not Delta's 7-day minimum.
     spark.conf.set("spark.databricks.delta.retentionDurationCheck.enabled", "false")
@@ -451,15 +446,15 @@ def maintain_table(
     """Compact, then vacuum one table."""
     t0 = time.perf_counter()
     report = TableReport(path, dry_run=settings.dry_run)
-    dt = DeltaTable(path)
-    report.version_before = dt.version()
+    dt = snapshot.load(path)
+    report.version_before = dt.version
     report.files_before, report.bytes_before, _ = _files(dt)
     if settings.compact:
         compact_table(path, settings, report)
     if settings.vacuum:
         vacuum_table(path, settings, keep_from, report)
-    dt = DeltaTable(path)
-    report.version_after = dt.version()
+    dt = snapshot.load(path)
+    report.version_after = dt.version
     report.files_after, report.bytes_after, _ = _files(dt)
     report.seconds = time.perf_counter() - t0
     return report

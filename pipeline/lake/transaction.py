@@ -24,6 +24,8 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, TypeVar
 
+from pipeline.lake import snapshot
+
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
     from pyspark.sql.types import StructType
@@ -140,34 +142,6 @@ def _delta(spark: SparkSession) -> Any:
     return spark._jvm.org.apache.spark.sql.delta  # type: ignore[union-attr]
 
 
-def _delta_log(spark: SparkSession, root: str) -> Any:
-    jvm = spark._jvm
-    assert jvm is not None
-    path = jvm.org.apache.hadoop.fs.Path(os.path.abspath(root))
-    return _delta(spark).DeltaLog.forTable(spark._jsparkSession, path)
-
-
-def _app_version(txn: Any, app_id: str) -> int:
-    """The app's last batch in the transaction's snapshot, -1 if none.
-
-    Read from the snapshot's checksum (``.crc``: Delta writes the app
-    transactions there), because ``txnVersion`` rebuilds the table state in a
-    Spark job on every new snapshot (0.5 s per commit, measured); it is the
-    fallback when a version has no checksum.
-    """
-    checksum = txn.snapshot().checksumOpt()
-    if checksum.isDefined():
-        found = checksum.get().setTransactions()
-        if found.isDefined():
-            it = found.get().iterator()
-            while it.hasNext():
-                t = it.next()
-                if t.appId() == app_id:
-                    return int(t.version())
-            return -1
-    return int(txn.txnVersion(app_id))
-
-
 def commit(
     root: str | os.PathLike[str],
     adds: Sequence[AddFile],
@@ -186,8 +160,8 @@ def commit(
     overwrite when ``overwrite``).
     """
     spark = session()
-    txn = _delta_log(spark, os.fspath(root)).startTransaction()
-    if _app_version(txn, app_id) >= batch_id:
+    txn = snapshot.delta_log(spark, os.path.abspath(root)).startTransaction()
+    if snapshot.jvm_app_version(txn.snapshot(), app_id) >= batch_id:
         return Outcome(skipped=True, version=int(txn.snapshot().version()))
     now_ms = int(time.time() * 1000)
     actions = [json.dumps(a.action(now_ms), separators=(",", ":")) for a in adds]
@@ -216,8 +190,8 @@ def write(
     Files of a failed write stay unreferenced, for VACUUM, as with Delta's writer.
     """
     spark = session()
-    txn = _delta_log(spark, os.fspath(root)).startTransaction()
-    if _app_version(txn, app_id) >= batch_id:
+    txn = snapshot.delta_log(spark, os.path.abspath(root)).startTransaction()
+    if snapshot.jvm_app_version(txn.snapshot(), app_id) >= batch_id:
         return Outcome(skipped=True, version=int(txn.snapshot().version()))
     before = {k: spark.conf.get(k, None) for k in options or {}}
     try:

@@ -8,8 +8,8 @@ qpid's management schema XML (``pipeline.qmfxml``: the same hashes qpidd
 sends, so known classes decode from the first message) and grown from schema
 records on the wire (v1 's', QMF v2 ``_schema_class``).
 
-This module is pure Arrow + deltalake: row builders (``registry_row``,
-``seed_table``, ``wire_table``), the statistic kinds (``StatisticKinds``), the
+This module is pure Arrow over ``pipeline.lake.delta``: row builders
+(``registry_row``, ``seed_table``, ``wire_table``), the statistic kinds (``StatisticKinds``), the
 inverse (``schema_from_row``) and ``RegistryTable``, which loads the table
 into a codec ``SchemaRegistry`` as it was *before* a given micro-batch, so a
 replayed batch decodes exactly as the first attempt did.
@@ -429,11 +429,9 @@ class RegistryTable:
 
     def table(self) -> pa.Table:
         """Every row (cached per table version)."""
-        from deltalake import DeltaTable
-
         from pipeline.lake import delta
 
-        version = DeltaTable(self.path).version()
+        version = delta.table_version(self.path)
         if self._cache is not None and self._cache[0] == version:
             return self._cache[1]
         t = delta.read_arrow(self.path, version)

@@ -184,11 +184,9 @@ class SilverBatchWriter:
     def registry_before(self, batch_id: int) -> SchemaRegistry:
         if self._after is not None and self._after[0] == batch_id - 1:
             return self._after[1].copy()
-        from deltalake import DeltaTable
-
         from pipeline.silver.registry import to_registry, visible_rows
 
-        version = DeltaTable(self.registry.path).version()
+        version = delta.table_version(self.registry.path)
         rows = visible_rows(self.registry.table(), self.app_id, batch_id)
         key = (version, rows.num_rows)
         if self._reg_cache is None or self._reg_cache[0] != key:

@@ -191,10 +191,10 @@ class DeltaTail:
         """The table's current snapshot (protocol checked)."""
         from deltalake import DeltaTable
 
-        from pipeline.lake import delta
+        from pipeline.lake import delta, snapshot
 
         dt = DeltaTable(self.path)
-        delta.check_protocol(dt, write=False)
+        delta.check_protocol(snapshot.rs_protocol(dt), write=False)
         return dt
 
     def _read_all(self) -> Change | None:

@@ -17,6 +17,7 @@ import pytest
 from deltalake import DeltaTable
 from pyspark.sql import DataFrame, SparkSession
 
+from pipeline.lake import snapshot
 from pipeline.lake.delta import (
     MAX_STAT_STRING_BYTES,
     DeltaLayerError,
@@ -340,21 +341,21 @@ def test_merge_arrow_rewrites_only_the_files_with_matched_keys(tmp_path: Path) -
     first = [event(i) for i in (5, 0, 4, 1, 3, 2)]
     append_arrow(pa.Table.from_pylist(first, schema=EVENTS), path, app_id="load", batch_id=0)
     append_arrow(pa.Table.from_pylist([event(6), event(7)], schema=EVENTS), path, app_id="load", batch_id=1)
-    before = {f.delta_path for f in live_files(DeltaTable(str(path)))}
+    before = {f.delta_path for f in live_files(snapshot.load(path))}
     rows = [event(4, name="four"), event(1, name="one"), event(20)]
     result = merge_arrow(
         pa.Table.from_pylist(rows, schema=EVENTS), path, keys=["id"], app_id="m", batch_id=7
     )
     assert (result.skipped, result.rows, result.updated) == (False, 1, 2)
     assert (result.files_added, result.files_removed) == (1, 1)
-    after = {f.delta_path for f in live_files(DeltaTable(str(path)))}
+    after = {f.delta_path for f in live_files(snapshot.load(path))}
     assert len(before & after) == 1  # the ids 6-7 file is untouched
     got = read_arrow(path).to_pylist()
     assert sorted((r["id"], r["name"], r["props"]) for r in got) == sorted(
         [(i, f"n{i}", [("k", str(i))]) for i in (0, 2, 3, 5, 6, 7)]
         + [(4, "four", [("k", "4")]), (1, "one", [("k", "1")]), (20, "n20", [("k", "20")])]
     )
-    rewritten = next(f for f in live_files(DeltaTable(str(path))) if f.delta_path not in before)
+    rewritten = next(f for f in live_files(snapshot.load(path)) if f.delta_path not in before)
     # The kept rows keep their order, then the batch's rows follow.
     assert pq.read_table(rewritten.local_path).column("id").to_pylist() == [5, 0, 3, 2, 4, 1, 20]
     replay = merge_arrow(
@@ -589,7 +590,7 @@ def test_insert_if_absent_within_a_range_prunes_files(spark: SparkSession, tmp_p
     for b, keys in enumerate([("a", "b"), ("c", "d")]):
         rows = [msg(k, 30 * b + i, b) for i, k in enumerate(keys)]
         append_batch(bronze(spark, rows), path, app_id="load", batch_id=b)
-    dt = DeltaTable(str(path))
+    dt = snapshot.load(path)
     live = live_files(dt)
     kept = prune_files(dt, live, "received_at", ts(25), ts(40))
     assert 0 < len(kept) < len(live)
@@ -638,7 +639,7 @@ def test_writer_options_reach_parquet(spark: SparkSession, tmp_path: Path) -> No
 def test_create_table_is_idempotent_and_checks_schema(tmp_path: Path) -> None:
     path = tmp_path / "bronze"
     create_table(path, BRONZE)
-    assert create_table(path, BRONZE).version() == 0
+    assert create_table(path, BRONZE).version == 0
     assert table_schema(path) == BRONZE
     other = pa.schema(
         [f if f.name != "offset" else pa.field("offset", pa.int32(), False) for f in BRONZE]
@@ -660,7 +661,7 @@ def test_overwrite_range_unpartitioned_with_stats_pruning(
         append_batch(
             frame(spark, [event(10 * b + i) for i in range(5)]), path, app_id="load", batch_id=b
         )
-    dt = DeltaTable(str(path))
+    dt = snapshot.load(path)
     assert len(prune_files(dt, live_files(dt), "id", 10, 14)) < len(live_files(dt))
     result = overwrite_range(
         frame(spark, [event(11, name="x"), event(12, name="y")]),
@@ -1037,7 +1038,7 @@ def test_long_strings_have_no_stats_and_are_never_skipped(
             "maxValues": {"id": max(ids), **({"name": names[-1]} if with_stats else {})},
             "nullCount": {"id": 0, "name": 0},
         }
-    dt = DeltaTable(str(path))
+    dt = snapshot.load(path)
     kept = prune_files(dt, live_files(dt), "name", "c", "d")
     assert sorted(f.delta_path for f in kept) == sorted([files[1], files[3]])
     # Replace the "c..." row (in a file without name stats) through within=.
@@ -1139,7 +1140,7 @@ def test_timestamp_stats_far_from_1970(spark: SparkSession, tmp_path: Path) -> N
             {"id": 5, "ts": "1900-01-01T00:00:00.500Z"},
         ),
     ]
-    dt = DeltaTable(str(path))
+    dt = snapshot.load(path)
     live = live_files(dt)
 
     def kept(low: datetime, high: datetime) -> set[int]:
