@@ -127,7 +127,10 @@ def cell(type_code: int, value: Any) -> Any:
     if type_code in INT_TYPES or type_code == 11:
         return bool(value) if type_code == 11 else int(value)
     if type_code == 12:
-        return float(np.float32(value))
+        # A float32 on the wire; a QMF v2 map may carry a double beyond its range, which
+        # becomes +-inf here as in the kernels' cast (quietly: it is the value, no fault).
+        with np.errstate(over="ignore"):
+            return float(np.float32(value))
     if type_code == 13:
         return float(value)
     if type_code in (6, 7):

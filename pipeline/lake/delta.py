@@ -1,13 +1,14 @@
 """The jobs' Delta writes: exactly-once appends, merges and range overwrites.
 
-Spark tasks write Parquet files from Arrow in parallel (into a staging folder
-inside the table folder), the driver moves them into place and commits them
-through delta-spark's own transaction (``pipeline.lake.transaction``); tables
-are created and evolved by delta-spark. Large batches therefore never pass
-through the driver as one Arrow table. Every write carries a Delta app
-transaction ``(app_id, batch_id)``; a batch id at or below the recorded one
-is a no-op that writes no file. The driver still lists a version's files with
-delta-rs. See docs/delta.md.
+Spark tasks write Parquet files from Arrow in parallel, straight into the table
+folder under their batch's stage prefix (``Stage``); the driver commits them
+through delta-spark's own transaction (``pipeline.lake.transaction``). Spark
+DataFrames go through delta-spark's writer in the same transaction; tables are
+created and evolved by delta-spark. Large batches therefore never pass through
+the driver as one Arrow table. Every write carries a Delta app transaction
+``(app_id, batch_id)``; a batch id at or below the recorded one is a no-op that
+writes no file. The driver reads a table version from delta-spark's snapshot
+(``pipeline.lake.snapshot``). See docs/delta.md.
 """
 
 from __future__ import annotations
@@ -904,22 +905,23 @@ def _commit_staged(
     operation: str,
     replace: bool,
     remove: Sequence[str] = (),
+    opened: Snapshot | None = None,
 ) -> CommitResult:
-    """Commit the files in place. Only a commit that removes files lists the table
-    version (delta-rs, so far): an append lets delta-spark's transaction check the
-    app's last batch (a replay commits nothing and its files go again), with no
-    delta-rs open of the table (22-29 ms 99 commits after a checkpoint)."""
+    """Commit the files in place. Only a commit that removes files reads the table
+    version (``opened``: the caller's, taken under the table lock it holds): an append
+    lets delta-spark's transaction check the app's last batch (a replay commits nothing
+    and its files go again)."""
     root = os.path.abspath(os.fspath(path))
     outside = [f.location for f in files if f.location != os.path.join(root, f.name)]
     if outside:
         raise DeltaLayerError(f"not data files of {root}: {outside[:3]}")
-    dt = open_for_write(path) if replace or remove else None
+    dt = opened if opened is not None or not (replace or remove) else open_for_write(path)
     if dt is not None and already_committed(dt, app_id, batch_id):
         _remove_quietly(f.location for f in files)
         return CommitResult(skipped=True, version=dt.version)
     removals: list[transaction.RemoveFile] = []
-    if dt is not None:
-        dt = snapshot.load(table_root(dt))
+    if replace or remove:
+        assert dt is not None
         removals = _removals(dt, None if replace else remove)
     outcome = transaction.commit(
         root, [f.add_file() for f in files], removals, app_id=app_id, batch_id=batch_id,
@@ -1006,11 +1008,8 @@ def _commit_files(
     batch_id: int,
     remove: Sequence[str],
     operation: str,
-    opened: Snapshot | None = None,
 ) -> CommitResult:
-    """``commit_files``; ``opened``: the table as the caller just opened it for writing
-    (no second open of its log)."""
-    dt = open_for_write(path) if opened is None else opened
+    dt = open_for_write(path)
     if already_committed(dt, app_id, batch_id):
         return CommitResult(skipped=True, version=dt.version)
     actions, rows = build_add_actions(dt, files)
@@ -1496,38 +1495,31 @@ def conform_arrow(table: pa.Table, schema: pa.Schema) -> pa.Table:
     return out
 
 
-def _write_file(dt: Snapshot, table: pa.Table, batch_id: int) -> str:
-    if partition_columns(dt):
+def _write_staged(stage: Stage, table: pa.Table, dt: Snapshot) -> list[DataFileInfo]:
+    """``table`` (conformed) as one data file of the stage; none for no rows."""
+    if dt.partition_columns:
         raise DeltaLayerError("the Arrow writers write unpartitioned tables only")
-    name = f"part-{batch_id:08d}-{uuid.uuid4().hex}.parquet"
-    pq.write_table(table, os.path.join(table_root(dt), name), compression="snappy")
-    return name
+    writer = DataFileWriter(stage.file(data_file_name()), dt.schema, unique=())
+    writer.write(table)
+    info = writer.close()
+    return [] if info is None else [info]
 
 
 def _commit_arrow(
     table: pa.Table, path: str | os.PathLike[str], *, app_id: str, batch_id: int, replace: bool
 ) -> CommitResult:
-    # Held from the listing and the file's write to the commit: no VACUUM takes the file
-    # in flight, no compaction comes between a replace's listing and its commit.
-    with table_lock(path):
+    # The stage holds the table lock from the listing and the file's write to the
+    # commit: no VACUUM takes the file in flight, no compaction comes between a
+    # replace's listing and its commit.
+    with Stage(path, app_id, batch_id) as stage:
         dt = open_for_write(path)
         if already_committed(dt, app_id, batch_id):
             return CommitResult(skipped=True, version=dt.version)
-        data = conform_arrow(table, table_schema(dt))
-        root = table_root(dt)
-        files: list[tuple[str, dict[str, str | None]]] = []
-        committed = False
-        try:
-            if data.num_rows or replace:
-                files.append((_write_file(dt, data, batch_id), {}))
-            remove = [f.delta_path for f in live_files(dt)] if replace else []
-            operation = "overwrite" if replace else "append"
-            result = _commit_files(root, files, app_id, batch_id, remove, operation, opened=dt)
-            committed = not result.skipped
-            return result
-        finally:
-            if not committed:
-                _remove_quietly(os.path.join(root, rel) for rel, _ in files)
+        files = _write_staged(stage, conform_arrow(table, dt.schema), dt)
+        operation = "overwrite" if replace else "append"
+        result = _commit_staged(path, files, app_id, batch_id, operation, replace, opened=dt)
+        stage.done = True
+        return result
 
 
 def append_arrow(
@@ -1557,7 +1549,9 @@ def merge_arrow(
     Delta's MERGE does, here in Arrow on the driver for small state tables: delta-spark's
     MERGE costs seconds of Spark jobs per batch). Duplicate keys in ``table`` are an
     error."""
-    with table_lock(path):  # no compaction between choosing the files and the commit
+    # The stage holds the table lock: no compaction between choosing the files and the
+    # commit, no VACUUM of the file in flight.
+    with Stage(path, app_id, batch_id) as stage:
         dt, schema, done = _merge_target(path, keys, app_id, batch_id)
         if done is not None:
             return done
@@ -1566,8 +1560,6 @@ def merge_arrow(
             counts = source.group_by(list(keys)).aggregate([([], "count_all")])
             if pc.max(counts.column("count_all")).as_py() > 1:
                 raise ValueError(f"batch {batch_id} has duplicate keys {list(keys)}")
-        if partition_columns(dt):
-            raise DeltaLayerError("merge_arrow merges unpartitioned tables only")
         touched: list[LiveFile] = []
         kept: list[pa.Table] = []
         matched = 0
@@ -1583,18 +1575,13 @@ def merge_arrow(
                 at = keep.column("__row")
                 kept.append(rows.take(at.take(pc.sort_indices(at))))
         out = pa.concat_tables([conform_arrow(t, schema) for t in kept] + [source])
-        root = table_root(dt)
-        names = [_write_file(dt, out, batch_id)] if out.num_rows else []
-        try:
-            result = _commit_files(
-                root, [(n, {}) for n in names], app_id, batch_id,
-                [f.delta_path for f in touched], "upsert", opened=dt,
-            )  # fmt: skip
-        except BaseException:
-            _remove_quietly(os.path.join(root, n) for n in names)
-            raise
+        files = _write_staged(stage, out, dt)
+        result = _commit_staged(
+            path, files, app_id, batch_id, "upsert", False, [f.delta_path for f in touched],
+            opened=dt,
+        )  # fmt: skip
+        stage.done = True
     if result.skipped:
-        _remove_quietly(os.path.join(root, n) for n in names)
         return result
     return CommitResult(
         skipped=False,

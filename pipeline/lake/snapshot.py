@@ -19,17 +19,20 @@ import json
 import os
 import sys
 import threading
+import time
 import urllib.parse
 from dataclasses import dataclass, field
 from datetime import date, datetime
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Literal
 
 import pyarrow as pa
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
 
-__all__ = ["FileEntry", "Protocol", "Snapshot", "active_session", "load"]
+__all__ = ["Engine", "FileEntry", "Protocol", "Snapshot", "active_session", "load"]
+
+Engine = Literal["delta-spark", "delta-rs"]
 
 
 @dataclass(frozen=True)
@@ -62,28 +65,40 @@ class Snapshot:
     schema: pa.Schema
     partition_columns: list[str]
     protocol: Protocol
+    engine: Engine
     _jsnap: Any = field(default=None, repr=False)
     _rs: Any = field(default=None, repr=False)
     _files: list[FileEntry] | None = field(default=None, repr=False)
     _stats: pa.Table | None = field(default=None, repr=False)
     _apps: dict[str, int | None] = field(default_factory=dict, repr=False)
+    _crc: Any = field(default=None, repr=False)
+    _crc_read: bool = field(default=False, repr=False)
 
     @property
     def files(self) -> list[FileEntry]:
         if self._files is None:
-            self._files = _jvm_files(self._jsnap) if self._jsnap is not None else _rs_files(self._rs)
+            if self._jsnap is not None:
+                self._files = _jvm_files(self._jsnap, self._checksum())
+            else:
+                self._files = _rs_files(self._rs)
         return self._files
 
     def app_version(self, app_id: str) -> int | None:
         """The app's last committed batch in this version (None: it never committed)."""
         if app_id not in self._apps:
             if self._jsnap is not None:
-                found = jvm_app_version(self._jsnap, app_id)
+                found = jvm_app_version(self._jsnap, app_id, self._checksum())
                 self._apps[app_id] = None if found < 0 else found
             else:
                 v = self._rs.transaction_version(app_id)
                 self._apps[app_id] = None if v is None else int(v)
         return self._apps[app_id]
+
+    def _checksum(self) -> Any | None:
+        if not self._crc_read:
+            self._crc = jvm_checksum(self._jsnap)
+            self._crc_read = True
+        return self._crc
 
     def stats(self) -> pa.Table:
         """One row per live file, in ``files`` order: ``path``, ``size_bytes``,
@@ -110,12 +125,19 @@ def active_session() -> SparkSession | None:
     return active if active is not None else SparkSession._instantiatedSession
 
 
-def load(path: str | os.PathLike[str], version: int | None = None) -> Snapshot:
-    """The table's latest version (or ``version``): delta-spark's when a Spark session is
-    active, delta-rs's otherwise."""
-    spark = active_session()
+def load(
+    path: str | os.PathLike[str], version: int | None = None, *, engine: Engine | None = None
+) -> Snapshot:
+    """The table's latest version (or ``version``): delta-spark's when a Spark session
+    runs in the process, delta-rs's otherwise (``engine`` chooses; "delta-spark" starts
+    the project's session if none runs)."""
     root = os.path.abspath(os.fspath(path))
-    if spark is not None:
+    spark = active_session()
+    if engine == "delta-spark" and spark is None:
+        from pipeline.lake import transaction
+
+        spark = transaction.new_session()
+    if spark is not None and engine != "delta-rs":
         return _load_jvm(spark, root, version)
     return _load_rs(root, version)
 
@@ -186,6 +208,7 @@ def _describe(root: str, jsnap: Any) -> Snapshot:
             _feature_set(proto.readerFeatures()),
             _feature_set(proto.writerFeatures()),
         ),
+        engine="delta-spark",
         _jsnap=jsnap,
     )
 
@@ -209,17 +232,42 @@ def _feature_set(opt: Any) -> frozenset[str]:
     return frozenset(str(f) for f in _iterate(opt.get()))
 
 
-def jvm_app_version(jsnap: Any, app_id: str) -> int:
+# Pauses before each new read of a version's checksum that was not there yet (0.2 s in
+# all): its writer writes it right after the commit file.
+_CHECKSUM_WAITS = (0.01, 0.03, 0.06, 0.1)
+
+
+def jvm_checksum(jsnap: Any) -> Any | None:
+    """The version's checksum (``.crc``: its live files up to a threshold, and its app
+    transactions), or None when it has none.
+
+    A reader that lists the log between another process's commit file and its checksum
+    reads the checksum again for up to 0.2 s before its caller falls back to a Spark
+    job (measured: 3 of 20 polls of a table another process committed to every 0.3 s
+    saw no checksum, and paid 0.9-2.9 s for the job)."""
+    found = jsnap.checksumOpt()
+    if found.isDefined():
+        return found.get()
+    dlog = jsnap.deltaLog()
+    version = jsnap.version()
+    for pause in _CHECKSUM_WAITS:
+        time.sleep(pause)
+        found = dlog.readChecksum(version, getattr(dlog, "readChecksum$default$2")())
+        if found.isDefined():
+            return found.get()
+    return None
+
+
+def jvm_app_version(jsnap: Any, app_id: str, checksum: Any | None) -> int:
     """The app's last batch in delta-spark's snapshot, -1 if none.
 
-    Read from the version's checksum (``.crc``: Delta writes the app transactions
-    there) because ``Snapshot.transactions`` rebuilds the table state in a Spark job
-    on every new snapshot (0.5 s, measured); that is the fallback when a version has
-    no checksum (a table delta-rs wrote).
+    Read from the version's ``checksum`` (``jvm_checksum``) because
+    ``Snapshot.transactions`` rebuilds the table state in a Spark job on every new
+    snapshot (0.5 s, measured); that is the fallback when a version has no checksum
+    (a table delta-rs wrote).
     """
-    checksum = jsnap.checksumOpt()
-    if checksum.isDefined():
-        found = checksum.get().setTransactions()
+    if checksum is not None:
+        found = checksum.setTransactions()
         if found.isDefined():
             for t in _iterate(found.get()):
                 if t.appId() == app_id:
@@ -229,12 +277,11 @@ def jvm_app_version(jsnap: Any, app_id: str) -> int:
     return int(got.get()) if got.isDefined() else -1
 
 
-def _jvm_files(jsnap: Any) -> list[FileEntry]:
-    """The live files: from the checksum when it lists them, else delta-spark's state
+def _jvm_files(jsnap: Any, checksum: Any | None) -> list[FileEntry]:
+    """The live files: from the ``checksum`` when it lists them, else delta-spark's state
     reconstruction (a Spark job). Each crosses py4j as its log JSON (``AddFile.json``:
     faster than one Jackson serialization of the list, measured)."""
-    checksum = jsnap.checksumOpt()
-    listed = checksum.get().allFiles() if checksum.isDefined() else None
+    listed = checksum.allFiles() if checksum is not None else None
     adds = listed.get() if listed is not None and listed.isDefined() else jsnap.allFiles().collectAsList()
     out = []
     for a in (json.loads(x.json())["add"] for x in _iterate(adds)):
@@ -263,6 +310,7 @@ def _load_rs(root: str, version: int | None) -> Snapshot:
         schema=pa.schema(dt.schema().to_arrow()),
         partition_columns=list(dt.metadata().partition_columns),
         protocol=rs_protocol(dt),
+        engine="delta-rs",
         _rs=dt,
     )
 
@@ -361,6 +409,8 @@ def _stats_table(files: list[FileEntry], schema: pa.Schema, parts: list[str]) ->
     }
     for f in schema:
         if f.name in parts:
+            raw = pa.array([x.partition_values.get(f.name) for x in files], pa.string())
+            cols[f"partition.{f.name}"] = raw.cast(f.type)
             continue
         nulls = [p.get("nullCount", {}).get(f.name) for p in parsed]
         if any(isinstance(n, int) for n in nulls):

@@ -142,6 +142,12 @@ def _delta(spark: SparkSession) -> Any:
     return spark._jvm.org.apache.spark.sql.delta  # type: ignore[union-attr]
 
 
+def _app_version(txn: Any, app_id: str) -> int:
+    """The app's last batch in the transaction's snapshot (-1: none)."""
+    snap = txn.snapshot()
+    return snapshot.jvm_app_version(snap, app_id, snapshot.jvm_checksum(snap))
+
+
 def commit(
     root: str | os.PathLike[str],
     adds: Sequence[AddFile],
@@ -161,7 +167,7 @@ def commit(
     """
     spark = session()
     txn = snapshot.delta_log(spark, os.path.abspath(root)).startTransaction()
-    if snapshot.jvm_app_version(txn.snapshot(), app_id) >= batch_id:
+    if _app_version(txn, app_id) >= batch_id:
         return Outcome(skipped=True, version=int(txn.snapshot().version()))
     now_ms = int(time.time() * 1000)
     actions = [json.dumps(a.action(now_ms), separators=(",", ":")) for a in adds]
@@ -191,7 +197,7 @@ def write(
     """
     spark = session()
     txn = snapshot.delta_log(spark, os.path.abspath(root)).startTransaction()
-    if snapshot.jvm_app_version(txn.snapshot(), app_id) >= batch_id:
+    if _app_version(txn, app_id) >= batch_id:
         return Outcome(skipped=True, version=int(txn.snapshot().version()))
     before = {k: spark.conf.get(k, None) for k in options or {}}
     try:

@@ -155,3 +155,52 @@ def test_spark_submit_of_this_venv_loads_delta(sim_lake: Lake, tmp_path: Path) -
     assert out.returncode == 0, out.stderr[-3000:]
     rows = [line for line in out.stdout.splitlines() if line.startswith("ROWS ")]
     assert rows == [f"ROWS {delta.read_arrow(sim_lake.gold / 'agent_liveness').num_rows}"]
+
+
+def test_a_column_added_to_a_streamed_table_reaches_its_streams(
+    spark: SparkSession, tmp_path: Path
+) -> None:
+    """A release that adds a nullable column (``create_table`` evolves the table at its
+    start-up, before its streams start): the restarted stream reads it, rows before it
+    read null, no row twice. Added under a running stream, Delta stops the stream with
+    its schema-change error and the restarted one goes on (docs/delta-source.md)."""
+    import time
+
+    from pyspark.sql import DataFrame
+
+    path = tmp_path / "t"
+    v1 = pa.schema([pa.field("id", pa.int64(), False)])
+    v2 = pa.schema([*v1, pa.field("note", pa.string())])
+    v3 = pa.schema([*v2, pa.field("more", pa.int32())])
+    delta.create_table(path, v1)
+    delta.append_arrow(pa.table({"id": [1, 2]}, schema=v1), path, app_id="w", batch_id=0)
+    seen: list[dict[str, Any]] = []
+
+    def batch(df: DataFrame, _batch_id: int) -> None:
+        seen.extend(r.asDict() for r in df.collect())
+
+    def start(**trigger: Any) -> Any:
+        return (
+            spark.readStream.format("delta").load(str(path)).writeStream.foreachBatch(batch)
+            .option("checkpointLocation", str(tmp_path / "ckpt")).trigger(**trigger).start()
+        )  # fmt: skip
+
+    start(availableNow=True).awaitTermination()
+    delta.create_table(path, v2)  # the new release's start-up
+    delta.append_arrow(pa.table({"id": [3], "note": ["n3"]}, schema=v2), path, app_id="w", batch_id=1)
+    start(availableNow=True).awaitTermination()
+    assert sorted((r["id"], r.get("note")) for r in seen) == [(1, None), (2, None), (3, "n3")]
+
+    running = start(processingTime="200 milliseconds")
+    time.sleep(2)
+    delta.create_table(path, v3)
+    delta.append_arrow(
+        pa.table({"id": [4], "note": ["n4"], "more": [7]}, schema=v3), path, app_id="w", batch_id=2
+    )
+    with pytest.raises(Exception, match="DELTA_SCHEMA_CHANGED") as stopped:
+        running.awaitTermination(120)
+    assert len(seen) == 3, stopped.value
+    start(availableNow=True).awaitTermination()
+    assert sorted((r["id"], r.get("note"), r.get("more")) for r in seen) == [
+        (1, None, None), (2, None, None), (3, "n3", None), (4, "n4", 7)
+    ]
