@@ -241,14 +241,9 @@ class DeltaTail:
                 yield Step([f.path], [])
 
     def _local(self, delta_path: str) -> str:
-        if "://" in delta_path:
-            parsed = urllib.parse.urlparse(delta_path)
-            if parsed.scheme != "file":
-                raise ValueError(f"only local tables are supported, not {delta_path}")
-            return urllib.parse.unquote(parsed.path)
-        if delta_path.startswith("/"):
-            return urllib.parse.unquote(delta_path)
-        return os.path.join(self.path, urllib.parse.unquote(delta_path))
+        from pipeline.lake import snapshot
+
+        return snapshot.local_path(self.path, delta_path)
 
     def _read_files(self, delta_paths: list[str]) -> pa.Table:
         pieces = []
