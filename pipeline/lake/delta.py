@@ -1374,13 +1374,18 @@ def scan_files(
 def read_table(
     spark: SparkSession, path: str | os.PathLike[str], version: int | None = None
 ) -> DataFrame:
-    """A Spark DataFrame of the table, latest or at ``version``: Delta's own batch read
-    (``spark.read.format("delta")``, ``versionAsOf``), with its data skipping by the
-    log's statistics and partitions."""
-    reader = spark.read.format("delta")
-    if version is not None:
-        reader = reader.option("versionAsOf", int(version))
-    return reader.load(os.path.abspath(os.fspath(path)))
+    """A Spark DataFrame of the table, latest or at ``version``.
+
+    Lists the version's files from its snapshot (``snapshot.load``: the checksum's
+    listing, no Spark job for a small table) and lets Spark read them in parallel;
+    partition values come from the log. An empty table gives an empty DataFrame with
+    the table's schema. Not ``spark.read.format("delta")``: its read of a new version
+    rebuilds the table state in a Spark job (measured on a 30-file bronze: 5.2 s for
+    the process's first read, then 0.27-0.31 s against 0.14-0.2 s; silver's batch mode reads a
+    new bronze version every batch, and the test suite took 7 minutes longer).
+    """
+    dt = _open(path, version)
+    return scan_files(spark, dt, live_files(dt), with_file=False)
 
 
 # ---------------------------------------------------------------------------
