@@ -698,3 +698,42 @@ def test_the_publish_cycle_is_measured_from_the_agents_heartbeats(tmp_path: Path
     assert [(r["rate"], r["quiet"]) for r in now] == [(0.0, True)]  # 36 - 30 > 1.5 x 2
     # No lifecycle row: named from its index key, its broker the agent id.
     assert (now[0]["broker"], now[0]["name"]) == ("1.0", "q-rate-5")
+
+
+def test_a_heartbeat_of_a_batch_after_the_states_waits_for_the_state(tmp_path: Path) -> None:
+    """Gold commits a batch's liveness beside its rates and its state last: the view counts
+    a heartbeat as seen only once the state it read is of that batch or later, so a counter
+    whose rates the view has not read yet does not show as quiet in between."""
+    from deltalake import CommitProperties, Transaction
+
+    from schemas.gold import AGENT_LIVENESS, RATE_STATE
+
+    t0 = 1_800_000_000 * 10**9
+    liveness, state = tmp_path / "gold" / "agent_liveness", tmp_path / "gold" / "rate_state"
+
+    def gold_batch(batch: int, heartbeats: int, state_too: bool) -> None:
+        last = t0 + 2 * (heartbeats - 1) * 10**9
+        row = {
+            "agent": "1.0", "dialect": "AM2", "epoch": None, "up_start_ns": t0,
+            "up_start": datetime.fromtimestamp(t0 / 1e9, UTC), "last_heartbeat_ns": last,
+            "last_heartbeat": datetime.fromtimestamp(last / 1e9, UTC), "heartbeats": heartbeats,
+            "interval_s": 10.0, "state": "up", "started_by": "first", "down_at": None,
+            "next_up": None, "batch_id": batch,
+        }  # fmt: skip
+        write_deltalake(str(liveness), pa.Table.from_pylist([row], schema=AGENT_LIVENESS), mode="overwrite")
+        if state_too:
+            write_deltalake(
+                str(state), RATE_STATE.empty_table(), mode="overwrite",
+                commit_properties=CommitProperties(app_transactions=[Transaction("qmf-gold-x", batch)]),
+            )  # fmt: skip
+
+    gold_batch(0, 19, state_too=True)
+    view = LiveView(tmp_path, max_events=0)
+    view.refresh()
+    assert view.agents() == {"1.0": (t0 + 36 * 10**9, 2 * 10**9)}
+    gold_batch(1, 31, state_too=False)  # batch 1's liveness is in, its state not yet
+    view.refresh()
+    assert view.agents() == {"1.0": (t0 + 36 * 10**9, 2 * 10**9)}  # batch 1's: not yet
+    gold_batch(1, 31, state_too=True)
+    view.refresh()
+    assert view.agents() == {"1.0": (t0 + 60 * 10**9, 2 * 10**9)}

@@ -915,7 +915,9 @@ def _commit_staged(
     outside = [f.location for f in files if f.location != os.path.join(root, f.name)]
     if outside:
         raise DeltaLayerError(f"not data files of {root}: {outside[:3]}")
-    dt = opened if opened is not None or not (replace or remove) else open_for_write(path)
+    dt = opened
+    if dt is None and (replace or remove):
+        dt = open_for_write(path)
     if dt is not None and already_committed(dt, app_id, batch_id):
         _remove_quietly(f.location for f in files)
         return CommitResult(skipped=True, version=dt.version)

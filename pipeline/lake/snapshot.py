@@ -23,6 +23,7 @@ import time
 import urllib.parse
 from dataclasses import dataclass, field
 from datetime import date, datetime
+from functools import cached_property
 from typing import TYPE_CHECKING, Any, Literal
 
 import pyarrow as pa
@@ -68,48 +69,40 @@ class Snapshot:
     engine: Engine
     _jsnap: Any = field(default=None, repr=False)
     _rs: Any = field(default=None, repr=False)
-    _files: list[FileEntry] | None = field(default=None, repr=False)
-    _stats: pa.Table | None = field(default=None, repr=False)
     _apps: dict[str, int | None] = field(default_factory=dict, repr=False)
-    _crc: Any = field(default=None, repr=False)
-    _crc_read: bool = field(default=False, repr=False)
 
-    @property
+    @cached_property
     def files(self) -> list[FileEntry]:
-        if self._files is None:
-            if self._jsnap is not None:
-                self._files = _jvm_files(self._jsnap, self._checksum())
-            else:
-                self._files = _rs_files(self._rs)
-        return self._files
+        if self._jsnap is not None:
+            return _jvm_files(self._jsnap, self._checksum)
+        return _rs_files(self._rs)
 
     def app_version(self, app_id: str) -> int | None:
         """The app's last committed batch in this version (None: it never committed)."""
         if app_id not in self._apps:
             if self._jsnap is not None:
-                found = jvm_app_version(self._jsnap, app_id, self._checksum())
+                found = jvm_app_version(self._jsnap, app_id, self._checksum)
                 self._apps[app_id] = None if found < 0 else found
             else:
                 v = self._rs.transaction_version(app_id)
                 self._apps[app_id] = None if v is None else int(v)
         return self._apps[app_id]
 
+    @cached_property
     def _checksum(self) -> Any | None:
-        if not self._crc_read:
-            self._crc = jvm_checksum(self._jsnap)
-            self._crc_read = True
-        return self._crc
+        return jvm_checksum(self._jsnap)
+
+    @cached_property
+    def _stats(self) -> pa.Table:
+        if self._jsnap is not None:
+            return _stats_table(self.files, self.schema, self.partition_columns)
+        return _rs_stats(self._rs)
 
     def stats(self) -> pa.Table:
         """One row per live file, in ``files`` order: ``path``, ``size_bytes``,
         ``modification_time`` (ms), ``num_records``, and ``min.<c>``, ``max.<c>``,
         ``null_count.<c>`` of the top-level columns with such statistics (typed as the
         column; null where a file has none)."""
-        if self._stats is None:
-            if self._jsnap is not None:
-                self._stats = _stats_table(self.files, self.schema, self.partition_columns)
-            else:
-                self._stats = _rs_stats(self._rs)
         return self._stats
 
 

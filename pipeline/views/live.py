@@ -58,10 +58,13 @@ LIFECYCLE_COLUMNS = (
     "agent", "dialect", "package", "class_name", "object_id", "index_key", "create_ns", "state",
     "last_seen_ns", "batch_id", "name", "broker",
 )  # fmt: skip
-LIVENESS_COLUMNS = ("agent", "up_start_ns", "last_heartbeat_ns", "heartbeats", "interval_s")
+LIVENESS_COLUMNS = (
+    "agent", "up_start_ns", "last_heartbeat_ns", "heartbeats", "interval_s", "batch_id"
+)  # fmt: skip
 # A counter's rate ages to 0 once its agent was seen this many publish cycles after the
 # rate's end without a newer sample of it: one cycle, plus half a cycle of tolerance
 # (for the agent's jitter and a cycle landing over two gold batches).
+LIVENESS_KEY = ("agent", "up_start_ns")
 QUIET_CYCLES = 1.5
 SEVERITIES = ("emerg", "alert", "crit", "error", "warn", "notice", "info", "debug")
 # AM2 index keys hold object references carrying the agent's epoch: blanked so a
@@ -83,6 +86,21 @@ def _last_frame(df: pl.DataFrame, key: tuple[str, ...], order: tuple[str, ...]) 
     if order:
         df = df.sort(list(order), nulls_last=False, maintain_order=True)
     return df.unique(subset=list(key), keep="last", maintain_order=False)
+
+
+def _heartbeats(rows: pl.DataFrame, batch: int | None) -> pl.DataFrame:
+    """Per up interval (``LIVENESS_KEY``) its latest row of the batches up to ``batch``
+    (the state's; None: of all), and the rows of later batches, which ``agents`` takes
+    once the state has caught up with them."""
+    if batch is None:
+        return _last_frame(rows, LIVENESS_KEY, ("last_heartbeat_ns", "heartbeats"))
+    ahead = pl.col("batch_id") > batch
+    return pl.concat(
+        [
+            _last_frame(rows.filter(~ahead), LIVENESS_KEY, ("last_heartbeat_ns", "heartbeats")),
+            rows.filter(ahead).unique(),
+        ]
+    )
 
 
 def _keyed(df: pl.DataFrame) -> pl.DataFrame:
@@ -364,15 +382,20 @@ class LiveView:
             if beats is not None:
                 changed = True
                 df = to_frame(beats.rows)
-                both = df if beats.reset else pl.concat([self._liveness, df], how="vertical_relaxed")
-                self._liveness = _last_frame(
-                    both, ("agent", "up_start_ns"), ("last_heartbeat_ns", "heartbeats")
-                )
+                old = self._liveness
+                if beats.reset:  # gold merges the rows: an interval's earlier rows are gone
+                    old = old.join(df.select(LIVENESS_KEY).unique(), on=list(LIVENESS_KEY), how="semi")
+                both = pl.concat([old, df], how="vertical_relaxed")
+                self._liveness = _heartbeats(both, self._state_batch())
         finally:
             self.state_tail.snapped.set()
         if changed:
             self._rows = self._agents = None
         return changed
+
+    def _state_batch(self) -> int | None:
+        """The gold batch of the state read (None: not known)."""
+        return None if self.state_tail.txn is None else self.state_tail.txn[1]
 
     def _known(self, rows: pa.Table, reset: bool) -> pa.Table | None:
         """Index keys known for objects, for rows that lack theirs (``with_series``)."""
@@ -494,8 +517,8 @@ class LiveView:
     def agents(self) -> dict[str, tuple[int, int]]:
         """Per agent: (the latest time it was seen, its publish cycle), both in ns.
 
-        Seen: its latest heartbeat (gold ``agent_liveness``) or the latest sample of any
-        of its series (``rows``). Cycle: the spacing of its heartbeats over its open up
+        Seen: its latest heartbeat (gold ``agent_liveness``, of the batches up to the state's
+        read) or the latest sample of any of its series (``rows``). Cycle: the spacing of its heartbeats over its open up
         interval (the agent's own clock), else the interval it declares (V2
         ``_heartbeat_interval``), else the median length of the latest intervals of its
         series (those the view holds: after a start from the state, the recent ones).
@@ -504,7 +527,17 @@ class LiveView:
             return self._agents
         seen: dict[str, int] = {}
         cycle: dict[str, int] = {}
-        newest = _last_frame(self._liveness, ("agent",), ("up_start_ns",))
+        batch = self._state_batch()
+        beats = self._liveness
+        if batch is not None:
+            # Gold commits a batch's liveness beside its rates, and its state last: a
+            # heartbeat of a batch after the state's may be read before that batch's rates
+            # are, and would show its counters quiet (0/s) in between.
+            beats = beats.filter(pl.col("batch_id") <= batch)
+        newest = _last_frame(
+            _last_frame(beats, LIVENESS_KEY, ("last_heartbeat_ns", "heartbeats")),
+            ("agent",), ("up_start_ns",),
+        )  # fmt: skip
         for r in newest.iter_rows(named=True):
             a, last = r["agent"], r["last_heartbeat_ns"]
             seen[a] = last

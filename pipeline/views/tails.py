@@ -282,6 +282,13 @@ class StateTail(DeltaTail):
         self.txn: tuple[str, int] | None = None
         self.snapped = threading.Event()
 
+    def read(self) -> Change | None:
+        """The whole state when a commit came since the last read (each batch replaces it,
+        and an empty state's replacement adds no file: its app transaction is still news)."""
+        if self.version is not None and not os.path.isfile(self._log(self.version + 1)):
+            return None
+        return self._read_all() if self.exists() else None
+
     def _read_all(self) -> Change | None:
         for _attempt in range(3):
             try:
