@@ -730,6 +730,7 @@ def child_scale(cfg: dict[str, Any]) -> dict[str, Any]:
         max_files_per_trigger=cfg["files_per_batch"],
         trigger="availableNow",
         tasks_per_core=cfg.get("tasks_per_core", 1),
+        starting_version=cfg.get("starting_version"),
     )
     warmed = 0.0
     if cfg.get("warm_stream", True):
@@ -1157,6 +1158,8 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
                     help="leave out the machine's own two-core scaling (bench_machine)")  # fmt: skip
     ap.add_argument("--tasks-per-core", type=int, default=1,
                     help="silver's units per core (SilverSettings.tasks_per_core)")  # fmt: skip
+    ap.add_argument("--starting-version", type=int, default=None,
+                    help="silver's Delta startingVersion (default: none, bronze's snapshot first)")  # fmt: skip
     ap.add_argument("--no-warm-stream", action="store_true",
                     help="measure each session's first stream (no warm-up pass)")  # fmt: skip
     ap.add_argument("--no-jobs", action="store_true",
@@ -1360,6 +1363,7 @@ def spark_run(
         "warm_stream": not args.no_warm_stream,
         "files_per_batch": wl.files_per_batch,
         "tasks_per_core": args.tasks_per_core,
+        "starting_version": args.starting_version,
         "cpus": [min(os.sched_getaffinity(0))] if master == ONE_CORE and not args.no_pin else None,
         "run": str(work / "runs" / label),
         "result": str(work / "runs" / f"{label}.json"),

@@ -356,12 +356,15 @@ def _replace(
     schema = delta.table_schema(dt)
     batch = delta.conform(new, schema)
     spark = batch.sparkSession
-    files = delta.live_files(dt)
-    scan = _mark(delta.scan_files(spark, dt, files, with_file=True), predicate, keys, key_rows)
-    per_file: dict[str, int] = {}
+    files = delta.file_keys(spark, delta.live_files(dt))
+    scan = delta.read_delta(spark, path, dt.version, with_file=True)
+    per_file: dict[str, int] = {}  # Spark's key of each file holding rows of the range
     if files:
-        hits = scan.where(_HIT).groupBy(delta.FILE_COL).count().collect()
-        per_file = {r[0]: int(r[1]) for r in hits}
+        hits = _mark(scan, predicate, keys, key_rows).where(_HIT).groupBy(delta.FILE_COL).count()
+        per_file = {r[0]: int(r[1]) for r in hits.collect()}
+        unknown = sorted(set(per_file) - set(files))
+        if unknown:
+            raise delta.DeltaLayerError(f"{label}: rows of files not in version {dt.version}: {unknown[:3]}")
     in_range = sum(per_file.values())
     written = batch.count() if rows is None else rows
     if dry_run:
@@ -375,10 +378,13 @@ def _replace(
         raise ValueError(
             f"{label}: backfill rows outside the range (predicate {predicate!r}, keys {keys})"
         )
-    touched = [f for f in files if f.delta_path in per_file]
+    touched = [f for k, f in files.items() if k in per_file]
     out = batch
     if touched:
-        kept = _mark(delta.scan_files(spark, dt, touched, with_file=False), predicate, keys, key_rows)
+        from pyspark.sql import functions as F
+
+        rest = scan.where(F.col(delta.FILE_COL).isin(list(per_file)))
+        kept = _mark(rest, predicate, keys, key_rows)
         out = batch.unionByName(kept.where(~_hit()).select(*schema.names))
     result = delta.write_and_commit(
         out, dt, app_id=app_id, batch_id=batch_id, operation="backfill",
@@ -404,7 +410,7 @@ def bronze_in_range(spark: SparkSession, s: BackfillSettings) -> DataFrame:
 
     from pipeline.lake import delta
 
-    df = delta.read_table(spark, s.bronze)
+    df = delta.read_delta(spark, s.bronze)
     return df.where(
         (F.col("received_at") >= F.lit(s.start)) & (F.col("received_at") < F.lit(s.end))
     )
@@ -512,7 +518,7 @@ def _silver_view(
     """A silver table as it is after the silver step: the range's rows replaced by ``new``."""
     from pipeline.lake import delta
 
-    df = delta.read_table(spark, os.path.join(s.silver, name))
+    df = delta.read_delta(spark, os.path.join(s.silver, name))
     if ids is None or new is None:
         return df
     return df.join(ids, on=list(IDENTITY), how="left_anti").select(*df.columns).unionByName(new)
@@ -568,12 +574,12 @@ def gold_rows(
     from pipeline.lake import delta
 
     predicate, keys = gold_ranges(s)[name]
-    fresh = delta.read_table(spark, os.path.join(scratch, name)).withColumn(
+    fresh = delta.read_delta(spark, os.path.join(scratch, name)).withColumn(
         "batch_id", F.lit(BACKFILL_BATCH_ID).cast("long")
     )
     if not keys:
         return fresh.where(F.expr(predicate)), predicate, keys, None
-    old = delta.read_table(spark, os.path.join(s.gold, name))
+    old = delta.read_delta(spark, os.path.join(s.gold, name))
     old_keys = old.where(F.expr(f"coalesce(({predicate}), false)")).select(*keys)
     marked = _mark(fresh, predicate, keys, old_keys)
     new = marked.where(_hit()).select(*fresh.columns)

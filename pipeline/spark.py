@@ -224,13 +224,18 @@ DRIVER_STACK = "-Xss16m"
 QUICK_JIT = "-XX:TieredStopAtLevel=1"
 
 
-def _local_cores(master: str) -> int:
-    """The cores of a ``local[N]`` master (``local``: 1; ``local[*]``: the machine's)."""
+def _master_cores(master: str) -> int | None:
+    """The cores of a local master: ``local[N]`` (``local``: 1; ``local[*]``: the
+    machine's), ``local-cluster[workers, cores, memory]``; None for a cluster's."""
+    if not master.startswith("local"):
+        return None
     inside = master[master.find("[") + 1 : master.find("]")] if "[" in master else "1"
-    first = inside.split(",")[0]
-    if first == "*":
+    parts = [p.strip() for p in inside.split(",")]
+    if master.startswith("local-cluster"):
+        return max(1, int(parts[0]) * int(parts[1]))
+    if parts[0] == "*":
         return os.cpu_count() or 1
-    return max(1, int(first))
+    return max(1, int(parts[0]))
 
 
 def driver_java_options(log4j_config: str, quick_jit: bool) -> str:
@@ -313,12 +318,6 @@ def get_spark(
             options[key] = value
     # delta-spark: its JARs (checked against jars.lock), SQL extension and catalog.
     options.update(delta_conf({**existing, **options}))
-    master_now = options.get("spark.master") or existing.get("spark.master", "")
-    if master_now.startswith("local") and "spark.databricks.delta.snapshotPartitions" not in existing:
-        # Delta rebuilds a table's state in 50 partitions by default, sized for clusters:
-        # on local[2] every first read of a table version paid 50 tasks (the silver
-        # paths' tests, which read each table a few times: 80 s -> 5-10 min).
-        options.setdefault("spark.databricks.delta.snapshotPartitions", str(_local_cores(master_now)))
     if logged is not None:
         _launch_logged(options, logged, app_name)
 
@@ -327,4 +326,26 @@ def get_spark(
         builder = builder.config(key, value)
     session = builder.getOrCreate()
     session.sparkContext.setLogLevel("ERROR" if test else "WARN")
+    size_delta_state(session)
     return session
+
+
+DELTA_STATE_PARTITIONS = "spark.databricks.delta.snapshotPartitions"
+
+
+def size_delta_state(session: SparkSession) -> None:
+    """Delta's table state in as many partitions as a local master has cores, unless set.
+
+    Delta's default, 50, is sized for clusters. On ``local[2]`` every first read of a
+    table version paid 50 tasks (the silver paths' tests: 80 s -> 5-10 min), and the
+    initial snapshot of Delta's streaming source (a new checkpoint's stream over an
+    existing table) is read with one Spark job per partition from its start on every
+    ``latestOffset`` and ``getBatch``: 0.7-2.0 s more per micro-batch, growing, over a
+    36-file bronze (2026-12-05, ``bench_scale``). Set on the session once it runs, so a
+    master given to spark-submit or in ``PYSPARK_SUBMIT_ARGS`` counts as one given here.
+    """
+    if session.conf.get(DELTA_STATE_PARTITIONS, None) is not None:
+        return
+    cores = _master_cores(session.sparkContext.master or "")
+    if cores is not None:
+        session.conf.set(DELTA_STATE_PARTITIONS, str(cores))

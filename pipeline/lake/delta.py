@@ -25,7 +25,7 @@ from collections.abc import Iterable, Iterator, Mapping, Sequence
 from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass
 from datetime import UTC, date, datetime, timedelta
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -1333,11 +1333,9 @@ def _spark_uris(spark: SparkSession, local_paths: Sequence[str]) -> list[str]:
     return out
 
 
-def scan_files(
-    spark: SparkSession, dt: Snapshot, files: Sequence[LiveFile], *, with_file: bool
-) -> DataFrame:
+def _scan_files(spark: SparkSession, dt: Snapshot, files: Sequence[LiveFile]) -> DataFrame:
     """Spark DataFrame over ``files`` in table column order (nullable columns, as
-    Spark's Parquet reader always makes them); ``with_file`` adds the Delta path."""
+    Spark's Parquet reader always makes them), partition values from the log."""
     from pyspark.sql import functions as F
     from pyspark.sql.types import StringType, StructField, StructType
 
@@ -1345,32 +1343,24 @@ def scan_files(
     parts = partition_columns(dt)
     target = _spark_schema(schema)
     file_struct = StructType([f for f in target.fields if f.name not in parts])
-    out_cols = [*schema.names, *([FILE_COL] if with_file else [])]
     if not files:
-        empty_fields = [
-            *target.fields,
-            *([StructField(FILE_COL, StringType())] if with_file else []),
-        ]
-        return spark.createDataFrame([], StructType(empty_fields))
+        return spark.createDataFrame([], target)
     data = spark.read.schema(file_struct).parquet(*[f.local_path for f in files])
-    if not parts and not with_file:
+    if not parts:
         return data.select(*[F.col(f"`{n}`") for n in schema.names])
-    uris = _spark_uris(spark, [f.local_path for f in files])
     key = "__delta_uri"
+    uris = _spark_uris(spark, [f.local_path for f in files])
     rows = [
-        (u, f.delta_path, *[f.partition_values.get(c) for c in parts])
-        for u, f in zip(uris, files, strict=True)
+        (u, *[f.partition_values.get(c) for c in parts]) for u, f in zip(uris, files, strict=True)
     ]
     map_schema = StructType(
-        [StructField(key, StringType()), StructField(FILE_COL, StringType())]
-        + [StructField(c, StringType()) for c in parts]
+        [StructField(key, StringType())] + [StructField(c, StringType()) for c in parts]
     )
     mapping = spark.createDataFrame(rows, map_schema)
     for c in parts:
         mapping = mapping.withColumn(c, F.col(f"`{c}`").cast(target[c].dataType))
-    uri_col = F.regexp_replace(F.col("_metadata.file_path"), "^file:/+", "/")
-    joined = data.withColumn(key, uri_col).join(F.broadcast(mapping), on=key, how="inner")
-    return joined.select(*[F.col(f"`{n}`") for n in out_cols])
+    joined = data.withColumn(key, _file_key()).join(F.broadcast(mapping), on=key, how="inner")
+    return joined.select(*[F.col(f"`{n}`") for n in schema.names])
 
 
 def read_table(
@@ -1387,16 +1377,43 @@ def read_table(
     new bronze version every batch, and the test suite took 7 minutes longer).
     """
     dt = _open(path, version)
-    return scan_files(spark, dt, live_files(dt), with_file=False)
+    return _scan_files(spark, dt, live_files(dt))
+
+
+def read_delta(
+    spark: SparkSession,
+    path: str | os.PathLike[str],
+    version: int | None = None,
+    *,
+    with_file: bool = False,
+) -> DataFrame:
+    """Delta's own batch read of the table, latest or at ``version`` (``versionAsOf``):
+    its partition pruning and data skipping. For the reads a run makes once (the
+    backfill), where rebuilding a version's state in a Spark job costs once; ``read_table``
+    serves the reads repeated every micro-batch. ``with_file`` adds ``FILE_COL``: how
+    Spark spells the row's file (``file_keys`` maps the live files to it)."""
+
+    reader = spark.read.format("delta")
+    if version is not None:
+        reader = reader.option("versionAsOf", version)
+    df = reader.load(os.fspath(path))
+    return df.withColumn(FILE_COL, _file_key()) if with_file else df
+
+
+def _file_key() -> Column:
+    """A row's file as ``_spark_uris`` spells it (``_metadata.file_path``, ``file:`` cut)."""
+    from pyspark.sql import functions as F
+
+    return F.regexp_replace(F.col("_metadata.file_path"), "^file:/+", "/")
+
+
+def file_keys(spark: SparkSession, files: Sequence[LiveFile]) -> dict[str, LiveFile]:
+    """The live files by their ``FILE_COL`` value in ``read_delta(with_file=True)``."""
+    return dict(zip(_spark_uris(spark, [f.local_path for f in files]), files, strict=True))
 
 
 # ---------------------------------------------------------------------------
 # Merges and range overwrites
-
-
-def _sql_ident(name: str) -> str:
-    """A DataFusion identifier (quoted: unquoted ones are lower-cased)."""
-    return '"' + name.replace('"', '""') + '"'
 
 
 def _merge_target(
@@ -1413,71 +1430,6 @@ def _merge_target(
         if k not in schema.names:
             raise SchemaMismatchError(f"key column {k!r} not in table {path}")
     return dt, schema, None
-
-
-def merge_batch(
-    df: DataFrame,
-    path: str | os.PathLike[str],
-    *,
-    keys: Sequence[str],
-    app_id: str,
-    batch_id: int,
-    mode: Literal["upsert", "insert_if_absent"] = "upsert",
-    target_filter: str | None = None,
-    target_range: tuple[str, Any, Any] | None = None,
-    writer_options: Mapping[str, str] | None = None,
-) -> CommitResult:
-    """Merge a micro-batch on ``keys``, exactly once.
-
-    ``upsert``: matched rows are replaced, the others inserted. It runs
-    ``merge_arrow`` with the batch as an Arrow table on the driver: meant for
-    small (dimension-like) tables and batches; only the files holding matched
-    keys are rewritten. Duplicate keys in the batch
-    are an error (which one should win is undefined).
-
-    ``insert_if_absent``: rows whose key is already in the table are dropped
-    (and duplicates within the batch collapse to one). This is the bronze
-    de-duplication after at-least-once delivery, so it must scale: Spark
-    anti-joins the batch with the table's key columns (only those columns are
-    read; ``target_filter``, a Spark SQL predicate on the table such as a time
-    window, narrows the scan further) and the survivors go through the
-    parallel append path. ``target_range=(column, low, high)`` says that
-    duplicates can only be among rows with ``low <= column <= high``: files
-    whose Delta min/max stats lie outside are not even opened, which keeps the
-    check's cost flat as the table grows. Assumes one writer per table.
-    """
-    dt, schema, done = _merge_target(path, keys, app_id, batch_id)
-    if done is not None:
-        return done
-    batch = conform(df, schema)
-    if mode == "insert_if_absent":
-        from pyspark.sql import functions as F
-
-        files = live_files(dt)
-        if target_range is not None:
-            files = prune_files(dt, files, *target_range)
-        existing = scan_files(batch.sparkSession, dt, files, with_file=False)
-        if target_range is not None:
-            column, low, high = target_range
-            existing = existing.where(F.col(column).between(F.lit(low), F.lit(high)))
-        if target_filter:
-            existing = existing.where(target_filter)
-        fresh = batch.dropDuplicates(list(keys)).join(
-            existing.select(*keys), on=list(keys), how="left_anti"
-        )
-        return write_and_commit(
-            fresh,
-            dt,
-            app_id=app_id,
-            batch_id=batch_id,
-            operation="insert_if_absent",
-            writer_options=writer_options,
-        )
-    if mode != "upsert":
-        raise ValueError(f"unknown merge mode {mode!r}")
-    with _nulls_refused():
-        source = batch.toArrow()
-    return merge_arrow(source, path, keys=keys, app_id=app_id, batch_id=batch_id)
 
 
 # ---------------------------------------------------------------------------
@@ -1597,72 +1549,6 @@ def merge_arrow(
         rows=source.num_rows - matched,
         updated=matched,
     )
-
-
-def overwrite_range(
-    df: DataFrame,
-    path: str | os.PathLike[str],
-    *,
-    predicate: str,
-    app_id: str,
-    batch_id: int,
-    check_batch: bool = True,
-    within: tuple[str, Any, Any] | None = None,
-    writer_options: Mapping[str, str] | None = None,
-) -> CommitResult:
-    """Replace the rows matching ``predicate`` (Spark SQL) with the batch, atomically
-    and exactly once: the backfill primitive.
-
-    Files holding matching rows are rewritten by Spark without those rows,
-    together with the batch, and one commit removes the old files and adds
-    the new ones, so readers see the old range or the new one, never a mix.
-    With ``check_batch`` every batch row must match the predicate (as
-    delta-spark's replaceWhere insists), otherwise a rerun would not replace
-    what the first run wrote. ``within=(column, low, high)`` is the caller's
-    promise that every matching row has ``low <= column <= high``: files whose
-    min/max stats lie outside are then not scanned at all.
-    """
-    from pyspark.sql import functions as F
-
-    dt = open_for_write(path)
-    if already_committed(dt, app_id, batch_id):
-        return CommitResult(skipped=True, version=dt.version)
-    schema = table_schema(dt)
-    batch = conform(df, schema)
-    outside = F.expr(f"NOT coalesce(({predicate}), false)")
-    with _nulls_refused():
-        if check_batch and batch.where(outside).limit(1).count() > 0:
-            raise ValueError(f"batch {batch_id} has rows outside the predicate {predicate!r}")
-    spark = batch.sparkSession
-    # Held (shared) from choosing the files to the commit: a compaction cannot
-    # replace the chosen files in between (it takes the lock exclusively).
-    with table_lock(path):
-        dt = snapshot.load(table_root(dt))
-        files = live_files(dt)
-        if within is not None:
-            files = prune_files(dt, files, *within)
-        scan = scan_files(spark, dt, files, with_file=True)
-        hit = {
-            r[0]
-            for r in scan.where(F.expr(f"coalesce(({predicate}), false)"))
-            .select(FILE_COL)
-            .distinct()
-            .collect()
-        }
-        touched = [f for f in files if f.delta_path in hit]
-        out = batch
-        if touched:
-            kept = scan_files(spark, dt, touched, with_file=False).where(outside)
-            out = batch.unionByName(kept)
-        return write_and_commit(
-            out,
-            dt,
-            app_id=app_id,
-            batch_id=batch_id,
-            operation="overwrite_range",
-            remove=[f.delta_path for f in touched],
-            writer_options=writer_options,
-        )
 
 
 def version_before_batch(path: str, app_id: str, batch_id: int) -> int | None:

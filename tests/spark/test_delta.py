@@ -19,6 +19,7 @@ from pyspark.sql import DataFrame, SparkSession
 
 from pipeline.lake import snapshot
 from pipeline.lake.delta import (
+    FILE_COL,
     MAX_STAT_STRING_BYTES,
     DeltaLayerError,
     SchemaMismatchError,
@@ -28,16 +29,16 @@ from pipeline.lake.delta import (
     commit_stamp,
     committed_batch,
     create_table,
+    file_keys,
     is_latest,
     iter_batches,
     latest_stamp,
     live_files,
     merge_arrow,
-    merge_batch,
     no_dictionary,
-    overwrite_range,
     prune_files,
     read_arrow,
+    read_delta,
     read_table,
     table_schema,
 )
@@ -307,33 +308,6 @@ def test_read_empty_table(spark: SparkSession, tmp_path: Path) -> None:
     assert read_arrow(path).schema == BRONZE
 
 
-def test_merge_upserts(spark: SparkSession, tmp_path: Path) -> None:
-    path = tmp_path / "events"
-    create_table(path, EVENTS)
-    append_batch(frame(spark, [event(i) for i in range(4)]), path, app_id="load", batch_id=0)
-    batch = frame(spark, [event(1, name="one"), event(3, name="three"), event(10), event(11)])
-    result = merge_batch(batch, path, keys=["id"], app_id="merge", batch_id=0)
-    assert (result.skipped, result.rows, result.updated) == (False, 2, 2)
-    got = {r["id"]: r["name"] for r in read_arrow(path).to_pylist()}
-    assert got == {0: "n0", 1: "one", 2: "n2", 3: "three", 10: "n10", 11: "n11"}
-    updated = next(r for r in read_arrow(path).to_pylist() if r["id"] == 3)
-    assert updated == {**event(3, name="three"), "props": [("k", "3")]}
-    # Files written by delta-rs's merge read back the same through Spark.
-    assert spark_rows(read_table(spark, path)) == arrow_as_spark_rows(read_arrow(path))
-    # The same batch id again is a no-op, even with other content.
-    version = DeltaTable(str(path)).version()
-    replay = merge_batch(
-        frame(spark, [event(1, name="uno")]), path, keys=["id"], app_id="merge", batch_id=0
-    )
-    assert replay.skipped and DeltaTable(str(path)).version() == version
-    assert committed_batch(path, "merge") == 0
-    assert {r["id"]: r["name"] for r in read_arrow(path).to_pylist()}[1] == "one"
-    with pytest.raises(ValueError, match="duplicate keys"):
-        merge_batch(
-            frame(spark, [event(5), event(5)]), path, keys=["id"], app_id="merge", batch_id=1
-        )
-
-
 def test_merge_arrow_rewrites_only_the_files_with_matched_keys(tmp_path: Path) -> None:
     path = tmp_path / "events"
     create_table(path, EVENTS)
@@ -463,88 +437,6 @@ def bronze(spark: SparkSession, rows: list[dict[str, Any]]) -> DataFrame:
     return spark.createDataFrame(pa.Table.from_pylist(rows, schema=BRONZE))
 
 
-def test_insert_if_absent_dedups_bronze(spark: SparkSession, tmp_path: Path) -> None:
-    path = tmp_path / "bronze"
-    create_table(path, BRONZE)
-
-    first = merge_batch(
-        bronze(spark, [msg("a", 0, 0), msg("b", 1, 0), msg("b", 1, 0)]),
-        path,
-        keys=["msg_key"],
-        app_id="bronze",
-        batch_id=0,
-        mode="insert_if_absent",
-    )
-    assert first.rows == 2
-    # Redelivered a and b (new offsets) plus a new c: only c lands.
-    second = merge_batch(
-        bronze(spark, [msg("a", 5, 1), msg("c", 6, 1), msg("b", 7, 1)]),
-        path,
-        keys=["msg_key"],
-        app_id="bronze",
-        batch_id=1,
-        mode="insert_if_absent",
-    )
-    assert (second.skipped, second.rows) == (False, 1)
-    rows = sorted((r["msg_key"], r["offset"], r["batch_id"]) for r in read_arrow(path).to_pylist())
-    assert rows == [("a", 0, 0), ("b", 1, 0), ("c", 6, 1)]
-    # A batch of only duplicates still records its batch id, with no data file.
-    files = set(DeltaTable(str(path)).file_uris())
-    third = merge_batch(
-        bronze(spark, [msg("c", 6, 2)]),
-        path,
-        keys=["msg_key"],
-        app_id="bronze",
-        batch_id=2,
-        mode="insert_if_absent",
-    )
-    assert (third.skipped, third.rows, third.files_added) == (False, 0, 0)
-    assert set(DeltaTable(str(path)).file_uris()) == files
-    assert committed_batch(path, "bronze") == 2
-
-
-def test_overwrite_range_replaces_exactly_the_range(spark: SparkSession, tmp_path: Path) -> None:
-    path = tmp_path / "events"
-    create_table(path, EVENTS, partition_by=["day"])
-    rows = [event(i, day=1 + i % 3) for i in range(12)]
-    append_batch(frame(spark, rows), path, app_id="load", batch_id=0)
-    start, end = "2024-05-01 12:00:03", "2024-05-01 12:00:07"
-    predicate = f"ts >= TIMESTAMP'{start}' AND ts < TIMESTAMP'{end}'"
-    replacement = [event(i, name=f"new{i}", day=2) for i in (3, 5)] + [
-        event(40, name="new40", day=1)
-    ]
-    replacement[-1]["ts"] = datetime(2024, 5, 1, 12, 0, 6, tzinfo=UTC)
-    result = overwrite_range(
-        frame(spark, replacement), path, predicate=predicate, app_id="backfill", batch_id=0
-    )
-    assert not result.skipped and result.files_removed > 0
-    got = {(r["id"], r["name"], r["day"]) for r in read_arrow(path).to_pylist()}
-    kept = {(i, f"n{i}", date(2024, 5, 1 + i % 3)) for i in range(12) if not 3 <= i < 7}
-    new = {
-        (3, "new3", date(2024, 5, 2)),
-        (5, "new5", date(2024, 5, 2)),
-        (40, "new40", date(2024, 5, 1)),
-    }
-    assert got == kept | new
-    # Idempotent per batch id: a rerun changes nothing.
-    version = DeltaTable(str(path)).version()
-    again = overwrite_range(
-        frame(spark, replacement), path, predicate=predicate, app_id="backfill", batch_id=0
-    )
-    assert again.skipped and DeltaTable(str(path)).version() == version
-    # Rows outside the predicate are refused before anything is written.
-    files = data_files(path)
-    with pytest.raises(ValueError, match="outside the predicate"):
-        overwrite_range(
-            frame(spark, [event(30)]), path, predicate=predicate, app_id="backfill", batch_id=1
-        )
-    assert data_files(path) == files
-    # The Spark reader and polars agree with read_arrow on the partitioned table.
-    assert {(r["id"], r["name"], r["day"]) for r in spark_rows(read_table(spark, path))} == got
-    pl_rows = pl.read_delta(str(path)).select("id", "name", "day").rows()
-    assert set(pl_rows) == got
-
-
 def test_partitioned_append_and_readers(spark: SparkSession, tmp_path: Path) -> None:
     path = tmp_path / "events"
     schema = pa.schema([*EVENTS, pa.field("site", pa.string())])
@@ -566,51 +458,15 @@ def test_partitioned_append_and_readers(spark: SparkSession, tmp_path: Path) -> 
         .to_pylist()
     )
     assert set(add_values) == {"a b", "c:d", None}
-    # Overwrite the rows of site "a b" on May 1st: the old files must leave the log.
-    new_rows = [{**event(100, day=1), "site": "a b"}]
-    overwrite_range(
-        spark.createDataFrame(pa.Table.from_pylist(new_rows, schema=schema)),
-        path,
-        predicate="site = 'a b' AND day = DATE'2024-05-01'",
-        app_id="fix",
-        batch_id=0,
-    )
-    after = {(r["id"], r["site"], r["day"]) for r in read_arrow(path).to_pylist()}
-    assert after == (expected - {(0, "a b", date(2024, 5, 1)), (6, "a b", date(2024, 5, 1))}) | {
-        (100, "a b", date(2024, 5, 1))
-    }
-    files = DeltaTable(str(path)).file_uris()
-    assert len(pq.read_table(files, columns=["id"], partitioning=None)) == len(after)
-    assert {(r["id"], r["site"], r["day"]) for r in spark_rows(read_table(spark, path))} == after
-
-
-def test_insert_if_absent_within_a_range_prunes_files(spark: SparkSession, tmp_path: Path) -> None:
-    path = tmp_path / "bronze"
-    create_table(path, BRONZE)
-    for b, keys in enumerate([("a", "b"), ("c", "d")]):
-        rows = [msg(k, 30 * b + i, b) for i, k in enumerate(keys)]
-        append_batch(bronze(spark, rows), path, app_id="load", batch_id=b)
+    # Delta's own batch read (the backfill's), each row traced to its live file.
     dt = snapshot.load(path)
-    live = live_files(dt)
-    kept = prune_files(dt, live, "received_at", ts(25), ts(40))
-    assert 0 < len(kept) < len(live)
-    assert sorted(pq.read_table([f.local_path for f in kept]).column("msg_key").to_pylist()) == [
-        "c",
-        "d",
-    ]
-    # Keys are only compared within the range: "c" is a duplicate, the old "a" is not seen.
-    result = merge_batch(
-        bronze(spark, [msg("a", 50, 2), msg("c", 51, 2)]),
-        path,
-        keys=["msg_key"],
-        app_id="bronze",
-        batch_id=2,
-        mode="insert_if_absent",
-        target_range=("received_at", ts(25), ts(59)),
-    )
-    assert result.rows == 1
-    got = sorted((r["msg_key"], r["offset"]) for r in read_arrow(path).to_pylist())
-    assert got == [("a", 0), ("a", 50), ("b", 1), ("c", 30), ("d", 31)]
+    keys = file_keys(spark, live_files(dt))
+    traced = read_delta(spark, path, with_file=True).select("id", "site", "day", FILE_COL)
+    by_file = {(r[0], r[1], r[2]): keys[r[3]] for r in traced.collect()}
+    assert set(by_file) == expected
+    for (_, site, day), f in by_file.items():
+        assert f.partition_values == {"site": site, "day": str(day)}
+    assert len(keys) == len(dt.files) == len({f.delta_path for f in by_file.values()})
 
 
 def test_writer_options_reach_parquet(spark: SparkSession, tmp_path: Path) -> None:
@@ -651,38 +507,6 @@ def test_create_table_is_idempotent_and_checks_schema(tmp_path: Path) -> None:
     with pytest.raises(ValueError, match="only string, integer, date and boolean"):
         create_table(tmp_path / "t2", BRONZE, partition_by=["received_at"])
 
-
-def test_overwrite_range_unpartitioned_with_stats_pruning(
-    spark: SparkSession, tmp_path: Path
-) -> None:
-    path = tmp_path / "events"
-    create_table(path, EVENTS)
-    for b in range(3):  # three commits with disjoint id ranges: separate files
-        append_batch(
-            frame(spark, [event(10 * b + i) for i in range(5)]), path, app_id="load", batch_id=b
-        )
-    dt = snapshot.load(path)
-    assert len(prune_files(dt, live_files(dt), "id", 10, 14)) < len(live_files(dt))
-    result = overwrite_range(
-        frame(spark, [event(11, name="x"), event(12, name="y")]),
-        path,
-        predicate="id BETWEEN 10 AND 14",
-        within=("id", 10, 14),
-        app_id="fix",
-        batch_id=0,
-    )
-    assert not result.skipped
-    got = sorted((r["id"], r["name"]) for r in read_arrow(path).to_pylist())
-    assert got == [(i, f"n{i}") for i in range(5)] + [(11, "x"), (12, "y")] + [
-        (i, f"n{i}") for i in range(20, 25)
-    ]
-    assert sorted((r["id"], r["name"]) for r in spark_rows(read_table(spark, path))) == got
-
-
-# ---------------------------------------------------------------------------
-# Large values and absent footer statistics (issue 8). parquet-mr 1.17 (Spark
-# 4.3) writes no statistics at all, not even a null count, for a column chunk
-# whose min and max exceed 4 KB together; QMF bodies reach ~94 KB.
 
 SIZES = (100, 5_000, 100_000, 1_000_000)
 BLOBS = pa.schema(
@@ -800,85 +624,6 @@ def test_large_binary_append_round_trip(spark: SparkSession, tmp_path: Path) -> 
     assert committed_batch(path, "load") == len(batches) - 1
 
 
-def test_large_binary_insert_if_absent(spark: SparkSession, tmp_path: Path) -> None:
-    path = tmp_path / "blobs"
-    create_table(path, BLOBS)
-    first = [blob_row(i, SIZES[i % 4]) for i in range(8)]
-    r0 = merge_batch(
-        blob_frame(spark, first),
-        path,
-        keys=["id"],
-        app_id="in",
-        batch_id=0,
-        mode="insert_if_absent",
-    )
-    assert (r0.skipped, r0.rows) == (False, 8)
-    # ids 4..7 again with other sizes and notes (dropped), 8..11 new, 12 twice in the batch.
-    second = [blob_row(i, SIZES[(i + 1) % 4], note="again") for i in range(4, 12)]
-    second += [blob_row(12, 1_000_000, note="twice"), blob_row(12, 1_000_000, note="twice")]
-    r1 = merge_batch(
-        blob_frame(spark, second),
-        path,
-        keys=["id"],
-        app_id="in",
-        batch_id=1,
-        mode="insert_if_absent",
-        target_range=("id", 0, 100),
-    )
-    assert (r1.skipped, r1.rows) == (False, 5)
-    assert_blobs(spark, path, first + second[4:9])
-    # delta-spark's writer counts nulls of binary columns too (no min/max for them).
-    for version in (1, 2):
-        for add in commit_adds(path, version):
-            assert sorted(add["stats"]["nullCount"]) == ["body", "id", "note"]
-            assert sorted(add["stats"]["minValues"]) == ["id", "note"]
-
-
-def test_large_binary_upsert(spark: SparkSession, tmp_path: Path) -> None:
-    path = tmp_path / "blobs"
-    create_table(path, BLOBS)
-    base = [blob_row(i, SIZES[i % 4]) for i in range(8)]
-    append_batch(blob_frame(spark, base), path, app_id="load", batch_id=0)
-    assert all(no_body_stats(path, a["path"]) for a in commit_adds(path, 1))
-    # ids 0..3 change size (100 B <-> 1 MB, 5 KB <-> 100 KB), 20..23 are new.
-    changes = [blob_row(i, SIZES[3 - i % 4], note="upd") for i in range(4)]
-    changes += [blob_row(20 + j, size, note="new") for j, size in enumerate(SIZES)]
-    result = merge_batch(blob_frame(spark, changes), path, keys=["id"], app_id="up", batch_id=0)
-    assert (result.skipped, result.rows, result.updated) == (False, 4, 4)
-    assert_blobs(spark, path, changes + base[4:])
-    # The same batch id again is a no-op.
-    again = merge_batch(blob_frame(spark, base[:1]), path, keys=["id"], app_id="up", batch_id=0)
-    assert again.skipped
-    assert_blobs(spark, path, changes + base[4:])
-
-
-def test_large_binary_overwrite_range(spark: SparkSession, tmp_path: Path) -> None:
-    path = tmp_path / "blobs"
-    create_table(path, BLOBS)
-    base = [blob_row(i, SIZES[i % 4]) for i in range(8)]
-    append_batch(blob_frame(spark, base).coalesce(1), path, app_id="load", batch_id=0)
-    extra = [blob_row(30 + j, size) for j, size in enumerate(SIZES)]
-    append_batch(blob_frame(spark, extra).coalesce(1), path, app_id="load", batch_id=1)
-    replacement = [blob_row(i, SIZES[3 - i % 4], note="new") for i in (2, 3, 5)]
-    result = overwrite_range(
-        blob_frame(spark, replacement),
-        path,
-        predicate="id BETWEEN 2 AND 5",
-        within=("id", 2, 5),
-        app_id="fix",
-        batch_id=0,
-    )
-    # Only the first file held ids 2..5 (the second is skipped by its id stats).
-    assert (result.skipped, result.files_removed) == (False, 1)
-    kept = [r for r in base if r["id"] not in (2, 3, 4, 5)]
-    assert_blobs(spark, path, kept + replacement + extra)
-    # delta-spark's writer takes the stats from the rows, not the footers.
-    adds = commit_adds(path, 3)
-    assert sum(a["stats"]["numRecords"] for a in adds) == 7
-    for add in adds:
-        assert add["stats"]["nullCount"] == {"id": 0, "body": 0, "note": 0}
-
-
 def test_spark_file_without_statistics_commits(spark: SparkSession, tmp_path: Path) -> None:
     """The defect of issue 8: such a file used to be refused for lack of a null count."""
     path = tmp_path / "blobs"
@@ -946,25 +691,6 @@ def test_real_null_refused_without_statistics(spark: SparkSession, tmp_path: Pat
     before = data_files(path)
     writes: list[Callable[[], object]] = [
         lambda: append_batch(blob_frame(spark, rows, nullable), path, app_id="a", batch_id=0),
-        lambda: merge_batch(
-            blob_frame(spark, rows, nullable), path, keys=["id"], app_id="m", batch_id=0
-        ),
-        lambda: merge_batch(
-            blob_frame(spark, rows, nullable),
-            path,
-            keys=["id"],
-            app_id="i",
-            batch_id=0,
-            mode="insert_if_absent",
-        ),
-        lambda: overwrite_range(
-            blob_frame(spark, rows, nullable),
-            path,
-            predicate="id < 10",
-            app_id="o",
-            batch_id=0,
-            check_batch=False,
-        ),
     ]
     for write in writes:
         with pytest.raises(SchemaMismatchError, match="null in non-nullable column 'body'"):
@@ -1008,8 +734,7 @@ def test_long_strings_have_no_stats_and_are_never_skipped(
     spark: SparkSession, tmp_path: Path
 ) -> None:
     """MAX_STAT_STRING_BYTES counts bytes: 64 get stats, 65 none; files
-    without stats are kept by prune_files, overwrite_range(within=) and
-    insert_if_absent(target_range=)."""
+    without stats are kept by prune_files."""
     assert MAX_STAT_STRING_BYTES == 64
     path = tmp_path / "names"
     create_table(path, NAMES)
@@ -1041,48 +766,6 @@ def test_long_strings_have_no_stats_and_are_never_skipped(
     dt = snapshot.load(path)
     kept = prune_files(dt, live_files(dt), "name", "c", "d")
     assert sorted(f.delta_path for f in kept) == sorted([files[1], files[3]])
-    # Replace the "c..." row (in a file without name stats) through within=.
-    result = overwrite_range(
-        spark.createDataFrame(pa.Table.from_pylist([{"id": 20, "name": "c" * 70}], schema=NAMES)),
-        path,
-        predicate="name >= 'c' AND name < 'd'",
-        within=("name", "c", "d"),
-        app_id="fix",
-        batch_id=0,
-    )
-    assert (result.files_removed, result.rows) == (1, 1)
-    rows = [r for r in rows if r["id"] != 2] + [{"id": 20, "name": "c" * 70}]
-    # The longer "é" name lives in a file without stats: still found as a duplicate.
-    dup = merge_batch(
-        spark.createDataFrame(
-            pa.Table.from_pylist(
-                [
-                    {"id": 30, "name": "é" * 33},
-                    {"id": 31, "name": "é" * 32},
-                    {"id": 32, "name": "ê"},
-                ],
-                schema=NAMES,
-            )
-        ),
-        path,
-        keys=["name"],
-        app_id="dedup",
-        batch_id=0,
-        mode="insert_if_absent",
-        target_range=("name", "é", "ê"),
-    )
-    assert dup.rows == 1
-    rows.append({"id": 32, "name": "ê"})
-    # delta-rs's merge finds a key whose file has no name stats, too.
-    up = merge_batch(
-        spark.createDataFrame(pa.Table.from_pylist([{"id": 40, "name": "é" * 33}], schema=NAMES)),
-        path,
-        keys=["name"],
-        app_id="up",
-        batch_id=0,
-    )
-    assert (up.rows, up.updated) == (0, 1)
-    rows = [r for r in rows if r["name"] != "é" * 33] + [{"id": 40, "name": "é" * 33}]
     want = sorted((r["id"], r["name"]) for r in rows)
     assert sorted((r["id"], r["name"]) for r in read_arrow(path).to_pylist()) == want
     assert sorted((r["id"], r["name"]) for r in read_table(spark, path).collect()) == want

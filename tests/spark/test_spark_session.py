@@ -33,11 +33,25 @@ def test_test_session_settings(spark: SparkSession) -> None:
     assert spark.conf.get("spark.databricks.delta.snapshotPartitions") == "2"
 
 
-def test_local_cores_of_a_master() -> None:
-    from pipeline.spark import _local_cores
+def test_cores_of_a_master() -> None:
+    from pipeline.spark import _master_cores
 
-    assert [_local_cores(m) for m in ("local[2]", "local", "local[3,4]")] == [2, 1, 3]
-    assert _local_cores("local[*]") == (os.cpu_count() or 1)
+    masters = ("local[2]", "local", "local[3,4]", "local-cluster[2,1,1024]", "spark://h:7077")
+    assert [_master_cores(m) for m in masters] == [2, 1, 3, 2, None]
+    assert _master_cores("local[*]") == (os.cpu_count() or 1)
+
+
+def test_a_master_given_to_spark_submit_sizes_delta_state_too(spark: SparkSession) -> None:
+    """The session's own master counts, however it was given; a value set stays."""
+    from pipeline.spark import DELTA_STATE_PARTITIONS, size_delta_state
+
+    other = spark.newSession()
+    other.conf.unset(DELTA_STATE_PARTITIONS)
+    size_delta_state(other)
+    assert other.conf.get(DELTA_STATE_PARTITIONS) == "2"  # the suite's local[2]
+    other.conf.set(DELTA_STATE_PARTITIONS, "7")
+    size_delta_state(other)
+    assert other.conf.get(DELTA_STATE_PARTITIONS) == "7"
 
 
 def test_a_launched_driver_jvm_compiles_with_c1_unless_a_notebook_asks(
