@@ -1159,7 +1159,7 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     ap.add_argument("--tasks-per-core", type=int, default=1,
                     help="silver's units per core (SilverSettings.tasks_per_core)")  # fmt: skip
     ap.add_argument("--starting-version", type=int, default=None,
-                    help="silver's Delta startingVersion (default: none, bronze's snapshot first)")  # fmt: skip
+                    help="the streams' Delta startingVersion (silver: bronze; gold: both silver tables); default none: the table's snapshot first, then its commits")  # fmt: skip
     ap.add_argument("--no-warm-stream", action="store_true",
                     help="measure each session's first stream (no warm-up pass)")  # fmt: skip
     ap.add_argument("--no-jobs", action="store_true",

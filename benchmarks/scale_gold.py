@@ -126,6 +126,11 @@ def child_gold(cfg: dict[str, Any]) -> dict[str, Any]:
         max_files_per_trigger=cfg["per_batch"],
         max_bytes_per_trigger=None, trigger="availableNow",
     )  # fmt: skip
+    if cfg.get("starting_version") is not None:
+        v = cfg["starting_version"]
+        settings = dataclasses.replace(
+            settings, starting_versions={"object_samples": v, "heartbeats": v}
+        )
     if cfg.get("keep_mib") is not None:
         settings = dataclasses.replace(settings, keep_mib=cfg["keep_mib"])
     warmed = 0.0
@@ -421,6 +426,7 @@ def run(args: Any, work: Path) -> dict[str, Any]:
             "run": str(work / "runs" / label), "result": str(work / "runs" / f"{label}.json"),
             "timeout": args.timeout, "per_batch": n, "rate_buckets": args.gold_rate_buckets,
             "warm_stream": not args.no_warm_stream, "keep_mib": args.gold_keep_mib,
+            "starting_version": args.starting_version,
         }  # fmt: skip
         res = run_child(cfg)
         shutil.rmtree(cfg["run"], ignore_errors=True)
