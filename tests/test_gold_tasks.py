@@ -18,6 +18,7 @@ from pipeline.cli import main as qmf
 from pipeline.codec.capture import read_capture
 from pipeline.gold import GoldBatchWriter, GoldSettings
 from pipeline.gold import tasks as gt
+from pipeline.gold.fold import fold_lifecycles
 from pipeline.gold.tasks import (
     KEPT,
     STATE_TABLES,
@@ -28,11 +29,12 @@ from pipeline.gold.tasks import (
     read_units,
     series_file,
 )
+from pipeline.gold.transforms import conform, frame
 from pipeline.gold.writer import ORDER
 from pipeline.lake import delta
 from pipeline.lake.files import DataFile
 from pipeline.silver import SilverBatchWriter, SilverSettings, bronze_rows
-from schemas.gold import GOLD_TABLES
+from schemas.gold import GOLD_TABLES, OBJECT_LIFECYCLES
 
 Units = list[tuple[str, DataFile]]
 
@@ -411,9 +413,13 @@ def test_the_plan_takes_the_tables_latest_times_from_what_the_tasks_wrote(
         plan = w.timed_plan(w.plan_tasks(batch_id, 2, shuffle=False), 0, 0)
         outs = [compute(b, plan, direct=units) for b in range(2)]
         w.commit_tasks(plan, outs)
-    # The registry did not change between the batches; the lifecycle state is read back
-    # once per batch, by the fold (object_lifecycles: across buckets, on the driver).
-    assert reads == ["schema_registry", "lifecycle_state", "lifecycle_state"]
+    # The registry did not change between the batches; the fold (object_lifecycles: across
+    # buckets, on the driver) is made from the tasks' lifecycle files, no table read back.
+    assert reads == ["schema_registry"]
+    fold = read_arrow(gs.path("object_lifecycles")).to_pylist()  # not counted
+    lifecycles = frame(read_arrow(gs.path("lifecycle_state")))
+    want_fold = conform(fold_lifecycles(lifecycles), OBJECT_LIFECYCLES).to_pylist()
+    assert fold and sorted(map(repr, fold)) == sorted(map(repr, want_fold))
     state, liveness = gs.path("rate_state"), gs.path("agent_liveness")
     want = {"rate_state": gt.column_max(state, "update_ns"),
             "agent_liveness": gt.column_max(liveness, "last_heartbeat_ns")}  # fmt: skip
@@ -433,7 +439,7 @@ def test_the_plan_takes_the_tables_latest_times_from_what_the_tasks_wrote(
     assert w.table_top("rate_state") == -1
     assert not delta.commit_staged(gs.silver_path("schema_registry"), [], app_id="other", batch_id=0).skipped
     w.registry_ipc()
-    assert reads == ["schema_registry", "lifecycle_state", "lifecycle_state", "schema_registry"]
+    assert reads == ["schema_registry", "schema_registry"]
 
 
 def test_a_batch_is_known_done_from_the_writers_own_commit_until_another_lands(

@@ -91,10 +91,11 @@ LIVENESS_KEYS = ("agent", "up_start_ns")
 # The task path's commits, in order: the rate state last (a batch's completion mark).
 ORDER = ("statistic_rates", "lifecycle_state", "object_lifecycles", "agent_liveness", "rate_state")
 # ... as groups whose tables are committed at once (``transaction.concurrently``): the
-# fold (``object_lifecycles``) reads ``lifecycle_state`` as committed, the rate state ends.
+# fold (``object_lifecycles``) is made from the tasks' ``lifecycle_state`` files before
+# they are committed (the whole new state: each bucket writes all of its rows), so it
+# commits beside them; the rate state ends.
 COMMIT_GROUPS = (
-    ("statistic_rates", "lifecycle_state", "agent_liveness"),
-    ("object_lifecycles",),
+    ("statistic_rates", "lifecycle_state", "object_lifecycles", "agent_liveness"),
     ("rate_state",),
 )
 COMPUTE_MODES = ("auto", "tasks", "driver")
@@ -209,6 +210,14 @@ def replace_fold(
         state = frame(delta.read_arrow(os.path.join(root, "lifecycle_state")))
     folded = conform(fold_lifecycles(state), OBJECT_LIFECYCLES)
     return delta.replace_arrow(folded, path, app_id=app_id, batch_id=batch_id)
+
+
+def staged_state(files: Sequence[delta.DataFileInfo]) -> pl.DataFrame:
+    """The lifecycle state the tasks wrote for a batch (its files, not committed yet)."""
+    import pyarrow.parquet as pq
+
+    tables = [pq.read_table(f.location).cast(LIFECYCLE_STATE) for f in files]
+    return frame(pa.concat_tables(tables) if tables else LIFECYCLE_STATE.empty_table())
 
 
 def gold_input(samples: DataFrame, heartbeats: DataFrame) -> DataFrame:
@@ -530,10 +539,17 @@ class GoldBatchWriter:
         s, aid, batch_id = self.settings, self.app_id, plan.batch_id
         report = GoldReport(batch_id, compute_on="tasks", tasks=len(outs))
         tops = gt.output_tops(outs)
+        # Read before any commit: a replayed lifecycle_state commit deletes its files.
+        folding = delta.committed_batch(s.path("object_lifecycles"), aid) != batch_id
+        lifecycles = [f for o in outs for f in o.files.get("lifecycle_state", ())]
+        state = staged_state(lifecycles) if folding else None
+
         def commit(name: str) -> Callable[[], delta.CommitResult]:
             tfiles = [f for o in outs for f in o.files.get(name, ())]
             if name == "object_lifecycles":
-                return lambda: self.write_fold(None, batch_id)
+                if state is None:
+                    return lambda: delta.CommitResult(skipped=True, version=None)
+                return lambda: self.write_fold(state, batch_id)
             if name == "rate_state":
                 return lambda: self.write_state_files(tfiles, batch_id)
             return lambda: delta.commit_staged(
