@@ -497,15 +497,15 @@ def run(args: argparse.Namespace) -> int:
         with ProgressDisplay() as display:
             while not stop.is_set() and query.isActive and all(q.isActive for q in downstream):
                 now = time.monotonic()
-                if deadline is not None and now >= deadline and (
-                    sim is None or sim.poll() is not None
-                ):
-                    break
-                if now >= next_line:
+                if now >= next_line:  # before the deadline's check: a run shows one at least
                     landed, done = _landed(landing), _processed(query.lastProgress)
                     counts = _table_counts(data)
                     display.update(progress_stats(now - t0, landed, done, counts, rates))
                     next_line = now + args.progress
+                if deadline is not None and now >= deadline and (
+                    sim is None or sim.poll() is not None
+                ):
+                    break
                 time.sleep(0.5)
         if sim is not None and sim.poll() is None:
             sim.terminate()

@@ -329,7 +329,8 @@ def test_bronze_job_killed_twice_then_restarted(tmp_path: Path) -> None:
     assert final.returncode == 0, final.stderr[-4000:]
 
     commits = sorted(b for _app, b, _v in delta.app_transactions(table))
-    assert commits == list(range(len(commits))) and commits[-1] > killed_at
+    # The last kill may land after the job's last commit (the restart then commits nothing).
+    assert commits == list(range(len(commits))) and commits[-1] >= killed_at
     # What killed attempts wrote and did not commit went with their batches' replays.
     assert stray_files(table) == []
     out = delta.read_arrow(table)
