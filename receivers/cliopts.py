@@ -111,6 +111,13 @@ def add_subscription_args(p: argparse.ArgumentParser) -> None:
     )
     g.add_argument("--flush-ms", type=float, default=50.0, help="... or after T ms in hand (50)")
     g.add_argument(
+        "--stop-timeout",
+        type=float,
+        default=10.0,
+        help="on a stop, wait this long for the broker to confirm the close (10 s); what it"
+        " has not confirmed by then is sealed as in doubt",
+    )
+    g.add_argument(
         "--max-connect-attempts",
         type=int,
         default=None,
@@ -178,4 +185,5 @@ def receiver_config(args: argparse.Namespace) -> ReceiverConfig:
         flush_count=args.flush_count,
         flush_ms=args.flush_ms,
         max_connect_attempts=args.max_connect_attempts,
+        stop_timeout_s=args.stop_timeout,
     )

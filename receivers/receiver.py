@@ -496,6 +496,8 @@ class ReceiverConfig:
     def __post_init__(self) -> None:
         if self.credit_window < 1 or self.flush_count < 1 or self.flush_ms <= 0:
             raise ConfigError("credit_window, flush_count and flush_ms must be positive")
+        if self.stop_timeout_s <= 0:
+            raise ConfigError("stop_timeout_s must be positive")
         subscriptions(self.preset, bindings=self.bindings, queue=self.queue, sources=self.sources)
 
     def subscriptions(self) -> list[Subscription]:
@@ -1318,18 +1320,18 @@ class QmfReceiver:
         """How the last stop ended the connection: whether the broker confirmed it."""
         return self._close_note
 
-    def _close_in_order(self, c: Container, conn: Connection | None, deadline: float) -> bool:
+    def _close_in_order(self, c: Container, conn: Connection | None, deadline: float) -> str | None:
         """End the sessions, then close the connection, each on the broker's answer.
 
-        True once the broker has answered both. A broker handles a session's frames
-        in order and answers its ``end`` after the dispositions sent before it
-        (RabbitMQ 3.10 acks each of them to its queue first), so the answer means
-        every settlement arrived. Closing the connection right after the last
-        dispositions leaves the broker to tear the session down with them perhaps
-        unread: those messages would come again to the next receiver.
+        None once the broker has answered both, else what it left unanswered. A broker
+        handles a session's frames in order and answers its ``end`` after the
+        dispositions sent before it (RabbitMQ 3.10 acks each of them to its queue
+        first), so the answer means every settlement arrived. Closing the connection
+        right after the last dispositions leaves the broker to tear the session down
+        with them perhaps unread: those messages would come again to the next receiver.
         """
         if conn is None or not (conn.state & Endpoint.LOCAL_ACTIVE) or conn.transport is None:
-            return False
+            return "no open connection"
         sessions: list[Session] = []
         ssn = conn.session_head(Endpoint.LOCAL_ACTIVE)
         while ssn is not None:
@@ -1344,7 +1346,14 @@ class QmfReceiver:
         closed = self._process_until(
             c, conn, lambda: bool(conn.state & Endpoint.REMOTE_CLOSED), deadline
         )
-        return ended and closed
+        if ended and closed:
+            return None
+        open_ends = sum(1 for s in sessions if not s.state & Endpoint.REMOTE_CLOSED)
+        unanswered = [f"{open_ends} session ends"] if open_ends else []
+        if not closed:
+            unanswered.append("the connection close")
+        gone = "; the transport went" if conn.transport is None else ""
+        return f"unanswered: {' and '.join(unanswered)}{gone}"
 
     @staticmethod
     def _process_until(
@@ -1371,12 +1380,13 @@ class QmfReceiver:
             self._stopped_receiving = True
             deadline = time.monotonic() + self.config.stop_timeout_s
             if c is not None:
-                confirmed = False
+                unconfirmed: str | None = "the close failed"
+                t_close = time.monotonic()
                 try:
-                    confirmed = self._close_in_order(c, self._conn, deadline)
+                    unconfirmed = self._close_in_order(c, self._conn, deadline)
                 except Exception as exc:  # a broken transport: the broker keeps what it lacks
                     log.warning("closing the connection failed: %s", exc)
-                if confirmed:
+                if unconfirmed is None:
                     # The broker ended the session after every disposition we sent.
                     self._advance_marker(grace_s=0.0, force=True)
                     self._close_note = "the broker confirmed every settlement"
@@ -1384,7 +1394,8 @@ class QmfReceiver:
                     # As for a lost connection: what was settled lately is in doubt too.
                     self._reseal()
                     self._close_note = (
-                        f"the broker did not confirm the close within {self.config.stop_timeout_s} s:"
+                        f"the broker did not confirm the close within {self.config.stop_timeout_s} s"
+                        f" ({unconfirmed} after {time.monotonic() - t_close:.1f} s):"
                         " what landed since the settle marker, and what was settled in the"
                         f" last {LOST_DOUBT_S:.0f} s, is sealed as in doubt"
                     )
