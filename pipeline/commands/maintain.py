@@ -32,6 +32,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="size of compacted files (default 128 MiB)")
     p.add_argument("--min-files", type=int, default=None,
                    help="compact a table only with at least this many small files (default 10)")
+    p.add_argument("--parallel", type=int, default=None,
+                   help="tables maintained at once (default 2)")
     p.add_argument("--no-compact", action="store_true", help="vacuum only")
     p.add_argument("--no-vacuum", action="store_true", help="compact only")
     p.add_argument("--dry-run", action="store_true", help="report, change nothing")  # fmt: skip
@@ -56,7 +58,8 @@ def run(args: argparse.Namespace) -> int:
     )
 
     logging.basicConfig(level=logging.WARNING)
-    given = {k: getattr(args, k) for k in ("retention_hours", "target_size", "min_files")}
+    options = ("retention_hours", "target_size", "min_files", "parallel")
+    given = {k: getattr(args, k) for k in options}
     settings = MaintainSettings(
         dry_run=args.dry_run, compact=not args.no_compact, vacuum=not args.no_vacuum,
         **{k: v for k, v in given.items() if v is not None},

@@ -192,16 +192,24 @@ def test_command_dry_run_changes_nothing_then_the_job_compacts(
 def test_periodic_maintenance_runs_in_the_background(sim_lake: Lake, tmp_path: Path) -> None:
     from pipeline.lake.maintain import PeriodicMaintenance
 
-    lake = copy_lake(sim_lake, tmp_path / "lake")
-    rows = _rows(lake.bronze)
-    periodic = PeriodicMaintenance(lake.root, 0.2, NOW).start()
+    # A data folder of bronze alone: what a pass does to every table is the first test's.
+    import shutil
+
+    root = tmp_path / "lake"
+    shutil.copytree(sim_lake.bronze, root / "bronze")
+    rows = _rows(root / "bronze")
+    periodic = PeriodicMaintenance(root, 0.2, NOW).start()
     deadline = time.monotonic() + 120
     while len(periodic.runs) < 2 and time.monotonic() < deadline:
         time.sleep(0.1)
     periodic.stop()
     assert len(periodic.runs) >= 2
-    assert _live(lake.bronze) == 1 and _rows(lake.bronze) == rows
-    assert not PeriodicMaintenance(lake.root, 0).start()._thread.is_alive()  # 0: disabled
+    assert [[r.path for r in run] for run in periodic.runs[:2]] == [[str(root / "bronze")]] * 2
+    first, second = periodic.runs[0][0], periodic.runs[1][0]
+    assert (first.files_before, first.files_after) == (4, 1), first.line()
+    assert (second.files_before, second.files_after) == (1, 1), second.line()
+    assert _live(root / "bronze") == 1 and _rows(root / "bronze") == rows
+    assert not PeriodicMaintenance(root, 0).start()._thread.is_alive()  # 0: disabled
 
 
 # --------------------------------------------------------------------------- 2
