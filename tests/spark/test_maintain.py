@@ -190,10 +190,10 @@ def test_command_dry_run_changes_nothing_then_the_job_compacts(
 
 
 def test_periodic_maintenance_runs_in_the_background(sim_lake: Lake, tmp_path: Path) -> None:
-    from pipeline.lake.maintain import PeriodicMaintenance
-
     # A data folder of bronze alone: what a pass does to every table is the first test's.
     import shutil
+
+    from pipeline.lake.maintain import PeriodicMaintenance
 
     root = tmp_path / "lake"
     shutil.copytree(sim_lake.bronze, root / "bronze")
