@@ -316,6 +316,13 @@ def get_spark(
         key = f"spark.executorEnv.{var}"
         if key not in options and key not in existing:
             options[key] = value
+    # Object storage (s3a://): the store's endpoint, region and addressing from the
+    # standard variables (pipeline.lake.storage); credentials stay with S3A's own chain.
+    from pipeline.lake.storage import S3Settings
+
+    for key, value in S3Settings.from_env().spark_conf().items():
+        if key not in options and key not in existing:
+            options[key] = value
     # delta-spark: its JARs (checked against jars.lock), SQL extension and catalog.
     options.update(delta_conf({**existing, **options}))
     if logged is not None:

@@ -7,6 +7,8 @@
 # Usage: bash tools/setup.sh             # as above, from requirements.lock
 #        bash tools/setup.sh --jupyter   # and JupyterLab, from requirements-jupyter.lock
 #                                        # (kept in step by later runs once installed)
+#        bash tools/setup.sh --s3-server # and the S3 server the tests start (versitygw,
+#                                        # built from its public sources with Go; tools/test.sh)
 #
 # Environment:
 #   PYTHON=/path/to/python3.11+   interpreter for .venv (default: python3)
@@ -19,9 +21,11 @@ log() { echo "setup: $*"; }
 die() { echo "setup: ERROR: $*" >&2; exit 1; }
 
 jupyter=""
+s3_server=""
 for arg in "$@"; do
   case "$arg" in
     --jupyter) jupyter=1 ;;
+    --s3-server) s3_server=1 ;;
     -h|--help) awk 'NR > 1 && !/^#/ { exit } NR > 1' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
     *) die "unknown argument '$arg' (see bash tools/setup.sh --help)" ;;
   esac
@@ -223,4 +227,28 @@ mkdir -p "$spark_home/conf"
 .venv/bin/python -m pipeline.runtime.jars >.qmf/spark-defaults.conf || die "the JARs do not check out"
 cmp -s .qmf/spark-defaults.conf "$spark_home/conf/spark-defaults.conf" \
   || cp .qmf/spark-defaults.conf "$spark_home/conf/spark-defaults.conf"
+
+# --- the S3 server of the tests (--s3-server) -----------------------------------------
+# versitygw (Apache-2.0), a real S3 server over a local folder, built once from its
+# public sources through the Go module proxy at the version s3-server.lock pins, whose
+# module checksum Go checks against that file (and sum.golang.org). The tests start it
+# on loopback (tests/s3server.py); nothing in the pipeline needs it.
+if [ -n "$s3_server" ]; then
+  read -r s3_module s3_version s3_sum < <(grep -v '^#' s3-server.lock | grep .)
+  s3_bin=".qmf/bin/versitygw-$s3_version"
+  if [ ! -x "$s3_bin" ]; then
+    go_bin="$(command -v go || echo /usr/local/go/bin/go)"
+    [ -x "$go_bin" ] || die "--s3-server needs Go 1.25+ (https://go.dev/dl/) to build $s3_module"
+    log "building $s3_module@$s3_version (the tests' S3 server; a few minutes the first time)"
+    got="$("$go_bin" mod download -json "$s3_module@$s3_version" 2>.qmf/s3-build.log \
+      | sed -n 's/.*"Sum": "\(.*\)".*/\1/p')"
+    [ "$got" = "$s3_sum" ] || die "$s3_module@$s3_version: module sum '$got', s3-server.lock says $s3_sum ($(tail -3 .qmf/s3-build.log))"
+    mkdir -p .qmf/bin
+    GOBIN="$here/.qmf/bin/build" GOFLAGS=-buildvcs=false \
+      "$go_bin" install "$s3_module/cmd/versitygw@$s3_version" >>.qmf/s3-build.log 2>&1 \
+      || die "building versitygw failed: $(tail -5 .qmf/s3-build.log)"
+    mv .qmf/bin/build/versitygw "$s3_bin"
+    rmdir .qmf/bin/build 2>/dev/null || true
+  fi
+fi
 log "ready (.venv/bin/qmf; local broker: .venv/bin/qmf broker start)"

@@ -4,7 +4,7 @@
 set -uo pipefail
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$here"
-bash tools/setup.sh || exit 1
+bash tools/setup.sh --s3-server || exit 1
 export PYSPARK_PYTHON="$here/.venv/bin/python"
 export PYSPARK_DRIVER_PYTHON="$here/.venv/bin/python"
 # A fresh clone compiles the numba decode kernels (about a minute of one core): start

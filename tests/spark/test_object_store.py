@@ -1,0 +1,157 @@
+"""Tables on a real S3 server (versitygw on loopback, ``tests/s3server.py``).
+
+* the settings every engine takes from the standard variables (``pipeline.lake.storage``);
+* a session made by ``get_spark`` in a process whose environment names the store writes,
+  appends to and reads back a Delta table on ``s3a://`` through delta-spark (Delta's
+  history, time travel), and delta-rs and polars read the same rows with the settings'
+  storage options; wrong credentials are refused with S3's own reason;
+* a store that went down and came back holds the table as it was.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from pipeline.lake.storage import S3Settings, is_object_store, join
+from tests.s3server import S3Server
+
+pytestmark = pytest.mark.spark
+REPO = Path(__file__).resolve().parents[2]
+
+
+@pytest.fixture(scope="module")
+def s3(tmp_path_factory: pytest.TempPathFactory) -> Iterator[S3Server]:
+    server = S3Server(tmp_path_factory.mktemp("s3") / "store").start()
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
+def test_settings_from_the_standard_variables() -> None:
+    s = S3Settings.from_env({"AWS_ENDPOINT_URL": "http://127.0.0.1:9000", "AWS_REGION": "eu-west-1",
+                             "AWS_SECRET_ACCESS_KEY": "never-copied"})  # fmt: skip
+    assert s.spark_conf() == {
+        "spark.hadoop.fs.s3a.path.style.access": "true",
+        "spark.hadoop.fs.s3a.connection.ssl.enabled": "false",
+        "spark.hadoop.fs.s3a.attempts.maximum": "3",
+        "spark.hadoop.fs.s3a.retry.limit": "3",
+        "spark.hadoop.fs.s3a.endpoint": "http://127.0.0.1:9000",
+        "spark.hadoop.fs.s3a.endpoint.region": "eu-west-1",
+    }
+    assert s.storage_options() == {
+        "AWS_ENDPOINT_URL": "http://127.0.0.1:9000", "AWS_ALLOW_HTTP": "true",
+        "AWS_REGION": "eu-west-1", "AWS_VIRTUAL_HOSTED_STYLE_REQUEST": "false",
+    }  # fmt: skip
+    # AWS itself: TLS, virtual-hosted requests, no endpoint; an S3-only endpoint wins
+    aws = S3Settings.from_env({"AWS_DEFAULT_REGION": "us-east-2"})
+    assert (aws.endpoint, aws.region, aws.path_style, aws.tls) == (None, "us-east-2", False, True)
+    only = S3Settings.from_env({"AWS_ENDPOINT_URL": "https://a:1", "AWS_ENDPOINT_URL_S3": "https://b:2",
+                                "QMF_S3_PATH_STYLE": "0"})  # fmt: skip
+    assert (only.endpoint, only.path_style, only.tls) == ("https://b:2", False, True)
+    with pytest.raises(ValueError, match="QMF_S3_PATH_STYLE='maybe'"):
+        S3Settings.from_env({"QMF_S3_PATH_STYLE": "maybe"})
+    with pytest.raises(ValueError, match="expected http://host:port"):
+        S3Settings(endpoint="127.0.0.1:9000")
+    assert is_object_store("s3a://lake/bronze") and is_object_store("S3://lake/x")
+    assert not is_object_store("/data/bronze") and not is_object_store("file:///data/bronze")
+    assert join("s3a://lake/", "silver", "/events") == "s3a://lake/silver/events"
+    assert join("/data", "silver") == "/data/silver"
+
+
+SCRIPT = r"""
+import json, sys
+from pipeline.spark import get_spark
+spark = get_spark("qmf-s3-test", master="local[2]")
+path = sys.argv[1]
+spark.range(0, 100).selectExpr("id", "id * 2 AS twice").write.format("delta").save(path)
+spark.range(100, 150).selectExpr("id", "id * 2 AS twice").write.format("delta").mode("append").save(path)
+rows = spark.read.format("delta").load(path).orderBy("id").collect()
+v0 = spark.read.format("delta").option("versionAsOf", 0).load(path).count()
+ops = [r[0] for r in spark.sql(f"DESCRIBE HISTORY delta.`{path}`").orderBy("version").select("operation").collect()]
+print("RESULT " + json.dumps({"rows": [[r.id, r.twice] for r in rows], "v0": v0, "ops": ops}))
+"""
+
+
+def _run(script: str, env: dict[str, str], *args: str) -> subprocess.CompletedProcess[str]:
+    full = {k: v for k, v in os.environ.items() if not k.startswith("AWS_")}
+    full.update(env)
+    return subprocess.run(
+        [sys.executable, "-c", script, *args], env=full, cwd=REPO, capture_output=True,
+        text=True, timeout=300, check=False,
+    )  # fmt: skip
+
+
+def test_delta_spark_writes_a_table_that_delta_rs_and_polars_read(s3: S3Server) -> None:
+    import deltalake
+    import polars as pl
+
+    bucket = s3.make_bucket("lake")
+    path = f"s3a://{bucket}/tables/t1"
+    proc = _run(SCRIPT, s3.env(), path)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    (line,) = [ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT ")]
+    got = json.loads(line[len("RESULT "):])
+    assert got["rows"] == [[i, 2 * i] for i in range(150)]
+    assert got["v0"] == 100
+    assert got["ops"] == ["WRITE", "WRITE"]
+    # The objects are in the store's folder: the log and the data files of two commits.
+    log = sorted(p.name for p in (s3.folder / "lake" / "tables" / "t1" / "_delta_log").glob("*.json"))
+    assert log == ["00000000000000000000.json", "00000000000000000001.json"]
+
+    # delta-rs and polars, with the same settings' options and the same variables'
+    # credentials (read by them, never passed here).
+    options = S3Settings.from_env(s3.env()).storage_options()
+    env = s3.env()
+    creds = {"AWS_ACCESS_KEY_ID": env["AWS_ACCESS_KEY_ID"], "AWS_SECRET_ACCESS_KEY": env["AWS_SECRET_ACCESS_KEY"]}
+    saved = {k: os.environ.get(k) for k in creds}
+    os.environ.update(creds)
+    try:
+        uri = path.replace("s3a://", "s3://")
+        dt = deltalake.DeltaTable(uri, storage_options=options)
+        assert dt.version() == 1
+        files = dt.file_uris()
+        assert files and all(f.startswith(f"{uri}/") for f in files)
+        frame = pl.read_delta(uri, storage_options=options).sort("id")
+        assert frame.rows() == [(i, 2 * i) for i in range(150)]
+    finally:
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+
+
+def test_wrong_credentials_are_refused_with_the_stores_reason(s3: S3Server) -> None:
+    s3.make_bucket("refused")
+    env = {**s3.env(), "AWS_SECRET_ACCESS_KEY": "not-the-secret"}
+    proc = _run(SCRIPT, env, "s3a://refused/t")
+    assert proc.returncode != 0
+    # S3A names the request and S3's own refusal; the secret appears nowhere.
+    assert "403" in proc.stderr or "SignatureDoesNotMatch" in proc.stderr, proc.stderr[-3000:]
+    assert "not-the-secret" not in proc.stderr + proc.stdout
+
+
+def test_a_store_that_comes_back_holds_the_table(s3: S3Server) -> None:
+    bucket = s3.make_bucket("restart")
+    path = f"s3a://{bucket}/t"
+    assert _run(SCRIPT, s3.env(), path).returncode == 0
+    s3.stop()
+    down = _run("from pipeline.spark import get_spark; import sys;"
+                "get_spark('x', master='local[1]').read.format('delta').load(sys.argv[1]).count()",
+                s3.env(), path)  # fmt: skip
+    assert down.returncode != 0
+    s3.start()
+    count = ("import sys; from pipeline.spark import get_spark;"
+             "print('COUNT', get_spark('x', master='local[1]').read.format('delta').load(sys.argv[1]).count())")  # fmt: skip
+    back = _run(count, s3.env(), path)
+    assert back.returncode == 0, back.stderr[-3000:]
+    assert "COUNT 150" in back.stdout
+    assert join(path, "_delta_log") == f"{path}/_delta_log"
