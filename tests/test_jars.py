@@ -21,16 +21,37 @@ def _lock(tmp: Path, content: bytes) -> tuple[Path, Path]:
     return folder, lock
 
 
+# The object-storage JARs after Delta's: hadoop-aws at Spark's Hadoop, the SDK's modules.
+S3_JARS = [
+    ("org.apache.hadoop", "hadoop-aws", "3.5.0"), ("org.reactivestreams", "reactive-streams", "1.0.4"),
+    *(("software.amazon.awssdk", a, "2.35.4") for a in (
+        "annotations", "apache-client", "arns", "auth", "aws-core", "aws-query-protocol",
+        "aws-xml-protocol", "checksums-spi", "checksums", "crt-core", "endpoints-spi",
+        "http-auth-aws-eventstream", "http-auth-aws", "http-auth-spi", "http-auth",
+        "http-client-spi", "identity-spi", "json-utils", "metrics-spi", "netty-nio-client",
+        "profiles", "protocol-core", "regions", "retries-spi", "retries",
+        "s3-transfer-manager", "s3", "sdk-core", "sts", "third-party-jackson-core",
+        "utils-lite", "utils",
+    )),
+    ("software.amazon.eventstream", "eventstream", "1.0.1"),
+    ("software.amazon.s3.analyticsaccelerator", "analyticsaccelerator-s3", "1.3.1"),
+]  # fmt: skip
+JAR_NAMES = ["delta-spark_2.13-4.4.0.jar", "delta-storage-4.4.0.jar",
+             *(f"{a}-{v}.jar" for _g, a, v in S3_JARS)]  # fmt: skip
+
+
 def test_the_repo_lock_names_delta_spark_and_delta_storage() -> None:
     got = [(j.group, j.artifact, j.version) for j in pj.locked()]
-    assert got == [("io.delta", "delta-spark_2.13", "4.4.0"), ("io.delta", "delta-storage", "4.4.0")]
+    assert got == [
+        ("io.delta", "delta-spark_2.13", "4.4.0"), ("io.delta", "delta-storage", "4.4.0"), *S3_JARS,
+    ]  # fmt: skip
     assert pj.locked()[0].maven_path == "io/delta/delta-spark_2.13/4.4.0/delta-spark_2.13-4.4.0.jar"
     assert all(len(j.sha256) == 64 for j in pj.locked())
 
 
 def test_installed_jars_match_the_lock() -> None:
     paths = pj.jar_paths()
-    assert [p.name for p in paths] == ["delta-spark_2.13-4.4.0.jar", "delta-storage-4.4.0.jar"]
+    assert [p.name for p in paths] == JAR_NAMES
 
 
 def test_a_good_jar_passes(tmp_path: Path) -> None:
@@ -72,9 +93,7 @@ def test_delta_conf_keeps_what_others_set() -> None:
          "spark.sql.catalog.spark_catalog": "com.example.Catalog"},
     )  # fmt: skip
     jars = conf["spark.jars"].split(",")
-    assert jars[0] == "/opt/x.jar" and [Path(j).name for j in jars[1:]] == [
-        "delta-spark_2.13-4.4.0.jar", "delta-storage-4.4.0.jar",
-    ]  # fmt: skip
+    assert jars[0] == "/opt/x.jar" and [Path(j).name for j in jars[1:]] == JAR_NAMES
     assert conf["spark.sql.extensions"] == f"com.example.Ext,{pj.DELTA_EXTENSION}"
     assert "spark.sql.catalog.spark_catalog" not in conf  # theirs is kept
     assert pj.configured(conf) and pj.delta_conf(conf) == {}  # nothing added twice
@@ -82,7 +101,8 @@ def test_delta_conf_keeps_what_others_set() -> None:
 
 def test_spark_defaults_lists_the_settings() -> None:
     text = pj.spark_defaults().splitlines()
-    assert text[1].startswith("spark.jars /") and text[1].endswith("delta-storage-4.4.0.jar")
+    assert text[1].startswith("spark.jars /")
+    assert [Path(j).name for j in text[1].split(" ", 1)[1].split(",")] == JAR_NAMES
     assert text[2:] == [
         f"spark.sql.extensions {pj.DELTA_EXTENSION}",
         f"spark.sql.catalog.spark_catalog {pj.DELTA_CATALOG}",
