@@ -122,6 +122,9 @@ class BackfillSettings:
     v1_interval_s: float = 10.0
 
     def __post_init__(self) -> None:
+        from pipeline.lake.storage import require_local
+
+        require_local(bronze=self.bronze, silver=self.silver, gold=self.gold, scratch=self.scratch)
         if self.start.tzinfo is None or self.end.tzinfo is None:
             raise ValueError("--from and --to must be time-zone aware (UTC)")
         if self.start >= self.end:

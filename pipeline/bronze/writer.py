@@ -41,6 +41,7 @@ from pipeline.bronze import tasks
 from pipeline.bronze.tasks import DRIVER_MAX_BYTES
 from pipeline.bronze.transforms import bronze_batch
 from pipeline.lake import delta
+from pipeline.lake.storage import require_local
 from pipeline.runtime.streaming import await_query, offset_log_sources, start_gated, trigger_kwargs
 from pipeline.source import (
     DEFAULT_MAX_RECORDS_PER_PARTITION,
@@ -93,6 +94,7 @@ class BronzeSettings:
     driver_max_bytes: int = DRIVER_MAX_BYTES
 
     def __post_init__(self) -> None:
+        require_local(landing=self.landing, table=self.table, checkpoint=self.checkpoint)
         trigger_kwargs(self.trigger)  # validate early
         if self.writer not in WRITERS:
             raise ValueError(f"writer {self.writer!r}: expected one of {', '.join(WRITERS)}")

@@ -396,6 +396,7 @@ def run(args: argparse.Namespace) -> int:
     from pipeline.bronze import BronzeSettings, start_bronze
     from pipeline.gold import GoldSettings, start_gold
     from pipeline.lake.maintain import PeriodicMaintenance
+    from pipeline.lake.storage import require_local
     from pipeline.runtime import sparklog
     from pipeline.silver import SilverSettings, start_silver
     from pipeline.spark import get_spark, spark_log
@@ -404,6 +405,11 @@ def run(args: argparse.Namespace) -> int:
     from receivers.config import ConfigError
     from receivers.receiver import config_from_options
 
+    try:
+        require_local(**{"--data": args.data})
+    except ValueError as exc:
+        print(f"qmf run: {exc}", file=sys.stderr)
+        return 2
     data = Path(args.data).resolve()
     try:  # bad --bind, --preset or TLS files: say so before starting anything
         config_from_options(_receiver_options(args, args.url or "amqp://127.0.0.1", Path("w")))

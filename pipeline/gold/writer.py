@@ -52,6 +52,7 @@ from pipeline.gold.transforms import (
 from pipeline.lake import delta, transaction
 from pipeline.lake.files import DataFile, read_files
 from pipeline.lake.files import batch_files as plan_files
+from pipeline.lake.storage import require_local
 from pipeline.runtime.ipc import to_ipc
 from pipeline.runtime.streaming import (
     await_query,
@@ -146,6 +147,8 @@ class GoldSettings:
     keep_mib: int = 512
 
     def __post_init__(self) -> None:
+        require_local(silver=self.silver, root=self.root, checkpoint=self.checkpoint,
+                      registry=self.registry)  # fmt: skip
         trigger_kwargs(self.trigger)
         if self.compute_on not in COMPUTE_MODES:
             raise ValueError(

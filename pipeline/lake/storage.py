@@ -29,7 +29,7 @@ from urllib.parse import urlsplit
 if TYPE_CHECKING:
     from pyarrow import fs as pafs
 
-__all__ = ["OBJECT_SCHEMES", "S3Settings", "is_object_store", "join", "scheme"]
+__all__ = ["OBJECT_SCHEMES", "S3Settings", "is_object_store", "join", "require_local", "scheme"]
 
 # The schemes of an S3 bucket as users write them: Spark's s3a (what the jobs use),
 # and s3, which delta-rs, polars and pyarrow use for the same objects.
@@ -45,6 +45,23 @@ def scheme(path: str | os.PathLike[str]) -> str:
 
 def is_object_store(path: str | os.PathLike[str]) -> bool:
     return scheme(path) in OBJECT_SCHEMES
+
+
+def require_local(**paths: str | os.PathLike[str] | None) -> None:
+    """Refuse an object-store location for what must still be a local or NFS path.
+
+    Spark's own Delta reads and writes (``spark.read.format("delta")``, ``DeltaTable``,
+    SQL) work on ``s3a://`` in every session ``get_spark`` makes; the jobs' own layer
+    (data files written by their tasks, table locks, landing log, checkpoint locks) does
+    not yet (issue 49). A clear refusal at the start, not a local folder named ``s3a:``.
+    """
+    for name, path in paths.items():
+        if path is not None and is_object_store(path):
+            raise ValueError(
+                f"{name} {os.fspath(path)!r}: the jobs keep their tables and checkpoints on a"
+                " local or NFS path for now; object storage (s3a://) serves Spark's own Delta"
+                " reads and writes (docs/cluster.md), not yet the jobs"
+            )
 
 
 def join(root: str | os.PathLike[str], *parts: str) -> str:

@@ -6,6 +6,7 @@ import os
 from dataclasses import dataclass
 
 from pipeline.lake import delta
+from pipeline.lake.storage import require_local
 from pipeline.runtime.streaming import trigger_kwargs
 from pipeline.silver.registry import DEFAULT_KINDS_FILE, RegistryTable, StatisticKinds
 from schemas.silver import SILVER_TABLES
@@ -60,6 +61,8 @@ class SilverSettings:
     schema_wants: str | None = None
 
     def __post_init__(self) -> None:
+        require_local(bronze=self.bronze, root=self.root, checkpoint=self.checkpoint,
+                      registry=self.registry)  # fmt: skip
         trigger_kwargs(self.trigger)
         if self.decode_on == "spark":
             object.__setattr__(self, "decode_on", "tasks")

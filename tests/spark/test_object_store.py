@@ -155,3 +155,32 @@ def test_a_store_that_comes_back_holds_the_table(s3: S3Server) -> None:
     assert back.returncode == 0, back.stderr[-3000:]
     assert "COUNT 150" in back.stdout
     assert join(path, "_delta_log") == f"{path}/_delta_log"
+
+
+def test_the_jobs_refuse_a_bucket_they_cannot_yet_use(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Until the jobs' own layer reaches object storage, each job's settings and `qmf run`
+    refuse an s3a:// location at once (not a local folder named `s3a:`)."""
+    from datetime import UTC, datetime
+
+    from pipeline.backfill import BackfillSettings
+    from pipeline.bronze import BronzeSettings
+    from pipeline.cli import main as qmf
+    from pipeline.gold import GoldSettings
+    from pipeline.silver import SilverSettings
+
+    why = "the jobs keep their tables and checkpoints on a local or NFS path for now"
+    with pytest.raises(ValueError, match=f"^table 's3a://lake/bronze': {why}"):
+        BronzeSettings(landing=str(tmp_path), table="s3a://lake/bronze", checkpoint=str(tmp_path))
+    with pytest.raises(ValueError, match=f"^checkpoint 's3a://lake/ck': {why}"):
+        SilverSettings(bronze=str(tmp_path), root=str(tmp_path), checkpoint="s3a://lake/ck")
+    with pytest.raises(ValueError, match=f"^root 's3://lake/gold': {why}"):
+        GoldSettings(silver=str(tmp_path), root="s3://lake/gold")
+    t0, t1 = datetime(2026, 1, 1, tzinfo=UTC), datetime(2026, 1, 2, tzinfo=UTC)
+    with pytest.raises(ValueError, match=f"^silver 's3a://lake/silver': {why}"):
+        BackfillSettings(bronze=str(tmp_path), silver="s3a://lake/silver", gold=str(tmp_path),
+                         start=t0, end=t1)  # fmt: skip
+    monkeypatch.chdir(tmp_path)
+    assert qmf(["run", "--data", "s3a://lake/data"]) == 2
+    assert not any(tmp_path.iterdir())
