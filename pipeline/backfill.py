@@ -692,17 +692,17 @@ def _run(
                 label = f"gold/{name}"
                 if name == "object_lifecycles":
                     report.tables[label] = refold(s, label, run)
-                    continue
-                new, predicate, keys, key_rows = gold_rows(spark, s, scratch, name)
-                new = new.localCheckpoint()
-                if key_rows is not None:
-                    key_rows = new.select(*keys)
-                report.tables[label] = replace_rows(
-                    new, paths[label], label=label, predicate=predicate, keys=keys,
-                    key_rows=key_rows, check=False, **common,
-                )  # fmt: skip
+                else:
+                    new, predicate, keys, key_rows = gold_rows(spark, s, scratch, name)
+                    new = new.localCheckpoint()
+                    if key_rows is not None:
+                        key_rows = new.select(*keys)
+                    report.tables[label] = replace_rows(
+                        new, paths[label], label=label, predicate=predicate, keys=keys,
+                        key_rows=key_rows, check=False, **common,
+                    )  # fmt: skip
                 log.info("%s (%.1f s)", report.tables[label], time.perf_counter() - t0)
-            t0 = time.perf_counter()
+                t0 = time.perf_counter()
         finally:
             shutil.rmtree(scratch, ignore_errors=True)
             if s.scratch is None:
