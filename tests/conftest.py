@@ -52,9 +52,11 @@ def pytest_sessionstart(session: pytest.Session) -> None:
 # alone at the end while the other process idles (CI's last minutes, measured). The
 # rest keep their order after these.
 LONGEST_FIRST = (
+    # bronze and receivers only, no decode kernels: runs while the warm-up compiles them
+    "tests/integration/test_crash_recovery.py",
     "tests/spark/test_silver_paths.py", "tests/spark/test_maintain.py",
     "tests/spark/test_backfill.py", "tests/test_live.py", "tests/spark/test_cluster_jobs.py",
-    "tests/integration/test_crash_recovery.py", "tests/spark/test_delta_spark.py",
+    "tests/spark/test_delta_spark.py",
     "tests/test_run_command.py", "tests/integration/test_qpidd_amqp10.py",
     "tests/test_gold_tasks.py", "tests/spark/test_silver_methods.py",
     "tests/spark/test_gold_qpidd.py", "tests/spark/test_bronze_job.py",
@@ -104,9 +106,10 @@ def compiled_decoder() -> None:
 
 
 @pytest.fixture(scope="session")
-def spark() -> Iterator[SparkSession]:
+def spark(compiled_decoder: None) -> Iterator[SparkSession]:
     """One local SparkSession per test process (starting one costs 6-9 s; tools/test.sh
-    runs two processes)."""
+    runs two processes). Started once the numba warm-up is done: the session's Python
+    workers decode, and each would compile its own copy of the kernels beside it."""
     from pipeline.spark import get_spark
 
     session = get_spark(app_name="qmf-tests", test=True)
