@@ -142,6 +142,8 @@ ENVIRONMENT: dict[str, str] = {
     "MPLBACKEND": "notebooks: matplotlib backend (headless `Agg` when neither this nor DISPLAY "
     "is set)",
     "DISPLAY": "notebooks: a display means plots may be shown, not only saved",
+    "QMF_S3_PATH_STYLE": "object storage: path-style requests (`http://host/bucket/key`), 1 or 0; "
+    "on by default when `AWS_ENDPOINT_URL` names a store (`pipeline/lake/storage.py`)",
     "QMF_SPARK_LOG": "a file for Spark's and the JVM's own output when `get_spark` launches the "
     "JVM (jobs run with python, notebooks); `qmf run` uses `DATA/logs/spark-<time>.log`",
 }
