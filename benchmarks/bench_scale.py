@@ -637,6 +637,9 @@ def wait_executors(spark: Any, want: int, timeout_s: float = 240.0) -> float:
     return time.monotonic() - t0
 
 
+FULL_JIT_ENV = "QMF_BENCH_FULL_JIT"
+
+
 def spark_session(cfg: dict[str, Any], run: Path) -> Any:
     from pipeline.spark import get_spark
 
@@ -660,6 +663,7 @@ def spark_session(cfg: dict[str, Any], run: Path) -> Any:
         f"qmf-bench-scale-{cfg['label']}",
         conf=conf,
         log_file=str(run / "spark.log"),
+        quick_jit=os.environ.get(FULL_JIT_ENV) != "1",
     )
 
 
@@ -1187,6 +1191,9 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     ap.add_argument("--timeout", type=float, default=900.0, help="per Spark query, seconds")
     ap.add_argument("--default-allocators", action="store_true",
                     help="keep the allocators' environment as it is (see ALLOCATOR_ENV)")  # fmt: skip
+    ap.add_argument("--full-jit", action="store_true",
+                    help="the streams' driver JVM with the full JIT (C1 and C2), not the "
+                         "jobs' C1 only (pipeline.spark.QUICK_JIT)")  # fmt: skip
     ap.add_argument("--child", help=argparse.SUPPRESS)
     return ap.parse_args(argv)
 
@@ -1263,6 +1270,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     # SIGTERM: unwind (the running configuration's process is killed, the work folder
     # removed) instead of dying with both left behind.
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
+    if args.full_jit:
+        os.environ[FULL_JIT_ENV] = "1"  # read by every child process's session
     if not args.default_allocators:
         os.environ.update(ALLOCATOR_ENV)  # read by every child process at its start
     else:  # polars' own decay settings (it puts them first and appends a value given)
