@@ -54,13 +54,18 @@ def test_a_master_given_to_spark_submit_sizes_delta_state_too(spark: SparkSessio
     assert other.conf.get(DELTA_STATE_PARTITIONS) == "7"
 
 
-def test_a_launched_driver_jvm_compiles_with_c1_unless_a_notebook_asks(
+def test_a_launched_driver_jvm_compiles_with_c1_unless_asked_otherwise(
     spark: SparkSession,
 ) -> None:
+    """The jobs' JVMs compile with C1 only; a notebook and the test suite's own session
+    (tests/conftest.py: it lives for the whole run) ask for the full JIT."""
+    import inspect
+
     runtime = spark.sparkContext._jvm.java.lang.management.ManagementFactory.getRuntimeMXBean()  # type: ignore[union-attr]
     args = list(runtime.getInputArguments())
     assert QUICK_JIT == "-XX:TieredStopAtLevel=1"
-    assert QUICK_JIT in args and DRIVER_STACK in args
+    assert QUICK_JIT not in args and DRIVER_STACK in args
+    assert inspect.signature(get_spark).parameters["quick_jit"].default is True
     assert driver_java_options("/x.properties", True) == (
         "-Xss16m -XX:TieredStopAtLevel=1 -Dlog4j2.configurationFile=file:/x.properties"
     )
