@@ -2,7 +2,7 @@
 
 One set of settings serves every engine that opens a table: Spark's Hadoop file
 system (``fs.s3a.*``, in every session ``get_spark`` makes), delta-rs and polars
-(``storage_options``) and pyarrow (``filesystem``). They come from the standard
+(``storage_options``). They come from the standard
 places only, so that a job, ``qmf top`` and a notebook find the same store:
 
 * the endpoint of an S3-compatible store: ``AWS_ENDPOINT_URL_S3`` or
@@ -23,11 +23,7 @@ from __future__ import annotations
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 from urllib.parse import urlsplit
-
-if TYPE_CHECKING:
-    from pyarrow import fs as pafs
 
 __all__ = ["OBJECT_SCHEMES", "S3Settings", "is_object_store", "join", "require_local", "scheme"]
 
@@ -142,14 +138,3 @@ class S3Settings:
             opts["AWS_REGION"] = self.region
         opts["AWS_VIRTUAL_HOSTED_STYLE_REQUEST"] = str(not self.path_style).lower()
         return opts
-
-    def filesystem(self) -> pafs.S3FileSystem:
-        """pyarrow's S3 file system with these settings (credentials: its own chain)."""
-        from pyarrow import fs
-
-        return fs.S3FileSystem(
-            endpoint_override=self.endpoint,
-            region=self.region,
-            force_virtual_addressing=not self.path_style,
-            scheme="https" if self.tls else "http",
-        )
