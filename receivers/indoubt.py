@@ -23,9 +23,10 @@ So each landing partition keeps, beside its segments:
     is *sealed*, by the partition's next owner or by any receiver that finds
     the partition's lock free (its owner died);
 ``_indoubt/claimed/<offset>``
-    created with O_EXCL by the receiver that matched a redelivery to that
-    in-doubt message: one redelivery per first copy, even with several
-    receivers competing on one queue. It holds ``<partition>:<offset> <session>``:
+    created by the receiver that matched a redelivery to that in-doubt
+    message, whole or not at all (written aside, then hard-linked: the link
+    fails when the name exists): one redelivery per first copy, even with
+    several receivers competing on one queue. It holds ``<partition>:<offset> <session>``:
     where the claimant lands the flagged copy, and which receiver session
     claimed. A claimant that died before landing that copy leaves a *void*
     claim (its session is over, and the row at that position is not the
@@ -68,6 +69,12 @@ LEDGER_SCHEMA = pa.schema(
 )
 # In-doubt messages whose redelivery has not come after this long are let go.
 DEFAULT_TTL_S = 30 * 86400
+# A claim is written beside its final name (this prefix + the session), then linked.
+PENDING_PREFIX = ".pending-"
+# Receivers before atomic claims could leave an empty claim (killed between create and
+# write); one this old has no live writer and is taken over.
+EMPTY_CLAIM_VOID_S = 5.0
+UNWRITTEN = ("", -1, "")
 
 
 def read_marker(part_dir: Path) -> int | None:
@@ -133,6 +140,21 @@ def seal(root: Path, partition: str, start: int | None = None) -> tuple[int, int
     log.info("partition %s: offsets %d..%d in doubt (landed, settlement unconfirmed)",
              partition, marker, end - 1)  # fmt: skip
     return marker, end
+
+
+def _read_claim(path: Path) -> tuple[str, int, str] | None:
+    """(partition, offset, session) where a claim's flagged copy lands; UNWRITTEN for an
+    empty claim old enough that its writer is gone; None when it cannot be judged."""
+    try:
+        text = path.read_text(encoding="ascii")
+        if not text:
+            old = time.time() - path.stat().st_mtime >= EMPTY_CLAIM_VOID_S
+            return UNWRITTEN if old else None
+        where, session = text.split()
+        part, at = where.split(":")
+        return part, int(at), session
+    except (OSError, ValueError):
+        return None
 
 
 def _try_lock(part_dir: Path) -> int | None:
@@ -219,51 +241,62 @@ class InDoubtLedger:
         claims.mkdir(parents=True, exist_ok=True)
         path = claims / str(offset)
         where = f"{self.own}:{at}" if self.own is not None and at is not None else "-"
-        for _ in range(2):
-            try:
-                fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
-            except FileExistsError:
-                if not self._void(path, f"{partition}:{offset}"):
-                    return False
-                continue  # taken over (or voided by a competitor first): try once more
-            try:
-                os.write(fd, f"{where} {self.session}".encode("ascii"))
-            finally:
-                os.close(fd)
-            return True
-        return False
+        # The claim appears whole or not at all: written aside, then hard-linked into place
+        # (link fails if the name exists, like O_EXCL). A claimant killed between an O_EXCL
+        # create and its write left an empty claim nobody could judge (CI found it).
+        pending = claims / f"{PENDING_PREFIX}{self.session}"
+        pending.write_bytes(f"{where} {self.session}".encode("ascii"))
+        try:
+            for _ in range(2):
+                try:
+                    os.link(pending, path)
+                except FileExistsError:
+                    if not self._void(path, f"{partition}:{offset}"):
+                        return False
+                    continue  # taken over (or voided by a competitor first): try once more
+                return True
+            return False
+        finally:
+            pending.unlink()
 
     def _void(self, path: Path, first: str) -> bool:
         """Set aside a claim whose claimant died before landing its flagged copy."""
-        from receivers.landing import LandingError, LandingLog
-
-        try:
-            where, session = path.read_text(encoding="ascii").split()
-            part, at_text = where.split(":")
-            at = int(at_text)
-        except (OSError, ValueError):
-            return False  # no landing position (older claims, bare matches): it stands
-        if session == self.session:
-            return False
-        if part != self.own:
-            fd = _try_lock(self.root / part)
-            if fd is None:
-                return False  # its claimant lives: it may still land the copy
-            os.close(fd)
-        log_ = LandingLog(self.root)
-        if at < log_.end_offsets().get(part, 0):
-            try:
-                dup = log_.read(part, at, at + 1).column("duplicate_of")[0].as_py()
-            except LandingError:
-                return False  # retention removed it: it landed long ago
-            if dup == first:
-                return False  # landed as claimed
+        claim = _read_claim(path)
+        if claim is None:
+            return False  # no landing position (bare matches) or still being written: it stands
+        if claim != UNWRITTEN:
+            part, at, session = claim
+            if session == self.session or self._may_land(part) or self._landed(part, at, first):
+                return False
         try:
             os.rename(path, path.with_name(f"{path.name}.void-{self.session}"))
         except FileNotFoundError:
             pass  # another receiver set it aside first
         log.warning("claim of %s by a receiver that died before landing it: taken over", first)
         return True
+
+    def _may_land(self, part: str) -> bool:
+        """Whether the claimant of a copy landing in ``part`` may still be alive."""
+        if part == self.own:
+            return False  # our partition: its previous owner is gone
+        fd = _try_lock(self.root / part)
+        if fd is None:
+            return True
+        os.close(fd)
+        return False
+
+    def _landed(self, part: str, at: int, first: str) -> bool:
+        """Whether ``part:at`` holds the flagged copy of ``first`` (or retention took it)."""
+        from receivers.landing import LandingError, LandingLog
+
+        log_ = LandingLog(self.root)
+        if at >= log_.end_offsets().get(part, 0):
+            return False
+        try:
+            dup = log_.read(part, at, at + 1).column("duplicate_of")[0].as_py()
+        except LandingError:
+            return True  # retention removed it: it landed long ago
+        return bool(dup == first)
 
     def _match_one(self, key: str, at: int | None) -> str | None:
         with self._lock:

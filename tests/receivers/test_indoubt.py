@@ -9,11 +9,12 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import time
 from pathlib import Path
 
 import pyarrow as pa
 
-from receivers.indoubt import InDoubtLedger, read_marker
+from receivers.indoubt import PENDING_PREFIX, InDoubtLedger, read_marker
 from receivers.landing import LandedMessage, LandingLog
 from receivers.receiver import LandingSink
 
@@ -194,3 +195,41 @@ def test_a_claim_whose_copy_landed_stands(tmp_path: Path) -> None:
     assert [(r[0], r[1], r[4]) for r in rows(tmp_path)] == [
         ("r0", 0, None), ("r0", 1, "r0:0"), ("r1", 0, None)
     ]
+
+
+def test_an_empty_claim_left_by_a_killed_claimant_is_taken_over(tmp_path: Path) -> None:
+    """CI found it: receivers that created a claim, then wrote it, could be killed between
+    the two, and the empty claim stood forever, so the next redelivery landed as new (a
+    message twice in bronze). Claims are now linked into place whole; an empty one (left by
+    such a receiver) is taken over once it is old enough to have no live writer."""
+    sink = LandingSink(tmp_path, "r0")
+    sink.append([msg(1), msg(2)])
+    sink.close()  # killed before settling: both in doubt
+    claims = tmp_path / "r0" / "_indoubt" / "claimed"
+    claims.mkdir(parents=True)
+    (claims / "0").touch()
+    old = time.time() - 60
+    os.utime(claims / "0", (old, old))
+    (claims / "1").touch()  # just created: its writer may be writing it now
+    sink = LandingSink(tmp_path, "r0")
+    sink.append([again(msg(1)), again(msg(2))])
+    sink.close()
+    assert [r[4] for r in rows(tmp_path)] == [None, None, "r0:0", None]
+    assert (claims / "0").read_text().split()[0] == "r0:2"
+    assert (claims / "1").read_text() == ""
+    assert sorted(os.listdir(claims)) == ["0", "0.void-" + sink.ledger.session, "1"]
+
+
+def test_a_claim_written_but_not_linked_leaves_the_first_copy_unclaimed(tmp_path: Path) -> None:
+    """A claimant killed between writing its claim aside and linking it claimed nothing."""
+    sink = LandingSink(tmp_path, "r0")
+    sink.append([msg(1)])
+    sink.close()
+    claims = tmp_path / "r0" / "_indoubt" / "claimed"
+    claims.mkdir(parents=True)
+    (claims / f"{PENDING_PREFIX}deadbeef").write_text("r0:1 deadbeef")
+    sink = LandingSink(tmp_path, "r0")
+    sink.append([again(msg(1))])
+    sink.close()
+    assert [r[4] for r in rows(tmp_path)] == [None, "r0:0"]
+    assert sorted(os.listdir(claims)) == [f"{PENDING_PREFIX}deadbeef", "0"]
