@@ -318,11 +318,17 @@ def get_spark(
             options[key] = value
     # Object storage (s3a://): the store's endpoint, region and addressing from the
     # standard variables (pipeline.lake.storage); credentials stay with S3A's own chain.
-    from pipeline.lake.storage import S3Settings
+    from pipeline.lake.storage import LOCATION_ENV, S3Settings
 
     for key, value in S3Settings.from_env().spark_conf().items():
         if key not in options and key not in existing:
             options[key] = value
+    # ... and for the tasks that write a table's data files with pyarrow (a cluster's
+    # executors do not inherit this environment); credentials: each worker's own chain.
+    for var in LOCATION_ENV:
+        key = f"spark.executorEnv.{var}"
+        if os.environ.get(var) and key not in options and key not in existing:
+            options[key] = os.environ[var]
     # delta-spark: its JARs (checked against jars.lock), SQL extension and catalog.
     options.update(delta_conf({**existing, **options}))
     if logged is not None:

@@ -150,6 +150,19 @@ def shared_dir() -> str:
     return path
 
 
+@pytest.fixture(scope="session")
+def s3(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
+    """A real S3 server on loopback (versitygw, ``tests/s3server.py``), one per test
+    process; each test makes its own bucket."""
+    from tests.s3server import S3Server
+
+    server = S3Server(tmp_path_factory.mktemp("s3") / "store").start()
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
 @pytest.fixture(scope="module")
 def isolated_broker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
     """A throw-away RabbitMQ node (own state dir, free ports) for tests that stop/restart it.

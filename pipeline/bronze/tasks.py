@@ -38,7 +38,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
-from pipeline.lake import delta
+from pipeline.lake import delta, storage
 from pipeline.runtime import taskworker
 from pipeline.source import DEFAULT_MAX_RECORDS_PER_PARTITION, LandingRange, read_range
 from receivers.landing import SEGMENT_RE
@@ -180,7 +180,7 @@ def write_unit(unit: Unit, plan: UnitPlan) -> delta.DataFileInfo | None:
     try:
         for b in _bronze_batches(unit, plan.batch_id):
             if writer is None:
-                writer = pq.ParquetWriter(
+                writer = storage.parquet_writer(
                     full,
                     BRONZE,
                     compression="snappy",
@@ -196,10 +196,7 @@ def write_unit(unit: Unit, plan: UnitPlan) -> delta.DataFileInfo | None:
     except BaseException:
         if writer is not None:
             writer.close()
-        try:
-            os.remove(full)
-        except FileNotFoundError:
-            pass
+        storage.remove_files([full])
         raise
 
 

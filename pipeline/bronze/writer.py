@@ -40,7 +40,7 @@ from typing import TYPE_CHECKING
 from pipeline.bronze import tasks
 from pipeline.bronze.tasks import DRIVER_MAX_BYTES
 from pipeline.bronze.transforms import bronze_batch
-from pipeline.lake import delta
+from pipeline.lake import delta, storage
 from pipeline.lake.storage import require_local
 from pipeline.runtime.streaming import await_query, offset_log_sources, start_gated, trigger_kwargs
 from pipeline.source import (
@@ -94,7 +94,9 @@ class BronzeSettings:
     driver_max_bytes: int = DRIVER_MAX_BYTES
 
     def __post_init__(self) -> None:
-        require_local(landing=self.landing, table=self.table, checkpoint=self.checkpoint)
+        # The table may be on an object store (an ingest host writing bronze to the
+        # lake); the landing log and the checkpoint stay on the ingest host's disk.
+        require_local(landing=self.landing, checkpoint=self.checkpoint)
         trigger_kwargs(self.trigger)  # validate early
         if self.writer not in WRITERS:
             raise ValueError(f"writer {self.writer!r}: expected one of {', '.join(WRITERS)}")
@@ -219,7 +221,7 @@ def _write_staged(
 ) -> delta.CommitResult:
     """Plan the units, write them (Spark tasks if ``spark``, else driver threads) into
     the table folder under one ``Stage``, commit all the files once."""
-    root = os.path.abspath(table)
+    root = storage.location(table)
     with delta.Stage(root, app_id, batch_id) as stage:
         plan = tasks.UnitPlan(stage.prefix, delta.table_schema(root), batch_id)
         if spark is None:

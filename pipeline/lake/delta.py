@@ -31,7 +31,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
-from pipeline.lake import snapshot, transaction
+from pipeline.lake import snapshot, storage, transaction
 from pipeline.lake.snapshot import Snapshot
 
 if TYPE_CHECKING:
@@ -87,11 +87,12 @@ def table_exists(path: str | os.PathLike[str]) -> bool:
     """True when ``path`` holds a Delta log with a commit or a checkpoint: delta-spark
     makes ``_delta_log`` before it writes the first commit, and a table is not there
     to read until that commit is."""
-    try:
-        names = os.listdir(os.path.join(os.fspath(path), "_delta_log"))
-    except (FileNotFoundError, NotADirectoryError):
-        return False
+    names = [os.path.basename(f) for f in storage.list_files(_log_dir(path))]
     return any(_COMMIT_FILE.fullmatch(n) or n == "_last_checkpoint" for n in names)
+
+
+def _log_dir(path: str | os.PathLike[str]) -> str:
+    return storage.join(storage.location(path), "_delta_log")
 
 
 def create_table(
@@ -147,7 +148,8 @@ def create_table(
                 f"table {path} is partitioned by {dt.partition_columns}, not {list(partition_by)}"
             )
         return dt
-    os.makedirs(path, exist_ok=True)
+    if not storage.is_object_store(path):
+        os.makedirs(path, exist_ok=True)
     transaction.create(path, _spark_schema(schema), partition_by, configuration or {})
     return create_table(path, schema, partition_by, name=name, configuration=configuration)
 
@@ -309,7 +311,13 @@ def table_lock(path: str | os.PathLike[str], *, exclusive: bool = False) -> Iter
     commit (``Stage``, ``write_and_commit``, the Arrow writers): VACUUM, which
     holds it exclusive, would otherwise delete the files in flight, which no
     commit lists yet.
+
+    A table on an object store has no such lock (no ``flock`` there): it has one
+    writer, its job, and ``qmf maintain`` refuses it (``pipeline.lake.maintain``).
     """
+    if storage.is_object_store(path):
+        yield
+        return
     fd = os.open(os.path.join(os.fspath(path), LOCK_FILE), os.O_RDWR | os.O_CREAT, 0o644)
     try:
         fcntl.flock(fd, fcntl.LOCK_EX if exclusive else fcntl.LOCK_SH)
@@ -347,9 +355,12 @@ def _commit_file(path: str | os.PathLike[str], version: int) -> str:
 
 
 def commit_stamp(path: str | os.PathLike[str], version: int) -> CommitStamp | None:
-    """The stamp of commit ``version`` of the table (None: its file is not there)."""
+    """The stamp of commit ``version`` of the table (None: its file is not there, or the
+    table is on an object store, where its writer reads the table again instead)."""
     import hashlib
 
+    if storage.is_object_store(path):
+        return None
     try:
         with open(_commit_file(path, version), "rb") as fh:
             st = os.fstat(fh.fileno())
@@ -361,6 +372,8 @@ def commit_stamp(path: str | os.PathLike[str], version: int) -> CommitStamp | No
 
 def latest_stamp(path: str | os.PathLike[str]) -> CommitStamp | None:
     """The stamp of the table's latest commit (None: no table, or no commit file)."""
+    if storage.is_object_store(path):
+        return None
     try:
         names = os.listdir(os.path.join(os.fspath(path), "_delta_log"))
     except OSError:
@@ -623,7 +636,7 @@ def describe_file(
     see _null_problems; never refused for lack of statistics). The stats are
     what the footer has (file_stats), which may be partial.
     """
-    pf = pq.ParquetFile(full_path)
+    pf = storage.parquet_file(full_path)
     meta = pf.metadata
     label = name or os.path.basename(full_path)
     problems = _schema_problems(schema, meta.schema.to_arrow_schema(), check_nullability=False)
@@ -636,7 +649,7 @@ def describe_file(
     return DataFileInfo(
         name=label,
         location=full_path,
-        size=os.path.getsize(full_path),
+        size=storage.file_size(full_path),
         rows=int(meta.num_rows),
         stats=json.dumps(stats, separators=(",", ":")),
         partition_values=tuple(sorted((partition_values or {}).items())),
@@ -655,7 +668,7 @@ def batch_prefix(path: str | os.PathLike[str], app_id: str, batch_id: int) -> st
     import hashlib
 
     digest = hashlib.sha1(app_id.encode(), usedforsecurity=False).hexdigest()[:16]
-    return os.path.join(os.path.abspath(os.fspath(path)), f"part-{batch_id:08d}-{digest}")
+    return storage.join(storage.location(path), f"part-{batch_id:08d}-{digest}")
 
 
 def staged_file(prefix: str, name: str) -> str:
@@ -681,10 +694,7 @@ def staged_table_root(prefix: str) -> str:
 
 def _named(root: str, start: str) -> list[str]:
     """Files of the table folder whose names start with ``start`` (one listing)."""
-    try:
-        return [e.path for e in os.scandir(root) if e.name.startswith(start)]
-    except FileNotFoundError:
-        return []
+    return storage.list_files(root, start)
 
 
 class Stage:
@@ -702,7 +712,7 @@ class Stage:
     """
 
     def __init__(self, path: str | os.PathLike[str], app_id: str, batch_id: int) -> None:
-        self.root = os.path.abspath(os.fspath(path))
+        self.root = storage.location(path)
         self.app_id = app_id
         self.batch_id = batch_id
         self.prefix = f"{batch_prefix(self.root, app_id, batch_id)}-{uuid.uuid4().hex[:12]}"
@@ -743,7 +753,7 @@ class Stages:
 
     def prefix(self, path: str | os.PathLike[str]) -> str:
         """The file-name prefix of the table's stage (entered now if new)."""
-        root = os.path.abspath(os.fspath(path))
+        root = storage.location(path)
         stage = self._by_root.get(root)
         if stage is None:
             stage = self._by_root[root] = self._open.enter_context(
@@ -753,7 +763,7 @@ class Stages:
 
     def done(self, path: str | os.PathLike[str]) -> None:
         """``commit_staged`` returned for the table: its files are settled."""
-        stage = self._by_root.get(os.path.abspath(os.fspath(path)))
+        stage = self._by_root.get(storage.location(path))
         if stage is not None:
             stage.done = True
 
@@ -839,7 +849,7 @@ class DataFileWriter:
             return
         if self._writer is None:
             flat = [f.name for f in self.schema if not pa.types.is_nested(f.type)]
-            self._writer = pq.ParquetWriter(
+            self._writer = storage.parquet_writer(
                 self.full_path,
                 self.schema,
                 compression="snappy",
@@ -911,8 +921,8 @@ def _commit_staged(
     version (``opened``: the caller's, taken under the table lock it holds): an append
     lets delta-spark's transaction check the app's last batch (a replay commits nothing
     and its files go again)."""
-    root = os.path.abspath(os.fspath(path))
-    outside = [f.location for f in files if f.location != os.path.join(root, f.name)]
+    root = storage.location(path)
+    outside = [f.location for f in files if f.location != storage.join(root, f.name)]
     if outside:
         raise DeltaLayerError(f"not data files of {root}: {outside[:3]}")
     dt = opened
@@ -1082,11 +1092,7 @@ def _nulls_refused() -> Iterator[None]:
 
 
 def _remove_quietly(paths: Iterable[str]) -> None:
-    for p in paths:
-        try:
-            os.remove(p)
-        except FileNotFoundError:
-            pass
+    storage.remove_files(paths)
 
 
 def write_and_commit(
@@ -1238,7 +1244,7 @@ def read_data_file(
     a table's files from a snapshot the driver listed: ``snapshot_files``)."""
     names = list(schema.names if columns is None else columns)
     parts = [c for c in names if c in live.partition_values]
-    pf = pq.ParquetFile(live.local_path)
+    pf = storage.parquet_file(live.local_path)
     have = set(pf.schema_arrow.names)
     t = pf.read(columns=[n for n in names if n in have and n not in parts])
     for name in names:
@@ -1268,7 +1274,7 @@ def iter_batches(
     schema = table_schema(dt)
     wanted = pa.schema([schema.field(c).with_nullable(True) for c in columns])
     for live in live_files(dt):
-        pf = pq.ParquetFile(live.local_path)
+        pf = storage.parquet_file(live.local_path)
         have = set(pf.schema_arrow.names)
         present = [c for c in columns if c in have]
         for batch in pf.iter_batches(batch_size=batch_size, columns=present):
@@ -1570,21 +1576,20 @@ def app_transactions(path: str | os.PathLike[str]) -> list[tuple[str, int, int]]
     version order: the ``txn`` actions of the log's commit files, which delta-rs
     (``CommitProperties``) and delta-spark (``txnAppId``/``txnVersion``) both write.
     Commit files Delta's log cleanup removed are not seen."""
-    log_dir = os.path.join(os.fspath(path), "_delta_log")
     out: list[tuple[str, int, int]] = []
-    try:
-        names = sorted(n for n in os.listdir(log_dir) if _COMMIT_FILE.fullmatch(n))
-    except FileNotFoundError:
-        return out
-    for name in names:
+    files = sorted(storage.list_files(_log_dir(path)))
+    for loc in files:
+        name = os.path.basename(loc)
+        if not _COMMIT_FILE.fullmatch(name):
+            continue
         version = int(name[:20])
         try:
-            with open(os.path.join(log_dir, name), encoding="utf-8") as fh:
-                for line in fh:
-                    if '"txn"' in line and "txn" in (action := json.loads(line)):
-                        out.append((str(action["txn"]["appId"]), int(action["txn"]["version"]), version))
+            text = storage.read_text(loc)
         except FileNotFoundError:
             continue  # cleaned up meanwhile
+        for line in text.splitlines():
+            if '"txn"' in line and "txn" in (action := json.loads(line)):
+                out.append((str(action["txn"]["appId"]), int(action["txn"]["version"]), version))
     return out
 
 

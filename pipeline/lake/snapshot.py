@@ -124,7 +124,9 @@ def load(
     """The table's latest version (or ``version``): delta-spark's when a Spark session
     runs in the process, delta-rs's otherwise (``engine`` chooses; "delta-spark" starts
     the project's session if none runs)."""
-    root = os.path.abspath(os.fspath(path))
+    from pipeline.lake import storage
+
+    root = storage.location(path)
     spark = active_session()
     if engine == "delta-spark" and spark is None:
         from pipeline.lake import transaction
@@ -296,7 +298,10 @@ def _jvm_files(jsnap: Any, checksum: Any | None) -> list[FileEntry]:
 def _load_rs(root: str, version: int | None) -> Snapshot:
     from deltalake import DeltaTable
 
-    dt = DeltaTable(root, version=version)
+    from pipeline.lake import storage
+
+    options = storage.S3Settings.from_env().storage_options() if storage.is_object_store(root) else None
+    dt = DeltaTable(root, version=version, storage_options=options)
     return Snapshot(
         root=root,
         version=int(dt.version()),
@@ -418,7 +423,14 @@ def _stats_table(files: list[FileEntry], schema: pa.Schema, parts: list[str]) ->
 
 
 def local_path(root: str, path: str) -> str:
-    """A log path as a local file path."""
+    """A log path as a file's location: a local path, or a URI under a table on an
+    object store (``pipeline.lake.storage``)."""
+    from pipeline.lake import storage
+
+    if storage.is_object_store(root):
+        if storage.is_object_store(path):
+            return storage.location(path)
+        return storage.join(root, urllib.parse.unquote(path))
     if "://" in path:
         parsed = urllib.parse.urlparse(path)
         if parsed.scheme != "file":

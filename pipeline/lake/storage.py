@@ -20,17 +20,33 @@ places only, so that a job, ``qmf top`` and a notebook find the same store:
 
 from __future__ import annotations
 
+import functools
 import os
-from collections.abc import Mapping
+import posixpath
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 from urllib.parse import urlsplit
 
-__all__ = ["OBJECT_SCHEMES", "S3Settings", "is_object_store", "join", "require_local", "scheme"]
+if TYPE_CHECKING:
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+    from pyarrow import fs as pafs
+
+__all__ = [
+    "LOCATION_ENV", "OBJECT_SCHEMES", "S3Settings", "arrow_filesystem", "exists", "file_size", "is_object_store",
+    "join", "list_files", "location", "parquet_file", "parquet_writer", "read_text", "remove_files",
+    "require_local", "scheme",
+]  # fmt: skip
 
 # The schemes of an S3 bucket as users write them: Spark's s3a (what the jobs use),
 # and s3, which delta-rs, polars and pyarrow use for the same objects.
 OBJECT_SCHEMES = ("s3a", "s3")
 PATH_STYLE_ENV = "QMF_S3_PATH_STYLE"
+# The variables that say where the store is (never the credentials): what Spark's
+# executors are given, so that the tasks that write data files find the same store.
+LOCATION_ENV = ("AWS_ENDPOINT_URL_S3", "AWS_ENDPOINT_URL", "AWS_REGION", "AWS_DEFAULT_REGION",
+                PATH_STYLE_ENV)  # fmt: skip
 
 
 def scheme(path: str | os.PathLike[str]) -> str:
@@ -47,17 +63,32 @@ def require_local(**paths: str | os.PathLike[str] | None) -> None:
     """Refuse an object-store location for what must still be a local or NFS path.
 
     Spark's own Delta reads and writes (``spark.read.format("delta")``, ``DeltaTable``,
-    SQL) work on ``s3a://`` in every session ``get_spark`` makes; the jobs' own layer
-    (data files written by their tasks, table locks, landing log, checkpoint locks) does
-    not yet (issue 49). A clear refusal at the start, not a local folder named ``s3a:``.
+    SQL) work on ``s3a://`` in every session ``get_spark`` makes, and so does bronze's
+    table; silver's, gold's and the backfill's tables, the landing log and the jobs'
+    checkpoints (locked with ``flock``) do not yet (issue 49). A clear refusal at the
+    start, not a local folder named ``s3a:``.
     """
     for name, path in paths.items():
         if path is not None and is_object_store(path):
             raise ValueError(
-                f"{name} {os.fspath(path)!r}: the jobs keep their tables and checkpoints on a"
-                " local or NFS path for now; object storage (s3a://) serves Spark's own Delta"
-                " reads and writes (docs/cluster.md), not yet the jobs"
+                f"{name} {os.fspath(path)!r}: must be a local or NFS path for now; object"
+                " storage (s3a://) serves bronze's table and Spark's own Delta reads and"
+                " writes (docs/cluster.md)"
             )
+
+
+def location(path: str | os.PathLike[str]) -> str:
+    """How every part of the lake names a table or file: an absolute local path, or a
+    bucket URI as Spark's S3A reads it (``s3a://bucket/key``: ``s3://`` becomes
+    ``s3a://``, no trailing slash, no ``.``/``..``)."""
+    text = os.fspath(path)
+    if not is_object_store(text):
+        return os.path.abspath(text)
+    parts = urlsplit(text)
+    if not parts.netloc:
+        raise ValueError(f"{text!r}: an object store location needs a bucket (s3a://bucket/...)")
+    key = posixpath.normpath("/" + parts.path).strip("/")
+    return f"s3a://{parts.netloc}/{key}" if key else f"s3a://{parts.netloc}"
 
 
 def join(root: str | os.PathLike[str], *parts: str) -> str:
@@ -138,3 +169,114 @@ class S3Settings:
             opts["AWS_REGION"] = self.region
         opts["AWS_VIRTUAL_HOSTED_STYLE_REQUEST"] = str(not self.path_style).lower()
         return opts
+
+
+# ---------------------------------------------------------------------------
+# Files of a table, wherever it lives: the local path keeps the plain os calls (the
+# jobs' hot paths), a bucket goes through pyarrow's S3 client with the same settings.
+
+
+@functools.lru_cache(maxsize=8)
+def _s3_filesystem(settings: S3Settings) -> pafs.S3FileSystem:
+    from pyarrow import fs as pafs
+
+    endpoint = urlsplit(settings.endpoint) if settings.endpoint is not None else None
+    return pafs.S3FileSystem(
+        region=settings.region,
+        endpoint_override=endpoint.netloc if endpoint is not None else None,
+        scheme=endpoint.scheme if endpoint is not None else "https",
+        force_virtual_addressing=not settings.path_style,
+    )
+
+
+def arrow_filesystem(loc: str) -> tuple[pafs.FileSystem, str]:
+    """pyarrow's file system for a ``location`` and the path in it (``bucket/key`` on a
+    store). Credentials: the AWS SDK's default chain, as Spark's S3A."""
+    from pyarrow import fs as pafs
+
+    if not is_object_store(loc):
+        return pafs.LocalFileSystem(), loc
+    parts = urlsplit(loc)
+    return _s3_filesystem(S3Settings.from_env()), f"{parts.netloc}{parts.path}".rstrip("/")
+
+
+def list_files(folder: str, start: str = "") -> list[str]:
+    """Locations of the files directly in ``folder`` whose names start with ``start``
+    (one listing; none when the folder is missing)."""
+    if not is_object_store(folder):
+        try:
+            return [e.path for e in os.scandir(folder) if e.name.startswith(start) and e.is_file()]
+        except (FileNotFoundError, NotADirectoryError):
+            return []
+    from pyarrow import fs as pafs
+
+    fs, path = arrow_filesystem(folder)
+    infos = fs.get_file_info(pafs.FileSelector(path, allow_not_found=True))
+    return [
+        join(folder, i.base_name) for i in infos
+        if i.type == pafs.FileType.File and i.base_name.startswith(start)
+    ]  # fmt: skip
+
+
+def remove_files(locations: Iterable[str]) -> None:
+    """Delete files; one already gone is no error."""
+    for loc in locations:
+        if not is_object_store(loc):
+            try:
+                os.remove(loc)
+            except FileNotFoundError:
+                pass
+            continue
+        fs, path = arrow_filesystem(loc)
+        try:
+            fs.delete_file(path)
+        except FileNotFoundError:
+            pass
+
+
+def exists(loc: str) -> bool:
+    if not is_object_store(loc):
+        return os.path.exists(loc)
+    from pyarrow import fs as pafs
+
+    fs, path = arrow_filesystem(loc)
+    return bool(fs.get_file_info(path).type != pafs.FileType.NotFound)
+
+
+def file_size(loc: str) -> int:
+    if not is_object_store(loc):
+        return os.path.getsize(loc)
+    fs, path = arrow_filesystem(loc)
+    size = fs.get_file_info(path).size
+    if size is None:
+        raise FileNotFoundError(loc)
+    return int(size)
+
+
+def read_text(loc: str) -> str:
+    if not is_object_store(loc):
+        with open(loc, encoding="utf-8") as fh:
+            return fh.read()
+    fs, path = arrow_filesystem(loc)
+    with fs.open_input_stream(path) as fh:
+        return bytes(fh.read()).decode("utf-8")
+
+
+def parquet_file(loc: str) -> pq.ParquetFile:
+    """A Parquet file to read its footer and row groups from."""
+    import pyarrow.parquet as pq
+
+    if not is_object_store(loc):
+        return pq.ParquetFile(loc)
+    fs, path = arrow_filesystem(loc)
+    return pq.ParquetFile(fs.open_input_file(path))
+
+
+def parquet_writer(loc: str, schema: pa.Schema, **options: object) -> pq.ParquetWriter:
+    """A Parquet writer to ``loc`` (on a store the object appears at ``close``)."""
+    import pyarrow.parquet as pq
+
+    if not is_object_store(loc):
+        return pq.ParquetWriter(loc, schema, **options)
+    fs, path = arrow_filesystem(loc)
+    return pq.ParquetWriter(path, schema, filesystem=fs, **options)

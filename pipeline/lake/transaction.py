@@ -24,7 +24,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, TypeVar
 
-from pipeline.lake import snapshot
+from pipeline.lake import snapshot, storage
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
@@ -166,7 +166,7 @@ def commit(
     overwrite when ``overwrite``).
     """
     spark = session()
-    txn = snapshot.delta_log(spark, os.path.abspath(root)).startTransaction()
+    txn = snapshot.delta_log(spark, storage.location(root)).startTransaction()
     if _app_version(txn, app_id) >= batch_id:
         return Outcome(skipped=True, version=int(txn.snapshot().version()))
     now_ms = int(time.time() * 1000)
@@ -196,7 +196,7 @@ def write(
     Files of a failed write stay unreferenced, for VACUUM, as with Delta's writer.
     """
     spark = session()
-    txn = snapshot.delta_log(spark, os.path.abspath(root)).startTransaction()
+    txn = snapshot.delta_log(spark, storage.location(root)).startTransaction()
     if _app_version(txn, app_id) >= batch_id:
         return Outcome(skipped=True, version=int(txn.snapshot().version()))
     before = {k: spark.conf.get(k, None) for k in options or {}}
@@ -286,7 +286,7 @@ def create(
     structs."""
     from delta.tables import DeltaTable
 
-    builder = DeltaTable.createIfNotExists(session()).location(os.path.abspath(root))
+    builder = DeltaTable.createIfNotExists(session()).location(storage.location(root))
     builder = builder.addColumns(_nested_nullable(schema))
     if partition_by:
         builder = builder.partitionedBy(*partition_by)
@@ -317,5 +317,5 @@ def add_columns(root: str | os.PathLike[str], columns: StructType) -> None:
     ddl = ", ".join(
         f"{_quoted(f.name)} {f.dataType.simpleString()}" for f in _nested_nullable(columns).fields
     )
-    path = os.path.abspath(root).replace("`", "``")
+    path = storage.location(root).replace("`", "``")
     session().sql(f"ALTER TABLE delta.`{path}` ADD COLUMNS ({ddl})")

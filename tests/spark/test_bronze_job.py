@@ -271,16 +271,31 @@ def test_broker_to_bronze_end_to_end(broker: Any, spark: SparkSession, tmp_path:
 
 
 @pytest.mark.slow
-def test_bronze_job_killed_twice_then_restarted(tmp_path: Path) -> None:
+@pytest.mark.parametrize("where", ["local", "store"])
+def test_bronze_job_killed_twice_then_restarted(
+    where: str, tmp_path: Path, request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """SIGKILL the spark-submit job (JVM and Python) twice mid-run: bronze ends exact.
 
     On the task path (``--writer tasks``: ``auto`` would write these ~1 MB batches
     on the driver), so a kill can fall between the tasks' writes and the commit.
+    ``store``: the table on a real S3 server (an ingest host writing bronze to the
+    lake; landing log and checkpoint on its disk), read back by delta-rs.
     """
     import os
     import signal
 
-    root, table, ck = tmp_path / "landing", tmp_path / "bronze", tmp_path / "ck"
+    root, ck = tmp_path / "landing", tmp_path / "ck"
+    env = spark_submit_env()
+    table: str | Path = tmp_path / "bronze"
+    folder = tmp_path / "bronze"  # where the table's files are on this machine
+    if where == "store":
+        s3 = request.getfixturevalue("s3")
+        bucket = s3.make_bucket("bronze-kill")
+        table, folder = f"s3a://{bucket}/lake/bronze", s3.folder / bucket / "lake" / "bronze"
+        env.update(s3.env())
+        for k, v in s3.env().items():
+            monkeypatch.setenv(k, v)  # this process reads the table with delta-rs
     a = land(root, "a", [1_000] * 30)
     b = land(root, "b", [500] * 40)
     land_copies(root, "c", a[5_000:6_000], "a", 5_000)
@@ -298,15 +313,15 @@ def test_bronze_job_killed_twice_then_restarted(tmp_path: Path) -> None:
     ]  # fmt: skip
 
     def committed() -> int:
-        if not (ck / "metadata").exists() or not delta.table_exists(table):
+        if not (ck / "metadata").exists():
             return -1
-        got = delta.committed_batch(table, f"qmf-bronze-{checkpoint_query_id(str(ck))}")
-        return -1 if got is None else got
+        app = f"qmf-bronze-{checkpoint_query_id(str(ck))}"
+        return max((bt for a_, bt, _v in delta.app_transactions(table) if a_ == app), default=-1)
 
     for _kill in range(2):
         before = committed()
         proc = subprocess.Popen(
-            cmd, env=spark_submit_env(), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+            cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
             start_new_session=True,
         )  # fmt: skip
 
@@ -324,7 +339,7 @@ def test_bronze_job_killed_twice_then_restarted(tmp_path: Path) -> None:
     killed_at = committed()
     assert killed_at >= 3
 
-    final = subprocess.run(cmd, env=spark_submit_env(), capture_output=True, text=True,
+    final = subprocess.run(cmd, env=env, capture_output=True, text=True,
                            timeout=1200, check=False)  # fmt: skip
     assert final.returncode == 0, final.stderr[-4000:]
 
@@ -332,8 +347,17 @@ def test_bronze_job_killed_twice_then_restarted(tmp_path: Path) -> None:
     # The last kill may land after the job's last commit (the restart then commits nothing).
     assert commits == list(range(len(commits))) and commits[-1] >= killed_at
     # What killed attempts wrote and did not commit went with their batches' replays.
-    assert stray_files(table) == []
-    out = delta.read_arrow(table)
+    assert stray_files(folder) == []
+    out = delta.read_arrow(table) if where == "local" else _read_with_delta_rs(str(table))
     keys = out.column("msg_key").to_pylist()
     assert len(keys) == len(set(keys)) == len(a) + len(b) == 50_000
     assert bronze_content(out) == sorted(content(m) for m in a + b)
+
+
+def _read_with_delta_rs(uri: str) -> pa.Table:
+    """A table on the store as a reader without Spark sees it (the variables' settings)."""
+    from deltalake import DeltaTable
+
+    from pipeline.lake.storage import S3Settings
+
+    return DeltaTable(uri, storage_options=S3Settings.from_env().storage_options()).to_pyarrow_table()
