@@ -94,9 +94,9 @@ class BronzeSettings:
     driver_max_bytes: int = DRIVER_MAX_BYTES
 
     def __post_init__(self) -> None:
-        # The table may be on an object store (an ingest host writing bronze to the
-        # lake); the landing log and the checkpoint stay on the ingest host's disk.
-        require_local(landing=self.landing, checkpoint=self.checkpoint)
+        # The table and the checkpoint may be on an object store (an ingest host
+        # writing bronze to the lake); the landing log stays on the ingest host's disk.
+        require_local(landing=self.landing)
         trigger_kwargs(self.trigger)  # validate early
         if self.writer not in WRITERS:
             raise ValueError(f"writer {self.writer!r}: expected one of {', '.join(WRITERS)}")
@@ -118,8 +118,8 @@ class BronzeSettings:
 
 def checkpoint_query_id(checkpoint: str) -> str:
     """The query id Spark stores in ``<checkpoint>/metadata`` (exists once the query started)."""
-    with open(os.path.join(checkpoint, "metadata"), encoding="utf-8") as f:
-        return str(json.loads(f.readline())["id"])
+    text = storage.read_text(storage.join(checkpoint, "metadata"))
+    return str(json.loads(text.splitlines()[0])["id"])
 
 
 class BronzeBatchWriter:

@@ -44,6 +44,7 @@ from pyspark.sql import DataFrame, SparkSession
 
 from pipeline.lake import delta, snapshot
 from pipeline.lake.snapshot import Snapshot
+from pipeline.lake.storage import require_local
 
 log = logging.getLogger(__name__)
 
@@ -507,7 +508,10 @@ def maintain(
 ) -> list[TableReport]:
     """Maintain every table, ``settings.parallel`` at a time (each table under its own
     lock, in a Spark session of its own); a failure on one table is reported, the
-    others go on. Reports come in the order of ``tables``."""
+    others go on. Reports come in the order of ``tables``. A table on an object store
+    is refused: it has no table lock to keep a compaction from the job's merges."""
+    tables = list(tables)
+    require_local(**{f"table {i + 1}": t for i, t in enumerate(tables)})
     paths = [os.path.abspath(t) for t in tables]
     pins = stream_pins(paths, streams)
 

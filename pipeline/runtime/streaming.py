@@ -50,10 +50,10 @@ def offset_log_sources(checkpoint: str, batch_id: int) -> list[str] | None:
     ``foreachBatch`` DataFrame holds. None: no entry (never written, or
     purged), or a source without an offset (``-``).
     """
-    path = os.path.join(checkpoint, "offsets", str(batch_id))
+    from pipeline.lake import storage
+
     try:
-        with open(path, encoding="utf-8") as fh:
-            lines = fh.read().splitlines()
+        lines = storage.read_text(storage.join(checkpoint, "offsets", str(batch_id))).splitlines()
     except FileNotFoundError:
         return None
     sources = [ln.strip() for ln in lines[2:]]
@@ -64,11 +64,10 @@ def offset_log_sources(checkpoint: str, batch_id: int) -> list[str] | None:
 
 def last_offsets(checkpoint: str) -> tuple[int, list[str]] | None:
     """The newest entry of the checkpoint's offset log: its batch id and source offsets."""
-    folder = os.path.join(checkpoint, "offsets")
-    try:
-        ids = [int(n) for n in os.listdir(folder) if n.isdigit()]
-    except FileNotFoundError:
-        return None
+    from pipeline.lake import storage
+
+    names = [os.path.basename(f) for f in storage.list_files(storage.join(checkpoint, "offsets"))]
+    ids = [int(n) for n in names if n.isdigit()]
     for batch_id in sorted(ids, reverse=True):
         sources = offset_log_sources(checkpoint, batch_id)
         if sources is not None:

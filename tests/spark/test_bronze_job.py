@@ -279,13 +279,16 @@ def test_bronze_job_killed_twice_then_restarted(
 
     On the task path (``--writer tasks``: ``auto`` would write these ~1 MB batches
     on the driver), so a kill can fall between the tasks' writes and the commit.
-    ``store``: the table on a real S3 server (an ingest host writing bronze to the
-    lake; landing log and checkpoint on its disk), read back by delta-rs.
+    ``store``: the table and the checkpoint on a real S3 server (an ingest host
+    writing bronze to the lake; the landing log on its disk), read back by delta-rs.
     """
     import os
     import signal
 
-    root, ck = tmp_path / "landing", tmp_path / "ck"
+    from pipeline.lake import storage
+
+    root = tmp_path / "landing"
+    ck = str(tmp_path / "ck")
     env = spark_submit_env()
     table: str | Path = tmp_path / "bronze"
     folder = tmp_path / "bronze"  # where the table's files are on this machine
@@ -293,6 +296,7 @@ def test_bronze_job_killed_twice_then_restarted(
         s3 = request.getfixturevalue("s3")
         bucket = s3.make_bucket("bronze-kill")
         table, folder = f"s3a://{bucket}/lake/bronze", s3.folder / bucket / "lake" / "bronze"
+        ck = f"s3a://{bucket}/checkpoints/bronze"
         env.update(s3.env())
         for k, v in s3.env().items():
             monkeypatch.setenv(k, v)  # this process reads the table with delta-rs
@@ -307,15 +311,15 @@ def test_bronze_job_killed_twice_then_restarted(
         "--conf", "spark.sql.shuffle.partitions=2",
         "--driver-memory", "1g",
         str(REPO / "jobs" / "bronze.py"),
-        "--landing", str(root), "--table", str(table), "--checkpoint", str(ck),
+        "--landing", str(root), "--table", str(table), "--checkpoint", ck,
         "--trigger", "availableNow", "--max-records-per-trigger", "5000", "--timeout", "900",
         "--writer", "tasks",
     ]  # fmt: skip
 
     def committed() -> int:
-        if not (ck / "metadata").exists():
+        if not storage.exists(storage.join(ck, "metadata")):
             return -1
-        app = f"qmf-bronze-{checkpoint_query_id(str(ck))}"
+        app = f"qmf-bronze-{checkpoint_query_id(ck)}"
         return max((bt for a_, bt, _v in delta.app_transactions(table) if a_ == app), default=-1)
 
     for _kill in range(2):
@@ -352,6 +356,9 @@ def test_bronze_job_killed_twice_then_restarted(
     keys = out.column("msg_key").to_pylist()
     assert len(keys) == len(set(keys)) == len(a) + len(b) == 50_000
     assert bronze_content(out) == sorted(content(m) for m in a + b)
+    if where == "store":  # Spark's offset and commit logs went to the store too
+        assert storage.exists(storage.join(ck, "commits", str(commits[-1])))
+        assert not (tmp_path / "ck").exists()
 
 
 def _read_with_delta_rs(uri: str) -> pa.Table:

@@ -175,7 +175,7 @@ def test_the_jobs_refuse_a_bucket_where_they_cannot_yet_use_one(
 ) -> None:
     """Where the jobs' own layer does not reach object storage yet, each job's settings
     and `qmf run` refuse an s3a:// location at once (not a local folder named `s3a:`);
-    bronze's table may be on a store (``test_bronze_job``)."""
+    bronze's table and checkpoint may be on a store (``test_bronze_job``)."""
     from datetime import UTC, datetime
 
     from pipeline.backfill import BackfillSettings
@@ -188,8 +188,7 @@ def test_the_jobs_refuse_a_bucket_where_they_cannot_yet_use_one(
     BronzeSettings(landing=str(tmp_path), table="s3a://lake/bronze", checkpoint=str(tmp_path))
     with pytest.raises(ValueError, match=f"^landing 's3a://lake/landing': {why}"):
         BronzeSettings(landing="s3a://lake/landing", table="s3a://lake/bronze", checkpoint=str(tmp_path))
-    with pytest.raises(ValueError, match=f"^checkpoint 's3a://lake/ck': {why}"):
-        BronzeSettings(landing=str(tmp_path), table=str(tmp_path), checkpoint="s3a://lake/ck")
+    BronzeSettings(landing=str(tmp_path), table=str(tmp_path), checkpoint="s3a://lake/ck")
     with pytest.raises(ValueError, match=f"^checkpoint 's3a://lake/ck': {why}"):
         SilverSettings(bronze=str(tmp_path), root=str(tmp_path), checkpoint="s3a://lake/ck")
     with pytest.raises(ValueError, match=f"^root 's3://lake/gold': {why}"):
@@ -198,6 +197,57 @@ def test_the_jobs_refuse_a_bucket_where_they_cannot_yet_use_one(
     with pytest.raises(ValueError, match=f"^silver 's3a://lake/silver': {why}"):
         BackfillSettings(bronze=str(tmp_path), silver="s3a://lake/silver", gold=str(tmp_path),
                          start=t0, end=t1)  # fmt: skip
+    from pipeline.lake.maintain import MaintainSettings, maintain
+
+    with pytest.raises(ValueError, match=f"^table 2 's3a://lake/silver/x': {why}"):
+        maintain([str(tmp_path), "s3a://lake/silver/x"], [], MaintainSettings())
     monkeypatch.chdir(tmp_path)
     assert qmf(["run", "--data", "s3a://lake/data"]) == 2
     assert not any(tmp_path.iterdir())
+
+
+def test_location_names_a_table_one_way() -> None:
+    from pipeline.lake.storage import location
+
+    assert location("s3://lake/a/../b/") == "s3a://lake/b"
+    assert location("s3a://lake") == "s3a://lake"
+    assert location("S3A://lake/x//y") == "s3a://lake/x/y"
+    assert location("rel/t") == os.path.abspath("rel/t")
+    with pytest.raises(ValueError, match="needs a bucket"):
+        location("s3a:///t")
+
+
+@pytest.mark.parametrize("where", ["disk", "store"])
+def test_a_tables_files_alike_on_disk_and_on_a_store(
+    where: str, s3: S3Server, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The lake's file calls (``pipeline.lake.storage``) behave the same on both."""
+    import pyarrow as pa
+
+    from pipeline.lake import storage
+
+    if where == "store":
+        for k, v in s3.env().items():
+            monkeypatch.setenv(k, v)
+        root = f"s3a://{s3.make_bucket('files')}/t"
+    else:
+        root = str(tmp_path / "t")
+        os.makedirs(root)
+    assert storage.list_files(root) == []
+    assert storage.list_files(storage.join(root, "missing")) == []
+    table = pa.table({"x": pa.array(range(1000), pa.int64())})
+    for name in ("part-a-1.parquet", "part-a-2.parquet", "part-b-1.parquet"):
+        w = storage.parquet_writer(storage.join(root, name), table.schema)
+        w.write_table(table)
+        w.close()
+    got = sorted(storage.list_files(root, "part-a-"))
+    assert got == [storage.join(root, "part-a-1.parquet"), storage.join(root, "part-a-2.parquet")]
+    pf = storage.parquet_file(got[0])
+    assert pf.metadata.num_rows == 1000 and pf.read().equals(table)
+    backing = (s3.folder / "files" / "t" if where == "store" else Path(root)) / "part-a-1.parquet"
+    assert storage.file_size(got[0]) == backing.stat().st_size > 0
+    assert storage.exists(got[0]) and not storage.exists(storage.join(root, "nope"))
+    storage.remove_files([*got, storage.join(root, "nope")])  # one already gone: no error
+    assert [os.path.basename(p) for p in storage.list_files(root)] == ["part-b-1.parquet"]
+    with pytest.raises(FileNotFoundError):
+        storage.read_text(storage.join(root, "nope"))
