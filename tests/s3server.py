@@ -16,6 +16,7 @@ import time
 import urllib.error
 import urllib.request
 from pathlib import Path
+from typing import Any
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -103,6 +104,19 @@ class S3Server:
             access_key=self.access_key, secret_key=self.secret_key, region=self.region,
             endpoint_override=self.endpoint, allow_bucket_creation=allow_bucket_creation,
         )  # fmt: skip
+
+    def configure(self, spark: Any, bucket: str, secret: str | None = None) -> None:
+        """S3A's per-bucket settings in a running session (its JVM started before this
+        server, so the variables cannot reach it): what ``S3Settings`` gives, and the
+        bucket's keys (``secret``: a wrong one, to be refused)."""
+        from pipeline.lake.storage import S3Settings
+
+        conf = spark.sparkContext._jsc.hadoopConfiguration()
+        prefix = "spark.hadoop.fs.s3a."
+        for key, value in S3Settings.from_env(self.env()).spark_conf().items():
+            conf.set(f"fs.s3a.bucket.{bucket}.{key[len(prefix):]}", value)
+        conf.set(f"fs.s3a.bucket.{bucket}.access.key", self.access_key)
+        conf.set(f"fs.s3a.bucket.{bucket}.secret.key", self.secret_key if secret is None else secret)
 
     def env(self) -> dict[str, str]:
         """The standard variables a process of the pipeline finds the store by."""

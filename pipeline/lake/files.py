@@ -27,6 +27,8 @@ from typing import TYPE_CHECKING, Any
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from pipeline.lake import storage
+
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame
     from pyspark.sql.types import StructType
@@ -44,18 +46,21 @@ class MissingFileError(RuntimeError):
 class DataFile:
     """One Parquet file of a table: where it is and its size. Plain values, so it pickles."""
 
-    path: str  # local, absolute, decoded
+    path: str  # its location (``pipeline.lake.storage``): a local absolute path, or a URI
     size: int
     rows: int | None = None  # when known (only for planning, never for correctness)
 
 
-def local_path(uri: str) -> str:
-    """A ``file:`` URI (or a plain path) as a local path."""
+def file_location(uri: str) -> str:
+    """A data file of Spark's plan (a ``file:`` or bucket URI, or a plain path) as its
+    location: a local path, or the bucket URI as ``pipeline.lake.storage`` names it."""
+    if storage.is_object_store(uri):
+        return storage.location(urllib.parse.unquote(uri))
     if "://" not in uri and not uri.startswith("file:"):
         return uri
     parsed = urllib.parse.urlparse(uri)
     if parsed.scheme != "file":
-        raise ValueError(f"only local files are supported, not {uri}")
+        raise ValueError(f"a data file on {parsed.scheme}:// cannot be read here: {uri}")
     return urllib.parse.unquote(parsed.path)
 
 
@@ -125,10 +130,10 @@ def batch_files(df: DataFrame, tables: Sequence[str]) -> list[list[DataFile]] | 
     found = plan_files(df)
     if found is None:
         return None
-    roots = [os.path.abspath(t).rstrip("/") + "/" for t in tables]
+    roots = [storage.location(t).rstrip("/") + "/" for t in tables]
     out: list[list[DataFile]] = [[] for _ in tables]
     for uri, size in sorted(found.items()):
-        path = local_path(uri)
+        path = file_location(uri)
         for i, root in enumerate(roots):
             if path.startswith(root):
                 out[i].append(DataFile(path, size))
@@ -160,7 +165,7 @@ def read_file(
     """Rows of one data file (or of some of its row groups) in exactly ``schema``;
     columns the file lacks (added to the table later) are null."""
     try:
-        pf = pq.ParquetFile(f.path)
+        pf = storage.parquet_file(f.path)
     except FileNotFoundError:
         raise MissingFileError(f"data file {f.path} of the batch is gone (vacuumed?)") from None
     in_file = set(pf.schema_arrow.names)

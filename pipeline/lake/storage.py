@@ -34,9 +34,23 @@ if TYPE_CHECKING:
     from pyarrow import fs as pafs
 
 __all__ = [
-    "LOCATION_ENV", "OBJECT_SCHEMES", "S3Settings", "arrow_filesystem", "exists", "file_size", "is_object_store",
-    "join", "list_files", "location", "parquet_file", "parquet_writer", "read_text", "remove_files",
-    "require_local", "scheme",
+    "LOCATION_ENV",
+    "OBJECT_SCHEMES",
+    "S3Settings",
+    "arrow_filesystem",
+    "exists",
+    "file_size",
+    "is_object_store",
+    "join",
+    "list_files",
+    "location",
+    "parquet_file",
+    "parquet_writer",
+    "read_text",
+    "remove_files",
+    "require_local",
+    "scheme",
+    "write_parquet",
 ]  # fmt: skip
 
 # The schemes of an S3 bucket as users write them: Spark's s3a (what the jobs use),
@@ -270,6 +284,15 @@ def parquet_file(loc: str) -> pq.ParquetFile:
         return pq.ParquetFile(loc)
     fs, path = arrow_filesystem(loc)
     return pq.ParquetFile(fs.open_input_file(path))
+
+
+def write_parquet(loc: str, table: pa.Table) -> None:
+    """``table`` as one Parquet file at ``loc`` (scratch files a batch's tasks read)."""
+    w = parquet_writer(loc, table.schema)
+    try:
+        w.write_table(table)
+    finally:
+        w.close()
 
 
 def parquet_writer(loc: str, schema: pa.Schema, **options: object) -> pq.ParquetWriter:

@@ -29,10 +29,9 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
-import pyarrow.parquet as pq
 
 from pipeline.codec.schema import ClassSchema, SchemaRegistry
-from pipeline.lake import delta
+from pipeline.lake import delta, storage
 from pipeline.runtime import taskworker
 from schemas.silver import METHOD_CALLS
 
@@ -289,7 +288,10 @@ class Classes:
     def __call__(self, wanted: set[Any]) -> dict[Any, tuple[str, str, bytes]]:
         plan = self.plan
         nums = pa.array(sorted({o.object_num for o in wanted}), pa.int64())
-        read = [_rows_of(pq.read_table(p, columns=list(CLASS_COLUMNS)), nums) for p in plan.samples]
+        read = [
+            _rows_of(storage.parquet_file(p).read(columns=list(CLASS_COLUMNS)), nums)
+            for p in plan.samples
+        ]
         if plan.samples_rows is not None:
             read.append(_rows_of(plan.samples_rows.select(list(CLASS_COLUMNS)), nums))
         found = am1_classes(_concat(read), wanted) if read else {}
@@ -315,7 +317,7 @@ def _concat(tables: Sequence[pa.Table]) -> pa.Table:
 
 def _read_parts(plan: PairPlan, bucket: int | None) -> pa.Table:
     paths = [p for p in plan.parts if bucket is None or part_bucket(p) == bucket]
-    tables = [pq.read_table(p).cast(METHOD_CALLS) for p in paths]
+    tables = [storage.parquet_file(p).read().cast(METHOD_CALLS) for p in paths]
     if plan.parts_rows is not None and plan.parts_rows.num_rows:
         rows = plan.parts_rows
         if bucket is not None:
@@ -427,7 +429,7 @@ class MethodCallTable:
         schema, stored = stored_before(self.path, app_id, batch_id)
         part_rows = held + sum(f.rows for f in described)
         stored_rows = sum(
-            f.rows if f.rows is not None else pq.ParquetFile(f.live.local_path).metadata.num_rows
+            f.rows if f.rows is not None else storage.parquet_file(f.live.local_path).metadata.num_rows
             for f in stored
         )
         plan = PairPlan(
@@ -453,7 +455,7 @@ class MethodCallTable:
         extra_samples: list[str] = []
         if plan.samples_rows is not None:
             p = delta.staged_file(plan.staging, f"samples-{uuid.uuid4().hex}.parquet")
-            pq.write_table(plan.samples_rows.select(list(CLASS_COLUMNS)), p)
+            storage.write_parquet(p, plan.samples_rows.select(list(CLASS_COLUMNS)))
             extra_samples = [p]
         shipped = replace(
             plan, parts=(*plan.parts, *extra_parts), samples=(*plan.samples, *extra_samples),

@@ -2,11 +2,9 @@
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass
 
-from pipeline.lake import delta
-from pipeline.lake.storage import require_local
+from pipeline.lake import delta, storage
 from pipeline.runtime.streaming import trigger_kwargs
 from pipeline.silver.registry import DEFAULT_KINDS_FILE, RegistryTable, StatisticKinds
 from schemas.silver import SILVER_TABLES
@@ -61,8 +59,6 @@ class SilverSettings:
     schema_wants: str | None = None
 
     def __post_init__(self) -> None:
-        require_local(bronze=self.bronze, root=self.root, checkpoint=self.checkpoint,
-                      registry=self.registry)  # fmt: skip
         trigger_kwargs(self.trigger)
         if self.decode_on == "spark":
             object.__setattr__(self, "decode_on", "tasks")
@@ -80,7 +76,7 @@ class SilverSettings:
     def path(self, name: str) -> str:
         if name == "schema_registry" and self.registry is not None:
             return self.registry
-        return os.path.join(self.root, name)
+        return storage.join(self.root, name)
 
     def source_options(self) -> dict[str, str]:
         """Options of Delta's streaming read of bronze (its admission control)."""

@@ -44,7 +44,7 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from pipeline.codec.schema import ClassSchema, SchemaRegistry
-from pipeline.lake import delta
+from pipeline.lake import delta, storage
 from pipeline.lake.files import DataFile, arrow_schema, read_file
 from pipeline.runtime import taskworker
 from pipeline.runtime.ipc import from_ipc, to_ipc
@@ -271,7 +271,7 @@ def plan_units(files: Sequence[DataFile], tasks: int) -> list[Unit]:
     pieces: list[tuple[Piece, int]] = []
     for f in files:
         if len(files) < tasks:
-            meta = pq.ParquetFile(f.path).metadata
+            meta = storage.parquet_file(f.path).metadata
             for i in range(meta.num_row_groups):
                 rg = meta.row_group(i)
                 size = f.size if meta.num_row_groups == 1 else int(rg.total_byte_size)
@@ -410,7 +410,7 @@ def resolve_task(parts: Sequence[ParkedPart], plan: ResolvePlan) -> TaskOutput:
     try:
         for part in parts:
             if part.live is None:  # this batch's: split into waiting and decodable
-                t = pq.read_table(part.path)
+                t = storage.parquet_file(part.path).read()
                 now = pc.is_in(t.column("missing"), known)
                 wait = t.filter(pc.invert(now))
                 rows.writers[PARKED_T].write(wait)

@@ -67,9 +67,12 @@ def write_bronze(path: str, tables: Sequence[pa.Table]) -> None:
     """Append bronze-shaped tables, one Delta commit each (test/benchmark data)."""
     from deltalake import write_deltalake
 
+    from pipeline.lake import storage
+
+    options = storage.S3Settings.from_env().storage_options() if storage.is_object_store(path) else None
     delta.create_table(path, BRONZE, name="bronze")
     for t in tables:
-        write_deltalake(path, t.cast(BRONZE), mode="append")
+        write_deltalake(storage.location(path), t.cast(BRONZE), mode="append", storage_options=options)
 
 
 def counts(tables: Mapping[str, pa.Table]) -> dict[str, int]:

@@ -36,7 +36,6 @@ from __future__ import annotations
 
 import contextlib
 import logging
-import os
 import time
 from dataclasses import dataclass, field
 from datetime import datetime
@@ -47,7 +46,7 @@ import pyarrow.compute as pc
 
 from pipeline.bronze.writer import checkpoint_query_id
 from pipeline.codec.schema import SchemaRegistry
-from pipeline.lake import delta
+from pipeline.lake import delta, storage
 from pipeline.silver import parked
 from pipeline.silver.agents import agent_rows, merge_agent_rows
 from pipeline.silver.batch import bronze_files, read_bronze
@@ -369,7 +368,7 @@ class SilverBatchWriter:
         if retry:  # earlier batches' messages: those not resolved before this batch
             schema, live = delta.files_before_batch(path("parked"), self.app_id, batch_id)
             parts += [
-                tasks.ParkedPart(f.local_path, os.path.getsize(f.local_path), f) for f in live
+                tasks.ParkedPart(f.local_path, storage.file_size(f.local_path), f) for f in live
             ]
             rschema, rfiles = delta.files_before_batch(
                 path("parked_resolved"), self.app_id, batch_id

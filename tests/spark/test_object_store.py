@@ -126,23 +126,11 @@ def test_delta_spark_writes_a_table_that_delta_rs_and_polars_read(s3: S3Server) 
                 os.environ[k] = v
 
 
-def _bucket_settings(spark: SparkSession, s3: S3Server, bucket: str, secret: str) -> None:
-    """S3A's per-bucket settings in the test's running session (its JVM started before
-    the server, so the variables cannot reach it): what ``S3Settings`` would give, and
-    the bucket's keys."""
-    conf = spark.sparkContext._jsc.hadoopConfiguration()  # type: ignore[union-attr]
-    prefix = "spark.hadoop.fs.s3a."
-    for key, value in S3Settings.from_env(s3.env()).spark_conf().items():
-        conf.set(f"fs.s3a.bucket.{bucket}.{key[len(prefix):]}", value)
-    conf.set(f"fs.s3a.bucket.{bucket}.access.key", s3.access_key)
-    conf.set(f"fs.s3a.bucket.{bucket}.secret.key", secret)
-
-
 def test_wrong_credentials_are_refused_with_the_stores_reason(
     spark: SparkSession, s3: S3Server
 ) -> None:
     s3.make_bucket("refused")
-    _bucket_settings(spark, s3, "refused", "not-the-secret")
+    s3.configure(spark, "refused", "not-the-secret")
     with pytest.raises(Exception) as caught:
         spark.range(3).write.format("delta").save("s3a://refused/t")
     text = str(caught.value)
@@ -154,7 +142,7 @@ def test_wrong_credentials_are_refused_with_the_stores_reason(
 
 def test_a_store_that_comes_back_holds_the_table(spark: SparkSession, s3: S3Server) -> None:
     s3.make_bucket("restart")
-    _bucket_settings(spark, s3, "restart", s3.secret_key)
+    s3.configure(spark, "restart")
     path = "s3a://restart/t"
     spark.range(150).write.format("delta").save(path)
     s3.stop()

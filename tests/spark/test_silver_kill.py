@@ -42,9 +42,13 @@ def _identities(s: SilverSettings, name: str) -> Counter[tuple[Any, ...]]:
     return Counter(zip(*(t.column(c).to_pylist() for c in cols), strict=True))
 
 
+@pytest.mark.parametrize("where", ["local", "store"])
 def test_sigkill_and_restart_write_every_row_once(
-    spark: SparkSession, shared_dir: str, tmp_path: Any
-) -> None:
+    where: str, spark: SparkSession, shared_dir: str, tmp_path: Any,
+    request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch,
+) -> None:  # fmt: skip
+    """``store``: bronze, silver's tables and its checkpoint on the real S3 server (the
+    cluster's side of the deployment: it touches only the store)."""
     from tests.spark.test_silver_methods import call_traffic
 
     msgs = list(read_capture(os.path.join(shared_dir, "samples/qpidd-capture-20s.jsonl")))
@@ -58,10 +62,16 @@ def test_sigkill_and_restart_write_every_row_once(
     write_bronze(ref.bronze, parts)
     run_silver_batch(spark, ref, 0)
 
+    base = str(tmp_path)
+    if where == "store":
+        s3 = request.getfixturevalue("s3")
+        bucket = s3.make_bucket("silver-kill")
+        s3.configure(spark, bucket)  # the test's own session reads the tables
+        for k, v in s3.env().items():
+            monkeypatch.setenv(k, v)  # the job's process, and pyarrow here
+        base = f"s3a://{bucket}/lake"
     s = SilverSettings(
-        bronze=str(tmp_path / "bronze"),
-        root=str(tmp_path / "silver"),
-        checkpoint=str(tmp_path / "checkpoint"),
+        bronze=f"{base}/bronze", root=f"{base}/silver", checkpoint=f"{base}/checkpoint"
     )
     write_bronze(s.bronze, parts)
     # Kill once a few micro-batches are in (but not all of them).
