@@ -66,6 +66,10 @@ def build_parser() -> argparse.ArgumentParser:
                         "apart from the agent tasks so one big agent's rates spread too "
                         "(default: auto, as many as --buckets after a batch whose agents were "
                         "uneven over their buckets, else none; 0: no rate stage)")
+    p.add_argument("--scratch", default=None, metavar="FOLDER",
+                   help="task path: folder of a batch's intermediate files, shared by every "
+                        "executor (default: inside the rates table; needed when --root is on "
+                        "an object store)")
     p.add_argument("--keep-mib", type=int, default=512, metavar="MIB",
                    help="task path: MiB of the table files a Python worker's tasks wrote kept "
                         "in that worker for the next batch (0: read them back from storage)")
@@ -105,6 +109,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         root=args.root,
         checkpoint=args.checkpoint,
         registry=args.registry,
+        scratch=args.scratch,
         trigger=args.trigger,
         max_files_per_trigger=args.max_files_per_trigger,
         max_bytes_per_trigger=args.max_bytes_per_trigger or None,

@@ -84,7 +84,7 @@ from pipeline.gold.transforms import (
     statistic_defs,
     upsert_rows,
 )
-from pipeline.lake import delta
+from pipeline.lake import delta, storage
 from pipeline.lake.files import DataFile, arrow_schema, read_file
 from pipeline.runtime import taskworker
 from pipeline.runtime.ipc import from_ipc
@@ -350,7 +350,7 @@ class Kept:
 
     @staticmethod
     def key(path: str) -> str:
-        return os.path.normpath(os.path.abspath(path))
+        return storage.location(path)
 
     def get(self, path: str) -> pl.DataFrame | None:
         t = self.tables.get(self.key(path))
@@ -367,7 +367,7 @@ class Kept:
     def retain(self, root: str, live: Iterable[str], batch_id: int) -> None:
         """Drop this table's entries (files under ``root``) of batches before
         ``batch_id`` that are not ``live``."""
-        prefix = self.key(root) + os.sep
+        prefix = self.key(root) + "/"
         keep = {self.key(p) for p in live}
         self.drop(
             k for k in list(self.tables)
@@ -609,7 +609,7 @@ def _write_result(plan: GoldPlan, name: str, table: pa.Table, file_name: str, ou
     if info is not None:
         out.files.setdefault(name, []).append(info)
         if name in STATE_TABLES and plan.keep_bytes:
-            where = os.path.join(_table_root(plan, name), info.name)
+            where = storage.join(_table_root(plan, name), info.name)
             KEPT.put(where, table, plan.batch_id, plan.keep_bytes)
 
 

@@ -49,10 +49,9 @@ from pipeline.gold.transforms import (
     gold_batch,
     upsert_rows,
 )
-from pipeline.lake import delta, transaction
+from pipeline.lake import delta, storage, transaction
 from pipeline.lake.files import DataFile, read_files
 from pipeline.lake.files import batch_files as plan_files
-from pipeline.lake.storage import require_local
 from pipeline.runtime.ipc import to_ipc
 from pipeline.runtime.streaming import (
     await_query,
@@ -145,10 +144,20 @@ class GoldSettings:
     # state) stays in its Python worker, up to this many MiB, so the next batch's task
     # there reads those tables from memory instead of their files (0: always read).
     keep_mib: int = 512
+    # Task path: the folder of a batch's intermediate files (bucket claims, the shuffle
+    # by bucket), which every executor reads and writes. None: inside the rates table
+    # (``_scratch``), on local or NFS tables; gold tables on an object store need one:
+    # a folder all executors share (NFS), or a local one with a local master.
+    scratch: str | None = None
 
     def __post_init__(self) -> None:
-        require_local(silver=self.silver, root=self.root, checkpoint=self.checkpoint,
-                      registry=self.registry)  # fmt: skip
+        storage.require_local(scratch=self.scratch)
+        if self.scratch is None and storage.is_object_store(self.root):
+            raise ValueError(
+                f"root {self.root!r} is on an object store: gold's tasks need a scratch folder"
+                " (--scratch: one every executor shares, such as an NFS mount, or a local one"
+                " with a local master)"
+            )
         trigger_kwargs(self.trigger)
         if self.compute_on not in COMPUTE_MODES:
             raise ValueError(
@@ -173,12 +182,16 @@ class GoldSettings:
         return out
 
     def path(self, name: str) -> str:
-        return os.path.join(self.root, name)
+        return storage.join(self.root, name)
 
     def silver_path(self, name: str) -> str:
         if name == "schema_registry" and self.registry is not None:
             return self.registry
-        return os.path.join(self.silver, name)
+        return storage.join(self.silver, name)
+
+    def scratch_root(self) -> str:
+        """Where the task path's scratch folders go (``delta.scratch_dir``)."""
+        return self.scratch if self.scratch is not None else self.path("statistic_rates")
 
 
 def ensure_tables(settings: GoldSettings) -> None:
@@ -188,7 +201,8 @@ def ensure_tables(settings: GoldSettings) -> None:
     is made from it, so no lifecycle is lost."""
     old, state = settings.path("object_lifecycles"), settings.path("lifecycle_state")
     if (
-        not delta.table_exists(state)
+        not storage.is_object_store(old)  # a lake before the fold was never on a store
+        and not delta.table_exists(state)
         and delta.table_exists(old)
         and "reporters" not in delta.table_schema(old).names
     ):
@@ -206,20 +220,18 @@ def replace_fold(
     """``root``'s ``object_lifecycles`` replaced whole by the fold of its lifecycle state
     (``state``, or the ``lifecycle_state`` table as committed), exactly once: a replay
     that finds ``(app_id, batch_id)`` committed skips it before folding anything."""
-    path = os.path.join(root, "object_lifecycles")
+    path = storage.join(root, "object_lifecycles")
     if delta.committed_batch(path, app_id) == batch_id:
         return delta.CommitResult(skipped=True, version=None)
     if state is None:
-        state = frame(delta.read_arrow(os.path.join(root, "lifecycle_state")))
+        state = frame(delta.read_arrow(storage.join(root, "lifecycle_state")))
     folded = conform(fold_lifecycles(state), OBJECT_LIFECYCLES)
     return delta.replace_arrow(folded, path, app_id=app_id, batch_id=batch_id)
 
 
 def staged_state(files: Sequence[delta.DataFileInfo]) -> pl.DataFrame:
     """The lifecycle state the tasks wrote for a batch (its files, not committed yet)."""
-    import pyarrow.parquet as pq
-
-    tables = [pq.read_table(f.location).cast(LIFECYCLE_STATE) for f in files]
+    tables = [storage.parquet_file(f.location).read().cast(LIFECYCLE_STATE) for f in files]
     return frame(pa.concat_tables(tables) if tables else LIFECYCLE_STATE.empty_table())
 
 
@@ -466,7 +478,7 @@ class GoldBatchWriter:
 
         s, aid = self.settings, self.app_id
         # Scratch: hidden inside the rates table (not among the gold root's tables).
-        scratch = delta.scratch_dir(s.path("statistic_rates"), f"{aid}-shuffle", batch_id)
+        scratch = delta.scratch_dir(s.scratch_root(), f"{aid}-shuffle", batch_id)
         self._stages = stages = delta.Stages(aid, batch_id)
         try:
             return gt.GoldPlan(

@@ -271,19 +271,17 @@ def test_broker_to_bronze_end_to_end(broker: Any, spark: SparkSession, tmp_path:
 
 
 @pytest.mark.slow
-# Local tables: bronze killed twice mid-stream is tests/integration/test_crash_recovery.py
-# (with receivers killed beside it); here the store, the same code through
-# pipeline.lake.storage (one variant: CI's 30 minutes).
-@pytest.mark.parametrize("where", ["store"])
-def test_bronze_job_killed_twice_then_restarted(
-    where: str, tmp_path: Path, request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch
+def test_bronze_job_on_a_store_killed_twice_then_restarted(
+    s3: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """SIGKILL the spark-submit job (JVM and Python) twice mid-run: bronze ends exact.
 
-    On the task path (``--writer tasks``: ``auto`` would write these ~1 MB batches
-    on the driver), so a kill can fall between the tasks' writes and the commit.
-    ``store``: the table and the checkpoint on a real S3 server (an ingest host
-    writing bronze to the lake; the landing log on its disk), read back by delta-rs.
+    The table and the checkpoint on a real S3 server (an ingest host writing bronze to
+    the lake; the landing log on its disk), read back by delta-rs. On the task path
+    (``--writer tasks``: ``auto`` would write these ~1 MB batches on the driver), so a
+    kill can fall between the tasks' writes and the commit. Local tables: bronze killed
+    twice mid-stream is tests/integration/test_crash_recovery.py (receivers killed
+    beside it), the same code but for ``pipeline.lake.storage``'s calls.
     """
     import os
     import signal
@@ -291,18 +289,12 @@ def test_bronze_job_killed_twice_then_restarted(
     from pipeline.lake import storage
 
     root = tmp_path / "landing"
-    ck = str(tmp_path / "ck")
-    env = spark_submit_env()
-    table: str | Path = tmp_path / "bronze"
-    folder = tmp_path / "bronze"  # where the table's files are on this machine
-    if where == "store":
-        s3 = request.getfixturevalue("s3")
-        bucket = s3.make_bucket("bronze-kill")
-        table, folder = f"s3a://{bucket}/lake/bronze", s3.folder / bucket / "lake" / "bronze"
-        ck = f"s3a://{bucket}/checkpoints/bronze"
-        env.update(s3.env())
-        for k, v in s3.env().items():
-            monkeypatch.setenv(k, v)  # this process reads the table with delta-rs
+    bucket = s3.make_bucket("bronze-kill")
+    table, ck = f"s3a://{bucket}/lake/bronze", f"s3a://{bucket}/checkpoints/bronze"
+    folder = s3.folder / bucket / "lake" / "bronze"  # the server keeps the objects there
+    env = {**spark_submit_env(), **s3.env()}
+    for k, v in s3.env().items():
+        monkeypatch.setenv(k, v)  # this process reads the table with delta-rs
     a = land(root, "a", [1_000] * 30)
     b = land(root, "b", [500] * 40)
     land_copies(root, "c", a[5_000:6_000], "a", 5_000)
@@ -314,7 +306,7 @@ def test_bronze_job_killed_twice_then_restarted(
         "--conf", "spark.sql.shuffle.partitions=2",
         "--driver-memory", "1g",
         str(REPO / "jobs" / "bronze.py"),
-        "--landing", str(root), "--table", str(table), "--checkpoint", ck,
+        "--landing", str(root), "--table", table, "--checkpoint", ck,
         "--trigger", "availableNow", "--max-records-per-trigger", "5000", "--timeout", "900",
         "--writer", "tasks",
     ]  # fmt: skip
@@ -355,13 +347,12 @@ def test_bronze_job_killed_twice_then_restarted(
     assert commits == list(range(len(commits))) and commits[-1] >= killed_at
     # What killed attempts wrote and did not commit went with their batches' replays.
     assert stray_files(folder) == []
-    out = delta.read_arrow(table) if where == "local" else _read_with_delta_rs(str(table))
+    out = _read_with_delta_rs(table)
     keys = out.column("msg_key").to_pylist()
     assert len(keys) == len(set(keys)) == len(a) + len(b) == 50_000
     assert bronze_content(out) == sorted(content(m) for m in a + b)
-    if where == "store":  # Spark's offset and commit logs went to the store too
-        assert storage.exists(storage.join(ck, "commits", str(commits[-1])))
-        assert not (tmp_path / "ck").exists()
+    # Spark's offset and commit logs went to the store too.
+    assert storage.exists(storage.join(ck, "commits", str(commits[-1])))
 
 
 def _read_with_delta_rs(uri: str) -> pa.Table:

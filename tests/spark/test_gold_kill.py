@@ -5,7 +5,8 @@ logs, one silver commit per source per trigger) and is killed with SIGKILL
 once some micro-batches are committed; the restarted job must end with
 exactly the tables a batch-mode run over the same silver gives. The stream
 computes in Spark tasks (``--compute-on tasks``, with the rate stage in every batch:
-``--rate-buckets 2``), the reference on the driver.
+``--rate-buckets 2``), the reference on the driver. Silver, gold and the
+checkpoint are on a real S3 server (``tests/s3server.py``).
 """
 
 from __future__ import annotations
@@ -32,9 +33,10 @@ PARTS = 5  # silver commits: the stream has as many micro-batches (one file per 
 
 
 def _args(s: GoldSettings) -> list[str]:
+    scratch = ["--scratch", s.scratch] if s.scratch is not None else []
     return ["--silver", s.silver, "--root", s.root, "--checkpoint", s.checkpoint,
             "--max-files-per-trigger", "1", "--timeout", "900", "--compute-on", "tasks",
-            "--rate-buckets", "2"]  # fmt: skip
+            "--rate-buckets", "2", *scratch]  # fmt: skip
 
 
 def _sorted(df: DataFrame) -> DataFrame:
@@ -43,10 +45,20 @@ def _sorted(df: DataFrame) -> DataFrame:
 
 
 def test_sigkill_and_restart_write_every_row_once(
-    spark: SparkSession, shared_dir: str, tmp_path: Any
+    spark: SparkSession, s3: Any, shared_dir: str, tmp_path: Any, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    """Silver, gold's tables and its checkpoint on the real S3 server (the cluster's side
+    of the deployment touches only the store), the tasks' scratch folder local
+    (``--scratch``). On a store, so that one kill test covers both: local tables run the
+    same code but for ``pipeline.lake.storage``'s calls (tested alike on both in
+    ``test_object_store``), and CI has 30 minutes."""
+    bucket = s3.make_bucket("gold-kill")
+    s3.configure(spark, bucket)  # the test's own session writes silver, reads gold
+    for k, v in s3.env().items():
+        monkeypatch.setenv(k, v)  # the job's process, and pyarrow here
+    base, scratch = f"s3a://{bucket}/lake", str(tmp_path / "scratch")
     msgs = list(read_capture(os.path.join(shared_dir, "samples/qpidd-capture-20s.jsonl")))
-    ss = SilverSettings(bronze=str(tmp_path / "bronze"), root=str(tmp_path / "silver"))
+    ss = SilverSettings(bronze=f"{base}/bronze", root=f"{base}/silver")
     w = SilverBatchWriter(ss, app_id="silver-for-gold")
     size = -(-len(msgs) // PARTS)
     for i in range(PARTS):
@@ -54,7 +66,9 @@ def test_sigkill_and_restart_write_every_row_once(
     ref = GoldSettings(silver=ss.root, root=str(tmp_path / "ref"), compute_on="driver")
     run_gold_batch(spark, ref, 0)
 
-    s = GoldSettings(silver=ss.root, root=str(tmp_path / "gold"), checkpoint=str(tmp_path / "ckpt"))
+    s = GoldSettings(
+        silver=ss.root, root=f"{base}/gold", checkpoint=f"{base}/ckpt", scratch=scratch
+    )
     table = s.path("rate_state")  # the last write of a gold batch
     done = kill_after_batch("gold.py", _args(s), tmp_path / "job1.log", table, 1, 600)
     assert done is not None and done < PARTS - 1  # killed mid-stream

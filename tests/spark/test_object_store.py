@@ -163,7 +163,8 @@ def test_the_jobs_refuse_a_bucket_where_they_cannot_yet_use_one(
 ) -> None:
     """Where the jobs' own layer does not reach object storage yet, each job's settings
     and `qmf run` refuse an s3a:// location at once (not a local folder named `s3a:`);
-    bronze's table and checkpoint may be on a store (``test_bronze_job``)."""
+    bronze's, silver's and gold's tables and checkpoints may be on a store (the kill
+    tests), gold's scratch folder not."""
     from datetime import UTC, datetime
 
     from pipeline.backfill import BackfillSettings
@@ -177,10 +178,13 @@ def test_the_jobs_refuse_a_bucket_where_they_cannot_yet_use_one(
     with pytest.raises(ValueError, match=f"^landing 's3a://lake/landing': {why}"):
         BronzeSettings(landing="s3a://lake/landing", table="s3a://lake/bronze", checkpoint=str(tmp_path))
     BronzeSettings(landing=str(tmp_path), table=str(tmp_path), checkpoint="s3a://lake/ck")
-    with pytest.raises(ValueError, match=f"^checkpoint 's3a://lake/ck': {why}"):
-        SilverSettings(bronze=str(tmp_path), root=str(tmp_path), checkpoint="s3a://lake/ck")
-    with pytest.raises(ValueError, match=f"^root 's3://lake/gold': {why}"):
+    SilverSettings(bronze="s3a://lake/bronze", root="s3a://lake/silver", checkpoint="s3a://lake/ck")
+    GoldSettings(silver="s3a://lake/silver", root="s3://lake/gold", scratch=str(tmp_path))
+    needs = "^root 's3://lake/gold' is on an object store: gold's tasks need a scratch folder"
+    with pytest.raises(ValueError, match=needs):
         GoldSettings(silver=str(tmp_path), root="s3://lake/gold")
+    with pytest.raises(ValueError, match=f"^scratch 's3a://lake/tmp': {why}"):
+        GoldSettings(silver=str(tmp_path), root="s3://lake/gold", scratch="s3a://lake/tmp")
     t0, t1 = datetime(2026, 1, 1, tzinfo=UTC), datetime(2026, 1, 2, tzinfo=UTC)
     with pytest.raises(ValueError, match=f"^silver 's3a://lake/silver': {why}"):
         BackfillSettings(bronze=str(tmp_path), silver="s3a://lake/silver", gold=str(tmp_path),
