@@ -1,12 +1,13 @@
-"""The silver and gold jobs on a Spark cluster (``local-cluster[2,1,1024]``).
+"""The silver and gold jobs on a real Spark standalone cluster (``tests/standalone.py``).
 
-``local-cluster`` starts a standalone master, two worker JVMs and their
-executors on this machine: the decode (``mapInArrow``), the rate scan and
-the Parquet writes run in executor processes that share nothing with the
-driver but the files, as on a real cluster (docs/cluster.md). The jobs are
-started as an operator would, with ``spark-submit``. Their tables must
-equal, row for row, the ``sim_lake`` fixture's silver and gold, which were
-made in one local process (silver decoded on the driver).
+A master and two workers run as processes of their own, started from the installed
+Spark's launch class; the decode (``mapInArrow``), the rate scan and the Parquet
+writes run in the workers' executor processes, which share nothing with the driver
+but the store and the files, as on a real cluster (docs/cluster.md). The jobs are
+started as an operator would, with ``spark-submit``, their tables and checkpoints on
+the real S3 server. Their tables must equal, row for row, the ``sim_lake``
+fixture's silver and gold, which were made in one local process (silver decoded on
+the driver).
 
 The code runs as a cluster node would have it: the project built as a wheel
 and installed into a node environment of its own (``node_env``); the
@@ -31,10 +32,10 @@ import pyarrow as pa
 import pytest
 
 from pipeline.lake import delta
+from tests.standalone import StandaloneCluster
 from tests.submit import EXECUTOR_QUICK_JIT, SPARK_SUBMIT, spark_submit_env
 
 REPO = Path(__file__).resolve().parents[2]
-MASTER = "local-cluster[2,1,1024]"
 SILVER_TABLES = ("object_samples", "events", "heartbeats")
 GOLD_TABLES = ("statistic_rates", "object_lifecycles")
 
@@ -68,6 +69,17 @@ def node_env(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
     yield venv
 
 
+@pytest.fixture(scope="module")
+def cluster(s3: Any, tmp_path_factory: pytest.TempPathFactory) -> Iterator[StandaloneCluster]:
+    """The standalone cluster, its workers given the store's variables (credentials too,
+    as a cluster's nodes have their own)."""
+    c = StandaloneCluster(tmp_path_factory.mktemp("cluster"), env=s3.env()).start()
+    try:
+        yield c
+    finally:
+        c.stop()
+
+
 def submit_env(node: Path) -> dict[str, str]:
     """``spark_submit_env`` with the node's Python on the driver and the executors and
     no PYTHONPATH (the wheel, not the checkout, must provide the jobs)."""
@@ -79,15 +91,18 @@ def submit_env(node: Path) -> dict[str, str]:
 
 
 def spark_submit(
-    node: Path, events: Path, job: str, *args: str
-) -> subprocess.CompletedProcess[str]:
-    """``spark-submit`` of the job file the wheel installed on the node, with an event log
-    (which executor ran which task) in ``events``."""
+    cluster: StandaloneCluster, node: Path, events: Path, job: str, *args: str,
+    env: dict[str, str] | None = None,
+) -> subprocess.CompletedProcess[str]:  # fmt: skip
+    """``spark-submit`` of the job file the wheel installed on the node to the cluster,
+    with an event log (which executor ran which task) in ``events``."""
     (script,) = node.glob(f"lib/python*/site-packages/jobs/{job}")
     events.mkdir(exist_ok=True)
     cmd = [
         SPARK_SUBMIT,
-        "--master", MASTER,
+        "--master", cluster.url,
+        "--conf", "spark.driver.host=127.0.0.1",
+        "--conf", "spark.executor.memory=768m",
         *EXECUTOR_QUICK_JIT,
         "--conf", "spark.ui.enabled=false",
         "--conf", "spark.sql.shuffle.partitions=2",
@@ -98,17 +113,23 @@ def spark_submit(
         str(script), *args,
     ]  # fmt: skip
     return subprocess.run(
-        cmd, capture_output=True, text=True, timeout=420, env=submit_env(node),
+        cmd, capture_output=True, text=True, timeout=420, env={**submit_env(node), **(env or {})},
         cwd=events.parent, check=False,
     )  # fmt: skip
 
 
-def sorted_table(path: Path) -> pa.Table:
-    """The table's rows in a total order (every flat column a sort key).
+def sorted_table(path: Path | str, storage_options: dict[str, str] | None = None) -> pa.Table:
+    """The table's rows in a total order (every flat column a sort key); a table on the
+    store read with delta-rs (``storage_options``).
 
     A map's entries have no order: they are compared sorted by key (gold's
     ``properties`` come out of a shuffle in whatever order its tasks met them)."""
-    table = delta.read_arrow(str(path))
+    if storage_options is None:
+        table = delta.read_arrow(str(path))
+    else:
+        from deltalake import DeltaTable
+
+        table = DeltaTable(str(path), storage_options=storage_options).to_pyarrow_table()
     keys = [
         (f.name, "ascending")
         for f in table.schema
@@ -152,41 +173,36 @@ def executor_tasks(events: Path, *, ours: bool = False) -> dict[str, dict[str, i
     return out
 
 
-def remove_executor_logs(apps: list[str]) -> None:
-    """local-cluster workers keep executor logs in $SPARK_HOME/work/<app> (the venv's
-    pyspark folder; SPARK_WORKER_DIR is not honoured there): remove this test's."""
-    import pyspark
-
-    work = Path(pyspark.__file__).parent / "work"
-    for app in apps:
-        shutil.rmtree(work / app, ignore_errors=True)
-
-
-def test_silver_and_gold_jobs_on_local_cluster(
-    sim_lake: Any, node_env: Path, tmp_path: Path
+def test_silver_and_gold_jobs_on_a_standalone_cluster_and_a_store(
+    sim_lake: Any, node_env: Path, cluster: StandaloneCluster, s3: Any, tmp_path: Path
 ) -> None:
     """Silver streams the bronze copy in 4 micro-batches (one bronze commit each, as the
-    fixture's 4 silver batches), gold runs as batch 0 of app qmf-gold (as the fixture's)."""
-    bronze = tmp_path / "bronze"
-    shutil.copytree(sim_lake.bronze, bronze)
-    silver, gold, events = tmp_path / "silver", tmp_path / "gold", tmp_path / "events"
-    try:
-        proc = spark_submit(
-            node_env, events, "silver.py", "--bronze", str(bronze), "--root", str(silver),
-            "--checkpoint", str(tmp_path / "ck-silver"), "--trigger", "availableNow",
-            "--max-files-per-trigger", "1", "--timeout", "300", "--decode-on", "tasks",
-        )  # fmt: skip
-        assert proc.returncode == 0, proc.stderr[-4000:]
-        proc = spark_submit(
-            node_env, events, "gold.py", "--silver", str(silver), "--root", str(gold),
-            "--batch-id", "0", "--app-id", "qmf-gold", "--compute-on", "tasks",
-        )  # fmt: skip
-        assert proc.returncode == 0, proc.stderr[-4000:]
-        tasks = executor_tasks(events)
-    finally:
-        remove_executor_logs(
-            sorted({m.group(0) for m in map(APP_ID.search, map(str, events.rglob("*"))) if m})
-        )
+    fixture's 4 silver batches), gold runs as batch 0 of app qmf-gold (as the fixture's);
+    bronze, silver, gold and silver's checkpoint on the store, gold's scratch a folder
+    both workers share."""
+    from pyarrow import fs as pafs
+
+    from pipeline.lake.storage import S3Settings
+
+    bucket = s3.make_bucket("cluster")
+    store = s3.filesystem()
+    pafs.copy_files(str(sim_lake.bronze), f"{bucket}/bronze", destination_filesystem=store)
+    lake = f"s3a://{bucket}"
+    silver, gold, events = f"{lake}/silver", f"{lake}/gold", tmp_path / "events"
+    proc = spark_submit(
+        cluster, node_env, events, "silver.py", "--bronze", f"{lake}/bronze", "--root", silver,
+        "--checkpoint", f"{lake}/ck-silver", "--trigger", "availableNow",
+        "--max-files-per-trigger", "1", "--timeout", "300", "--decode-on", "tasks",
+        env=s3.env(),
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    proc = spark_submit(
+        cluster, node_env, events, "gold.py", "--silver", silver, "--root", gold,
+        "--batch-id", "0", "--app-id", "qmf-gold", "--compute-on", "tasks",
+        "--scratch", str(tmp_path / "scratch"), env=s3.env(),
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    tasks = executor_tasks(events)
     # Two applications, each ran its tasks on the executors (silver's decode and Parquet
     # writes, gold's split and per-bucket computation and writes happened outside the
     # driver, which only committed the files), and both executors took work. A
@@ -197,18 +213,20 @@ def test_silver_and_gold_jobs_on_local_cluster(
         assert per and set(per) <= {"0", "1"} and min(per.values()) > 0, (app, per)
     assert {e for per in tasks.values() for e in per} == {"0", "1"}, tasks
 
+    options = S3Settings.from_env(s3.env()).storage_options()
+    creds = {k: v for k, v in s3.env().items() if k.startswith("AWS_") and "KEY" in k}
     for name in SILVER_TABLES:
         want = sorted_table(sim_lake.silver / name)
         assert want.num_rows > 0, name
-        assert sorted_table(silver / name).equals(want), name
+        assert sorted_table(f"{silver}/{name}", options | creds).equals(want), name
     for name in GOLD_TABLES:
         want = sorted_table(sim_lake.gold / name)
         assert want.num_rows > 0, name
-        assert sorted_table(gold / name).equals(want), name
+        assert sorted_table(f"{gold}/{name}", options | creds).equals(want), name
 
 
-def test_method_calls_pair_in_executor_tasks_on_local_cluster(
-    node_env: Path, tmp_path: Path
+def test_method_calls_pair_in_executor_tasks_on_a_standalone_cluster(
+    node_env: Path, cluster: StandaloneCluster, tmp_path: Path
 ) -> None:
     """Random v1 calls over six bronze files, two per micro-batch: the silver job on the
     cluster decodes them in tasks and pairs them in one executor task per bucket of
@@ -224,20 +242,15 @@ def test_method_calls_pair_in_executor_tasks_on_local_cluster(
         first += len(fm)
     bronze, silver, events = tmp_path / "bronze", tmp_path / "silver", tmp_path / "events"
     write_bronze(str(bronze), parts)
-    try:
-        proc = spark_submit(
-            node_env, events, "silver.py", "--bronze", str(bronze), "--root", str(silver),
-            "--checkpoint", str(tmp_path / "ck"), "--trigger", "availableNow",
-            "--max-files-per-trigger", "2", "--timeout", "300", "--decode-on", "tasks",
-            "--calls-driver-max-rows", "0",
-        )  # fmt: skip
-        assert proc.returncode == 0, proc.stderr[-4000:]
-        (per,) = executor_tasks(events, ours=True).values()
-        (every,) = executor_tasks(events).values()
-    finally:
-        remove_executor_logs(
-            sorted({m.group(0) for m in map(APP_ID.search, map(str, events.rglob("*"))) if m})
-        )
+    proc = spark_submit(
+        cluster, node_env, events, "silver.py", "--bronze", str(bronze), "--root", str(silver),
+        "--checkpoint", str(tmp_path / "ck"), "--trigger", "availableNow",
+        "--max-files-per-trigger", "2", "--timeout", "300", "--decode-on", "tasks",
+        "--calls-driver-max-rows", "0",
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    (per,) = executor_tasks(events, ours=True).values()
+    (every,) = executor_tasks(events).values()
     assert sum(every.values()) > sum(per.values())  # Delta's jobs ran on the executors too
     assert (proc.stdout + proc.stderr).count("paired_on='tasks'") == 3, proc.stdout[-3000:]
     # 3 batches x (1-2 decode tasks + 2 pairing tasks: one per bucket), on the executors
