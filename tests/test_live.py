@@ -120,7 +120,7 @@ def ended_objects(root: Path) -> set[tuple[str, str]]:
     return {(r["agent"], r["object_id"]) for r in rows if r["state"] != "live"} - live
 
 
-def top_json(root: Path, *extra: str) -> dict[str, Any]:
+def top_json(root: Path | str, *extra: str) -> dict[str, Any]:
     out = io.StringIO()
     with contextlib.redirect_stdout(out):
         assert main(["top", "--once", "--json", "--data", str(root), *extra]) == 0

@@ -47,7 +47,7 @@ from prometheus_client.exposition import choose_encoder, gzip_accepted
 from prometheus_client.metrics_core import GaugeMetricFamily, Metric
 from prometheus_client.samples import Sample
 
-from pipeline.views.live import CONSUMERS, DEPTH, DEQUEUES, ENQUEUES, LiveView
+from pipeline.views.live import CONSUMERS, DEPTH, DEQUEUES, ENQUEUES, LiveView, data_location
 
 log = logging.getLogger(__name__)
 
@@ -81,7 +81,7 @@ def register(subparsers: Any) -> None:
         "serve-metrics", help="Prometheus/OpenMetrics endpoint of the latest rates and gauges",
         description=__doc__,
     )  # fmt: skip
-    p.add_argument("--data", default="data", help="folder qmf run writes (./data)")
+    p.add_argument("--data", default="data", help="folder qmf run writes (./data), or a bucket (s3a://bucket/prefix)")
     p.add_argument("--host", default="127.0.0.1", help="address to listen on")
     p.add_argument("--port", type=int, default=9469, help="port to listen on (0: any free)")
     p.add_argument("--refresh", type=float, default=2.0, metavar="S",
@@ -260,7 +260,7 @@ class MetricsState:
     waits; what it shows lags the tables by at most one refresh. Without ``start`` (tests,
     benchmarks) every scrape refreshes first."""
 
-    def __init__(self, data: Path, from_state: bool = True) -> None:
+    def __init__(self, data: Path | str, from_state: bool = True) -> None:
         self.view = LiveView(data, max_events=0, from_state=from_state)
         self.lock = threading.Lock()
         self._cache: dict[tuple[Selection, str], bytes] = {}
@@ -379,7 +379,7 @@ def make_server(state: MetricsState, host: str, port: int) -> ThreadingHTTPServe
 
 
 def run(args: argparse.Namespace) -> int:
-    state = MetricsState(Path(args.data))
+    state = MetricsState(data_location(args.data))
     server = make_server(state, args.host, args.port)
     host, port = server.server_address[:2]
     print(f"qmf serve-metrics: http://{host!s}:{port}/metrics (data {args.data})", flush=True)

@@ -23,7 +23,6 @@ import json
 import sys
 import time
 from datetime import UTC, datetime
-from pathlib import Path
 from typing import Any
 
 from rich.console import Console, Group, RenderableType
@@ -31,7 +30,7 @@ from rich.live import Live
 from rich.table import Table
 from rich.text import Text
 
-from pipeline.views.live import LiveView, QueueRow, severity_name
+from pipeline.views.live import LiveView, QueueRow, data_location, severity_name
 
 PLAIN_WIDTH = 10_000  # plain frames are as wide as their rows: nothing cut, nothing wrapped
 
@@ -41,7 +40,7 @@ def register(subparsers: Any) -> None:
         "top", help="live console table of the busiest queues (reads the gold tables)",
         description=__doc__,
     )  # fmt: skip
-    p.add_argument("--data", default="data", help="folder qmf run writes (./data)")
+    p.add_argument("--data", default="data", help="folder qmf run writes (./data), or a bucket (s3a://bucket/prefix)")
     p.add_argument("--interval", type=float, default=2.0, help="seconds between refreshes")
     p.add_argument("--limit", type=int, default=20, help="queues shown")
     p.add_argument("--events", type=int, default=8, help="latest events shown")
@@ -174,7 +173,7 @@ def frame_data(view: LiveView, limit: int, sort: str, n_events: int) -> dict[str
 
 
 def run(args: argparse.Namespace) -> int:
-    view = LiveView(Path(args.data), max_events=max(args.events, 0))
+    view = LiveView(data_location(args.data), max_events=max(args.events, 0))
     if args.once:
         view.refresh()
         if args.json:

@@ -296,12 +296,9 @@ def _jvm_files(jsnap: Any, checksum: Any | None) -> list[FileEntry]:
 
 
 def _load_rs(root: str, version: int | None) -> Snapshot:
-    from deltalake import DeltaTable
-
     from pipeline.lake import storage
 
-    options = storage.S3Settings.from_env().storage_options() if storage.is_object_store(root) else None
-    dt = DeltaTable(root, version=version, storage_options=options)
+    dt = storage.rs_table(root, version)
     return Snapshot(
         root=root,
         version=int(dt.version()),

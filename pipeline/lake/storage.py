@@ -31,6 +31,7 @@ from urllib.parse import urlsplit
 if TYPE_CHECKING:
     import pyarrow as pa
     import pyarrow.parquet as pq
+    from deltalake import DeltaTable
     from pyarrow import fs as pafs
 
 __all__ = [
@@ -284,6 +285,16 @@ def parquet_file(loc: str) -> pq.ParquetFile:
         return pq.ParquetFile(loc)
     fs, path = arrow_filesystem(loc)
     return pq.ParquetFile(fs.open_input_file(path))
+
+
+def rs_table(loc: str | os.PathLike[str], version: int | None = None) -> DeltaTable:
+    """delta-rs' view of a table (the readers that run no Spark), with the store's
+    options when it is on one."""
+    from deltalake import DeltaTable
+
+    where = location(loc)
+    options = S3Settings.from_env().storage_options() if is_object_store(where) else None
+    return DeltaTable(where, version=version, storage_options=options)
 
 
 def write_parquet(loc: str, table: pa.Table) -> None:

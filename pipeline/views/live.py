@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import os
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -41,6 +42,7 @@ import polars as pl
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from pipeline.lake import storage
 from pipeline.views.tails import DeltaTail, EventsTail, RatesTail, StateTail, to_arrow, to_frame
 from schemas.gold import AGENT_LIVENESS, LIFECYCLE_STATE
 
@@ -73,6 +75,12 @@ _AM2_REF = r'"([0-9]+)-[0-9]+-([0-9]+)-([0-9]+)-([0-9]+)"'
 _AM2_REF_BLANK = r'"\1-*-\2-\3-\4"'
 # V2 references carry the agent epoch inside their map (gold's series_key drops it).
 V2_REF_EPOCH = r'\\"_agent_epoch\\":[0-9]+,'
+
+
+def data_location(data: str) -> Path | str:
+    """``--data`` of ``qmf top`` and ``qmf serve-metrics``: a folder, or a bucket's URI
+    (``s3a://bucket/prefix``, the store's settings from the standard variables)."""
+    return storage.location(data) if storage.is_object_store(data) else Path(data)
 
 
 def _last_per_key(t: pa.Table, key: tuple[str, ...], order: tuple[str, ...]) -> pa.Table:
@@ -244,7 +252,7 @@ class LiveView:
     ``from_state``: start from gold's ``rate_state`` (False: read every rates file).
     """
 
-    root: Path
+    root: Path | str  # a folder, or a bucket's URI (s3a://bucket/prefix)
     max_events: int = 20
     from_state: bool = True
     events: pa.Table = field(init=False)
@@ -259,17 +267,22 @@ class LiveView:
     _ended: pl.DataFrame = field(init=False)
 
     def __post_init__(self) -> None:
-        self.root = Path(self.root)
-        gold = self.root / "gold"
-        self.state_tail = StateTail(gold / "rate_state")
+        base = os.fspath(self.root)
+        if not storage.is_object_store(base):  # a bucket's URI stays a string
+            self.root = Path(base)
+        gold = storage.join(base, "gold")
+        self.state_tail = StateTail(storage.join(gold, "rate_state"))
         self.rates_tail = RatesTail(
-            gold / "statistic_rates", (lambda: self.state_tail.txn) if self.from_state else None
+            storage.join(gold, "statistic_rates"),
+            (lambda: self.state_tail.txn) if self.from_state else None,
         )
-        self.events_tail = EventsTail(self.root / "silver" / "events", max(self.max_events, 1))
+        self.events_tail = EventsTail(storage.join(base, "silver", "events"), max(self.max_events, 1))
         self.lifecycles_tail = DeltaTail(
-            gold / "lifecycle_state", LIFECYCLE_STATE, LIFECYCLE_COLUMNS
+            storage.join(gold, "lifecycle_state"), LIFECYCLE_STATE, LIFECYCLE_COLUMNS
         )
-        self.liveness_tail = DeltaTail(gold / "agent_liveness", AGENT_LIVENESS, LIVENESS_COLUMNS)
+        self.liveness_tail = DeltaTail(
+            storage.join(gold, "agent_liveness"), AGENT_LIVENESS, LIVENESS_COLUMNS
+        )
         rate_schema = self.rates_tail.schema.append(pa.field("series", pa.string()))
         self._latest = _keyed(to_frame(rate_schema.empty_table()))
         self._liveness = to_frame(self.liveness_tail.schema.empty_table())

@@ -31,20 +31,28 @@ OUT_ENV = "QMF_NOTEBOOK_OUT"
 LAYERS = ("bronze", "silver", "gold")
 
 
-def data_root() -> Path:
-    """The ``qmf run --data`` folder the notebook reads."""
-    return Path(os.environ.get(DATA_ENV, "data"))
+def data_root() -> Path | str:
+    """The ``qmf run --data`` folder the notebook reads, or a bucket's URI
+    (``s3a://bucket/prefix``, the store's settings from the standard variables)."""
+    from pipeline.views.live import data_location
+
+    return data_location(os.environ.get(DATA_ENV, "data"))
 
 
-def table_path(layer: str, name: str | None = None) -> Path:
+def table_path(layer: str, name: str | None = None) -> Path | str:
     """``DATA/bronze`` or ``DATA/<silver|gold>/<name>``."""
+    from pipeline.lake import storage
+
     if layer not in LAYERS:
         raise ValueError(f"unknown layer {layer!r}; one of {LAYERS}")
+    root = data_root()
     if layer == "bronze":
-        return data_root() / "bronze"
-    if not name:
+        parts = ["bronze"]
+    elif not name:
         raise ValueError(f"a {layer} table needs a name")
-    return data_root() / layer / name
+    else:
+        parts = [layer, name]
+    return storage.join(root, *parts) if isinstance(root, str) else root.joinpath(*parts)
 
 
 def read_polars(layer: str, name: str | None = None) -> pl.DataFrame:
@@ -58,6 +66,10 @@ def read_polars(layer: str, name: str | None = None) -> pl.DataFrame:
         raise FileNotFoundError(
             f"no Delta table at {path}: is {DATA_ENV} the qmf run --data folder?"
         )
+    if isinstance(path, str):  # on a store
+        from pipeline.lake import storage
+
+        return pl.read_delta(path, storage_options=storage.S3Settings.from_env().storage_options())
     return pl.read_delta(str(path))
 
 

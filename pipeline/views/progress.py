@@ -40,13 +40,11 @@ SEVERITIES = ("emerg", "alert", "crit", "error", "warn", "notice", "info", "debu
 
 def table_rows(path: str | os.PathLike[str]) -> int:
     """Rows of a Delta table from its log (0 while it does not exist)."""
-    from deltalake import DeltaTable
-
-    from pipeline.lake import delta
+    from pipeline.lake import delta, storage
 
     if not delta.table_exists(path):
         return 0
-    actions = DeltaTable(str(path)).get_add_actions(flatten=True)
+    actions = storage.rs_table(path).get_add_actions(flatten=True)
     col = pa.table(actions).column("num_records")
     return int(pc.sum(col).as_py() or 0)
 
@@ -198,9 +196,7 @@ def _read(path: str, columns: list[str]) -> pa.Table | None:
 def _queue_rates(path: str, max_rows: int) -> tuple[pa.Table | None, int, int]:
     """The enqueue-rate rows of queues among the newest ``max_rows`` rate rows,
     filtered file by file (memory: the matching rows only); and rows read / in all."""
-    import pyarrow.parquet as pq
-
-    from pipeline.lake import delta
+    from pipeline.lake import delta, storage
 
     if not delta.table_exists(path):
         return None, 0, 0
@@ -208,7 +204,7 @@ def _queue_rates(path: str, max_rows: int) -> tuple[pa.Table | None, int, int]:
     schema = _columns_schema(path, _RATE_COLS)
     parts: list[pa.Table] = []
     for f in files:
-        for b in pq.ParquetFile(f).iter_batches(batch_size=262_144, columns=_RATE_COLS):
+        for b in storage.parquet_file(f).iter_batches(batch_size=262_144, columns=_RATE_COLS):
             keep = pc.and_(pc.equal(b.column("class_name"), "queue"),
                            pc.equal(b.column("statistic"), ENQUEUE_STATISTIC))  # fmt: skip
             if pc.any(keep).as_py():
@@ -404,31 +400,33 @@ def _agents(live: pa.Table, brokers: Mapping[str, str]) -> dict[str, Any]:
 
 def summary(root: str | os.PathLike[str], rate_rows: int = SUMMARY_RATE_ROWS) -> dict[str, Any]:
     """The end-of-run summary of the tables under ``root`` (bronze, silver/, gold/)."""
-    root = str(root)
-    out: dict[str, Any] = {"bronze_rows": table_rows(os.path.join(root, "bronze"))}
-    silver = os.path.join(root, "silver")
+    from pipeline.lake import storage
+
+    root = os.fspath(root)
+    out: dict[str, Any] = {"bronze_rows": table_rows(storage.join(root, "bronze"))}
+    silver = storage.join(root, "silver")
     for name in ("object_samples", "events", "heartbeats", "agents", "quarantine", "parked"):
-        out[f"silver_{name}"] = table_rows(os.path.join(silver, name))
-    gold = os.path.join(root, "gold")
+        out[f"silver_{name}"] = table_rows(storage.join(silver, name))
+    gold = storage.join(root, "gold")
     # Names per (agent, object_id) from each agent's lifecycle rows; objects counted
     # once from their fold (``object_lifecycles``: qpidd's v1 and v2 agents are one).
-    state = _lifecycles(os.path.join(gold, "lifecycle_state"))
-    life = _lifecycles(os.path.join(gold, "object_lifecycles"))
+    state = _lifecycles(storage.join(gold, "lifecycle_state"))
+    life = _lifecycles(storage.join(gold, "object_lifecycles"))
     names = lifecycle_names(state) if state is not None else {}
-    rates, taken, total = _queue_rates(os.path.join(gold, "statistic_rates"), rate_rows)
+    rates, taken, total = _queue_rates(storage.join(gold, "statistic_rates"), rate_rows)
     out["top_queues_by_enqueue_rate"] = [] if rates is None else top_queues(rates, names=names)
     if taken < total:
         out["top_queues_over"] = f"the newest {taken:,} of {total:,} rate rows"
     if life is not None:
         out["objects"] = _objects(life)
-    events = _read(os.path.join(silver, "events"), ["severity"])
+    events = _read(storage.join(silver, "events"), ["severity"])
     if events is not None:
         sev = events["severity"].to_pylist()
         labels = [SEVERITIES[s] if s is not None and 0 <= s < len(SEVERITIES) else str(s)
                   for s in sev]  # fmt: skip
         out["events_by_severity"] = dict(sorted(_counts(pa.array(labels, pa.string())).items()))
     live_cols = ["agent", "dialect", "state", "started_by", "up_start_ns", "heartbeats"]
-    live = _read(os.path.join(gold, "agent_liveness"), live_cols)
+    live = _read(storage.join(gold, "agent_liveness"), live_cols)
     if live is not None:
         out["agents"] = _agents(live, agent_brokers(names))
     return out

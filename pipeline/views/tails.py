@@ -26,8 +26,8 @@ import numpy as np
 import polars as pl
 import pyarrow as pa
 import pyarrow.compute as pc
-import pyarrow.parquet as pq
 
+from pipeline.lake import storage
 from schemas.gold import RATE_STATE, STATISTIC_RATES
 from schemas.silver import EVENTS
 
@@ -146,20 +146,18 @@ class DeltaTail:
     """
 
     def __init__(self, path: str | os.PathLike[str], schema: pa.Schema, columns: tuple[str, ...]):
-        self.path = os.path.abspath(os.fspath(path))
+        self.path = storage.location(path)
         self.schema = _subschema(schema, columns)
         self.version: int | None = None
         self.files_read = 0  # by the last whole read
 
     def _log(self, version: int) -> str:
-        return os.path.join(self.path, "_delta_log", f"{version:020d}.json")
+        return storage.join(self.path, "_delta_log", f"{version:020d}.json")
 
     def exists(self) -> bool:
         """A log with a commit (the folder exists a moment before its first commit)."""
-        log = os.path.join(self.path, "_delta_log")
-        if not os.path.isdir(log):
-            return False
-        return any(n.endswith((".json", ".checkpoint.parquet")) for n in os.listdir(log))
+        names = storage.list_files(storage.join(self.path, "_delta_log"))
+        return any(n.endswith((".json", ".checkpoint.parquet")) for n in names)
 
     def read(self) -> Change | None:
         """The new rows, or None when nothing was committed since (or the table is not there)."""
@@ -167,7 +165,7 @@ class DeltaTail:
             return self._read_all() if self.exists() else None
         adds: list[str] = []
         version = self.version
-        while os.path.isfile(self._log(version + 1)):
+        while storage.exists(self._log(version + 1)):
             try:
                 actions = _commit_actions(self._log(version + 1))
             except FileNotFoundError:  # cleaned up between the check and the read
@@ -189,11 +187,9 @@ class DeltaTail:
 
     def snapshot(self) -> DeltaTable:
         """The table's current snapshot (protocol checked)."""
-        from deltalake import DeltaTable
-
         from pipeline.lake import delta, snapshot
 
-        dt = DeltaTable(self.path)
+        dt = storage.rs_table(self.path)
         delta.check_protocol(snapshot.rs_protocol(dt), write=False)
         return dt
 
@@ -248,7 +244,7 @@ class DeltaTail:
     def _read_files(self, delta_paths: list[str]) -> pa.Table:
         pieces = []
         for p in delta_paths:
-            pf = pq.ParquetFile(self._local(p))
+            pf = storage.parquet_file(self._local(p))
             present = [n for n in self.schema.names if n in pf.schema_arrow.names]
             t = pf.read(columns=present)
             for n in self.schema.names:
@@ -261,8 +257,7 @@ class DeltaTail:
 
 
 def _commit_actions(path: str) -> list[dict[str, Any]]:
-    with open(path, encoding="utf-8") as f:
-        return [json.loads(line) for line in f if line.strip()]
+    return [json.loads(line) for line in storage.read_text(path).splitlines() if line.strip()]
 
 
 def _txn(actions: list[dict[str, Any]]) -> tuple[str, int] | None:
@@ -285,7 +280,7 @@ class StateTail(DeltaTail):
     def read(self) -> Change | None:
         """The whole state when a commit came since the last read (each batch replaces it,
         and an empty state's replacement adds no file: its app transaction is still news)."""
-        if self.version is not None and not os.path.isfile(self._log(self.version + 1)):
+        if self.version is not None and not storage.exists(self._log(self.version + 1)):
             return None
         return self._read_all() if self.exists() else None
 

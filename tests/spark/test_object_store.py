@@ -16,7 +16,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import pytest
 
@@ -243,3 +243,40 @@ def test_a_tables_files_alike_on_disk_and_on_a_store(
     assert [os.path.basename(p) for p in storage.list_files(root)] == ["part-b-1.parquet"]
     with pytest.raises(FileNotFoundError):
         storage.read_text(storage.join(root, "nope"))
+
+
+def test_the_readers_without_spark_read_a_lake_on_the_store_as_on_disk(
+    sim_lake: Any, spark: SparkSession, s3: S3Server, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``qmf top``, ``qmf serve-metrics``' exposition and the run summary over the lake
+    copied to the store show exactly what they show over it on disk (delta-rs and
+    pyarrow with the store's settings from the standard variables; the summary reads
+    table versions through this process's Spark session, as it would without one
+    through delta-rs); the notebooks' polars reader reads the same rows."""
+    from pyarrow import fs as pafs
+
+    from pipeline.commands.metrics import MetricsState
+    from pipeline.views.progress import summary
+    from tests.test_live import top_json
+
+    bucket = s3.make_bucket("readers")
+    for layer in ("bronze", "silver", "gold"):
+        pafs.copy_files(str(sim_lake.root / layer), f"{bucket}/qmf/{layer}",
+                        destination_filesystem=s3.filesystem())  # fmt: skip
+    for k, v in s3.env().items():
+        monkeypatch.setenv(k, v)
+    s3.configure(spark, bucket)
+    lake = f"s3a://{bucket}/qmf"
+    on_disk, on_store = top_json(sim_lake.root, "--limit", "100"), top_json(lake, "--limit", "100")
+    assert on_disk["queues"] and on_store == on_disk
+    assert MetricsState(lake).scrape()[0] == MetricsState(sim_lake.root).scrape()[0]
+    want = summary(sim_lake.root)
+    assert want["silver_object_samples"] > 0 and summary(lake) == want
+    # The polars notebooks' reader (QMF_DATA names the lake).
+    from pipeline.views.notebook import DATA_ENV, read_polars
+
+    frames = {}
+    for data in (str(sim_lake.root), lake):
+        monkeypatch.setenv(DATA_ENV, data)
+        frames[data] = read_polars("gold", "statistic_rates").sort(["agent", "object_id", "statistic", "end_ns"])
+    assert frames[lake].height > 0 and frames[lake].equals(frames[str(sim_lake.root)])
