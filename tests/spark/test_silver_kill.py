@@ -53,7 +53,7 @@ def test_sigkill_and_restart_write_every_row_once(
     from tests.spark.test_silver_methods import call_traffic
 
     msgs = list(read_capture(os.path.join(shared_dir, "samples/qpidd-capture-20s.jsonl")))
-    chunks = [msgs[i : i + 72] for i in range(0, len(msgs), 72)]
+    chunks = [msgs[i : i + 144] for i in range(0, len(msgs), 144)]  # 6 micro-batches
     calls, expected = call_traffic(11, len(chunks))  # each bronze batch: traffic, then calls
     parts, first = [], 0
     for k, (chunk, more) in enumerate(zip(chunks, calls, strict=True)):
