@@ -692,11 +692,6 @@ def staged_table_root(prefix: str) -> str:
     return os.path.dirname(prefix)
 
 
-def _named(root: str, start: str) -> list[str]:
-    """Files of the table folder whose names start with ``start`` (one listing)."""
-    return storage.list_files(root, start)
-
-
 class Stage:
     """Where one attempt of a batch writes one table's new files: straight into the table
     folder, where they are committed, under names that start with ``prefix`` (the
@@ -733,12 +728,12 @@ class Stage:
 
     def discard(self) -> None:
         """Remove this attempt's files, unless the table has the batch."""
-        mine = _named(self.root, os.path.basename(self.prefix) + "-")
+        mine = storage.list_files(self.root, os.path.basename(self.prefix) + "-")
         if not mine:
             return
         done = committed_batch(self.root, self.app_id)
         if done is None or done < self.batch_id:
-            _remove_quietly(mine)
+            storage.remove_files(mine)
 
 
 class Stages:
@@ -788,10 +783,10 @@ def sweep_batch(
     prefix = batch_prefix(path, app_id, batch_id)
     kept = set(keep)
     gone = [
-        p for p in _named(os.path.dirname(prefix), os.path.basename(prefix) + "-")
+        p for p in storage.list_files(os.path.dirname(prefix), os.path.basename(prefix) + "-")
         if os.path.basename(p) not in kept
     ]  # fmt: skip
-    _remove_quietly(gone)
+    storage.remove_files(gone)
     return gone
 
 
@@ -870,7 +865,7 @@ class DataFileWriter:
         if self._writer is not None:
             self._writer.close()
             self._writer = None
-        _remove_quietly([self.full_path])
+        storage.remove_files([self.full_path])
 
 
 def data_file_name() -> str:
@@ -929,7 +924,7 @@ def _commit_staged(
     if dt is None and (replace or remove):
         dt = open_for_write(path)
     if dt is not None and already_committed(dt, app_id, batch_id):
-        _remove_quietly(f.location for f in files)
+        storage.remove_files(f.location for f in files)
         return CommitResult(skipped=True, version=dt.version)
     removals: list[transaction.RemoveFile] = []
     if replace or remove:
@@ -940,7 +935,7 @@ def _commit_staged(
         operation=operation, overwrite=replace,
     )  # fmt: skip
     if outcome.skipped:  # a replay of a committed batch (or a concurrent one): ours are extra
-        _remove_quietly(f.location for f in files)
+        storage.remove_files(f.location for f in files)
         return CommitResult(skipped=True, version=outcome.version)
     sweep_batch(root, app_id, batch_id, (f.name for f in files))
     return CommitResult(
@@ -1089,10 +1084,6 @@ def _nulls_refused() -> Iterator[None]:
         found = re.search(re.escape(NULL_MARK) + r" ('[^']*'|\"[^\"]*\")", str(exc))
         what = found.group(0) if found else NULL_MARK
         raise SchemaMismatchError(f"{what}: nothing was committed") from exc
-
-
-def _remove_quietly(paths: Iterable[str]) -> None:
-    storage.remove_files(paths)
 
 
 def write_and_commit(
