@@ -178,10 +178,15 @@ class InDoubtLedger:
     """
 
     def __init__(
-        self, root: str | os.PathLike[str], own: str | None = None, ttl_s: float = DEFAULT_TTL_S
+        self,
+        root: str | os.PathLike[str],
+        own: str | None = None,
+        ttl_s: float = DEFAULT_TTL_S,
+        broker: str | None = None,
     ) -> None:
         self.root = Path(root)
         self.own = own
+        self.broker = broker  # match only within this broker's partitions (None: all)
         self.ttl_s = ttl_s
         self._lock = threading.Lock()
         self._files: dict[Path, list[tuple[int, str]]] = {}
@@ -190,7 +195,7 @@ class InDoubtLedger:
 
     def refresh(self) -> None:
         """Seal partitions whose owner is gone, then load every ledger file."""
-        from receivers.landing import PARTITION_RE
+        from receivers.landing import PARTITION_RE, partition_broker
 
         if not self.root.is_dir():
             return
@@ -200,6 +205,8 @@ class InDoubtLedger:
             if not entry.is_dir() or not PARTITION_RE.match(entry.name):
                 continue
             part_dir = Path(entry.path)
+            if self.broker is not None and partition_broker(part_dir) != self.broker:
+                continue  # another broker's redelivery is never this one's first copy
             if entry.name != self.own:
                 fd = _try_lock(part_dir)
                 if fd is not None:  # nobody owns it: its in-doubt tail is ours to seal

@@ -26,10 +26,12 @@ import pyarrow as pa
 import pyarrow.ipc as ipc
 
 from pipeline.codec.v2 import AGENT_NAME_PROPERTY
-from schemas.tables import LANDING
+from schemas.tables import DEFAULT_BROKER, LANDING
 
 SEGMENT_RE = re.compile(r"^(\d{20})-(\d{20})\.arrow$")
 PARTITION_RE = re.compile(r"^[A-Za-z0-9_.-]+$")
+# The broker a partition's messages come from (receivers.fleet), one per partition.
+BROKER_FILE = ".broker"
 
 
 class LandingError(Exception):
@@ -101,12 +103,15 @@ def _segments(part_dir: Path) -> list[tuple[int, int, Path]]:
     return out
 
 
-def to_table(partition: str, first_offset: int, msgs: Sequence[LandedMessage]) -> pa.Table:
+def to_table(
+    partition: str, first_offset: int, msgs: Sequence[LandedMessage], broker: str = DEFAULT_BROKER
+) -> pa.Table:
     """Arrow table of messages in the landing schema, offsets from ``first_offset``."""
     n = len(msgs)
     now_us = int(time.time() * 1_000_000)
     cols = {
         "partition": pa.array([partition] * n, pa.string()),
+        "broker_name": pa.array([broker] * n, pa.string()),
         "offset": pa.array(range(first_offset, first_offset + n), pa.int64()),
         "msg_key": pa.array([m.key() for m in msgs], pa.string()),
         "received_at": pa.array([m.received_at_us or now_us for m in msgs], pa.int64()).cast(
@@ -131,10 +136,13 @@ def to_table(partition: str, first_offset: int, msgs: Sequence[LandedMessage]) -
 
 
 def _upgrade(t: pa.Table) -> pa.Table:
-    """Segments written before ``redelivered``/``duplicate_of`` existed: first copies."""
+    """Segments written before ``redelivered``/``duplicate_of`` existed: first copies;
+    before ``broker_name``: one unnamed broker's."""
     if t.schema.names == LANDING.names:
         return t
     n = t.num_rows
+    if "broker_name" not in t.schema.names:
+        t = t.append_column(LANDING.field("broker_name"), pa.array([DEFAULT_BROKER] * n))
     if "redelivered" not in t.schema.names:
         t = t.append_column(LANDING.field("redelivered"), pa.array([False] * n, pa.bool_()))
     if "duplicate_of" not in t.schema.names:
@@ -142,15 +150,46 @@ def _upgrade(t: pa.Table) -> pa.Table:
     return t.select(LANDING.names).cast(LANDING)
 
 
-class LandingWriter:
-    """Appends flush groups of messages to one partition; each append is durable on return."""
+def partition_broker(part_dir: str | os.PathLike[str]) -> str | None:
+    """The broker a partition belongs to: its broker file, else ``default`` for a
+    partition landed before fleets, else None (a new partition)."""
+    d = Path(part_dir)
+    try:
+        return (d / BROKER_FILE).read_text(encoding="utf-8").strip()
+    except FileNotFoundError:
+        return DEFAULT_BROKER if _segments(d) else None
 
-    def __init__(self, root: str | os.PathLike[str], partition: str, *, fsync: bool = True) -> None:
+
+class LandingWriter:
+    """Appends flush groups of messages to one partition; each append is durable on return.
+
+    A partition holds one broker's messages: ``broker`` is written beside its segments
+    the first time, and a writer for another broker is refused."""
+
+    def __init__(
+        self,
+        root: str | os.PathLike[str],
+        partition: str,
+        *,
+        fsync: bool = True,
+        broker: str = DEFAULT_BROKER,
+    ) -> None:
         if not PARTITION_RE.match(partition):
             raise ValueError(f"partition name {partition!r} must match {PARTITION_RE.pattern}")
         self.partition = partition
+        self.broker = broker
         self.dir = Path(root) / partition
         self.dir.mkdir(parents=True, exist_ok=True)
+        owner = partition_broker(self.dir)
+        if owner is not None and owner != broker:
+            raise LandingError(
+                f"landing partition {partition!r} holds broker {owner!r}'s messages, not "
+                f"{broker!r}'s: give this broker a partition of its own"
+            )
+        if not (self.dir / BROKER_FILE).exists():
+            tmp = self.dir / f"{BROKER_FILE}.tmp"
+            tmp.write_text(broker + "\n", encoding="utf-8")
+            os.replace(tmp, self.dir / BROKER_FILE)
         self._fsync = fsync
         for stale in self.dir.glob("*.tmp"):
             stale.unlink()
@@ -163,7 +202,7 @@ class LandingWriter:
             raise ValueError("append needs at least one message")
         first = self.next_offset
         last = first + len(msgs) - 1
-        table = to_table(self.partition, first, msgs)
+        table = to_table(self.partition, first, msgs, self.broker)
         final = self.dir / f"{first:020d}-{last:020d}.arrow"
         tmp = final.with_suffix(".tmp")
         with open(tmp, "wb") as f:

@@ -48,7 +48,7 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
 from types import FrameType
-from typing import IO, Any, Protocol
+from typing import IO, TYPE_CHECKING, Any, Protocol
 
 from cproton import (
     pn_message_get_content_type,
@@ -80,8 +80,19 @@ from receivers.aliases import AliasNamer
 from receivers.config import BrokerConfig, ConfigError, host_port
 from receivers.console import ConsoleConfig, ConsoleRequest, ConsoleRole, parse_refresh_classes
 from receivers.indoubt import InDoubtLedger, seal, write_marker
-from receivers.landing import PARTITION_RE, LandedMessage, LandingWriter, to_table
+from receivers.landing import (
+    PARTITION_RE,
+    LandedMessage,
+    LandingError,
+    LandingWriter,
+    partition_broker,
+    to_table,
+)
 from receivers.publisher import APP_ID_PROPERTY
+from schemas.tables import DEFAULT_BROKER
+
+if TYPE_CHECKING:
+    from receivers.fleet import FleetReceivers
 
 log = logging.getLogger("qmf.receiver")
 
@@ -343,8 +354,14 @@ class Sink(Protocol):
 class LandingSink:
     """The landing log partition this receiver owns (exclusive lock held while open)."""
 
-    def __init__(self, root: str | os.PathLike[str], partition: str | None = None) -> None:
+    def __init__(
+        self,
+        root: str | os.PathLike[str],
+        partition: str | None = None,
+        broker: str = DEFAULT_BROKER,
+    ) -> None:
         self.root = Path(root)
+        self.broker = broker
         self._lock_fd: int | None = None
         if partition is None:
             partition = self._claim_default()
@@ -356,11 +373,15 @@ class LandingSink:
                     f"landing partition {partition!r} under {self.root} is held by another receiver"
                 )
         self.partition = partition
-        self.writer = LandingWriter(self.root, partition)
-        # What the previous session of this partition left in doubt, then
-        # everyone's in-doubt messages, for matching redeliveries.
+        try:
+            self.writer = LandingWriter(self.root, partition, broker=broker)
+        except LandingError as exc:
+            self.close()
+            raise ReceiverError(str(exc)) from exc
+        # What the previous session of this partition left in doubt, then the
+        # in-doubt messages of every partition of this broker, for matching redeliveries.
         seal(self.root, partition)
-        self.ledger = InDoubtLedger(self.root, own=partition)
+        self.ledger = InDoubtLedger(self.root, own=partition, broker=broker)
         self.ledger.refresh()
 
     def _lock(self, partition: str) -> bool:
@@ -376,10 +397,15 @@ class LandingSink:
         return True
 
     def _claim_default(self) -> str:
-        """``<host>-<n>``: the lowest n not locked, so a restarted receiver continues its partition."""
-        host = re.sub(r"[^A-Za-z0-9_.-]", "_", socket.gethostname()) or "receiver"
+        """``<broker>-<n>`` (``<host>-<n>`` for the unnamed broker): the lowest n not locked
+        and not another broker's, so a restarted receiver continues its partition."""
+        prefix = self.broker
+        if self.broker == DEFAULT_BROKER:
+            prefix = re.sub(r"[^A-Za-z0-9_.-]", "_", socket.gethostname()) or "receiver"
         for n in range(1024):
-            name = f"{host}-{n}"
+            name = f"{prefix}-{n}"
+            if partition_broker(self.root / name) not in (None, self.broker):
+                continue
             if self._lock(name):
                 return name
         raise ReceiverError(f"no free landing partition under {self.root}")
@@ -413,7 +439,7 @@ class LandingSink:
 
     def warm_up(self) -> None:
         """Build one table in memory: pyarrow's lazy imports (~1 s) happen now, not mid-stream."""
-        to_table(self.partition, 0, [LandedMessage(body=b"")])
+        to_table(self.partition, 0, [LandedMessage(body=b"")], self.broker)
 
     def close(self) -> None:
         if self._lock_fd is not None:
@@ -883,6 +909,11 @@ class QmfReceiver:
             self._shutdown()
         if self.error is not None and not isinstance(self.error, ReceiverError):
             raise ReceiverError(str(self.error)) from self.error
+
+    @property
+    def ended(self) -> bool:
+        """True once ``start_thread``'s thread has ended (a stop, or a fatal error)."""
+        return self._thread is not None and not self._thread.is_alive()
 
     def start_thread(self, name: str = "qmf-receiver") -> threading.Thread:
         """``start()`` and ``run()`` in a daemon thread; ``stop()`` joins it."""
@@ -1511,20 +1542,28 @@ def config_from_options(options: Mapping[str, str]) -> ReceiverConfig:
     )
 
 
-def start_embedded(root: str, options: Mapping[str, str]) -> QmfReceiver:
-    """Start a receiver in a daemon thread landing into ``root`` (the Spark source's default).
+def start_embedded(root: str, options: Mapping[str, str]) -> QmfReceiver | FleetReceivers:
+    """Start a receiver in a daemon thread landing into ``root`` (the Spark source's default),
+    or with ``config`` (a fleet file, ``receivers.fleet``) one per broker.
 
     Waits (``readyTimeout`` seconds, default 30) until the subscriptions exist,
     so messages published after this returns are not missed; raises on a fatal
     error (e.g. authentication), and returns anyway if the broker is merely
-    unreachable (the receiver keeps retrying).
+    unreachable (the receiver keeps retrying). A fleet raises only for a bad file:
+    one broker's refusal is that broker's (its receiver is started again later).
     """
+    from receivers.fleet import FleetReceivers, load_fleet
+
     o = {_norm(k): v for k, v in options.items()}
     partition = o.get("partition")
     ready_timeout = float(o.get("readytimeout", "30"))
-    rest = {k: v for k, v in options.items() if _norm(k) not in ("partition", "readytimeout")}
+    if "config" in o:
+        fleet = load_fleet(o["config"])
+        return FleetReceivers(fleet, root, wants=o.get("consolewants")).start(ready_timeout)
+    own = ("partition", "readytimeout", "broker")
+    rest = {k: v for k, v in options.items() if _norm(k) not in own}
     cfg = config_from_options(rest)
-    receiver = QmfReceiver(cfg, LandingSink(root, partition))
+    receiver = QmfReceiver(cfg, LandingSink(root, partition, o.get("broker", DEFAULT_BROKER)))
     receiver.start_thread()
     deadline = time.monotonic() + ready_timeout
     while not receiver.ready.wait(0.05):

@@ -27,6 +27,9 @@ _ID = [
 ]
 _REC = [*_ID, pa.field("record_index", pa.int32(), nullable=False)]
 _BATCH = pa.field("batch_id", pa.int64(), nullable=False)
+# The broker the message came from, as the fleet configuration names it (bronze's
+# ``broker_name``; null in rows written before fleets).
+_BROKER = pa.field("broker_name", pa.string())
 
 # One property/statistic/argument definition, as the registry keeps it.
 ELEMENT = pa.struct(
@@ -87,6 +90,7 @@ OBJECT_SAMPLES = pa.schema(
     [
         *_REC,
         _BATCH,
+        _BROKER,
         pa.field("msg_key", pa.string(), nullable=False),
         pa.field("dialect", pa.string(), nullable=False),
         pa.field("opcode", pa.string(), nullable=False),
@@ -121,6 +125,7 @@ EVENTS = pa.schema(
     [
         *_REC,
         _BATCH,
+        _BROKER,
         pa.field("dialect", pa.string(), nullable=False),
         pa.field("seq", pa.int64()),
         pa.field("agent", pa.string()),
@@ -142,6 +147,7 @@ HEARTBEATS = pa.schema(
     [
         *_REC,
         _BATCH,
+        _BROKER,
         pa.field("dialect", pa.string(), nullable=False),
         pa.field("seq", pa.int64()),
         pa.field("agent", pa.string()),
@@ -158,6 +164,7 @@ AGENTS = pa.schema(
         pa.field("agent", pa.string(), nullable=False),
         pa.field("dialect", pa.string(), nullable=False),
         _BATCH,
+        _BROKER,
         pa.field("broker_bank", pa.int32()),
         pa.field("agent_bank", pa.int32()),
         pa.field("epoch", pa.int64()),
@@ -171,6 +178,7 @@ METHOD_RESPONSES = pa.schema(
     [
         *_REC,
         _BATCH,
+        _BROKER,
         pa.field("kind", pa.string(), nullable=False),  # method_response | exception
         pa.field("dialect", pa.string(), nullable=False),
         pa.field("seq", pa.int64()),
@@ -202,6 +210,7 @@ METHOD_CALLS = pa.schema(
         pa.field("dialect", pa.string(), nullable=False),
         pa.field("seq", pa.int64(), nullable=False),
         _BATCH,
+        _BROKER,
         pa.field("request_batch", pa.int64()),
         pa.field("request_partition", pa.string()),
         pa.field("request_offset", pa.int64()),
@@ -236,6 +245,7 @@ QUARANTINE = pa.schema(
     [
         *_ID,
         _BATCH,
+        _BROKER,
         pa.field("msg_key", pa.string(), nullable=False),
         pa.field("record_index", pa.int32()),
         pa.field("error", pa.string(), nullable=False),
@@ -252,6 +262,7 @@ PARKED = pa.schema(
     [
         *_ID,
         _BATCH,
+        _BROKER,
         pa.field("msg_key", pa.string(), nullable=False),
         pa.field("received_at", TS, nullable=False),
         pa.field("missing", pa.string(), nullable=False),  # package:class(hash hex)

@@ -15,6 +15,8 @@ if TYPE_CHECKING:
     from pyspark.sql.types import StructType
 
 TS = pa.timestamp("us", tz="UTC")
+# ``broker_name`` of a receiver given a URL rather than a fleet file (receivers.fleet).
+DEFAULT_BROKER = "default"
 
 # One landed AMQP delivery. Written by receivers.landing, served by the "qmf"
 # Spark source. A delivery's identity is (partition, offset). ``msg_key`` is a
@@ -23,9 +25,13 @@ TS = pa.timestamp("us", tz="UTC")
 # ``redelivered``: the broker flagged the delivery as possibly seen before;
 # ``duplicate_of``: "<partition>:<offset>" of the first copy when the receiver
 # matched the redelivery to a message it had landed (receivers.indoubt).
+# ``broker_name``: the broker it came from, as the fleet configuration names it
+# (receivers.fleet; ``default`` for a receiver given a URL), kept by every layer;
+# null in the rows of tables written before fleets.
 LANDING = pa.schema(
     [
         pa.field("partition", pa.string(), nullable=False),
+        pa.field("broker_name", pa.string()),
         pa.field("offset", pa.int64(), nullable=False),
         pa.field("msg_key", pa.string(), nullable=False),
         pa.field("received_at", TS, nullable=False),

@@ -19,6 +19,8 @@ from __future__ import annotations
 
 import polars as pl
 
+from pipeline.gold.transforms import fleet_broker
+
 # The first reporter of an object names it: qpidd's own v2 agent name before its v1
 # bank numbers.
 DIALECT_RANK = {"V2": 0, "AM2": 1, "AM1": 2}
@@ -34,9 +36,12 @@ def identity_key() -> pl.Expr:
     known = (
         pl.col("broker").is_not_null() & pl.col("name").is_not_null() & (pl.col("create_ns") != 0)
     )
+    # Two brokers of a fleet may report the same identity (brokers cloned alike): the
+    # fleet broker in the agent id (``fleet_agent``) keeps their objects apart.
+    fleet = fleet_broker(pl.col("agent"))
     return (
         pl.when(known)
-        .then(pl.concat_list(pl.lit("i"), *[pl.col(c).cast(pl.Utf8) for c in IDENTITY]))
+        .then(pl.concat_list(pl.lit("i"), fleet, *[pl.col(c).cast(pl.Utf8) for c in IDENTITY]))
         .otherwise(
             pl.concat_list(
                 pl.lit("r"), pl.col("agent"), pl.col("object_id"), pl.col("create_ns").cast(pl.Utf8)

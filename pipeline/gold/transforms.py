@@ -40,12 +40,15 @@ from numba import njit
 
 from pipeline.gold.names import ref_positions, with_names
 from schemas.gold import AGENT_LIVENESS, RATE_STATE
+from schemas.tables import DEFAULT_BROKER
 
 RESETS = ("", "counter_decreased", "recreated", "agent_restart", "gap")
 SERIES_KEYS = ("agent", "package", "class_name", "series", "statistic")
 LIFECYCLE_KEYS = ("agent", "object_id", "create_ns")
 NS = 1_000_000_000
 _TS = pl.Datetime("us", "UTC")
+# The agent of a v1 heartbeat (it names none): qpidd's broker agent, bank 1.0.
+V1_AGENT = "1.0"
 
 
 @dataclass(frozen=True)
@@ -71,6 +74,32 @@ def frame(table: pa.Table) -> pl.DataFrame:
     out = pl.from_arrow(table, rechunk=False)
     assert isinstance(out, pl.DataFrame)
     return out
+
+
+def fleet_agent() -> pl.Expr:
+    """Gold's agent id of an input row: ``<broker_name>/<agent>`` for a named broker of a
+    fleet, else the agent as silver has it.
+
+    Why: agent ids are unique within one broker only (qpidd's v1 agent is ``1.0`` on
+    every broker; AM2 object ids repeat too), and gold keys every series, lifecycle and
+    liveness interval by agent. A v1 heartbeat's agent (it names none) is ``V1_AGENT``
+    first. Rows of the unnamed broker (``default``, or written before fleets) keep their
+    agent, so a single-broker lake reads as before.
+    """
+    name = pl.col("broker_name")
+    named = name.is_not_null() & (name != DEFAULT_BROKER)
+    v1_beat = (pl.col("source") == "heartbeat") & (pl.col("dialect") != "V2")
+    own = pl.coalesce(pl.col("agent"), pl.when(v1_beat).then(pl.lit(V1_AGENT)))
+    qualified = pl.concat_str([name, pl.lit("/"), own])
+    return pl.when(named & own.is_not_null()).then(qualified).otherwise(pl.col("agent"))
+
+
+def fleet_broker(agent: pl.Expr) -> pl.Expr:
+    """The fleet broker a gold agent id names (``fleet_agent``), else an empty string."""
+    named = agent.str.contains("/", literal=True)
+    return pl.when(named).then(agent.str.split_exact("/", 1).struct.field("field_0")).otherwise(
+        pl.lit("")
+    )
 
 
 def ts(ns: pl.Expr) -> pl.Expr:
@@ -1159,8 +1188,19 @@ class LivenessRules:
     they stand for, ``v1_interval_s`` is the broker's publish interval."""
 
     missed: int = 3
-    v1_agent: str = "1.0"
+    v1_agent: str = V1_AGENT
     v1_interval_s: float = 10.0
+    # Per broker of a fleet (``broker_name``, seconds): its v1 agents' publish interval,
+    # for the agents ``fleet_agent`` named ``<broker_name>/...``; the others take the above.
+    v1_intervals: tuple[tuple[str, float], ...] = ()
+
+    def v1_interval(self) -> pl.Expr:
+        """The v1 heartbeat interval of each row's agent (a polars expression)."""
+        if not self.v1_intervals:
+            return pl.lit(self.v1_interval_s)
+        return fleet_broker(pl.col("agent")).replace_strict(
+            dict(self.v1_intervals), default=self.v1_interval_s, return_dtype=pl.Float64
+        )
 
 
 def heartbeat_rows(heartbeats: pl.DataFrame, rules: LivenessRules) -> pl.DataFrame:
@@ -1177,7 +1217,7 @@ def heartbeat_rows(heartbeats: pl.DataFrame, rules: LivenessRules) -> pl.DataFra
             "dialect",
             pl.col("timestamp_ns").alias("ts_ns"),
             epoch.alias("epoch"),
-            pl.coalesce(interval, pl.lit(rules.v1_interval_s)).alias("interval_s"),
+            pl.coalesce(interval, rules.v1_interval()).alias("interval_s"),
         )
         .filter(pl.col("agent").is_not_null())
     )

@@ -42,9 +42,11 @@ from pipeline.bronze.writer import checkpoint_query_id
 from pipeline.gold.fold import fold_lifecycles
 from pipeline.gold.transforms import (
     LIFECYCLE_KEYS,
+    V1_AGENT,
     LivenessRules,
     RateRules,
     conform,
+    fleet_agent,
     frame,
     gold_batch,
     upsert_rows,
@@ -68,6 +70,7 @@ from schemas.gold import (
     STATISTIC_RATES,
 )
 from schemas.silver import HEARTBEATS, OBJECT_SAMPLES
+from schemas.tables import DEFAULT_BROKER
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Sequence
@@ -81,7 +84,7 @@ log = logging.getLogger(__name__)
 
 # Columns of the gold input stream: what gold needs of samples and heartbeats.
 SAMPLE_COLS = (
-    "partition", "offset", "record_index", "dialect", "agent", "package", "class_name", "schema_hash", "update_ns", "create_ns",
+    "partition", "offset", "record_index", "broker_name", "dialect", "agent", "package", "class_name", "schema_hash", "update_ns", "create_ns",
     "delete_ns", "boot_seq", "bank", "flags", "epoch", "broker_bank", "agent_bank", "object_num",
     "object_name", "index_key", "ints", "floats", "texts",
 )  # fmt: skip
@@ -254,7 +257,14 @@ def gold_input(samples: DataFrame, heartbeats: DataFrame) -> DataFrame:
             ],
         )
 
-    return project(samples, "sample").unionByName(project(heartbeats, "heartbeat"))
+    both = project(samples, "sample").unionByName(project(heartbeats, "heartbeat"))
+    # transforms.fleet_agent, in Spark's terms: the same ids on either path.
+    name = F.col("broker_name")
+    named = name.isNotNull() & (name != DEFAULT_BROKER)
+    v1_beat = (F.col("source") == "heartbeat") & (F.col("dialect") != "V2")
+    own = F.coalesce(F.col("agent"), F.when(v1_beat, F.lit(V1_AGENT)))
+    agent = F.when(named & own.isNotNull(), F.concat_ws("/", name, own)).otherwise(F.col("agent"))
+    return both.withColumn("agent", agent)
 
 
 def source_columns(schema: pa.Schema) -> list[str]:
@@ -273,7 +283,7 @@ def gold_input_arrow(samples: pa.Table, heartbeats: pa.Table) -> pl.DataFrame:
             for c in (*SAMPLE_COLS, *BEAT_COLS)
         ]
         parts.append(pa.Table.from_arrays(arrays, names=["source", *SAMPLE_COLS, *BEAT_COLS]))
-    return frame(pa.concat_tables(parts))
+    return frame(pa.concat_tables(parts)).with_columns(fleet_agent().alias("agent"))
 
 
 def batch_on_driver(settings: GoldSettings, files: list[list[DataFile]] | None) -> pl.DataFrame | None:

@@ -1,4 +1,4 @@
-"""Agent observations of a batch: per (agent, dialect) first/last record time, record
+"""Agent observations of a batch: per (broker, agent, dialect) first/last record time, record
 count, latest banks and epoch. Computed per decoded part (a Spark task's, or the
 driver's) and merged: every column is a min, max or sum, so parts merge exactly."""
 
@@ -32,6 +32,7 @@ def agent_rows(decoded: Decoded, batch_id: int) -> pa.Table:
         parts.append(
             pa.table(
                 {
+                    "broker_name": t.column("broker_name"),
                     "agent": t.column("agent"),
                     "dialect": t.column("dialect"),
                     "t": t.column(tcol),
@@ -76,7 +77,7 @@ def _aggregate(
 ) -> pa.Table:
     """Per (agent, dialect): ``first``, ``last``, ``records`` (column, aggregate) and the
     latest banks and epoch, as AGENTS rows of ``batch_id``."""
-    g = rows.group_by(["agent", "dialect"]).aggregate(
+    g = rows.group_by(["broker_name", "agent", "dialect"], use_threads=False).aggregate(
         [first, last, records, ("broker_bank", "max"), ("agent_bank", "max"), ("epoch", "max")]
     )
 
@@ -88,6 +89,7 @@ def _aggregate(
             "agent": g.column("agent"),
             "dialect": g.column("dialect"),
             "batch_id": pa.array(np.full(g.num_rows, batch_id, np.int64)),
+            "broker_name": g.column("broker_name"),
             "broker_bank": g.column("broker_bank_max"),
             "agent_bank": g.column("agent_bank_max"),
             "epoch": g.column("epoch_max"),
@@ -96,4 +98,5 @@ def _aggregate(
             "records": col(records).cast(pa.int64()),
         }
     )
-    return out.sort_by([("agent", "ascending"), ("dialect", "ascending")]).cast(AGENTS)
+    order = [("agent", "ascending"), ("dialect", "ascending"), ("broker_name", "ascending")]
+    return out.sort_by(order).cast(AGENTS)

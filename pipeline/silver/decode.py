@@ -123,7 +123,10 @@ def ns_to_timestamp(ns: pa.Array | pa.ChunkedArray) -> pa.Array:
 
 # ---------------------------------------------------------------- sample packing
 
-_DERIVED = ("partition", "offset", "batch_id", "msg_key", "update_time", "create_time", "delete_time")
+_DERIVED = (
+    "partition", "offset", "batch_id", "broker_name", "msg_key", "update_time", "create_time",
+    "delete_time",
+)  # fmt: skip
 
 
 def pack_samples(
@@ -140,6 +143,7 @@ def pack_samples(
         "partition": meta_cols["partition"].take(rows),
         "offset": meta_cols["offset"].take(rows),
         "batch_id": pa.array(np.full(t.num_rows, batch_id, np.int64)),
+        "broker_name": meta_cols["broker_name"].take(rows),
         "msg_key": meta_cols["msg_key"].take(rows),
     }
     for name in ("update", "create", "delete"):
@@ -228,6 +232,7 @@ def call_part(
     p, o, i = ident["partition"], ident["offset"], ident["record_index"]
     row: dict[str, Any] = {
         "call_id": call_id(p, o, i), "dialect": r.dialect, "seq": r.seq, "batch_id": batch_id,
+        "broker_name": ident["broker_name"],
     }  # fmt: skip
     if isinstance(r, MethodRequest):
         row |= {
@@ -253,6 +258,7 @@ class _Meta:
         n = bronze.num_rows
         self.partition = _column(bronze, "partition", n, pa.string())
         self.offset = _column(bronze, "offset", n, pa.int64())
+        self.broker_name = _column(bronze, "broker_name", n, pa.string())
         self.msg_key = _column(bronze, "msg_key", n, pa.string())
         self.received_at = _column(bronze, "received_at", n, TS)
         self.routing_key = _column(bronze, "routing_key", n, pa.string())
@@ -286,6 +292,7 @@ class _Meta:
             "partition": self.py("partition")[row],
             "offset": self.py("offset")[row],
             "record_index": index,
+            "broker_name": self.py("broker_name")[row],
         }
 
 
@@ -386,7 +393,8 @@ def decode_arrow(
             for r_ in rows.tolist():
                 good_per_row[r_] = good_per_row.get(r_, 0) + 1
     if samples is not None and samples.num_rows:
-        meta_cols = {"partition": meta.partition, "offset": meta.offset, "msg_key": meta.msg_key}
+        meta_cols = {"partition": meta.partition, "offset": meta.offset, "msg_key": meta.msg_key,
+                     "broker_name": meta.broker_name}  # fmt: skip
         out.tables[SAMPLES] = pack_samples([samples], meta_cols, batch_id)
 
     events: list[dict[str, Any]] = []
@@ -465,7 +473,8 @@ def decode_arrow(
             error, _, _msg = reason.partition(":")
             quarantine.append({
                 "partition": meta.py("partition")[row], "offset": meta.py("offset")[row],
-                "batch_id": batch_id, "msg_key": meta.py("msg_key")[row],
+                "batch_id": batch_id, "broker_name": meta.py("broker_name")[row],
+                "msg_key": meta.py("msg_key")[row],
                 "record_index": good_per_row.get(row, 0), "error": error, "reason": reason,
                 "error_offset": off, "first_seen": meta.py("received_at")[row],
                 "body": table.column("body")[row].as_py() or b"",

@@ -172,9 +172,10 @@ def pair(
     from pipeline.codec.schema import SchemaKey
 
     kept = stored.to_pylist()
-    pending: dict[tuple[str, int], dict[str, Any]] = {}
+    # A call is (broker, dialect, seq): two brokers' consoles number their requests alike.
+    pending: dict[tuple[str | None, str, int], dict[str, Any]] = {}
     for r in sorted((r for r in kept if _request_only(r)), key=_call_order):
-        pending[(r["dialect"], r["seq"])] = r
+        pending[(r.get("broker_name"), r["dialect"], r["seq"])] = r
     out: dict[str, dict[str, Any]] = {r["call_id"]: r for r in kept}
     rows = sorted(parts.to_pylist(), key=_call_order)
     ctx = MethodContext()
@@ -213,11 +214,11 @@ def pair(
                     }  # fmt: skip
                 if err is not None:
                     part["arguments_in_error"] = str(err)
-            pending[(d, seq)] = part
+            pending[(part.get("broker_name"), d, seq)] = part
             out[part["call_id"]] = part
             changed.add(part["call_id"])
             continue
-        call = pending.pop((d, seq), None)
+        call = pending.pop((part.get("broker_name"), d, seq), None)
         if call is None:
             out[part["call_id"]] = part  # no request seen: a response-only row
             changed.add(part["call_id"])

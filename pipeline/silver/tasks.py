@@ -85,7 +85,7 @@ SIDE_TABLES = (SEEN_T,)
 STAGED_IN = {CALL_PARTS_T: "method_calls"}
 # Bronze columns the decode reads.
 DECODE_COLUMNS = (
-    "partition", "offset", "msg_key", "received_at", "body", "correlation_id",
+    "partition", "offset", "broker_name", "msg_key", "received_at", "body", "correlation_id",
     "routing_key", "app_id", "content_type", "application_properties",
 )  # fmt: skip
 
