@@ -28,6 +28,7 @@ from pipeline.runtime.jobrun import (
     starting_versions,
     trigger_arg,
 )
+from receivers.fleet import fleet_intervals
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
@@ -90,6 +91,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--v1-agent", default="1.0", help="agent that v1 heartbeats stand for")
     p.add_argument("--v1-interval", type=float, default=10.0, metavar="SECONDS",
                    help="v1 heartbeat interval (the broker's mgmt-pub-interval)")
+    p.add_argument("--fleet", default=None, metavar="FILE",
+                   help="the fleet file (qmf receive --config): each broker's "
+                        "heartbeat_interval is its v1 agents' interval")
     p.add_argument("--batch-id", type=int, default=None,
                    help="batch mode: run over silver as this gold batch id")
     p.add_argument("--app-id", default="qmf-gold-batch", help="batch mode: the writer's app id")
@@ -121,7 +125,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         rate_buckets=args.rate_buckets,
         keep_mib=args.keep_mib,
         rates=RateRules(args.min_interval, args.max_gap, args.state_ttl, args.min_interval_jitter),
-        liveness=LivenessRules(args.missed_heartbeats, args.v1_agent, args.v1_interval),
+        liveness=LivenessRules(args.missed_heartbeats, args.v1_agent, args.v1_interval,
+                               fleet_intervals(args.fleet)),
     )
 
     def body(spark: SparkSession, stop: threading.Event) -> int:

@@ -204,6 +204,14 @@ def load_fleet(path: str | os.PathLike[str]) -> Fleet:
     return parse_fleet(p.read_text(encoding="utf-8"), p.resolve().parent, str(p))
 
 
+def fleet_intervals(path: str | os.PathLike[str] | None) -> tuple[tuple[str, float], ...]:
+    """``(broker_name, seconds)`` of each broker that gives a heartbeat_interval, for gold's
+    ``LivenessRules.v1_intervals``; none without a file."""
+    if path is None:
+        return ()
+    return tuple(sorted(load_fleet(path).heartbeat_intervals().items()))
+
+
 @dataclass
 class _Member:
     broker: FleetBroker

@@ -56,6 +56,7 @@ LONGEST_FIRST = (
     "tests/integration/test_crash_recovery.py",
     "tests/spark/test_silver_paths.py", "tests/spark/test_maintain.py",
     "tests/spark/test_backfill.py", "tests/test_live.py", "tests/spark/test_cluster_jobs.py",
+    "tests/integration/test_fleet.py",
     "tests/spark/test_delta_spark.py",
     "tests/test_run_command.py", "tests/integration/test_qpidd_amqp10.py",
     "tests/test_gold_tasks.py", "tests/spark/test_silver_methods.py",

@@ -172,3 +172,36 @@ def test_warm_up_compiles_the_v2_kernels_where_v2_traffic_comes() -> None:
     finally:
         vectorized.decode_content = real  # type: ignore[assignment]
     assert seen == [0, 16]  # am1, then v2 over AMQP 1.0: all 16 data messages by the kernel
+
+
+def test_a_fleet_file_reaches_the_embedded_receiver_and_gold_liveness(tmp_path: Path) -> None:
+    from pipeline.commands.run import liveness_rules
+
+    fleet = tmp_path / "fleet.toml"
+    fleet.write_text('[[broker]]\nname = "east"\nurl = "amqp://e:5672"\nheartbeat_interval = 2\n'
+                     '[[broker]]\nname = "west"\nurl = "amqp://w:5672"\n', encoding="utf-8")  # fmt: skip
+    args = _args("--config", str(fleet))
+    assert _receiver_options(args, "unused", tmp_path / "wants") == {
+        "config": str(fleet), "consoleWants": str(tmp_path / "wants"),
+    }  # fmt: skip
+    rules = liveness_rules(_args("--config", str(fleet), "--no-sim"))
+    assert (rules.v1_interval_s, rules.v1_intervals) == (10.0, (("east", 2.0),))
+
+
+@pytest.mark.parametrize(
+    ("extra", "message"),
+    [
+        (("--url", "amqp://h"), "--config names the brokers: no --url"),
+        ((), "broker 1: name must be letters"),
+    ],
+)
+def test_a_bad_fleet_stops_qmf_run_before_anything_starts(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], extra: tuple[str, ...], message: str
+) -> None:
+    from pipeline.commands.run import run
+
+    fleet = tmp_path / "fleet.toml"
+    fleet.write_text('[[broker]]\nname = "a b"\nurl = "amqp://e:5672"\n', encoding="utf-8")
+    assert run(_args("--data", str(tmp_path / "data"), "--config", str(fleet), *extra)) == 2
+    assert message in capsys.readouterr().err
+    assert not (tmp_path / "data").exists()

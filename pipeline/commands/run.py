@@ -46,6 +46,9 @@ def register(subparsers: Any) -> None:
     )
     p.add_argument("--data", default="data", help="folder of the tables and checkpoints (./data)")
     p.add_argument("--url", help="broker URL (default: the project-local RabbitMQ node)")
+    p.add_argument("--config", metavar="FILE",
+                   help="a fleet file (TOML, one [[broker]] per broker; docs/cluster.md): one "
+                        "receiver per broker instead of --url, and no simulated agents")
     p.add_argument("--queue", default=QUEUE,
                    help="durable queue the receiver consumes (declared on the local node)")
     p.add_argument("--duration", type=float, default=60.0,
@@ -130,7 +133,10 @@ def _sim_command(args: argparse.Namespace, url: str, manifest: Path) -> list[str
 
 
 def _receiver_options(args: argparse.Namespace, url: str, wants: Path) -> dict[str, str]:
-    """Options of the source's embedded receiver (see receivers.receiver.config_from_options)."""
+    """Options of the source's embedded receiver (see receivers.receiver.config_from_options);
+    with ``--config``, the fleet file (receivers.receiver.start_embedded)."""
+    if args.config:
+        return {"config": os.path.abspath(args.config), "consoleWants": str(wants)}
     opts = {"url": url, "preset": args.preset}
     bindings = [b.strip() for text in args.bind for b in text.split(",") if b.strip()]
     if bindings:
@@ -262,10 +268,14 @@ def liveness_rules(args: argparse.Namespace) -> Any:
     simulated agents' own, else ``--v1-interval`` (a real broker's mgmt-pub-interval),
     else gold's default (qpidd's default publish interval, 10 s)."""
     from pipeline.gold.transforms import LivenessRules
+    from receivers.fleet import fleet_intervals
 
+    per_broker = fleet_intervals(getattr(args, "config", None))
     if args.v1_interval is not None:
-        return LivenessRules(v1_interval_s=args.v1_interval)
-    return LivenessRules() if args.no_sim else LivenessRules(v1_interval_s=args.interval)
+        return LivenessRules(v1_interval_s=args.v1_interval, v1_intervals=per_broker)
+    if args.no_sim:
+        return LivenessRules(v1_intervals=per_broker)
+    return LivenessRules(v1_interval_s=args.interval)
 
 
 def warm_dialects(args: argparse.Namespace) -> tuple[str, ...]:
@@ -402,7 +412,7 @@ def run(args: argparse.Namespace) -> int:
     from pipeline.spark import get_spark, spark_log
     from pipeline.views.progress import ProgressDisplay, Rates, progress_stats
     from pipeline.views.progress import summary as tables_summary
-    from receivers.config import ConfigError
+    from receivers.config import ConfigError, host_port
     from receivers.receiver import config_from_options
 
     try:
@@ -411,11 +421,24 @@ def run(args: argparse.Namespace) -> int:
         print(f"qmf run: {exc}", file=sys.stderr)
         return 2
     data = Path(args.data).resolve()
-    try:  # bad --bind, --preset or TLS files: say so before starting anything
-        config_from_options(_receiver_options(args, args.url or "amqp://127.0.0.1", Path("w")))
+    fleet = None
+    try:  # bad --bind, --preset, TLS files or fleet file: say so before starting anything
+        if args.config:
+            if args.url or args.bind or args.console:
+                raise ConfigError("--config names the brokers: no --url, --bind or --console "
+                                  "beside it (the file's [[broker]] tables say them)")  # fmt: skip
+            from receivers.fleet import load_fleet
+
+            fleet = load_fleet(args.config)
+            args.no_sim = True  # the fleet's brokers have their own agents
+        else:
+            config_from_options(_receiver_options(args, args.url or "amqp://127.0.0.1", Path("w")))
     except (ConfigError, ValueError) as exc:
         print(f"qmf run: {exc}", file=sys.stderr)
         return 2
+    consoles = bool(args.console) or (
+        fleet is not None and any(b.options.get("console") == "true" for b in fleet.brokers)
+    )
     landing, table, checkpoint = data / "landing", data / "bronze", data / "checkpoints" / "bronze"
     for d in (landing, checkpoint.parent):
         d.mkdir(parents=True, exist_ok=True)
@@ -423,7 +446,7 @@ def run(args: argparse.Namespace) -> int:
         bronze=str(table), root=str(data / "silver"),
         checkpoint=str(data / "checkpoints" / "silver"), trigger=args.trigger,
         decode_on=args.silver_decode_on,
-        schema_wants=str(data / "schema_wants") if args.console else None,
+        schema_wants=str(data / "schema_wants") if consoles else None,
     )  # fmt: skip
     gold_settings = GoldSettings(
         silver=str(data / "silver"), root=str(data / "gold"),
@@ -433,14 +456,17 @@ def run(args: argparse.Namespace) -> int:
         liveness=liveness_rules(args),
     )  # fmt: skip
 
-    if args.url:
+    if fleet is not None:
+        url = f"the {len(fleet.brokers)} brokers of {args.config} ({', '.join(fleet.names())})"
+    elif args.url:
         url = args.url
     else:
         from pipeline.broker import declare_queue, ensure_broker
 
         url = ensure_broker().url
         declare_queue(args.queue, BINDINGS, durable=True)
-    print(f"qmf run: broker ready; landing {landing}, bronze {table}", flush=True)
+    print(f"qmf run: broker ready ({url if fleet else host_port(url)}); landing {landing}, "
+          f"bronze {table}", flush=True)  # fmt: skip
     earlier = earlier_tables(data)
     if earlier:
         print(earlier, flush=True)

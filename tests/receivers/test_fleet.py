@@ -160,3 +160,44 @@ def test_a_redelivery_is_matched_only_to_its_own_brokers_messages(tmp_path: Path
     assert LandingLog(tmp_path).read("east-0", 1, 2).column("duplicate_of").to_pylist() == [
         "east-0:0"
     ]
+
+
+@pytest.mark.broker
+def test_the_sparks_sources_embedded_fleet_lands_each_brokers_messages(
+    broker: object, tmp_path: Path
+) -> None:
+    """``qmf run --config``'s path: the source's ``start_embedded`` with a fleet file."""
+    import uuid
+
+    from pipeline.broker import declare_queue, delete_queue
+    from receivers.config import BrokerConfig
+    from receivers.fleet import FleetReceivers
+    from receivers.publisher import OutMessage, Publisher
+    from receivers.receiver import start_embedded
+    from tests.integration.e2e import wait_for
+
+    url = broker.url  # type: ignore[attr-defined]
+    tag = uuid.uuid4().hex[:8]
+    fleet = tmp_path / "fleet.toml"
+    text = "".join(f'[[broker]]\nname = "{n}"\nurl = "{url}"\nqueue = "fleet-{tag}-{n}"\n'
+                   for n in ("east", "west"))  # fmt: skip
+    fleet.write_text(text, encoding="utf-8")
+    for n in ("east", "west"):
+        declare_queue(f"fleet-{tag}-{n}", [("qpid.management", f"mgmt.{tag}.{n}")])
+    try:
+        fr = start_embedded(str(tmp_path / "landing"), {"config": str(fleet)})
+        assert isinstance(fr, FleetReceivers)
+        assert {k: v["subscribed"] for k, v in fr.status().items()} == {"east": True, "west": True}
+        with Publisher(BrokerConfig(urls=(url,))) as pub:
+            for n, count in (("east", 3), ("west", 2)):
+                msgs = [OutMessage(f"mgmt.{tag}.{n}", f"{n}{i}".encode(),
+                                   exchange="qpid.management") for i in range(count)]  # fmt: skip
+                assert pub.publish_many(msgs) == count
+        log = LandingLog(tmp_path / "landing")
+        wait_for(lambda: log.end_offsets() == {"east-0": 3, "west-0": 2}, 30, "both landed")
+        fr.stop()
+        assert log.read("west-0", 0, 2).column("broker_name").to_pylist() == ["west", "west"]
+        assert log.read("east-0", 0, 3).column("body").to_pylist() == [b"east0", b"east1", b"east2"]
+    finally:
+        for n in ("east", "west"):
+            delete_queue(f"fleet-{tag}-{n}")
