@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import polars as pl
 
-from pipeline.gold.transforms import fleet_broker
+from pipeline.gold.names import fleet_broker
 
 # The first reporter of an object names it: qpidd's own v2 agent name before its v1
 # bank numbers.

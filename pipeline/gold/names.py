@@ -267,10 +267,28 @@ def with_names(
     if named is None:
         return _with_names_one_by_one(lifecycles, refs)
     names, targets = named
-    return lifecycles.with_columns(
+    return _in_fleet(lifecycles.with_columns(
         name=names,
         broker=pl.col("agent").replace(_agent_brokers(lifecycles, names, targets)),
+    ))  # fmt: skip
+
+
+def fleet_broker(agent: pl.Expr) -> pl.Expr:
+    """The fleet broker a gold agent id names (``transforms.fleet_agent``: ``<name>/<agent>``),
+    else an empty string."""
+    named = agent.str.contains("/", literal=True)
+    return pl.when(named).then(agent.str.split_exact("/", 1).struct.field("field_0")).otherwise(
+        pl.lit("")
     )
+
+
+def _in_fleet(named: pl.DataFrame) -> pl.DataFrame:
+    """A named broker's ``broker`` starts with its name, as its agents do
+    (``east/<name>@<host>:<port>``): two brokers of a fleet never share an identity."""
+    fleet = fleet_broker(pl.col("agent"))
+    prefixed = pl.concat_str([fleet, pl.lit("/"), pl.col("broker")])
+    own = (fleet == "") | pl.col("broker").str.starts_with(pl.concat_str([fleet, pl.lit("/")]))
+    return named.with_columns(broker=pl.when(own).then(pl.col("broker")).otherwise(prefixed))
 
 
 def _with_names_one_by_one(
@@ -278,10 +296,10 @@ def _with_names_one_by_one(
 ) -> pl.DataFrame:
     objects = objects_of(lifecycles)
     r = Resolver(objects, refs)
-    return lifecycles.with_columns(
+    return _in_fleet(lifecycles.with_columns(
         name=pl.Series([r.name(o) for o in objects], dtype=pl.Utf8),
         broker=pl.Series([r.broker(o.agent) for o in objects], dtype=pl.Utf8),
-    )
+    ))  # fmt: skip
 
 
 _KEY_COLS = ("dialect", "index_key")

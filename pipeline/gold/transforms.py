@@ -38,7 +38,7 @@ import polars as pl
 import pyarrow as pa
 from numba import njit
 
-from pipeline.gold.names import ref_positions, with_names
+from pipeline.gold.names import fleet_broker, ref_positions, with_names
 from schemas.gold import AGENT_LIVENESS, RATE_STATE
 from schemas.tables import DEFAULT_BROKER
 
@@ -92,14 +92,6 @@ def fleet_agent() -> pl.Expr:
     own = pl.coalesce(pl.col("agent"), pl.when(v1_beat).then(pl.lit(V1_AGENT)))
     qualified = pl.concat_str([name, pl.lit("/"), own])
     return pl.when(named & own.is_not_null()).then(qualified).otherwise(pl.col("agent"))
-
-
-def fleet_broker(agent: pl.Expr) -> pl.Expr:
-    """The fleet broker a gold agent id names (``fleet_agent``), else an empty string."""
-    named = agent.str.contains("/", literal=True)
-    return pl.when(named).then(agent.str.split_exact("/", 1).struct.field("field_0")).otherwise(
-        pl.lit("")
-    )
 
 
 def ts(ns: pl.Expr) -> pl.Expr:

@@ -45,6 +45,7 @@ import pyarrow.compute as pc
 from pipeline.lake import storage
 from pipeline.views.tails import DeltaTail, EventsTail, RatesTail, StateTail, to_arrow, to_frame
 from schemas.gold import AGENT_LIVENESS, LIFECYCLE_STATE
+from schemas.tables import DEFAULT_BROKER
 
 if TYPE_CHECKING:
     pass
@@ -688,7 +689,11 @@ class LiveView:
         rows = rows if n is None else rows[:n]
         brokers = self.brokers()
         for r in rows:
-            r["broker"] = brokers.get(r["agent"], r["agent"])
+            # Gold's id of the agent: a named broker's agents are ``<name>/<agent>``.
+            name, agent = r.get("broker_name"), r["agent"]
+            named = name not in (None, DEFAULT_BROKER)
+            key = f"{name}/{agent}" if named and agent is not None else agent
+            r["broker"] = brokers.get(key, key) if key is not None else name
         return rows
 
 

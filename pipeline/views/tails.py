@@ -39,7 +39,8 @@ RATE_COLUMNS = (
     "start_ns", "end_ns", "end_time", "value", "rate", "reset",
 )  # fmt: skip
 EVENT_COLUMNS = (
-    "partition", "offset", "record_index", "agent", "package", "event_name", "severity",
+    "partition", "offset", "record_index", "broker_name", "agent", "package", "event_name",
+    "severity",
     "timestamp_ns", "event_time", "arguments",
 )  # fmt: skip
 STATE_COLUMNS = (

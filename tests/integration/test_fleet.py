@@ -75,6 +75,9 @@ def _strip(df: pl.DataFrame, broker: str) -> pl.DataFrame:
     rows = df.filter(pl.col("agent").str.starts_with(prefix)).with_columns(
         pl.col("agent").str.strip_prefix(prefix)
     )
+    if "broker" in rows.columns:  # gold's broker identity starts with the fleet name too
+        assert rows["broker"].str.starts_with(prefix).all()
+        rows = rows.with_columns(pl.col("broker").str.strip_prefix(prefix))
     if "reporters" in rows.columns:  # the agents that reported each folded object
         rows = rows.with_columns(
             pl.col("reporters").list.eval(pl.element().struct.field("agent").str.strip_prefix(prefix))
@@ -212,3 +215,18 @@ sasl = ["PLAIN"]
         assert agents and all(a.split("/", 1)[0] in ("east", "west") for a in agents), agents
         east, west = _strip(df, "east"), _strip(df, "west")
         assert east.height > 0 and east.equals(west), name
+
+    # The live view (qmf top, qmf serve-metrics) groups by broker: each queue once per
+    # broker, every broker identity starting with its fleet name, the two alike.
+    from pipeline.views.live import LiveView
+
+    view = LiveView(tmp_path)
+    view.refresh()
+    queues = view.queues()
+    assert {q.broker.split("/", 1)[0] for q in queues} == {"east", "west"}
+
+    def live(name: str) -> list[tuple[Any, ...]]:
+        return sorted((q.broker.split("/", 1)[1], q.name, q.enqueue_rate, q.depth)
+                      for q in queues if q.broker.startswith(f"{name}/"))  # fmt: skip
+
+    assert live("east") and live("east") == live("west")
