@@ -197,7 +197,7 @@ def test_bronze_job_through_spark_submit(tmp_path: Path) -> None:
     for part, msgs in (("a", a), ("b", b)):
         for i, m in enumerate(msgs):
             expected.append((
-                part, i, message_key(m),
+                part, "default", i, message_key(m),
                 datetime.fromtimestamp(m.received_at_us / 1e6, UTC),
                 m.routing_key, m.subject, m.message_id, m.correlation_id, m.reply_to, m.app_id,
                 m.content_type, sorted(m.application_properties.items()), m.body,

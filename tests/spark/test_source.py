@@ -73,6 +73,7 @@ def land(
 def expected_row(partition: str, offset: int, m: LandedMessage) -> tuple[Any, ...]:
     return (
         partition,
+        "default",  # broker_name: the writers here name no broker
         offset,
         message_key(m),
         datetime.fromtimestamp(m.received_at_us / 1e6, UTC).replace(tzinfo=None),
@@ -348,7 +349,7 @@ def test_retention_deletes_only_committed_segments(qmf: SparkSession, tmp_path: 
     offsets: list[int] = []
 
     def collect(df: DataFrame, batch_id: int) -> None:
-        first = sorted(os.listdir(seg_dir))[0]
+        first = sorted(n for n in os.listdir(seg_dir) if n.endswith(".arrow"))[0]
         rows = [int(r["offset"]) for r in df.select("offset").collect()]
         offsets.extend(rows)
         seen.append((batch_id, len(rows), first.split("-")[0].lstrip("0") or "0"))
@@ -372,7 +373,8 @@ def test_retention_deletes_only_committed_segments(qmf: SparkSession, tmp_path: 
             query.stop()
 
     def listing() -> list[str]:
-        return [n.split("-")[0].lstrip("0") or "0" for n in sorted(os.listdir(seg_dir))]
+        segments = sorted(n for n in os.listdir(seg_dir) if n.endswith(".arrow"))
+        return [n.split("-")[0].lstrip("0") or "0" for n in segments]
 
     run()
     # While batch k runs, only segments below (end of batch k-1) - 15 are gone.
