@@ -7,6 +7,9 @@ object_id``); the rates of one object's statistic form a *series* keyed by
 ``(agent, package, class_name, series)``, ``series`` being the index key when
 known (so a re-created object or one renumbered by an agent restart continues
 the series and its first interval says why there is no rate), else the object id.
+A named broker of a fleet (silver's ``broker_name``, ``receivers.fleet``) qualifies
+its agents, ``<broker_name>/<agent>``, and its broker identity, ``<broker_name>/...``
+(``pipeline.gold.transforms.fleet_agent``): agent ids are unique within a broker only.
 """
 
 from __future__ import annotations
