@@ -47,22 +47,23 @@ def pytest_sessionstart(session: pytest.Session) -> None:
     )
 
 
-# The longest test files (CI's durations, 2026-12-06), longest first: tools/test.sh's
-# two processes take whole files in collection order, so a long file met last would run
-# alone at the end while the other process idles (CI's last minutes, measured). The
-# rest keep their order after these.
+# The longest test files (CI-12's durations, 2026-12-06, and this session's cuts),
+# longest first: tools/test.sh's two processes take whole files in this order (with
+# xdist's own reordering off), so no long file is met last and run alone at the end
+# while the other process idles. The rest keep their order after these.
 LONGEST_FIRST = (
-    # bronze and receivers only, no decode kernels: runs while the warm-up compiles them
-    "tests/integration/test_crash_recovery.py",
-    "tests/spark/test_silver_paths.py", "tests/spark/test_maintain.py",
-    "tests/spark/test_backfill.py", "tests/test_live.py", "tests/spark/test_cluster_jobs.py",
-    "tests/integration/test_fleet.py",
-    "tests/spark/test_delta_spark.py",
-    "tests/test_run_command.py", "tests/integration/test_qpidd_amqp10.py",
-    "tests/test_gold_tasks.py", "tests/spark/test_silver_methods.py",
-    "tests/spark/test_gold_qpidd.py", "tests/spark/test_bronze_job.py",
-    "tests/spark/test_silver_kill.py", "tests/spark/test_object_store.py",
-    "tests/spark/test_gold_kill.py",
+    # bronze, receivers and the broker only, no decode kernels: these run while the
+    # warm-up tools/test.sh started compiles them
+    "tests/integration/test_crash_recovery.py", "tests/test_broker.py",
+    "tests/spark/test_cluster_jobs.py", "tests/spark/test_maintain.py",
+    "tests/spark/test_backfill.py", "tests/spark/test_silver_paths.py", "tests/test_live.py",
+    "tests/spark/test_delta_spark.py", "tests/integration/test_qpidd_amqp10.py",
+    "tests/spark/test_bronze_job.py", "tests/spark/test_silver_kill.py",
+    "tests/spark/test_gold_kill.py", "tests/test_run_command.py",
+    "tests/spark/test_gold_qpidd.py", "tests/integration/test_fleet.py",
+    "tests/spark/test_silver_methods.py", "tests/test_gold_tasks.py",
+    "tests/spark/test_object_store.py", "tests/spark/test_source.py",
+    "tests/spark/test_backfill_log.py",
 )  # fmt: skip
 
 

@@ -19,7 +19,10 @@ echo "== pytest"
 # wait on brokers, kills and restarts, so the other process uses the core meanwhile
 # (CI's pytest on the 2-core VM: 41:48 in one process, 25:21 in two; docs/performance.md).
 # QMF_TEST_WORKERS sets the count (0: one process); a `-n` among the arguments wins.
-.venv/bin/python -m pytest -n "${QMF_TEST_WORKERS:-2}" --dist loadfile "$@"
+# Files go out in the order tests/conftest.py gives them (the longest first):
+# pytest-xdist's default would put the files with most tests first, leaving the long
+# one-test files (crash recovery, the kill tests) to the end, run alone.
+.venv/bin/python -m pytest -n "${QMF_TEST_WORKERS:-2}" --dist loadfile --no-loadscope-reorder "$@"
 rc=$?
 if [ "$rc" -eq 5 ]; then
   echo "pytest collected no tests: that is a failure here"

@@ -18,6 +18,7 @@ lacks fails here.
 from __future__ import annotations
 
 import json
+import os
 import re
 import shutil
 import site
@@ -66,7 +67,28 @@ def node_env(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
     with zipfile.ZipFile(wheel) as whl:
         whl.extractall(packages)
     (packages / "qmf-node-deps.pth").write_text(f"{site.getsitepackages()[0]}\n")
+    _ship_numba_cache(packages)
     yield venv
+
+
+def _ship_numba_cache(packages: Path) -> None:
+    """Give the node the checkout's compiled numba kernels, as a node image built with
+    its kernels compiled ships them: numba loads a cached kernel when its source file's
+    size and mtime match, so the wheel's copies get the checkout's mtimes. Without it
+    each executor's first decode compiles the kernels (~22 s of each worker's core,
+    measured), which is not what this test is about. A kernel the checkout has not
+    compiled yet is compiled on the node, as before."""
+    for cache in (REPO / "pipeline").rglob("__pycache__"):
+        files = [f for f in cache.iterdir() if f.suffix in (".nbi", ".nbc")]
+        if not files:
+            continue
+        target = packages / cache.relative_to(REPO)
+        target.mkdir(parents=True, exist_ok=True)
+        for f in files:
+            shutil.copy2(f, target / f.name)
+        for src in cache.parent.glob("*.py"):
+            st = src.stat()
+            os.utime(packages / src.relative_to(REPO), ns=(st.st_atime_ns, st.st_mtime_ns))
 
 
 @pytest.fixture(scope="module")
