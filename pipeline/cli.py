@@ -20,6 +20,7 @@ COMMAND_MODULES: dict[str, str] = {
     "maintain": "pipeline.commands.maintain",
     "top": "pipeline.commands.top",
     "serve-metrics": "pipeline.commands.metrics",
+    "alert-rules": "pipeline.commands.alerts",
     "backfill": "pipeline.commands.backfill",
 }
 

@@ -31,7 +31,7 @@ from pipeline.gold import GoldBatchWriter
 from pipeline.lake import delta
 from pipeline.views.live import LiveView
 from tests.lake import Lake, copy_lake
-from tests.live_lake import QPIDD_SAMPLE, build, metrics_server
+from tests.live_lake import HEALTH, QPIDD_SAMPLE, build, metrics_server
 
 Queue = tuple[str, str]  # (broker, queue name)
 SERIES = ("agent", "package", "class_name", "series", "statistic")
@@ -198,14 +198,17 @@ def parse_exposition(text: str, openmetrics: bool) -> list[tuple[str, dict[str, 
             helped.add(name)
         elif line.startswith("# TYPE "):
             _, _, name, kind = line.split(" ")
-            assert name not in typed and kind == "gauge"
+            assert name not in typed and kind in ("gauge", "counter")
             typed[name] = kind
             current = name
         else:
             m = _SAMPLE.match(line)
             assert m, line
             name, _, body, value = m.groups()
-            assert name == current and name in helped, line
+            # A counter's samples end in _total (OpenMetrics declares the family without it).
+            family = name.removesuffix("_total") if current not in (None, name) else name
+            assert family == current and family in helped, line
+            assert family == name or typed[family] == "counter", line
             labels: dict[str, str] = {}
             if body:
                 pairs = _LABEL.findall(body)
@@ -309,10 +312,14 @@ def test_metrics_endpoint_exposes_the_last_gold_rate_and_depth(sim_lake: Lake) -
     assert parse_exposition(prom, openmetrics=False) == parsed
     assert exposed_queues(parsed) == _without_ids(expected)
     assert ("qmf_live_rates_version", {}, float(version)) in parsed
+    # (qmf_events_total has no samples: events read on the first read are history)
     assert {n for n, _, _ in parsed} == {
         "qmf_statistic_rate_per_second", "qmf_statistic_value", "qmf_objects",
-        "qmf_live_rates_version", "qmf_live_state_version",
-    }  # fmt: skip
+        "qmf_live_rates_version", "qmf_live_state_version", *HEALTH,
+    } - {"qmf_events_total"}  # fmt: skip
+    health = [x for x in parsed if x[0] in HEALTH]
+    assert health == [x for x in parse_exposition(everything, openmetrics=True) if x[0] in HEALTH]
+    parsed = [x for x in parsed if x[0] not in HEALTH]
     # The default: queues' four statistics, every broker statistic, object counts.
     view = LiveView(sim_lake.root)
     view.refresh()
@@ -323,7 +330,7 @@ def test_metrics_endpoint_exposes_the_last_gold_rate_and_depth(sim_lake: Lake) -
     objects = [labels for n, labels, _ in parsed if n == "qmf_objects"]
     assert len(parsed) == len(default) + len(objects) + 2  # + the two versions
     # /metrics/all: every current counter with a rate, every other statistic with a value.
-    full = parse_exposition(everything, openmetrics=True)
+    full = [x for x in parse_exposition(everything, openmetrics=True) if x[0] not in HEALTH]
     assert len(full) == len(exposed) + len(objects) + 2
     assert {(lab["broker"], lab["name"], lab["statistic"]) for n, lab, _ in full if "statistic" in lab} \
         == {(c["broker"], c["name"], c["statistic"]) for c in exposed}  # fmt: skip

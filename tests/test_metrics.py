@@ -22,7 +22,7 @@ from prometheus_client.parser import text_string_to_metric_families as parse_tex
 from pipeline.commands.metrics import MetricsState, Selection
 from pipeline.lake import delta
 from pipeline.views.live import collapse
-from tests.live_lake import QPIDD_SAMPLE, build, metrics_server
+from tests.live_lake import HEALTH, QPIDD_SAMPLE, build, metrics_server
 
 BROKER = "amqp-broker@vm:25672"
 PROMETHEUS_ACCEPT = (  # what Prometheus 3 sends
@@ -77,8 +77,8 @@ def test_default_exposition_is_what_dashboards_use(lake: Path) -> None:
     default = scrape(lake)
     assert {s[0] for s in default} == {
         "qmf_statistic_rate_per_second", "qmf_statistic_value", "qmf_objects",
-        "qmf_live_rates_version", "qmf_live_state_version",
-    }  # fmt: skip
+        "qmf_live_rates_version", "qmf_live_state_version", *HEALTH,
+    } - {"qmf_events_total"}  # fmt: skip (no event is news on a first read)
     stats = [s for s in everything if "statistic" in _stat(s)]
     want = {
         s for s in stats
@@ -91,7 +91,7 @@ def test_default_exposition_is_what_dashboards_use(lake: Path) -> None:
     }
     # Every label set names: broker and class, object name and statistic; no agent, no id.
     assert {tuple(k for k, _ in s[1]) for s in stats} == {("broker", "class", "name", "statistic")}
-    assert {_stat(s)["broker"] for s in everything if s[1]} == {BROKER}
+    assert {_stat(s)["broker"] for s in everything if "broker" in _stat(s)} == {BROKER}
     # The queues a person knows, once each though qpidd publishes them as AM2 and V2.
     depth = {_stat(s)["name"]: s[2] for s in default if _stat(s).get("statistic") == "msgDepth"
              and _stat(s)["class"] == "queue"}  # fmt: skip
@@ -138,9 +138,12 @@ def test_a_selection_is_the_matching_part_of_everything(
     counts = query.startswith("family=") or not ("statistic=" in query or "name=" in query)
     want = {
         s for s in everything
-        if s[1] and keep(_stat(s)) and (counts or s[0] != "qmf_objects")
+        if s[1] and s[0] not in HEALTH and keep(_stat(s)) and (counts or s[0] != "qmf_objects")
     }  # fmt: skip
-    assert got == want | version
+    # Health comes with the default and family=all; selecting classes, statistics or names
+    # selects statistics; broker=other selects no agent, so none of its health either.
+    health = {s for s in everything if s[0] in HEALTH} if query == "family=all" else set()
+    assert got == want | version | health
     assert scrape(lake, "/metrics", "family=all") == everything
 
 
@@ -231,3 +234,85 @@ def test_served_scrapes_answer_from_what_the_background_refresh_rendered(
     # A selection is rendered on demand from the refreshed view.
     sel = Selection.parse("/metrics", "class=queue&name=q-rate-.*")
     assert served.scrape(sel, om)[0] == MetricsState(tmp_path).scrape(sel, om)[0]
+
+
+def test_health_families_say_which_agent_stopped_and_count_what_came_since_the_start(
+    tmp_path: Path,
+) -> None:
+    """Two v2 agents publishing every second for 16 s; the second stops after 10 s. Gold
+    is written in two batches, the endpoint reads after each. Its agents' last sightings,
+    cycles, silences and up/down are exact; events and quarantine count only what the
+    second batch brought (the first read's are history): the events per broker, name
+    and severity are silver's, and the one undecodable message is counted."""
+    import contextlib
+    import io
+
+    import pyarrow.compute as pc
+
+    from pipeline.cli import main
+    from pipeline.codec.capture import CapturedMessage, read_capture
+    from pipeline.gold import GoldBatchWriter, GoldSettings, gold_input_arrow
+    from pipeline.silver import SilverBatchWriter, SilverSettings, bronze_rows
+
+    start = 1_800_000_000_000_000_000
+    capture = tmp_path / "sim.jsonl"
+    with contextlib.redirect_stdout(io.StringIO()):
+        assert main(["sim", "-o", str(capture), "--dialect", "v2", "--agents", "2",
+                     "--queues", "4", "--events", "3", "--intervals", "16", "--interval", "1",
+                     "--seed", "7", "--start-ns", str(start), "--stop", "1:10"]) == 0  # fmt: skip
+    msgs = list(read_capture(str(capture)))
+    half = len(msgs) // 2
+    bad = CapturedMessage(body=b"AM2\x00garbage", routing_key="console.obj.1.0.x")
+    parts = [msgs[:half], [*msgs[half:], bad]]
+    root = tmp_path / "lake"
+    ss = SilverSettings(bronze=str(root / "bronze"), root=str(root / "silver"))
+    gs = GoldSettings(silver=ss.root, root=str(root / "gold"))
+    state = MetricsState(root)
+    first = 0
+    reads = []
+    for batch, part in enumerate(parts):
+        SilverBatchWriter(ss, app_id="silver").decode_local(
+            bronze_rows(part, first_offset=first, batch_id=batch), batch
+        )
+        rows = [delta.read_arrow(os.path.join(ss.root, t)) for t in ("object_samples", "heartbeats")]
+        mine = [t.filter(pc.greater_equal(t["offset"], first)) for t in rows]
+        GoldBatchWriter(gs, app_id="gold").write(gold_input_arrow(*mine), batch)
+        first += len(part)
+        body, _ = state.scrape(Selection(), "application/openmetrics-text; version=1.0.0")
+        reads.append(samples(body))
+
+    def health(read: set[Sample], name: str) -> dict[tuple[tuple[str, str], ...], float]:
+        return {labels: v for n, labels, v in read if n == name}
+
+    # After the first batch (intervals 0-7 and part of 8): nothing counted yet.
+    assert health(reads[0], "qmf_quarantined_messages_total") == {(("broker_name", "default"),): 0.0}
+    assert health(reads[0], "qmf_events_total") == {}
+    now = reads[1]
+    seen = health(now, "qmf_agent_last_seen_timestamp_seconds")
+    assert len(seen) == 2
+    labels = {dict(k)["agent"]: k for k in seen}
+    assert {dict(k)["broker_name"] for k in seen} == {"default"}
+    last = {a: seen[k] for a, k in labels.items()}
+    # The agent that stopped was last seen at the end of interval 9 (10 s), the other at 16 s.
+    end = start / 1e9
+    assert sorted(last.values()) == [end + 10, end + 16]
+    stopped = min(last, key=lambda a: last[a])
+    for agent, k in labels.items():
+        quiet = 6.0 if agent == stopped else 0.0
+        assert health(now, "qmf_agent_publish_interval_seconds")[k] == 1.0
+        assert health(now, "qmf_agent_silence_seconds")[k] == quiet
+        assert health(now, "qmf_agent_up")[k] == (0.0 if agent == stopped else 1.0)
+    assert health(now, "qmf_pipeline_newest_timestamp_seconds") == {(("broker_name", "default"),): end + 16}
+    assert health(now, "qmf_quarantined_messages_total") == {(("broker_name", "default"),): 1.0}
+    # Events of the second batch, from silver, by the broker the agent metrics name.
+    broker_of = {dict(k)["agent"]: dict(k)["broker"] for k in seen}
+    events = delta.read_arrow(os.path.join(ss.root, "events"))
+    events = events.filter(pc.greater_equal(events["offset"], half))
+    want: dict[tuple[tuple[str, str], ...], float] = {}
+    from pipeline.views.live import severity_name
+
+    for agent, name, sev in zip(*(events[c].to_pylist() for c in ("agent", "event_name", "severity")), strict=True):
+        key = (("broker", broker_of[agent]), ("event", name), ("event_severity", severity_name(sev)))
+        want[key] = want.get(key, 0.0) + 1
+    assert sum(want.values()) > 3
+    assert health(now, "qmf_events_total") == want

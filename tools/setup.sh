@@ -59,8 +59,9 @@ command -v gcc >/dev/null 2>&1 || need_pkgs+=(gcc)
 # libssl-dev/libsasl2-dev/pkg-config: python-qpid-proton builds from source here.
 # libsasl2-modules: proton links Cyrus SASL, which needs it for PLAIN.
 # openssl: the broker's TLS certificates. rabbitmq-server: the local node.
+# prometheus: the tests' real Prometheus and promtool (the alert rules, docs/alerts.md).
 pkgs=(libssl-dev libsasl2-dev libsasl2-modules pkg-config openssl ca-certificates
-      rabbitmq-server)
+      rabbitmq-server prometheus)
 if [ -z "${PYTHON:-}" ]; then
   # Debian's python3 needs venv support and headers (proton's C extension).
   pkgs+=(python3 python3-venv python3-dev)
@@ -80,8 +81,9 @@ if [ ${#need_pkgs[@]} -gt 0 ]; then
   log "installing system packages: ${need_pkgs[*]}"
   export DEBIAN_FRONTEND=noninteractive
   apt_opts=(-o DPkg::Lock::Timeout=300 -o Acquire::Retries=3)
-  # policy-rc.d keeps Debian from starting a system-wide RabbitMQ during the
-  # install: the project runs its own node on its own ports (qmf broker start).
+  # policy-rc.d keeps Debian from starting a system-wide RabbitMQ (or Prometheus)
+  # during the install: the project runs its own on its own ports (qmf broker start,
+  # the tests' Prometheus).
   # Only a file we create is removed again.
   made_policy=""
   if [ ! -e /usr/sbin/policy-rc.d ]; then

@@ -9,7 +9,12 @@ as RabbitMQ's per-object endpoint does: ``family=``, ``class=``,
 ``statistic=``, ``broker=`` (each repeatable or a comma list) and ``name=`` (a
 regular expression matched against the whole name, Python ``re`` syntax, as
 PromQL's ``=~`` anchors it); with a selector but no ``family`` every
-statistic is selected from. A counter's value is the rate of its latest gold
+statistic is selected from. Family ``health`` (in the default) is what alert rules
+need (``qmf alert-rules``, docs/alerts.md): per agent its last sighting, publish
+interval, silence and up/down (``qmf_agent_*``), per landing broker how far gold has
+come (``qmf_pipeline_newest_timestamp_seconds``) and the messages quarantined
+(``qmf_quarantined_messages_total``), and events per broker, name and severity
+(``qmf_events_total``); the counters count from the endpoint's start. A counter's value is the rate of its latest gold
 interval (``qmf_statistic_rate_per_second``; 0 once its agent was seen more
 than 1.5 publish cycles after the interval's end without a new sample of the
 object: unchanged, ``pipeline.views.live.with_quiet``), any other statistic's its
@@ -23,6 +28,8 @@ what is rendered. The
 exposition and its content negotiation (OpenMetrics or the Prometheus text
 format by the ``Accept`` header, gzip by ``Accept-Encoding``) are
 prometheus_client's. ``/healthz`` answers ``ok`` with the table version read.
+``--web-config`` adds TLS and basic authentication (every path), in the format of
+Prometheus's exporters (``pipeline.views.webconfig``), for a Prometheus on another host.
 """
 
 from __future__ import annotations
@@ -31,6 +38,7 @@ import argparse
 import gzip
 import logging
 import re
+import ssl
 import sys
 import threading
 import time
@@ -44,10 +52,11 @@ from typing import Any
 import polars as pl
 from prometheus_client import CollectorRegistry
 from prometheus_client.exposition import choose_encoder, gzip_accepted
-from prometheus_client.metrics_core import GaugeMetricFamily, Metric
+from prometheus_client.metrics_core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.samples import Sample
 
 from pipeline.views.live import CONSUMERS, DEPTH, DEQUEUES, ENQUEUES, LiveView, data_location
+from pipeline.views.webconfig import REALM, WebConfig, WebConfigError
 
 log = logging.getLogger(__name__)
 
@@ -56,6 +65,15 @@ VALUE_METRIC = "qmf_statistic_value"
 OBJECTS_METRIC = "qmf_objects"
 VERSION_METRIC = "qmf_live_rates_version"
 STATE_VERSION_METRIC = "qmf_live_state_version"
+AGENT_SEEN_METRIC = "qmf_agent_last_seen_timestamp_seconds"
+AGENT_INTERVAL_METRIC = "qmf_agent_publish_interval_seconds"
+AGENT_SILENCE_METRIC = "qmf_agent_silence_seconds"
+AGENT_UP_METRIC = "qmf_agent_up"
+NEWEST_METRIC = "qmf_pipeline_newest_timestamp_seconds"
+EVENTS_METRIC = "qmf_events"  # exposed as qmf_events_total
+QUARANTINE_METRIC = "qmf_quarantined_messages"  # exposed as qmf_quarantined_messages_total
+# qmf_agent_up is 0 once an agent missed this many publish cycles (gold's liveness rule).
+MISSED_CYCLES = 3
 LABELS = ("broker", "class", "name", "statistic")  # + agent, object_id when ambiguous
 HELP = {
     RATE_METRIC: "Rate of a QMF counter statistic over its latest gold interval (per second); "
@@ -64,15 +82,28 @@ HELP = {
     OBJECTS_METRIC: "Live QMF objects of a class on a broker (by gold's object lifecycles).",
     VERSION_METRIC: "Delta version of gold statistic_rates this exposition was read at.",
     STATE_VERSION_METRIC: "Delta version of gold rate_state this exposition was read at.",
+    AGENT_SEEN_METRIC: "When gold last saw the agent (its heartbeat or a sample; Unix seconds).",
+    AGENT_INTERVAL_METRIC: "The agent's publish cycle (seconds), as gold measures it.",
+    AGENT_SILENCE_METRIC: "How far the newest time gold holds of its landing broker's agents "
+    "is past the agent's last sighting (seconds): it does not grow while the pipeline lags.",
+    AGENT_UP_METRIC: f"1 while the agent missed fewer than {MISSED_CYCLES} publish cycles "
+    "(by its silence), else 0.",
+    NEWEST_METRIC: "The newest time gold holds of any agent of the landing broker (Unix "
+    "seconds): now minus this is the pipeline's lag behind the broker.",
+    EVENTS_METRIC: "QMF events read since this endpoint started, by broker, event and its severity (label event_severity).",
+    QUARANTINE_METRIC: "Messages quarantined (undecodable) since this endpoint started, by "
+    "landing broker.",
 }
 QUEUE_STATISTICS = (DEPTH, ENQUEUES, DEQUEUES, CONSUMERS)
 FAMILIES = {
     "queue": f"class queue, statistics {', '.join(QUEUE_STATISTICS)}",
     "broker": "class broker, every statistic",
     "objects": f"{OBJECTS_METRIC}: live objects per broker and class",
-    "all": "every statistic of every object, and the object counts",
+    "health": "agents' liveness, the pipeline's progress, events and quarantine (qmf_agent_*, "
+    "qmf_pipeline_*, qmf_events_total, qmf_quarantined_messages_total)",
+    "all": "every statistic of every object, the object counts and health",
 }
-DEFAULT_FAMILIES = frozenset({"queue", "broker", "objects"})
+DEFAULT_FAMILIES = frozenset({"queue", "broker", "objects", "health"})
 PARAMETERS = ("family", "class", "statistic", "broker", "name")
 
 
@@ -84,6 +115,9 @@ def register(subparsers: Any) -> None:
     p.add_argument("--data", default="data", help="folder qmf run writes (./data), or a bucket (s3a://bucket/prefix)")
     p.add_argument("--host", default="127.0.0.1", help="address to listen on")
     p.add_argument("--port", type=int, default=9469, help="port to listen on (0: any free)")
+    p.add_argument("--web-config", metavar="FILE",
+                   help="TLS and basic authentication, as Prometheus exporters' "
+                   "--web.config.file (YAML: tls_server_config, basic_auth_users)")
     p.add_argument("--refresh", type=float, default=2.0, metavar="S",
                    help="seconds between background reads of the tables (what a scrape "
                    "shows lags them by at most this plus one read)")
@@ -171,6 +205,13 @@ class Selection:
             return None
         return self._common(counts, names=False)
 
+    def health(self) -> bool:
+        """Whether the health families are exposed: with family ``health``, or ``all``
+        unless classes, statistics or names are selected (they select statistics)."""
+        if "health" in self.families:
+            return True
+        return "all" in self.families and not (self.classes or self.statistics or self.name)
+
     def _common(self, t: pl.DataFrame, names: bool = True) -> pl.DataFrame:
         if self.classes:
             t = t.filter(pl.col("class_name").is_in(sorted(self.classes)))
@@ -228,6 +269,41 @@ def metric_families(
     return out
 
 
+def health_families(view: LiveView, brokers: frozenset[str] = frozenset()) -> list[Metric]:
+    """The health families of the view (``brokers``: only those, by the ``broker``
+    label; the landing-broker families by ``broker_name``)."""
+    labels = ["broker", "agent", "broker_name"]
+    seen = GaugeMetricFamily(AGENT_SEEN_METRIC, HELP[AGENT_SEEN_METRIC], labels=labels)
+    cycle = GaugeMetricFamily(AGENT_INTERVAL_METRIC, HELP[AGENT_INTERVAL_METRIC], labels=labels)
+    silence = GaugeMetricFamily(AGENT_SILENCE_METRIC, HELP[AGENT_SILENCE_METRIC], labels=labels)
+    up = GaugeMetricFamily(AGENT_UP_METRIC, HELP[AGENT_UP_METRIC], labels=labels)
+    agents = view.agent_health()
+    if brokers:
+        agents = agents.filter(pl.col("broker").is_in(sorted(brokers)))
+    for broker, agent, name, last, every, quiet in agents.select(
+        "broker", "agent", "broker_name", "last_seen_ns", "cycle_ns", "silence_ns"
+    ).iter_rows():
+        values = [broker, agent, name]
+        seen.add_metric(values, last / 1e9)
+        cycle.add_metric(values, every / 1e9)
+        silence.add_metric(values, quiet / 1e9)
+        up.add_metric(values, 1.0 if quiet < MISSED_CYCLES * every else 0.0)
+    newest = GaugeMetricFamily(NEWEST_METRIC, HELP[NEWEST_METRIC], labels=["broker_name"])
+    quarantined = CounterMetricFamily(QUARANTINE_METRIC, HELP[QUARANTINE_METRIC], labels=["broker_name"])
+    of_agents = set(agents["broker_name"].to_list())  # with brokers: only theirs
+    landing = sorted(of_agents if brokers else of_agents | set(view.quarantined))
+    by_broker = view.newest_by_broker()
+    for name in landing:
+        if name in by_broker:
+            newest.add_metric([name], by_broker[name] / 1e9)
+        quarantined.add_metric([name], float(view.quarantined.get(name, 0)))
+    events = CounterMetricFamily(EVENTS_METRIC, HELP[EVENTS_METRIC], labels=["broker", "event", "event_severity"])
+    for (broker, event, severity), n in sorted(view.event_counts.items()):
+        if not brokers or broker in brokers:
+            events.add_metric([broker, event, severity], float(n))
+    return [seen, cycle, silence, up, newest, quarantined, events]
+
+
 class LiveCollector:
     """A prometheus_client collector over the live view: the families of one selection."""
 
@@ -242,6 +318,8 @@ class LiveCollector:
         yield from metric_families(
             rows, s.objects(view.objects()), view.rates_version, view.state_tail.version
         )
+        if s.health():
+            yield from health_families(view, s.brokers)
 
 
 # What Prometheus sends (OpenMetrics) and what curl sends: the default exposition is
@@ -261,7 +339,7 @@ class MetricsState:
     benchmarks) every scrape refreshes first."""
 
     def __init__(self, data: Path | str, from_state: bool = True) -> None:
-        self.view = LiveView(data, max_events=0, from_state=from_state)
+        self.view = LiveView(data, max_events=0, from_state=from_state, health=True)
         self.lock = threading.Lock()
         self._cache: dict[tuple[Selection, str], bytes] = {}
         self._cache_versions: tuple[int | None, ...] | None = None
@@ -339,12 +417,22 @@ class MetricsState:
             return f"ok gold_statistic_rates_version={self.view.rates_version}\n"
 
 
-def make_server(state: MetricsState, host: str, port: int) -> ThreadingHTTPServer:
-    """A threaded HTTP server answering /metrics, /metrics/all and /healthz from ``state``."""
+def make_server(
+    state: MetricsState, host: str, port: int, web: WebConfig | None = None
+) -> ThreadingHTTPServer:
+    """A threaded HTTP server answering /metrics, /metrics/all and /healthz from ``state``;
+    with ``web``, over TLS and/or behind basic authentication."""
 
     class Handler(BaseHTTPRequestHandler):
         def do_GET(self) -> None:
             path, _, query = self.path.partition("?")
+            if web is not None and not web.allows(self.headers.get("Authorization")):
+                self.send_response(401)
+                self.send_header("WWW-Authenticate", f'Basic realm="{REALM}"')
+                self.send_header("Content-Length", "13")
+                self.end_headers()
+                self.wfile.write(b"unauthorized\n")
+                return
             try:
                 if path == "/healthz":
                     self._send(200, "text/plain; charset=utf-8", state.health().encode())
@@ -373,16 +461,45 @@ def make_server(state: MetricsState, host: str, port: int) -> ThreadingHTTPServe
         def log_message(self, format: str, *args: Any) -> None:
             pass  # no line per scrape
 
-    server = ThreadingHTTPServer((host, port), Handler)
+    if web is not None and web.tls:
+        server: ThreadingHTTPServer = _TLSServer((host, port), Handler, web.ssl_context())
+    else:
+        server = ThreadingHTTPServer((host, port), Handler)
     server.daemon_threads = True
     return server
 
 
+class _TLSServer(ThreadingHTTPServer):
+    """Each connection's TLS handshake in its own thread (not in the accepting one, where a
+    slow or silent client would hold up every other)."""
+
+    def __init__(self, address: tuple[str, int], handler: Any, context: ssl.SSLContext) -> None:
+        super().__init__(address, handler)
+        self.context = context
+
+    def finish_request(self, request: Any, client_address: Any) -> None:
+        try:
+            request = self.context.wrap_socket(request, server_side=True)
+        except (ssl.SSLError, OSError):
+            return  # a failed handshake (plain HTTP, a wrong client certificate)
+        super().finish_request(request, client_address)
+
+
 def run(args: argparse.Namespace) -> int:
+    web = None
+    if args.web_config:
+        try:
+            web = WebConfig.load(args.web_config)
+        except WebConfigError as exc:
+            print(f"qmf serve-metrics: {exc}", file=sys.stderr)
+            return 2
     state = MetricsState(data_location(args.data))
-    server = make_server(state, args.host, args.port)
+    server = make_server(state, args.host, args.port, web)
     host, port = server.server_address[:2]
-    print(f"qmf serve-metrics: http://{host!s}:{port}/metrics (data {args.data})", flush=True)
+    scheme = "https" if web is not None and web.tls else "http"
+    login = " (basic authentication)" if web is not None and web.users else ""
+    print(f"qmf serve-metrics: {scheme}://{host!s}:{port}/metrics{login} (data {args.data})",
+          flush=True)  # fmt: skip
     try:
         # Read the lake now (requests wait in the listen queue), then keep it read in the
         # background: every scrape, the first included, answers from what is rendered.

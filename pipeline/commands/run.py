@@ -89,6 +89,12 @@ def register(subparsers: Any) -> None:
                         "deleted, their last record with qpidd's stale update time (qmf sim)")
     p.add_argument("--restart", action="append", default=[], metavar="AGENT:INTERVAL",
                    help="restart a simulated agent at an interval (qmf sim --restart; repeatable)")
+    p.add_argument("--stop", action="append", default=[], metavar="AGENT:INTERVAL",
+                   help="a simulated agent's broker is gone from an interval on (qmf sim --stop; "
+                   "repeatable)")
+    p.add_argument("--stall", action="append", default=[], metavar="AGENT:INTERVAL",
+                   help="a simulated agent's busy queue loses its consumer at an interval (qmf "
+                   "sim --stall; repeatable)")
     p.add_argument("--agents", type=int, default=2)
     p.add_argument("--queues", type=int, default=50, help="queues per simulated agent")
     p.add_argument("--interval", type=int, default=1, help="agents' publish interval (s)")
@@ -129,7 +135,9 @@ def _sim_command(args: argparse.Namespace, url: str, manifest: Path) -> list[str
         "--overwrite",  # the manifest is this run's: the message that starts the sim says so
     ] + ([] if args.load_intervals is None else ["--load-intervals", str(args.load_intervals)]) + (
         ["--short-lived", str(args.short_lived)] if args.short_lived else []
-    ) + [x for r in args.restart for x in ("--restart", r)]  # fmt: skip
+    ) + [x for r in args.restart for x in ("--restart", r)] + [
+        x for opt in ("stop", "stall") for r in getattr(args, opt) for x in (f"--{opt}", r)
+    ]  # fmt: skip
 
 
 def _receiver_options(args: argparse.Namespace, url: str, wants: Path) -> dict[str, str]:

@@ -24,6 +24,17 @@ def _restart(text: str) -> tuple[int, int]:
         raise argparse.ArgumentTypeError("use AGENT:INTERVAL, e.g. 0:5") from exc
 
 
+def _fault(text: str) -> tuple[int, int]:
+    """AGENT:INTERVAL, or AGENT:signal (the first interval after SIGUSR1)."""
+    from pipeline.sim.runner import SIGNALLED
+
+    agent, _, interval = text.partition(":")
+    try:
+        return int(agent), SIGNALLED if interval == "signal" else int(interval)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError("use AGENT:INTERVAL or AGENT:signal, e.g. 0:5") from exc
+
+
 def register(subparsers: Any) -> None:
     p = subparsers.add_parser("sim", help="run simulated QMF agents (bounded)", description=__doc__)
     out = p.add_mutually_exclusive_group()
@@ -100,6 +111,16 @@ def register(subparsers: Any) -> None:
         "--restart", type=_restart, action="append", default=[], metavar="AGENT:INTERVAL"
     )
     p.add_argument(
+        "--stop", type=_fault, action="append", default=[], metavar="AGENT:INTERVAL",
+        help="the agent's broker is gone from that interval on: no heartbeat, no data, no "
+        "answers (AGENT:signal: from the first interval after SIGUSR1; repeatable)",
+    )
+    p.add_argument(
+        "--stall", type=_fault, action="append", default=[], metavar="AGENT:INTERVAL",
+        help="the agent's first busy queue with a consumer loses it at that interval: "
+        "enqueues go on, dequeues stop (AGENT:signal as --stop; repeatable)",
+    )
+    p.add_argument(
         "--serve",
         type=float,
         default=0.0,
@@ -154,6 +175,8 @@ def run(args: argparse.Namespace) -> int:
         start_ns=args.start_ns,
         realtime=args.realtime,
         restarts=tuple(args.restart),
+        stops=tuple(args.stop),
+        stalls=tuple(args.stall),
         serve_s=args.serve,
         first_bank=args.first_bank,
         broker_key=not args.no_broker_key,
@@ -197,6 +220,7 @@ def run(args: argparse.Namespace) -> int:
             sig: signal.signal(sig, lambda *_: sim.stop())
             for sig in (signal.SIGTERM, signal.SIGINT)
         }
+        previous[signal.SIGUSR1] = signal.signal(signal.SIGUSR1, lambda *_: sim.signal_faults())
         try:
             summary = sim.run()
         finally:

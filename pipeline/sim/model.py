@@ -423,6 +423,20 @@ class SimBroker:
             conn.stats["bytesFromClient"] += n_enq * (size + 40)
             conn.stat_dirty = True
 
+    def stall_queue(self) -> str | None:
+        """The first queue with traffic and a consumer loses its consumer: no dequeues
+        from now on, ``consumerCount`` 0, enqueues as before (depth grows). Its name, or
+        None when no queue has both."""
+        for num in self.queue_nums:
+            q = self.objects[num]
+            if q.enq_rate > 0 and q.deq_rate > 0 and q.consumers > 0:
+                q.deq_rate = 0.0
+                q.consumers = 0
+                q.stats["consumerCount"] = q.stats["consumerCountLow"] = 0
+                q.stat_dirty = True
+                return str(q.props["name"])
+        return None
+
     def reset_watermarks(self, obj: SimObject) -> bool:
         changed = False
         for name, info in obj.cls.statistics.items():

@@ -56,6 +56,7 @@ if TYPE_CHECKING:
 MAX_INTERVALS = 1_000_000
 DIALECTS = ("am1", "am2", "v2", "v2-amqp10")
 # dialect -> (the agents' record dialect, body encoding of v2 messages)
+SIGNALLED = -1  # a fault interval: when the run is signalled (SimConfig.stops, stalls)
 _DIALECT_PARTS: dict[str, tuple[str, str | None]] = {
     "am1": ("am1", None),
     "am2": ("am2", None),
@@ -85,6 +86,12 @@ class SimConfig:
     first_bank: int = 1  # agent bank of agent 0 (command key agent.<bank>)
     broker_key: bool = True  # agent 0 also answers the well-known key "broker"
     load_intervals: int | None = None  # the load stops after this many intervals (None: never)
+    # Faults, (agent index, interval); interval SIGNALLED: the first interval that starts
+    # after ``Simulation.signal_faults`` (qmf sim: SIGUSR1). A stopped agent's broker is
+    # gone from then on (no heartbeat, no data, no answers); a stalled agent's first busy
+    # queue with a consumer loses it (no dequeues, consumerCount 0) while enqueues go on.
+    stops: Sequence[tuple[int, int]] = ()
+    stalls: Sequence[tuple[int, int]] = ()
 
     @property
     def agent_dialect(self) -> str:
@@ -113,6 +120,13 @@ class SimConfig:
             raise ValueError("short_lived_intervals >= 1")
         if not 1 <= self.first_bank or self.first_bank + self.agents > 1 << 24:
             raise ValueError("agent banks must lie in 1 .. 2**24 - 1")
+        for what, faults in (("stop", self.stops), ("stall", self.stalls)):
+            for agent, interval in faults:
+                if not 0 <= agent < self.agents or interval < SIGNALLED:
+                    raise ValueError(
+                        f"--{what} {agent}:{interval}: the agent must be 0..{self.agents - 1},"
+                        " the interval >= 0 (or 'signal')"
+                    )
 
 
 class Sink(Protocol):
@@ -197,6 +211,8 @@ class RunSummary:
     records: int = 0
     replies: int = 0
     restarts: int = 0
+    stops: int = 0
+    stalls: int = 0
     stopped_by: str = "intervals"
 
 
@@ -237,12 +253,45 @@ class Simulation:
         self.start_ns = 0
         self._now_ns = 0  # simulated time of the state the agents hold
         self._restarts: set[tuple[int, int]] = set()
+        self._signalled = False
+        self._fault_interval: int | None = None  # the first interval after the signal
+        self.stopped: set[int] = set()  # agents whose broker is gone (SimConfig.stops)
 
     # ------------------------------------------------------------------ bounds
 
     def stop(self) -> None:
         """Ask the run to end after the current interval (thread-safe enough: a flag)."""
         self._stop = True
+
+    def signal_faults(self) -> None:
+        """Apply the faults set for ``SIGNALLED`` from the next interval on (a flag:
+        safe from a signal handler)."""
+        self._signalled = True
+
+    def _faults(self, interval: int) -> None:
+        """The stops and stalls due at ``interval``, each with a manifest line."""
+        cfg = self.config
+        if self._signalled and self._fault_interval is None:
+            self._fault_interval = interval
+
+        def due(at: int) -> bool:
+            return at == interval or (at == SIGNALLED and self._fault_interval == interval)
+
+        for index, at in cfg.stops:
+            if due(at) and index not in self.stopped:
+                self.stopped.add(index)
+                agent = self.agents[index]
+                self.manifest.write({"kind": "stop", "agent": agent.record_agent,
+                                     "agent_uuid": str(agent.uuid), "interval": interval})  # fmt: skip
+                self.summary.stops += 1
+        for index, at in cfg.stalls:
+            if due(at):
+                agent = self.agents[index]
+                queue = agent.model.stall_queue()
+                self.manifest.write({"kind": "stall", "agent": agent.record_agent,
+                                     "agent_uuid": str(agent.uuid), "interval": interval,
+                                     "queue": queue})  # fmt: skip
+                self.summary.stalls += 1
 
     def _out_of_time(self) -> bool:
         d = self.config.duration_s
@@ -529,7 +578,7 @@ class Simulation:
         for req in self.requests.poll(timeout_s):
             rec = req.record
             for agent in self.agents:
-                if not agent.answers(req.key):
+                if agent.index in self.stopped or not agent.answers(req.key):
                     continue
                 try:
                     packed = self._answer(agent, req, now_ns)
@@ -617,7 +666,9 @@ class Simulation:
                     self.summary.stopped_by = "duration"
                     break
             loaded = cfg.load_intervals is None or i < cfg.load_intervals
-            pending = [self._dynamics(agent, i, t0, loaded) for agent in self.agents]
+            self._faults(i)
+            live = [agent for agent in self.agents if agent.index not in self.stopped]
+            pending = [self._dynamics(agent, i, t0, loaded) for agent in live]
             self._now_ns = t1
             if due is not None:
                 if not self._serve_until(due, i):
@@ -628,7 +679,7 @@ class Simulation:
             elif not self.serve_requests(0.0, i):
                 break
             ok = True
-            for agent, (_declared, deleted, events) in zip(self.agents, pending, strict=True):
+            for agent, (_declared, deleted, events) in zip(live, pending, strict=True):
                 agent.model.periodic(t1)
                 pubs = self._publication(agent, t1, events)
                 packed = pack(

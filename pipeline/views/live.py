@@ -19,8 +19,8 @@ other statistic its latest value, both known from the state. The events table
 is read newest first until the newest ``max_events`` are known.
 
 Folds are idempotent (the latest row by sample time per key; events by their
-identity), so reading a file twice is harmless: a compaction (files removed
-with ``dataChange: false`` and their rows re-added) only costs a re-read; a
+identity), so reading a file twice is harmless; a compaction (files removed
+and added with ``dataChange: false``: the same rows) is not read again; a
 commit removing data (a backfill's range overwrite, a merge, the state's
 replacement) or a version whose commit file is gone (log cleanup) makes the
 tail read the table again (from the state, for the rates) and the view
@@ -45,6 +45,7 @@ import pyarrow.compute as pc
 from pipeline.lake import storage
 from pipeline.views.tails import DeltaTail, EventsTail, RatesTail, StateTail, to_arrow, to_frame
 from schemas.gold import AGENT_LIVENESS, LIFECYCLE_STATE
+from schemas.silver import QUARANTINE
 from schemas.tables import DEFAULT_BROKER
 
 if TYPE_CHECKING:
@@ -249,13 +250,21 @@ class LiveView:
     """The latest state of the gold rates, object lifecycles and silver events under ``root``
     (``qmf run --data`` layout: ``root/gold/<table>``, ``root/silver/<table>``).
 
-    ``max_events``: newest events kept (0: the events table is not read at all).
+    ``max_events``: newest events kept (0: the events table is not read at all, unless
+    ``health``).
     ``from_state``: start from gold's ``rate_state`` (False: read every rates file).
+    ``health``: also count what operators alert on, from the first read on (what the tables
+    held before is history, not news): events per (broker, event name, severity) in
+    ``event_counts`` and quarantined messages per landing broker in ``quarantined``.
+    A read that must start over (rows removed: retention, a backfill) adds nothing.
     """
 
     root: Path | str  # a folder, or a bucket's URI (s3a://bucket/prefix)
     max_events: int = 20
     from_state: bool = True
+    health: bool = False
+    event_counts: dict[tuple[str, str, str], int] = field(init=False, default_factory=dict)
+    quarantined: dict[str, int] = field(init=False, default_factory=dict)
     events: pa.Table = field(init=False)
     _latest: pl.DataFrame = field(init=False)
     _state: pl.DataFrame | None = field(init=False, default=None)
@@ -278,6 +287,9 @@ class LiveView:
             (lambda: self.state_tail.txn) if self.from_state else None,
         )
         self.events_tail = EventsTail(storage.join(base, "silver", "events"), max(self.max_events, 1))
+        self.quarantine_tail = DeltaTail(
+            storage.join(base, "silver", "quarantine"), QUARANTINE, ("broker_name",)
+        )
         self.lifecycles_tail = DeltaTail(
             storage.join(gold, "lifecycle_state"), LIFECYCLE_STATE, LIFECYCLE_COLUMNS
         )
@@ -361,10 +373,13 @@ class LiveView:
             self._fold_rates(rates.rows, rates.reset, ready)
             if rates.reset and self.rates_tail.unread is not None:
                 self._read_recent()
-        if self.max_events > 0:
+        if self.max_events > 0 or self.health:
             events = self.events_tail.read()
             if events is not None:
                 changed = True
+                if self.health and not events.reset:
+                    self._count_events(events.rows)
+            if events is not None and self.max_events > 0:
                 both_e = (
                     events.rows if events.reset else pa.concat_tables([self.events, events.rows])
                 )
@@ -373,7 +388,35 @@ class LiveView:
                     [("timestamp_ns", "descending"), *((c, "descending") for c in EVENT_ID)]
                 )
                 self.events = both_e.slice(0, self.max_events)
+        if self.health:
+            changed = self._count_quarantine() or changed
         return changed
+
+    def _count_events(self, rows: pa.Table) -> None:
+        """Add events read to ``event_counts`` by (broker, event name, severity)."""
+        brokers = self.brokers()
+        names = rows.column("broker_name").to_pylist()
+        agents = rows.column("agent").to_pylist()
+        events = rows.column("event_name").to_pylist()
+        severities = rows.column("severity").to_pylist()
+        for name, agent, event, severity in zip(names, agents, events, severities, strict=True):
+            key = (event_broker(name, agent, brokers), event or "-", severity_name(severity))
+            self.event_counts[key] = self.event_counts.get(key, 0) + 1
+
+    def _count_quarantine(self) -> bool:
+        """Add messages quarantined since the last read to ``quarantined``; True if any."""
+        tail = self.quarantine_tail
+        if tail.version is None:
+            tail.skip_to_latest()  # what was quarantined before the first read is history
+            return False
+        change = tail.read()
+        if change is None:
+            return False
+        if not change.reset:
+            for name in change.rows.column("broker_name").to_pylist():
+                key = name or DEFAULT_BROKER
+                self.quarantined[key] = self.quarantined.get(key, 0) + 1
+        return True
 
     def _refresh_side(self) -> bool:
         """Lifecycles, liveness and state (``refresh``'s second thread); whether any changed.
@@ -493,7 +536,7 @@ class LiveView:
         return (
             self.rates_version, self.state_tail.version, self.lifecycles_tail.version,
             self.liveness_tail.version,
-        )  # fmt: skip
+        ) + ((self.events_tail.version, self.quarantine_tail.version) if self.health else ())  # fmt: skip
 
     # -------------------------------------------------------------- what is current
 
@@ -689,12 +732,43 @@ class LiveView:
         rows = rows if n is None else rows[:n]
         brokers = self.brokers()
         for r in rows:
-            # Gold's id of the agent: a named broker's agents are ``<name>/<agent>``.
-            name, agent = r.get("broker_name"), r["agent"]
-            named = name not in (None, DEFAULT_BROKER)
-            key = f"{name}/{agent}" if named and agent is not None else agent
-            r["broker"] = brokers.get(key, key) if key is not None else name
+            r["broker"] = event_broker(r.get("broker_name"), r["agent"], brokers)
         return rows
+
+    def agent_health(self) -> pl.DataFrame:
+        """Per agent whose publish cycle is known: its broker (gold's identity, else the
+        agent id), its landing broker (``broker_name``), when gold last saw it, its
+        cycle, and its silence: how far the newest time gold holds from any agent of the
+        same landing broker is past its last sighting. The silence does not grow while
+        the pipeline lags (every agent's data is late alike); when every agent of a
+        landing broker is silent, the pipeline's newest time stops (``newest_by_broker``).
+        """
+        agents = self.agents()
+        brokers = self.brokers()
+        names = list(agents)
+        df = pl.DataFrame(
+            {
+                "agent": names,
+                "broker": [brokers.get(a, a) for a in names],
+                "last_seen_ns": [agents[a][0] for a in names],
+                "cycle_ns": [agents[a][1] for a in names],
+            },
+            schema={"agent": pl.String, "broker": pl.String, "last_seen_ns": pl.Int64,
+                    "cycle_ns": pl.Int64},
+        )  # fmt: skip
+        # A named broker's agents are ``<name>/<agent>`` in gold (pipeline.gold.names'
+        # fleet_broker; that package imports Spark, which this view must not).
+        named = pl.col("agent").str.contains("/", literal=True)
+        fleet = pl.col("agent").str.split_exact("/", 1).struct.field("field_0")
+        df = df.with_columns(broker_name=pl.when(named).then(fleet).otherwise(pl.lit(DEFAULT_BROKER)))
+        newest = pl.col("last_seen_ns").max().over("broker_name")
+        return df.with_columns(silence_ns=newest - pl.col("last_seen_ns")).sort("broker", "agent")
+
+    def newest_by_broker(self) -> dict[str, int]:
+        """Per landing broker (``broker_name``): the newest time (ns) gold holds of any of
+        its agents (a heartbeat or a sample): how far the pipeline has come."""
+        df = self.agent_health()
+        return dict(df.group_by("broker_name").agg(pl.col("last_seen_ns").max()).iter_rows())
 
 
 _OBJECT_COLUMNS = ("_name", "_broker", "_keep", "_agents", "_ambiguous", "_ended", "state")
@@ -766,6 +840,16 @@ def with_quiet(rows: pa.Table, agents: dict[str, tuple[int, int]]) -> pa.Table:
     if "quiet" in out.column_names:
         return out.set_column(out.schema.get_field_index("quiet"), "quiet", pa.array(quiet))
     return out.append_column("quiet", pa.array(quiet))
+
+
+def event_broker(name: str | None, agent: str | None, brokers: dict[str, str]) -> str:
+    """The broker an event names: gold's identity of its agent (a named broker's agents
+    are ``<name>/<agent>`` there), else that agent id, else the landing broker."""
+    named = name not in (None, DEFAULT_BROKER)
+    key = f"{name}/{agent}" if named and agent is not None else agent
+    if key is None:
+        return name or DEFAULT_BROKER
+    return brokers.get(key, key)
 
 
 def severity_name(severity: int | None) -> str:

@@ -173,7 +173,10 @@ class DeltaTail:
                 return self._read_all()
             for action in actions:
                 if "add" in action:
-                    adds.append(action["add"]["path"])
+                    # A compaction's files (dataChange false) hold rows already read: the
+                    # files it removed were read when they were added (or are read now).
+                    if action["add"].get("dataChange", True):
+                        adds.append(action["add"]["path"])
                 elif "remove" in action and action["remove"].get("dataChange", True):
                     return self._read_all()  # rows replaced: rebuild
             version += 1
@@ -185,6 +188,14 @@ class DeltaTail:
             return self._read_all()
         self.version = version
         return Change(version, rows, reset=False)
+
+    def skip_to_latest(self) -> bool:
+        """Start after the table's current version without reading its rows (a reader
+        that only wants what is added from now on); False when there is no table yet."""
+        if not self.exists():
+            return False
+        self.version = self.snapshot().version()
+        return True
 
     def snapshot(self) -> DeltaTable:
         """The table's current snapshot (protocol checked)."""

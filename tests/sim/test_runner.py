@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 from typing import Any
 
 import pytest
@@ -413,3 +414,66 @@ def test_exchange_binding_watermark_remembers_a_transient_binding() -> None:
     for r in default_ex:  # 8 queues bound; a ninth binding came and went inside each interval
         v = r.values
         assert (v["bindingCount"], v["bindingCountLow"], v["bindingCountHigh"]) == (8, 8, 9)
+
+
+def test_a_stopped_agent_goes_silent_and_a_stalled_queue_fills() -> None:
+    """``stops``: from its interval the agent publishes nothing (no heartbeat either);
+    the other agent goes on. ``stalls``: the first busy queue with a consumer keeps its
+    enqueues, dequeues nothing more and shows no consumer, so its depth grows."""
+    sim, _sink = run(
+        dialect="am2", agents=2, intervals=6, stops=[(1, 3)], stalls=[(0, 2)],
+        load=LoadConfig(queues=6, active_fraction=1.0, max_rate=20.0, events_per_interval=0),
+    )  # fmt: skip
+    faults = [r for r in sim.manifest.rows if r["kind"] in ("stop", "stall")]
+    a0, a1 = sim.agents
+    assert faults == [
+        {"kind": "stall", "agent": a0.record_agent, "agent_uuid": str(a0.uuid), "interval": 2,
+         "queue": "q00000"},
+        {"kind": "stop", "agent": a1.record_agent, "agent_uuid": str(a1.uuid), "interval": 3},
+    ]  # fmt: skip
+    assert (sim.summary.stops, sim.summary.stalls) == (1, 1)
+    # The heartbeats sent (the manifest is exactly what was sent: tested above), per agent.
+    beats = [(r["agent_uuid"], r["timestamp_ns"]) for r in sim.manifest.rows
+             if r.get("source") == "publish" and r["kind"] == "heartbeat"]  # fmt: skip
+    ends = [START_NS + (i + 1) * NS for i in range(6)]
+    assert [t for u, t in beats if u == str(a0.uuid)] == ends
+    assert [t for u, t in beats if u == str(a1.uuid)] == ends[:3]  # intervals 0-2
+    # The stalled queue (agent 0's q00000) by interval end: dequeues frozen from the
+    # stall's interval on, enqueues going on, no consumer.
+    rows = [r for r in sim.manifest.rows if r.get("source") == "publish"
+            and r["kind"] == "object" and r["agent_uuid"] == str(a0.uuid)]  # fmt: skip
+    (oid,) = {str(r["object_id"]) for r in rows if r["values"].get("name") == "q00000"}
+    stats = {r["update_ns"]: r["values"] for r in rows
+             if r["opcode"] == "i" and str(r["object_id"]) == oid}  # fmt: skip
+    deq = [stats[t]["msgTotalDequeues"] for t in ends]
+    enq = [stats[t]["msgTotalEnqueues"] for t in ends]
+    assert deq[2:] == [deq[1]] * 4 and deq[1] > deq[0] > 0
+    assert all(b > a for a, b in itertools.pairwise(enq))
+    assert [stats[t]["consumerCount"] for t in ends] == [1, 1, 0, 0, 0, 0]
+    depth = [stats[t]["msgDepth"] for t in ends]
+    assert all(b > a for a, b in itertools.pairwise(depth[1:]))
+
+
+def test_signalled_faults_come_at_the_first_interval_after_the_signal() -> None:
+    """``SIGNALLED``: the fault waits for ``signal_faults`` (qmf sim: SIGUSR1), then comes at
+    the next interval; none comes without it."""
+    from pipeline.sim.runner import SIGNALLED
+
+    load = LoadConfig(queues=4, active_fraction=1.0, events_per_interval=0)
+    sink = MemorySink()
+    sim = Simulation(SimConfig(start_ns=START_NS, load=load, agents=2, intervals=5,
+                               stops=[(0, SIGNALLED)]), sink)  # fmt: skip
+    real = sim._dynamics
+
+    def dynamics(agent: Any, interval: int, t0: int, loaded: bool) -> Any:
+        if interval == 1:
+            sim.signal_faults()  # during interval 1: the stop comes with interval 2
+        return real(agent, interval, t0, loaded)
+
+    sim._dynamics = dynamics  # type: ignore[method-assign]
+    sim.run()
+    assert [r["interval"] for r in sim.manifest.rows if r["kind"] == "stop"] == [2]
+    quiet, _ = run(agents=2, intervals=5, stops=[(0, SIGNALLED)])
+    assert not [r for r in quiet.manifest.rows if r["kind"] == "stop"]
+    with pytest.raises(ValueError, match=r"--stop 2:1: the agent must be 0\.\.1"):
+        SimConfig(agents=2, stops=[(2, 1)]).validate()
