@@ -15,6 +15,7 @@ offset across restarts.
 from __future__ import annotations
 
 import hashlib
+import json
 import os
 import re
 import time
@@ -158,6 +159,72 @@ def partition_broker(part_dir: str | os.PathLike[str]) -> str | None:
         return (d / BROKER_FILE).read_text(encoding="utf-8").strip()
     except FileNotFoundError:
         return DEFAULT_BROKER if _segments(d) else None
+
+
+# The receiver holding a partition says whether it is connected (``ReceiverStatus``).
+RECEIVER_FILE = ".receiver"
+
+
+@dataclass(frozen=True)
+class ReceiverStatus:
+    """What a partition's receiver last said: connected or not since ``since_ns``, its
+    process, the broker address (host:port, never credentials) and why it is not connected
+    (``stopped`` after a clean stop)."""
+
+    partition: str
+    broker_name: str
+    connected: bool
+    since_ns: int
+    pid: int
+    address: str | None = None
+    reason: str | None = None
+
+    @property
+    def stopped(self) -> bool:
+        return self.reason == "stopped"
+
+    def process_alive(self) -> bool:
+        """Whether its process still runs (on this host; a killed receiver wrote nothing)."""
+        try:
+            os.kill(self.pid, 0)
+        except ProcessLookupError:
+            return False
+        except PermissionError:
+            return True
+        return True
+
+
+def write_receiver_status(
+    part_dir: str | os.PathLike[str], connected: bool, address: str | None = None,
+    reason: str | None = None,
+) -> None:  # fmt: skip
+    """Replace the partition's receiver status (written, then renamed into place)."""
+    d = Path(part_dir)
+    body = {"connected": connected, "since_ns": time.time_ns(), "pid": os.getpid(),
+            "address": address, "reason": reason}  # fmt: skip
+    tmp = d / f"{RECEIVER_FILE}.tmp"
+    tmp.write_text(json.dumps(body), encoding="utf-8")
+    os.replace(tmp, d / RECEIVER_FILE)
+
+
+def receiver_statuses(root: str | os.PathLike[str]) -> list[ReceiverStatus]:
+    """Every partition's receiver status under a landing root (partitions whose receiver
+    never said anything are left out), by partition."""
+    out: list[ReceiverStatus] = []
+    base = Path(root)
+    if not base.is_dir():
+        return out
+    for d in sorted(p for p in base.iterdir() if p.is_dir()):
+        try:
+            raw = json.loads((d / RECEIVER_FILE).read_text(encoding="utf-8"))
+        except (FileNotFoundError, ValueError):
+            continue
+        out.append(ReceiverStatus(
+            d.name, partition_broker(d) or DEFAULT_BROKER, bool(raw.get("connected")),
+            int(raw.get("since_ns", 0)), int(raw.get("pid", 0)), raw.get("address"),
+            raw.get("reason"),
+        ))  # fmt: skip
+    return out
 
 
 class LandingWriter:

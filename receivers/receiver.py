@@ -87,6 +87,7 @@ from receivers.landing import (
     LandingWriter,
     partition_broker,
     to_table,
+    write_receiver_status,
 )
 from receivers.publisher import APP_ID_PROPERTY
 from schemas.tables import DEFAULT_BROKER
@@ -441,8 +442,15 @@ class LandingSink:
         """Build one table in memory: pyarrow's lazy imports (~1 s) happen now, not mid-stream."""
         to_table(self.partition, 0, [LandedMessage(body=b"")], self.broker)
 
+    def report(self, connected: bool, address: str | None = None, reason: str | None = None) -> None:
+        """Say in the partition whether its receiver is connected (``qmf serve-metrics``
+        exposes it for the alert on a disconnected receiver)."""
+        write_receiver_status(self.writer.dir, connected, address, reason)
+
     def close(self) -> None:
         if self._lock_fd is not None:
+            with contextlib.suppress(OSError):
+                self.report(False, reason="stopped")
             os.close(self._lock_fd)
             self._lock_fd = None
 
@@ -1167,6 +1175,7 @@ class QmfReceiver:
                 self._down_since = None
             if self.console is not None:
                 self._send_requests(self.console.on_connected())
+            self._report(True)
             self.ready.set()
             if self.on_ready is not None:
                 self.on_ready(self)
@@ -1344,7 +1353,19 @@ class QmfReceiver:
         if self._links_open < len(self._subs) and self._cause is None:
             why = f"{why}; {self._links_open} of {len(self._subs)} links were attached"
         log.warning("disconnected (%s); reconnecting in %.1f s", why, delay)
+        self._report(False, why)
         self._reconnect_at = time.monotonic() + delay
+
+    def _report(self, connected: bool, reason: str | None = None) -> None:
+        """Tell a sink that keeps a status (the landing log's partition) whether we are
+        connected; a status that cannot be written costs a warning, not the receiver."""
+        report = getattr(self.sink, "report", None)
+        if report is None:
+            return
+        try:
+            report(connected, self._address or None, reason)
+        except OSError as exc:
+            log.warning("could not write the receiver status: %s", exc)
 
     @property
     def close_note(self) -> str:

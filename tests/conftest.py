@@ -56,14 +56,14 @@ LONGEST_FIRST = (
     # warm-up tools/test.sh started compiles them
     "tests/integration/test_crash_recovery.py", "tests/test_broker.py",
     "tests/spark/test_cluster_jobs.py", "tests/spark/test_maintain.py",
-    "tests/spark/test_backfill.py", "tests/spark/test_silver_paths.py", "tests/test_live.py",
+    "tests/spark/test_backfill.py", "tests/spark/test_silver_paths.py", "tests/test_prometheus.py",
     "tests/spark/test_delta_spark.py", "tests/integration/test_qpidd_amqp10.py",
     "tests/spark/test_bronze_job.py", "tests/spark/test_silver_kill.py",
     "tests/spark/test_gold_kill.py", "tests/test_run_command.py",
     "tests/spark/test_gold_qpidd.py", "tests/integration/test_fleet.py",
     "tests/spark/test_silver_methods.py", "tests/test_gold_tasks.py",
     "tests/spark/test_object_store.py", "tests/spark/test_source.py",
-    "tests/spark/test_backfill_log.py",
+    "tests/spark/test_backfill_log.py", "tests/test_live.py",
 )  # fmt: skip
 
 

@@ -27,7 +27,7 @@ from pipeline.silver import SilverBatchWriter, SilverSettings, bronze_rows
 # The health families of the default exposition (tests/test_metrics.py checks their values).
 HEALTH = ("qmf_agent_last_seen_timestamp_seconds", "qmf_agent_publish_interval_seconds",
           "qmf_agent_silence_seconds", "qmf_agent_up", "qmf_pipeline_newest_timestamp_seconds",
-          "qmf_quarantined_messages_total", "qmf_events_total")  # fmt: skip
+          "qmf_quarantined_messages_total", "qmf_events_total", "qmf_receiver_connected")  # fmt: skip
 QPIDD_SAMPLE = "samples/qpidd-amqp10/qmf1-qmf2-60s.jsonl"
 START_NS = 1_800_000_000_000_000_000
 # Two AM2 agents, a few queues, short-lived queues (created and deleted: ended objects).

@@ -21,7 +21,8 @@ DEPLOY = REPO / "deploy" / "prometheus"
 RULES = DEPLOY / "qmf-alerts.rules.yml"
 TESTS = DEPLOY / "qmf-alerts.test.yml"
 ALERTS = ["QmfAgentDown", "QmfQueueStalled", "QmfQueueDepthHigh", "QmfQueueGrowing",
-          "QmfBrokerEvent", "QmfPipelineLag", "QmfQuarantineGrowing"]  # fmt: skip
+          "QmfBrokerEvent", "QmfPipelineLag", "QmfQuarantineGrowing",
+          "QmfReceiverDisconnected"]  # fmt: skip
 
 
 def promtool(*args: str, cwd: Path | None = None) -> subprocess.CompletedProcess[str]:

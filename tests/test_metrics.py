@@ -78,7 +78,7 @@ def test_default_exposition_is_what_dashboards_use(lake: Path) -> None:
     assert {s[0] for s in default} == {
         "qmf_statistic_rate_per_second", "qmf_statistic_value", "qmf_objects",
         "qmf_live_rates_version", "qmf_live_state_version", *HEALTH,
-    } - {"qmf_events_total"}  # fmt: skip (no event is news on a first read)
+    } - {"qmf_events_total", "qmf_receiver_connected"}  # fmt: skip (no event is news on a first read)
     stats = [s for s in everything if "statistic" in _stat(s)]
     want = {
         s for s in stats
@@ -316,3 +316,27 @@ def test_health_families_say_which_agent_stopped_and_count_what_came_since_the_s
         want[key] = want.get(key, 0.0) + 1
     assert sum(want.values()) > 3
     assert health(now, "qmf_events_total") == want
+
+
+def test_a_receiver_whose_process_died_connected_is_exposed_disconnected(tmp_path: Path) -> None:
+    """A receiver SIGKILLed while connected wrote nothing more: its status still says
+    connected, its process is gone, so ``qmf_receiver_connected`` is 0; a live one is 1."""
+    import json
+    import subprocess
+
+    from receivers.landing import BROKER_FILE, RECEIVER_FILE, write_receiver_status
+
+    proc = subprocess.Popen(["true"])
+    proc.wait()
+    landing = tmp_path / "landing"
+    for part, broker in (("east-0", "east"), ("west-0", "west")):
+        (landing / part).mkdir(parents=True)
+        (landing / part / BROKER_FILE).write_text(broker)
+    write_receiver_status(landing / "west-0", True, "h2:5672")
+    (landing / "east-0" / RECEIVER_FILE).write_text(json.dumps(
+        {"connected": True, "since_ns": 1, "pid": proc.pid, "address": "h1:5672", "reason": None}))
+    body, _ = MetricsState(tmp_path / "data", landing=landing).scrape(
+        Selection(), "application/openmetrics-text; version=1.0.0")
+    got = {(dict(s[1])["broker_name"], dict(s[1])["partition"]): s[2]
+           for s in samples(body) if s[0] == "qmf_receiver_connected"}  # fmt: skip
+    assert got == {("east", "east-0"): 0.0, ("west", "west-0"): 1.0}

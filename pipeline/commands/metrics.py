@@ -13,8 +13,9 @@ statistic is selected from. Family ``health`` (in the default) is what alert rul
 need (``qmf alert-rules``, docs/alerts.md): per agent its last sighting, publish
 interval, silence and up/down (``qmf_agent_*``), per landing broker how far gold has
 come (``qmf_pipeline_newest_timestamp_seconds``) and the messages quarantined
-(``qmf_quarantined_messages_total``), and events per broker, name and severity
-(``qmf_events_total``); the counters count from the endpoint's start. A counter's value is the rate of its latest gold
+(``qmf_quarantined_messages_total``), events per broker, name and severity
+(``qmf_events_total``; the counters count from the endpoint's start) and whether each
+receiver of the landing log (``--landing``) is connected (``qmf_receiver_connected``). A counter's value is the rate of its latest gold
 interval (``qmf_statistic_rate_per_second``; 0 once its agent was seen more
 than 1.5 publish cycles after the interval's end without a new sample of the
 object: unchanged, ``pipeline.views.live.with_quiet``), any other statistic's its
@@ -37,6 +38,7 @@ from __future__ import annotations
 import argparse
 import gzip
 import logging
+import os
 import re
 import ssl
 import sys
@@ -55,8 +57,10 @@ from prometheus_client.exposition import choose_encoder, gzip_accepted
 from prometheus_client.metrics_core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.samples import Sample
 
+from pipeline.lake import storage
 from pipeline.views.live import CONSUMERS, DEPTH, DEQUEUES, ENQUEUES, LiveView, data_location
 from pipeline.views.webconfig import REALM, WebConfig, WebConfigError
+from receivers.landing import ReceiverStatus, receiver_statuses
 
 log = logging.getLogger(__name__)
 
@@ -72,6 +76,7 @@ AGENT_UP_METRIC = "qmf_agent_up"
 NEWEST_METRIC = "qmf_pipeline_newest_timestamp_seconds"
 EVENTS_METRIC = "qmf_events"  # exposed as qmf_events_total
 QUARANTINE_METRIC = "qmf_quarantined_messages"  # exposed as qmf_quarantined_messages_total
+RECEIVER_METRIC = "qmf_receiver_connected"
 # qmf_agent_up is 0 once an agent missed this many publish cycles (gold's liveness rule).
 MISSED_CYCLES = 3
 LABELS = ("broker", "class", "name", "statistic")  # + agent, object_id when ambiguous
@@ -93,6 +98,9 @@ HELP = {
     EVENTS_METRIC: "QMF events read since this endpoint started, by broker, event and its severity (label event_severity).",
     QUARANTINE_METRIC: "Messages quarantined (undecodable) since this endpoint started, by "
     "landing broker.",
+    RECEIVER_METRIC: "1 while the receiver of a landing partition is connected to its broker "
+    "(its status in the landing log, its process alive), else 0; a receiver stopped on "
+    "purpose is not listed.",
 }
 QUEUE_STATISTICS = (DEPTH, ENQUEUES, DEQUEUES, CONSUMERS)
 FAMILIES = {
@@ -115,6 +123,9 @@ def register(subparsers: Any) -> None:
     p.add_argument("--data", default="data", help="folder qmf run writes (./data), or a bucket (s3a://bucket/prefix)")
     p.add_argument("--host", default="127.0.0.1", help="address to listen on")
     p.add_argument("--port", type=int, default=9469, help="port to listen on (0: any free)")
+    p.add_argument("--landing", metavar="DIR",
+                   help="the landing log whose receivers to report (qmf_receiver_connected; "
+                   "default DATA/landing, qmf run's, when DATA is a folder)")
     p.add_argument("--web-config", metavar="FILE",
                    help="TLS and basic authentication, as Prometheus exporters' "
                    "--web.config.file (YAML: tls_server_config, basic_auth_users)")
@@ -269,9 +280,12 @@ def metric_families(
     return out
 
 
-def health_families(view: LiveView, brokers: frozenset[str] = frozenset()) -> list[Metric]:
-    """The health families of the view (``brokers``: only those, by the ``broker``
-    label; the landing-broker families by ``broker_name``)."""
+def health_families(
+    view: LiveView, brokers: frozenset[str] = frozenset(),
+    receivers: list[ReceiverStatus] | None = None,
+) -> list[Metric]:  # fmt: skip
+    """The health families of the view and the receivers' statuses (``brokers``: only
+    those, by the ``broker`` label; the landing-broker families by ``broker_name``)."""
     labels = ["broker", "agent", "broker_name"]
     seen = GaugeMetricFamily(AGENT_SEEN_METRIC, HELP[AGENT_SEEN_METRIC], labels=labels)
     cycle = GaugeMetricFamily(AGENT_INTERVAL_METRIC, HELP[AGENT_INTERVAL_METRIC], labels=labels)
@@ -301,15 +315,24 @@ def health_families(view: LiveView, brokers: frozenset[str] = frozenset()) -> li
     for (broker, event, severity), n in sorted(view.event_counts.items()):
         if not brokers or broker in brokers:
             events.add_metric([broker, event, severity], float(n))
-    return [seen, cycle, silence, up, newest, quarantined, events]
+    connected = GaugeMetricFamily(RECEIVER_METRIC, HELP[RECEIVER_METRIC],
+                                  labels=["broker_name", "partition"])  # fmt: skip
+    for r in receivers or []:
+        if not brokers or r.broker_name in of_agents:
+            alive = r.connected and r.process_alive()
+            connected.add_metric([r.broker_name, r.partition], 1.0 if alive else 0.0)
+    return [seen, cycle, silence, up, newest, quarantined, events, connected]
 
 
 class LiveCollector:
     """A prometheus_client collector over the live view: the families of one selection."""
 
-    def __init__(self, view: LiveView, selection: Selection) -> None:
+    def __init__(
+        self, view: LiveView, selection: Selection, receivers: list[ReceiverStatus] | None = None
+    ) -> None:
         self.view = view
         self.selection = selection
+        self.receivers = receivers or []
 
     def collect(self) -> Iterator[Metric]:
         s = self.selection
@@ -319,7 +342,7 @@ class LiveCollector:
             rows, s.objects(view.objects()), view.rates_version, view.state_tail.version
         )
         if s.health():
-            yield from health_families(view, s.brokers)
+            yield from health_families(view, s.brokers, self.receivers)
 
 
 # What Prometheus sends (OpenMetrics) and what curl sends: the default exposition is
@@ -338,33 +361,49 @@ class MetricsState:
     waits; what it shows lags the tables by at most one refresh. Without ``start`` (tests,
     benchmarks) every scrape refreshes first."""
 
-    def __init__(self, data: Path | str, from_state: bool = True) -> None:
+    def __init__(
+        self, data: Path | str, from_state: bool = True, landing: Path | str | None = None
+    ) -> None:
         self.view = LiveView(data, max_events=0, from_state=from_state, health=True)
+        self.landing = landing
+        if landing is None and not storage.is_object_store(os.fspath(data)):
+            self.landing = Path(data) / "landing"  # qmf run's layout
+        self.receivers: list[ReceiverStatus] = []
         self.lock = threading.Lock()
         self._cache: dict[tuple[Selection, str], bytes] = {}
-        self._cache_versions: tuple[int | None, ...] | None = None
+        self._cache_versions: tuple[Any, ...] | None = None
+        self._stamp: tuple[Any, ...] = ()
         self._background = False
         self.refresh_errors = 0
+
+    def _read(self) -> tuple[Any, ...]:
+        """Refresh the view and the receivers' statuses: what the expositions depend on."""
+        self.view.refresh()
+        if self.landing is not None:
+            self.receivers = [r for r in receiver_statuses(self.landing) if not r.stopped]
+        up = tuple((r.partition, r.connected and r.process_alive()) for r in self.receivers)
+        self._stamp = (*self.view.versions, up)
+        return self._stamp
 
     def _render(self, selection: Selection, accept: str) -> tuple[bytes, str]:
         encoder, content_type = choose_encoder(accept)
         registry = CollectorRegistry(auto_describe=False)
-        registry.register(LiveCollector(self.view, selection))
+        registry.register(LiveCollector(self.view, selection, self.receivers))
         return encoder(registry), content_type
 
     def prepare(self) -> bool:
         """Refresh the view; when the tables changed, render the default exposition in
         every prerendered format. True when something changed."""
         with self.lock:
-            self.view.refresh()
-            if self._cache_versions == self.view.versions and self._cache:
+            stamp = self._read()
+            if self._cache_versions == stamp and self._cache:
                 return False
             cache: dict[tuple[Selection, str], bytes] = {}
             for accept in PRERENDERED_ACCEPTS:
                 body, content_type = self._render(Selection(), accept)
                 cache[(Selection(), content_type)] = body
             self._cache = cache  # one assignment: scrapes see the old or the new whole
-            self._cache_versions = self.view.versions
+            self._cache_versions = stamp
             return True
 
     def start(self, every_s: float) -> threading.Thread:
@@ -397,11 +436,10 @@ class MetricsState:
             if body is not None:
                 return body, content_type
         with self.lock:
-            if not self._background:
-                self.view.refresh()
-            if self._cache_versions != self.view.versions:
+            stamp = self._stamp if self._background else self._read()
+            if self._cache_versions != stamp:
                 self._cache = {}
-                self._cache_versions = self.view.versions
+                self._cache_versions = stamp
             body = self._cache.get(key)
             if body is None:
                 body, content_type = self._render(selection, accept or "")
@@ -413,7 +451,7 @@ class MetricsState:
     def health(self) -> str:
         with self.lock:
             if not self._background:
-                self.view.refresh()
+                self._read()
             return f"ok gold_statistic_rates_version={self.view.rates_version}\n"
 
 
@@ -493,7 +531,7 @@ def run(args: argparse.Namespace) -> int:
         except WebConfigError as exc:
             print(f"qmf serve-metrics: {exc}", file=sys.stderr)
             return 2
-    state = MetricsState(data_location(args.data))
+    state = MetricsState(data_location(args.data), landing=args.landing)
     server = make_server(state, args.host, args.port, web)
     host, port = server.server_address[:2]
     scheme = "https" if web is not None and web.tls else "http"

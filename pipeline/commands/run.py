@@ -91,10 +91,13 @@ def register(subparsers: Any) -> None:
                    help="restart a simulated agent at an interval (qmf sim --restart; repeatable)")
     p.add_argument("--stop", action="append", default=[], metavar="AGENT:INTERVAL",
                    help="a simulated agent's broker is gone from an interval on (qmf sim --stop; "
-                   "repeatable)")
+                   "AGENT:signal: once qmf run gets SIGUSR1; repeatable)")
     p.add_argument("--stall", action="append", default=[], metavar="AGENT:INTERVAL",
                    help="a simulated agent's busy queue loses its consumer at an interval (qmf "
-                   "sim --stall; repeatable)")
+                   "sim --stall; AGENT:signal as --stop; repeatable)")
+    p.add_argument("--events", type=int, default=1, metavar="N",
+                   help="random events (queueThresholdExceeded, severity warn) per interval and "
+                   "simulated agent (qmf sim --events)")
     p.add_argument("--agents", type=int, default=2)
     p.add_argument("--queues", type=int, default=50, help="queues per simulated agent")
     p.add_argument("--interval", type=int, default=1, help="agents' publish interval (s)")
@@ -132,6 +135,7 @@ def _sim_command(args: argparse.Namespace, url: str, manifest: Path) -> list[str
         "--url", url, "--dialect", args.dialect, "--agents", str(args.agents),
         "--queues", str(args.queues), "--interval", str(args.interval),
         "--intervals", str(intervals), "--realtime", "--durable", "--manifest", str(manifest),
+        "--events", str(args.events),
         "--overwrite",  # the manifest is this run's: the message that starts the sim says so
     ] + ([] if args.load_intervals is None else ["--load-intervals", str(args.load_intervals)]) + (
         ["--short-lived", str(args.short_lived)] if args.short_lived else []
@@ -513,6 +517,11 @@ def run(args: argparse.Namespace) -> int:
         # machine). What they publish meanwhile waits in the durable queue.
         cmd = _sim_command(args, url, data / "sim-manifest.jsonl")
         sim = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, env=os.environ.copy())
+        # SIGUSR1 to qmf run is the simulated agents' (their --stop/--stall AGENT:signal).
+        child = sim
+        previous[signal.SIGUSR1] = signal.signal(
+            signal.SIGUSR1, lambda *_: child.send_signal(signal.SIGUSR1)
+        )
         print(f"qmf run: {args.agents} simulated {args.dialect} agents publishing (what they "
               f"send: {data / 'sim-manifest.jsonl'}, this run's only)", flush=True)  # fmt: skip
     try:

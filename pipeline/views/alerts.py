@@ -55,6 +55,8 @@ class AlertThresholds:
     pipeline_lag_for: str = "1m"
     # QmfQuarantineGrowing: messages quarantined within the window.
     quarantine_window: str = "15m"
+    # QmfReceiverDisconnected: a receiver not connected to its broker for this long.
+    receiver_down_for: str = "1m"
     # How often Prometheus evaluates the group (None: its global evaluation_interval).
     evaluation_interval: str | None = None
 
@@ -189,6 +191,18 @@ def rules(t: AlertThresholds | None = None) -> dict[str, Any]:
                 "summary": "Messages from {{ $labels.broker_name }} are quarantined",
                 "description": f"Silver quarantined undecodable messages within {t.quarantine_window} "
                 "(silver's quarantine table holds each with its bytes and reason).",
+            },
+        },
+        {
+            "alert": "QmfReceiverDisconnected",
+            "expr": "qmf_receiver_connected == 0",
+            "for": t.receiver_down_for,
+            "labels": {"severity": "critical"},
+            "annotations": {
+                "summary": "The receiver of {{ $labels.broker_name }} ({{ $labels.partition }}) is "
+                "not connected",
+                "description": f"Not connected to its broker for {t.receiver_down_for} (reconnecting, "
+                "or its process is gone): nothing from that broker lands.",
             },
         },
     ]

@@ -125,9 +125,9 @@ url = "{east_url}"
 [[broker]]
 name = "west"
 url = "{west_url}"
-credit = 20          # a deliberately slow consumer (~100 msg/s): the stop finds the queue
+credit = 10          # a deliberately slow consumer (~20 msg/s): the stop finds the queue
 flush_count = 1000   # still holding messages and the receiver holding unsettled ones
-flush_ms = 200
+flush_ms = 500       # (at 100 msg/s it had drained in the 2 s rabbitmqctl took, on CI)
 
 [[broker]]
 name = "gone"
@@ -159,8 +159,8 @@ sasl = ["PLAIN"]
                 assert pub.publish_many(msgs[: 2 * third]) == 2 * third
             wait_for(lambda: _landed_by_broker(landing).get("west", 0) >= 50, 120,
                      "west's first messages landed")  # fmt: skip
-            west_before = _landed_by_broker(landing).get("west", 0)
             depth = qmf_broker.queue_depths(cfg=isolated_broker)[queue]
+            west_before = _landed_by_broker(landing).get("west", 0)
             qmf_broker.stop_broker(cfg=isolated_broker)
             stopped_at = time.monotonic()
             # East carries on while west is down: its second third lands meanwhile.

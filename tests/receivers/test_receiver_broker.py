@@ -628,3 +628,51 @@ def test_failover_to_the_next_url(broker: Any, tag: str, tmp_path: Path) -> None
     ]
     with pytest.raises(PublishError, match=r"amqp://127\.0\.0\.1:1\b"):
         Publisher(dead, connect_timeout_s=5)
+
+
+def test_the_receiver_says_in_its_partition_whether_it_is_connected(
+    broker: Any, tag: str, tmp_path: Path
+) -> None:
+    """``<partition>/.receiver``: connected (with the broker's host:port, never the
+    credentials, and its process) once subscribed; not connected, with the reason, while
+    the broker is gone; ``stopped`` after a clean stop. ``qmf serve-metrics`` exposes it
+    as ``qmf_receiver_connected`` (1, 0, then not at all)."""
+    from pipeline.commands.metrics import MetricsState, Selection
+    from receivers.landing import receiver_statuses
+
+    def exposed() -> dict[tuple[tuple[str, str], ...], float]:
+        state = MetricsState(tmp_path / "data", landing=root)
+        body, _ = state.scrape(Selection(), "text/plain")
+        out: dict[tuple[tuple[str, str], ...], float] = {}
+        for line in body.decode().splitlines():
+            if line.startswith("qmf_receiver_connected{"):
+                labels, value = line[len("qmf_receiver_connected{"):].rsplit("} ", 1)
+                pairs = (p.split("=", 1) for p in labels.split(","))
+                out[tuple(sorted((k, v) for k, v in pairs))] = float(value)
+        return out
+
+    relay = FreezableRelay(broker.url)
+    host_port = urlsplit(relay.url).netloc.rsplit("@", 1)[-1]
+    root = tmp_path / "landing"
+    cfg = ReceiverConfig(
+        broker=BrokerConfig(urls=(relay.url,)),
+        bindings=(("qpid.management", f"mgmt.{tag}.#"),),
+        backoff_initial_s=0.05, backoff_max_s=0.5,
+    )  # fmt: skip
+    key = (("broker_name", '"default"'), ("partition", '"p0"'))
+    r = run_receiver_thread(cfg, LandingSink(root, "p0"))
+    try:
+        [s] = receiver_statuses(root)
+        assert (s.partition, s.broker_name, s.connected, s.pid, s.address, s.reason) == (
+            "p0", "default", True, os.getpid(), host_port, None)
+        assert exposed() == {key: 1.0}
+        relay.close()  # the broker is gone: the connection drops, reconnecting is refused
+        wait_for(lambda: not receiver_statuses(root)[0].connected, 60, "the disconnected status")
+        [s] = receiver_statuses(root)
+        assert s.reason and not s.stopped and s.pid == os.getpid()
+        assert exposed() == {key: 0.0}
+    finally:
+        r.stop()
+    [s] = receiver_statuses(root)
+    assert (s.connected, s.reason) == (False, "stopped")
+    assert exposed() == {}
