@@ -449,8 +449,9 @@ class LandingSink:
 
     def close(self) -> None:
         if self._lock_fd is not None:
-            with contextlib.suppress(OSError):
-                self.report(False, reason="stopped")
+            if hasattr(self, "writer"):  # not when the partition was refused to us
+                with contextlib.suppress(OSError):
+                    self.report(False, reason="stopped")
             os.close(self._lock_fd)
             self._lock_fd = None
 

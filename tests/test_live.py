@@ -427,7 +427,11 @@ def _shown(view: LiveView) -> tuple[pl.DataFrame, list[Any], list[Any]]:
     from pipeline.commands.metrics import LiveCollector
 
     current = view.current_frame().drop("start_ns", "reset", "from_state")
-    everything = list(LiveCollector(view, Selection.parse("/metrics/all", "")).collect())
+    # Not the health families: an agent's measured cycle may come from the rows a view
+    # holds (pipeline.views.live.LiveView.agents), which differ by design.
+    health = {name.removesuffix("_total") for name in HEALTH}
+    everything = [m for m in LiveCollector(view, Selection.parse("/metrics/all", "")).collect()
+                  if m.name not in health]  # fmt: skip
     return current.sort(current.columns, nulls_last=True), view.queues(), everything
 
 

@@ -5,6 +5,7 @@ traffic (QMF v1 and v2 of one broker) derived into gold without Spark."""
 from __future__ import annotations
 
 import gzip
+import json
 import os
 import threading
 import urllib.error
@@ -257,9 +258,11 @@ def test_health_families_say_which_agent_stopped_and_count_what_came_since_the_s
     start = 1_800_000_000_000_000_000
     capture = tmp_path / "sim.jsonl"
     with contextlib.redirect_stdout(io.StringIO()):
-        assert main(["sim", "-o", str(capture), "--dialect", "v2", "--agents", "2",
+        assert main(["sim", "-o", str(capture), "--manifest", str(capture.with_suffix(".manifest")),
+                     "--dialect", "v2", "--agents", "2",
                      "--queues", "4", "--events", "3", "--intervals", "16", "--interval", "1",
-                     "--seed", "7", "--start-ns", str(start), "--stop", "1:10"]) == 0  # fmt: skip
+                     "--seed", "7", "--start-ns", str(start), "--stop", "1:10",
+                     "--stall", "0:9"]) == 0  # fmt: skip
     msgs = list(read_capture(str(capture)))
     half = len(msgs) // 2
     bad = CapturedMessage(body=b"AM2\x00garbage", routing_key="console.obj.1.0.x")
@@ -316,6 +319,19 @@ def test_health_families_say_which_agent_stopped_and_count_what_came_since_the_s
         want[key] = want.get(key, 0.0) + 1
     assert sum(want.values()) > 3
     assert health(now, "qmf_events_total") == want
+    # The stalled queue's queueThresholdExceeded (warn) is the one alert-worthy event, as
+    # the health notebook lists it (pipeline.views.notebook.alert_events).
+    from pipeline.views.notebook import alert_events
+
+    stall = next(json.loads(line) for line in capture.with_suffix(".manifest").read_text().splitlines()
+                 if json.loads(line)["kind"] == "stall")  # fmt: skip
+    worthy = alert_events(pl.from_arrow(delta.read_arrow(os.path.join(ss.root, "events"))),
+                          pl.from_arrow(delta.read_arrow(os.path.join(gs.root, "lifecycle_state"))))  # fmt: skip
+    assert worthy.select("broker", "event_name", "severity_name", "object").rows() == [
+        (broker_of[stall["agent"]], "queueThresholdExceeded", "warn", stall["queue"])]
+    key = (("broker", broker_of[stall["agent"]]), ("event", "queueThresholdExceeded"),
+           ("event_severity", "warn"))  # fmt: skip
+    assert want.get(key) == 1.0  # (the event came with the second batch)
 
 
 def test_a_receiver_whose_process_died_connected_is_exposed_disconnected(tmp_path: Path) -> None:

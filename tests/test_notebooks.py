@@ -505,6 +505,7 @@ def test_health_notebook(sim_lake: Lake, kernel: Any, tmp_path: Path) -> None:
             "restarts": "_frame(restarts)",
             "agent_status": "_frame(agent_status)",
             "agents": "agents",
+            "alerts": "_frame(alerts.select('broker', 'event_name', 'severity_name', 'object'))",
         },
     )
     check_figures(run, tmp_path / "figs", {"events_timeline", "agent_health"})
@@ -512,6 +513,13 @@ def test_health_notebook(sim_lake: Lake, kernel: Any, tmp_path: Path) -> None:
     check_agent_labels(agents, sim_lake)
     entries = _manifest(sim_lake)
     events = [e for e in entries if e["kind"] == "event"]
+    # Alert-worthy: severity warn (4) or worse, each with its agent's broker and its queue
+    # (this lake's are info events only: none; tests/test_metrics.py has a stalled queue's).
+    worthy = [e for e in events if e["severity"] <= SEVERITIES.index("warn")]
+    assert sorted(tuple(r.values()) for r in run.values["alerts"]) == sorted(
+        (agents[e["agent"]], e["class_name"], SEVERITIES[e["severity"]], e["values"]["qName"])
+        for e in worthy
+    )
     by_severity = Counter(SEVERITIES[e["severity"]] for e in events)
     assert run.values["events_by_severity"] == dict(by_severity)
     assert run.values["spark_events_by_severity"] == dict(by_severity)

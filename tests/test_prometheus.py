@@ -6,12 +6,13 @@
 publishing every 2 s; ``qmf serve-metrics`` over TLS behind basic authentication
 (``--web-config``); Prometheus scraping it every second with the credentials and the
 CA, and evaluating the rules ``qmf alert-rules`` makes (short windows: a stall over
-20 s). While everything is healthy no alert is pending or firing, and ``qmf top`` and
+12 s). While everything is healthy no alert is pending or firing, and ``qmf top`` and
 the endpoint show gold's numbers at the versions they read, while gold grows. Then
 SIGUSR1 to ``qmf run``: from the agents' next interval one agent's broker is gone and
 one queue of the other loses its consumer (``--stop 1:signal --stall 0:signal``).
-Prometheus's API must then report exactly QmfAgentDown for that agent and
-QmfQueueStalled for that queue, nothing else, ever. A second scrape job with a wrong
+Prometheus's API must then report exactly QmfAgentDown for that agent, QmfQueueStalled
+for that queue and QmfBrokerEvent for the queueThresholdExceeded (warn) that queue
+raises once it fills, nothing else, ever. A second scrape job with a wrong
 password is refused (401). The figures (signal to firing) are printed and in
 docs/alerts.md. ``qmf run`` then stops cleanly on SIGINT.
 """
@@ -54,11 +55,12 @@ pytestmark = [pytest.mark.broker, pytest.mark.spark, pytest.mark.slow]
 
 PASSWORD = "scrape me"
 INTERVAL_S = 2
+STALL_S = 12  # the stall window: healthy (no alert) for twice that before the faults
 THRESHOLDS = AlertThresholds(
-    agent_missed_cycles=3, queue_stall_window="20s", evaluation_interval="1s",
+    agent_missed_cycles=3, queue_stall_window=f"{STALL_S}s", evaluation_interval="1s",
     queue_depth=1e9, queue_growth_per_second=1e6, pipeline_lag_seconds=600,
 )  # fmt: skip
-EXPECTED = {"QmfAgentDown", "QmfQueueStalled"}
+EXPECTED = {"QmfAgentDown", "QmfQueueStalled", "QmfBrokerEvent"}
 
 
 def free_port() -> int:
@@ -153,7 +155,7 @@ def test_top_metrics_and_prometheus_follow_a_running_pipeline_and_alert_on_its_f
         # Healthy: both agents up and queues dequeuing, for longer than the stall window;
         # no alert pending or firing at any point.
         deadline, healthy_since = time.monotonic() + 900, None
-        while healthy_since is None or time.monotonic() - healthy_since < 30:
+        while healthy_since is None or time.monotonic() - healthy_since < 2 * STALL_S:
             alive()
             assert time.monotonic() < deadline, "the pipeline never became healthy"
             try:
@@ -216,22 +218,25 @@ def test_top_metrics_and_prometheus_follow_a_running_pipeline_and_alert_on_its_f
         want = {
             ("QmfAgentDown", stopped, brokers[stopped]),
             ("QmfQueueStalled", stall["queue"], brokers[stall["agent"]]),
+            # the stalled queue passes its threshold: qpidd's queueThresholdExceeded (warn)
+            ("QmfBrokerEvent", "queueThresholdExceeded", brokers[stall["agent"]]),
         }
+        key_label = {"QmfAgentDown": "agent", "QmfQueueStalled": "name", "QmfBrokerEvent": "event"}
         firing_at: dict[str, float] = {}
         while set(firing_at) != EXPECTED:
             alive()
             assert time.time() - signalled < 240, f"firing after 240 s: {sorted(firing_at)}"
             for a in alerts():
                 labels = a["labels"]
-                key = labels.get("agent") if labels["alertname"] == "QmfAgentDown" else labels.get("name")
-                assert (labels["alertname"], key, labels["broker"]) in want, a  # nothing else
+                key = labels.get(key_label.get(labels["alertname"], "-"))
+                assert (labels["alertname"], key, labels.get("broker")) in want, a  # nothing else
                 if a["state"] == "firing":
                     firing_at.setdefault(labels["alertname"], time.time())
             time.sleep(0.5)
         # Exactly those, once each, firing together.
         now = alerts()
         assert sorted((a["labels"]["alertname"], a["state"]) for a in now) == [
-            ("QmfAgentDown", "firing"), ("QmfQueueStalled", "firing")]
+            ("QmfAgentDown", "firing"), ("QmfBrokerEvent", "firing"), ("QmfQueueStalled", "firing")]
         down = next(a for a in now if a["labels"]["alertname"] == "QmfAgentDown")
         assert down["labels"]["severity"] == "critical"
         assert down["annotations"]["summary"] == (
@@ -243,7 +248,8 @@ def test_top_metrics_and_prometheus_follow_a_running_pipeline_and_alert_on_its_f
         assert targets["qmf-wrong-password"]["health"] == "down"
         assert "401" in targets["qmf-wrong-password"]["lastError"]
         print(f"\nsignal to firing: QmfAgentDown {firing_at['QmfAgentDown'] - signalled:.1f} s, "
-              f"QmfQueueStalled {firing_at['QmfQueueStalled'] - signalled:.1f} s "
+              f"QmfQueueStalled {firing_at['QmfQueueStalled'] - signalled:.1f} s, "
+              f"QmfBrokerEvent {firing_at['QmfBrokerEvent'] - signalled:.1f} s "
               f"(interval {INTERVAL_S} s, {THRESHOLDS.agent_missed_cycles:g} missed cycles, "
               f"stall window {THRESHOLDS.queue_stall_window})")  # fmt: skip
     finally:

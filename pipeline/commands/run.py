@@ -96,8 +96,8 @@ def register(subparsers: Any) -> None:
                    help="a simulated agent's busy queue loses its consumer at an interval (qmf "
                    "sim --stall; AGENT:signal as --stop; repeatable)")
     p.add_argument("--events", type=int, default=1, metavar="N",
-                   help="random events (queueThresholdExceeded, severity warn) per interval and "
-                   "simulated agent (qmf sim --events)")
+                   help="random events (queueThresholdCrossedUpward/Downward, severity info) "
+                   "per interval and simulated agent (qmf sim --events)")
     p.add_argument("--agents", type=int, default=2)
     p.add_argument("--queues", type=int, default=50, help="queues per simulated agent")
     p.add_argument("--interval", type=int, default=1, help="agents' publish interval (s)")
@@ -134,8 +134,8 @@ def _sim_command(args: argparse.Namespace, url: str, manifest: Path) -> list[str
         sys.executable, "-m", "pipeline.cli", "sim",
         "--url", url, "--dialect", args.dialect, "--agents", str(args.agents),
         "--queues", str(args.queues), "--interval", str(args.interval),
-        "--intervals", str(intervals), "--realtime", "--durable", "--manifest", str(manifest),
-        "--events", str(args.events),
+        "--intervals", str(intervals), "--realtime", "--durable", "--events", str(args.events),
+        "--manifest", str(manifest),
         "--overwrite",  # the manifest is this run's: the message that starts the sim says so
     ] + ([] if args.load_intervals is None else ["--load-intervals", str(args.load_intervals)]) + (
         ["--short-lived", str(args.short_lived)] if args.short_lived else []

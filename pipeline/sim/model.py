@@ -143,6 +143,8 @@ class SimBroker:
         self.transient_seq = 0
         self.short_lived_seq = 0
         self.short_lived: dict[int, int] = {}  # short-lived queue -> interval of its deletion
+        # stalled queue -> the depth at which it raises queueThresholdExceeded (once)
+        self.alert_depths: dict[int, int] = {}
         # counters of deleted queues, kept in the broker's totals (they never go down)
         self.retired: dict[str, int] = dict.fromkeys(BROKER_TOTALS, 0)
         self.announced: set[int] = set()  # object numbers whose creation the manifest has
@@ -175,6 +177,7 @@ class SimBroker:
         self.session_conn.clear()
         self.conn_nums.clear()
         self.short_lived.clear()
+        self.alert_depths.clear()
         self.retired = dict.fromkeys(BROKER_TOTALS, 0)
         rng = self.rng
         system = self._new(
@@ -423,10 +426,13 @@ class SimBroker:
             conn.stats["bytesFromClient"] += n_enq * (size + 40)
             conn.stat_dirty = True
 
-    def stall_queue(self) -> str | None:
+    def stall_queue(self, interval_s: float) -> str | None:
         """The first queue with traffic and a consumer loses its consumer: no dequeues
-        from now on, ``consumerCount`` 0, enqueues as before (depth grows). Its name, or
-        None when no queue has both."""
+        from now on, ``consumerCount`` 0, enqueues as before (depth grows). Once it holds
+        about three intervals of enqueues more, it raises qpidd's
+        ``queueThresholdExceeded`` (severity warn) once, as a queue past its
+        ``qpid.alert_count`` does (``alert_depths``). Its name, or None when no queue has
+        both traffic and a consumer."""
         for num in self.queue_nums:
             q = self.objects[num]
             if q.enq_rate > 0 and q.deq_rate > 0 and q.consumers > 0:
@@ -434,6 +440,8 @@ class SimBroker:
                 q.consumers = 0
                 q.stats["consumerCount"] = q.stats["consumerCountLow"] = 0
                 q.stat_dirty = True
+                extra = max(1, round(q.enq_rate * interval_s * 3))
+                self.alert_depths[num] = q.stats["msgDepth"] + extra
                 return str(q.props["name"])
         return None
 

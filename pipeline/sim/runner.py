@@ -287,7 +287,7 @@ class Simulation:
         for index, at in cfg.stalls:
             if due(at):
                 agent = self.agents[index]
-                queue = agent.model.stall_queue()
+                queue = agent.model.stall_queue(cfg.interval_s)
                 self.manifest.write({"kind": "stall", "agent": agent.record_agent,
                                      "agent_uuid": str(agent.uuid), "interval": interval,
                                      "queue": queue})  # fmt: skip
@@ -415,6 +415,19 @@ class Simulation:
                     },
                 )
             )
+        model = agent.model
+        for num, depth in sorted(model.alert_depths.items()):
+            q = model.objects.get(num)
+            if q is not None and q.stats["msgDepth"] >= depth:
+                del model.alert_depths[num]  # once, as qpidd raises it
+                specs.append(
+                    EventSpec(
+                        find("queueThresholdExceeded"),
+                        interval_start + self.config.interval_s * NS // 2,
+                        {"qName": q.props["name"], "msgDepth": q.stats["msgDepth"],
+                         "byteDepth": q.stats["byteDepth"]},
+                    )
+                )  # fmt: skip
         specs.sort(key=lambda e: e.timestamp_ns)
         return specs
 

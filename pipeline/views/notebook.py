@@ -187,6 +187,49 @@ def one_agent_per_broker(frame: pl.DataFrame, life: pl.DataFrame, key: list[str]
     )
 
 
+# Events of this severity or worse are alert-worthy (pipeline.views.alerts' default).
+ALERT_SEVERITY = "warn"
+# The event arguments that name what an event is about, first found wins.
+EVENT_OBJECT_ARGUMENTS = ("qName", "exName", "rhost")
+
+
+def alert_events(
+    events: pl.DataFrame, life: pl.DataFrame, least: str = ALERT_SEVERITY
+) -> pl.DataFrame:
+    """The events operators are alerted on (severity ``least`` or worse: the rule
+    ``QmfBrokerEvent``, docs/alerts.md), newest first, each with its broker as the other
+    views name it (``agent_labels``) and what it is about (``object``: its queue,
+    exchange or remote host). ``events``: silver ``events``; ``life``: gold
+    ``lifecycle_state``. Columns: event_time, broker, event_name, severity_name,
+    object, arguments, agent, broker_name."""
+    import polars as pl
+
+    from pipeline.views.live import SEVERITIES, event_broker
+
+    if least not in SEVERITIES:
+        raise ValueError(f"severity {least!r}: one of {', '.join(SEVERITIES)}")
+    labels = agent_labels(life)
+    rows = events.filter(
+        pl.col("severity").is_not_null() & (pl.col("severity") <= SEVERITIES.index(least))
+    )
+    brokers = [
+        event_broker(name, agent, labels)
+        for name, agent in zip(rows["broker_name"].to_list(), rows["agent"].to_list(), strict=True)
+    ]
+    about = pl.coalesce(
+        *(pl.col("arguments").str.json_path_match(f"$.{k}") for k in EVENT_OBJECT_ARGUMENTS)
+    )
+    return rows.select(
+        "event_time",
+        pl.Series("broker", brokers, dtype=pl.String),
+        "event_name",
+        pl.col("severity").replace_strict(dict(enumerate(SEVERITIES)), return_dtype=pl.String)
+        .alias("severity_name"),
+        about.alias("object"),
+        "arguments", "agent", "broker_name",
+    ).sort("event_time", "broker", "event_name", descending=[True, False, False])  # fmt: skip
+
+
 def heartbeat_agent() -> pl.Expr:
     """Polars expression: a silver heartbeat's agent as gold's liveness names it (a QMF v1
     heartbeat carries none: it stands for the broker's agent ``1.0``)."""

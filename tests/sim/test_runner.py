@@ -452,6 +452,14 @@ def test_a_stopped_agent_goes_silent_and_a_stalled_queue_fills() -> None:
     assert [stats[t]["consumerCount"] for t in ends] == [1, 1, 0, 0, 0, 0]
     depth = [stats[t]["msgDepth"] for t in ends]
     assert all(b > a for a, b in itertools.pairwise(depth[1:]))
+    # Once three intervals' worth of enqueues more than at the stall, the queue raises
+    # queueThresholdExceeded (warn), once, with its depth then.
+    raised = [(r["interval"], r["severity"], r["values"]) for r in sim.manifest.rows
+              if r.get("source") == "publish" and r["kind"] == "event"
+              and r["class_name"] == "queueThresholdExceeded"]  # fmt: skip
+    [(at, severity, values)] = raised
+    assert severity == 4 and values["qName"] == "q00000" and at > 2
+    assert values["msgDepth"] == depth[at] and depth[at - 1] < values["msgDepth"]
 
 
 def test_signalled_faults_come_at_the_first_interval_after_the_signal() -> None:
