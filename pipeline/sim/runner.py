@@ -417,15 +417,15 @@ class Simulation:
             )
         model = agent.model
         for num, depth in sorted(model.alert_depths.items()):
-            q = model.objects.get(num)
-            if q is not None and q.stats["msgDepth"] >= depth:
+            full = model.objects.get(num)
+            if full is not None and full.stats["msgDepth"] >= depth:
                 del model.alert_depths[num]  # once, as qpidd raises it
                 specs.append(
                     EventSpec(
                         find("queueThresholdExceeded"),
                         interval_start + self.config.interval_s * NS // 2,
-                        {"qName": q.props["name"], "msgDepth": q.stats["msgDepth"],
-                         "byteDepth": q.stats["byteDepth"]},
+                        {"qName": full.props["name"], "msgDepth": full.stats["msgDepth"],
+                         "byteDepth": full.stats["byteDepth"]},
                     )
                 )  # fmt: skip
         specs.sort(key=lambda e: e.timestamp_ns)
