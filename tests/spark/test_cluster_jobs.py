@@ -7,7 +7,7 @@ but the store and the files, as on a real cluster (docs/cluster.md). The jobs ar
 started as an operator would, with ``spark-submit``, their tables and checkpoints on
 the real S3 server. Their tables must equal, row for row, the ``sim_lake``
 fixture's silver and gold, which were made in one local process (silver decoded on
-the driver).
+the driver), and random v1 method calls in the same bronze pair in executor tasks.
 
 The code runs as a cluster node would have it: the project built as a wheel
 and installed into a node environment of its own (``node_env``); the
@@ -30,6 +30,7 @@ from pathlib import Path
 from typing import Any
 
 import pyarrow as pa
+import pyarrow.compute as pc
 import pytest
 
 from pipeline.lake import delta
@@ -196,28 +197,48 @@ def executor_tasks(events: Path, *, ours: bool = False) -> dict[str, dict[str, i
 
 
 def test_silver_and_gold_jobs_on_a_standalone_cluster_and_a_store(
-    sim_lake: Any, node_env: Path, cluster: StandaloneCluster, s3: Any, tmp_path: Path
-) -> None:
-    """Silver streams the bronze copy in 4 micro-batches (one bronze commit each, as the
-    fixture's 4 silver batches), gold runs as batch 0 of app qmf-gold (as the fixture's);
-    bronze, silver, gold and silver's checkpoint on the store, gold's scratch a folder
-    both workers share."""
+    spark: Any, sim_lake: Any, node_env: Path, cluster: StandaloneCluster, s3: Any,
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+) -> None:  # fmt: skip
+    """Silver streams the bronze copy in 7 micro-batches (one bronze commit each: the
+    fixture's 4, then 3 of random v1 method calls in a partition of their own), pairing
+    the calls in executor tasks too (``--calls-driver-max-rows 0``); gold runs as batch 0
+    of app qmf-gold. Bronze, silver, gold and silver's checkpoint on the store, gold's
+    scratch a folder both workers share. The sim lake's rows equal the fixture's silver
+    and gold (made in one local process, silver decoded on the driver); the calls pair
+    as pairing every message in arrival order gives, with arguments typed. (One silver
+    application for both: each costs its executors' start.)"""
     from pyarrow import fs as pafs
 
     from pipeline.lake.storage import S3Settings
+    from pipeline.silver import bronze_rows, write_bronze
+    from tests.spark.test_silver_methods import call_traffic
 
     bucket = s3.make_bucket("cluster")
     store = s3.filesystem()
     pafs.copy_files(str(sim_lake.bronze), f"{bucket}/bronze", destination_filesystem=store)
     lake = f"s3a://{bucket}"
+    s3.configure(spark, bucket)  # this process writes the calls' bronze commits
+    for k, v in s3.env().items():
+        monkeypatch.setenv(k, v)  # pyarrow and delta-rs here
+    files, expected = call_traffic(5, 3)
+    expected = {k.replace("p0:", "calls:", 1): v for k, v in expected.items()}
+    first_batch = 1 + max(delta.read_arrow(str(sim_lake.bronze)).column("batch_id").to_pylist())
+    parts, first = [], 0
+    for k, fm in enumerate(files):
+        parts.append(bronze_rows(fm, partition="calls", first_offset=first, batch_id=first_batch + k))
+        first += len(fm)
+    write_bronze(f"{lake}/bronze", parts)
     silver, gold, events = f"{lake}/silver", f"{lake}/gold", tmp_path / "events"
     proc = spark_submit(
         cluster, node_env, events, "silver.py", "--bronze", f"{lake}/bronze", "--root", silver,
         "--checkpoint", f"{lake}/ck-silver", "--trigger", "availableNow",
         "--max-files-per-trigger", "1", "--timeout", "300", "--decode-on", "tasks",
-        env=s3.env(),
+        "--calls-driver-max-rows", "0", env=s3.env(),
     )  # fmt: skip
     assert proc.returncode == 0, proc.stderr[-4000:]
+    assert (proc.stdout + proc.stderr).count("paired_on='tasks'") >= len(files), proc.stdout[-3000:]
+    ours = executor_tasks(events, ours=True)
     proc = spark_submit(
         cluster, node_env, events, "gold.py", "--silver", silver, "--root", gold,
         "--batch-id", "0", "--app-id", "qmf-gold", "--compute-on", "tasks",
@@ -225,60 +246,34 @@ def test_silver_and_gold_jobs_on_a_standalone_cluster_and_a_store(
     )  # fmt: skip
     assert proc.returncode == 0, proc.stderr[-4000:]
     tasks = executor_tasks(events)
-    # Two applications, each ran its tasks on the executors (silver's decode and Parquet
-    # writes, gold's split and per-bucket computation and writes happened outside the
-    # driver, which only committed the files), and both executors took work. A
-    # small app may leave one executor idle: silver's 4 one-task batches all went to
+    # Two applications, each ran its tasks on the executors (silver's decode, pairing and
+    # Parquet writes, gold's split and per-bucket computation and writes happened outside
+    # the driver, which only committed the files), and both executors took work. A
+    # small app may leave one executor idle: silver's one-task batches all went to
     # executor 1 in one CI run, so "both" is asserted over the two apps together.
     assert len(tasks) == 2, tasks
     for app, per in tasks.items():
         assert per and set(per) <= {"0", "1"} and min(per.values()) > 0, (app, per)
     assert {e for per in tasks.values() for e in per} == {"0", "1"}, tasks
+    (silver_app,) = ours
+    assert set(ours[silver_app]) <= {"0", "1"} and sum(ours[silver_app].values()) >= 2 * len(files)
 
     options = S3Settings.from_env(s3.env()).storage_options()
     creds = {k: v for k, v in s3.env().items() if k.startswith("AWS_") and "KEY" in k}
+    sim_agents = set(delta.read_arrow(str(sim_lake.silver / "object_samples")).column("agent").to_pylist())
     for name in SILVER_TABLES:
         want = sorted_table(sim_lake.silver / name)
         assert want.num_rows > 0, name
-        assert sorted_table(f"{silver}/{name}", options | creds).equals(want), name
+        got = sorted_table(f"{silver}/{name}", options | creds)
+        got = got.filter(pc.not_equal(got.column("partition"), "calls"))
+        assert got.equals(want), name
     for name in GOLD_TABLES:
         want = sorted_table(sim_lake.gold / name)
         assert want.num_rows > 0, name
-        assert sorted_table(f"{gold}/{name}", options | creds).equals(want), name
-
-
-def test_method_calls_pair_in_executor_tasks_on_a_standalone_cluster(
-    node_env: Path, cluster: StandaloneCluster, tmp_path: Path
-) -> None:
-    """Random v1 calls over six bronze files, two per micro-batch: the silver job on the
-    cluster decodes them in tasks and pairs them in one executor task per bucket of
-    (dialect, seq) (``--calls-driver-max-rows 0``); the table is what pairing every
-    message in arrival order gives, with arguments typed."""
-    from pipeline.silver import bronze_rows, write_bronze
-    from tests.spark.test_silver_methods import call_traffic
-
-    files, expected = call_traffic(5, 6)
-    parts, first = [], 0
-    for k, fm in enumerate(files):
-        parts.append(bronze_rows(fm, first_offset=first, batch_id=k))
-        first += len(fm)
-    bronze, silver, events = tmp_path / "bronze", tmp_path / "silver", tmp_path / "events"
-    write_bronze(str(bronze), parts)
-    proc = spark_submit(
-        cluster, node_env, events, "silver.py", "--bronze", str(bronze), "--root", str(silver),
-        "--checkpoint", str(tmp_path / "ck"), "--trigger", "availableNow",
-        "--max-files-per-trigger", "2", "--timeout", "300", "--decode-on", "tasks",
-        "--calls-driver-max-rows", "0",
-    )  # fmt: skip
-    assert proc.returncode == 0, proc.stderr[-4000:]
-    (per,) = executor_tasks(events, ours=True).values()
-    (every,) = executor_tasks(events).values()
-    assert sum(every.values()) > sum(per.values())  # Delta's jobs ran on the executors too
-    assert (proc.stdout + proc.stderr).count("paired_on='tasks'") == 3, proc.stdout[-3000:]
-    # 3 batches x (1-2 decode tasks + 2 pairing tasks: one per bucket), on the executors
-    # only (12 seen; a query's first batch is decoded over its DataFrame's partitions)
-    assert set(per) <= {"0", "1"} and 9 <= sum(per.values()) <= 12, per
-    rows = delta.read_arrow(str(silver / "method_calls")).to_pylist()
-    assert {r["call_id"]: r["response_offset"] for r in rows} == expected
-    typed = {r["class_name"] for r in rows if r["arguments_out"] is not None}
+        got = sorted_table(f"{gold}/{name}", options | creds)
+        got = got.filter(pc.is_in(got.column("agent"), value_set=pa.array(sorted(sim_agents))))
+        assert got.equals(want), name
+    calls = sorted_table(f"{silver}/method_calls", options | creds).to_pylist()
+    assert {r["call_id"]: r["response_offset"] for r in calls} == expected
+    typed = {r["class_name"] for r in calls if r["arguments_out"] is not None}
     assert typed == {"broker", "queue"}
