@@ -275,6 +275,12 @@ def _table_counts(data: Path) -> dict[str, int]:
     return out
 
 
+def simulated(args: argparse.Namespace) -> bool:
+    """Whether this run starts simulated agents: not with ``--no-sim``, nor with a fleet
+    file (its brokers have agents of their own)."""
+    return not args.no_sim and not getattr(args, "config", None)
+
+
 def liveness_rules(args: argparse.Namespace) -> Any:
     """Gold's liveness rules: v1 heartbeats carry no interval, so it is given: the
     simulated agents' own, else ``--v1-interval`` (a real broker's mgmt-pub-interval),
@@ -285,7 +291,7 @@ def liveness_rules(args: argparse.Namespace) -> Any:
     per_broker = fleet_intervals(getattr(args, "config", None))
     if args.v1_interval is not None:
         return LivenessRules(v1_interval_s=args.v1_interval, v1_intervals=per_broker)
-    if args.no_sim:
+    if not simulated(args):
         return LivenessRules(v1_intervals=per_broker)
     return LivenessRules(v1_interval_s=args.interval)
 
@@ -296,7 +302,7 @@ def warm_dialects(args: argparse.Namespace) -> tuple[str, ...]:
     The v2 kernels take one to two minutes to compile on a cold cache (first run),
     so they are warmed only where v2 traffic comes: a real broker (qpidd's default
     is v2 only) or a v2 simulation. One dialect covers both of their encodings."""
-    return ("am1", "v2-amqp10") if args.no_sim or args.dialect.startswith("v2") else ("am1",)
+    return ("am1", "v2-amqp10") if not simulated(args) or args.dialect.startswith("v2") else ("am1",)
 
 
 def warm_decoder(dialects: tuple[str, ...] = ("am1", "v2-amqp10")) -> None:
@@ -442,7 +448,6 @@ def run(args: argparse.Namespace) -> int:
             from receivers.fleet import load_fleet
 
             fleet = load_fleet(args.config)
-            args.no_sim = True  # the fleet's brokers have their own agents
         else:
             config_from_options(_receiver_options(args, args.url or "amqp://127.0.0.1", Path("w")))
     except (ConfigError, ValueError) as exc:
@@ -510,7 +515,7 @@ def run(args: argparse.Namespace) -> int:
     stop = threading.Event()
     previous = {s: signal.signal(s, lambda *_: stop.set()) for s in (signal.SIGINT, signal.SIGTERM)}
     sim: subprocess.Popen[bytes] | None = None
-    if not args.no_sim:
+    if simulated(args):
         # Before the bronze stream: the embedded receiver's console (--console) sends its
         # one Broker Request when it has subscribed, and the agents must be listening by
         # then (started after the stream, they missed it in 3 of 6 runs on a loaded

@@ -157,10 +157,12 @@ sasl = ["PLAIN"]
                 assert pub.publish_many(msgs[:third]) == third
             with Publisher(west_pub) as pub:
                 assert pub.publish_many(msgs[: 2 * third]) == 2 * third
-            wait_for(lambda: _landed_by_broker(landing).get("west", 0) >= 50, 120,
-                     "west's first messages landed")  # fmt: skip
-            depth = qmf_broker.queue_depths(cfg=isolated_broker)[queue]
-            west_before = _landed_by_broker(landing).get("west", 0)
+            # Stopped as soon as its first messages landed: at ~20 msg/s most of the 2/3
+            # published are still in its queue (or in the receiver's hands). (Asking the
+            # node for the queue's depth first took long enough under CI's load for the
+            # queue to drain: CI-13, CI-15.)
+            wait_for(lambda: _landed_by_broker(landing).get("west", 0) >= 10, 120,
+                     "west's first messages landed", step_s=0.05)  # fmt: skip
             qmf_broker.stop_broker(cfg=isolated_broker)
             stopped_at = time.monotonic()
             # East carries on while west is down: its second third lands meanwhile.
@@ -194,7 +196,7 @@ sasl = ["PLAIN"]
     assert set(_landed_by_broker(landing)) == {"east", "west"}
     # West stopped mid-run: its queue still held messages, some had landed; what it had
     # in hand unsettled came again after the start (matched, or landed as copies).
-    assert west_before < 2 * third and depth > 0 and west_down < n, (west_before, depth)
+    assert 0 < west_down < 2 * third, west_down
     print(f"\n{n} messages per broker; east's second third landed in {east_while_down:.1f} s "
           "while west was down")  # fmt: skip
 
