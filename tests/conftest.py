@@ -62,7 +62,7 @@ LONGEST_FIRST = (
     "tests/spark/test_gold_kill.py", "tests/test_run_command.py",
     "tests/spark/test_gold_qpidd.py", "tests/integration/test_fleet.py",
     "tests/spark/test_silver_methods.py", "tests/test_gold_tasks.py",
-    "tests/spark/test_object_store.py", "tests/spark/test_source.py",
+    "tests/spark/test_object_store.py",
     "tests/spark/test_backfill_log.py", "tests/test_live.py",
 )  # fmt: skip
 

@@ -114,12 +114,16 @@ def submit_env(node: Path) -> dict[str, str]:
 
 
 def spark_submit(
-    cluster: StandaloneCluster, node: Path, events: Path, job: str, *args: str,
+    cluster: StandaloneCluster, node: Path, events: Path, job: str | Path, *args: str,
     env: dict[str, str] | None = None,
 ) -> subprocess.CompletedProcess[str]:  # fmt: skip
-    """``spark-submit`` of the job file the wheel installed on the node to the cluster,
-    with an event log (which executor ran which task) in ``events``."""
-    (script,) = node.glob(f"lib/python*/site-packages/jobs/{job}")
+    """``spark-submit`` of the job file the wheel installed on the node (or a script
+    of the test's, a ``Path``) to the cluster, with an event log (which executor ran
+    which task) in ``events``."""
+    if isinstance(job, Path):
+        script = job
+    else:
+        (script,) = node.glob(f"lib/python*/site-packages/jobs/{job}")
     events.mkdir(exist_ok=True)
     cmd = [
         SPARK_SUBMIT,
@@ -277,3 +281,41 @@ def test_silver_and_gold_jobs_on_a_standalone_cluster_and_a_store(
     assert {r["call_id"]: r["response_offset"] for r in calls} == expected
     typed = {r["class_name"] for r in calls if r["arguments_out"] is not None}
     assert typed == {"broker", "queue"}
+
+
+def test_the_qmf_source_reads_the_landing_log_in_executor_tasks(
+    node_env: Path, cluster: StandaloneCluster, tmp_path: Path
+) -> None:
+    """The ``qmf`` source (the receiver's landing log) on the same cluster: its batch read
+    and its stream (AvailableNow, admission per trigger and partition) run in the
+    executors' Python workers, and every landed message comes out once."""
+    import textwrap
+
+    import pyarrow.parquet as pq
+
+    from receivers.landing import message_key
+    from tests.spark.test_source import CLUSTER_PROBE, land
+
+    root = tmp_path / "landing"
+    a = land(root, "a", [200, 200, 100])
+    b = land(root, "b", [300])
+    probe = tmp_path / "probe.py"
+    probe.write_text(textwrap.dedent(CLUSTER_PROBE))
+    out, ck, events = tmp_path / "out", tmp_path / "ck", tmp_path / "events"
+    proc = spark_submit(cluster, node_env, events, probe, str(root), str(out), str(ck))
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    result = json.loads(next(ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT="))[7:])
+    assert result == {
+        "master": cluster.url, "executors": 2, "stopped": True,
+        "batch_partitions": 8 + 5, "batch_rows": 800, "batches": 3,
+    }  # fmt: skip
+    (per,) = executor_tasks(events).values()
+    assert set(per) == {"0", "1"}, per  # both executors read
+    table = pq.read_table(sorted(out.glob("*.parquet")))
+    got = sorted(zip(*(table[c].to_pylist() for c in ("partition", "offset", "msg_key", "body")),
+                     strict=True))  # fmt: skip
+    want = sorted(
+        [("a", i, message_key(m), m.body) for i, m in enumerate(a)]
+        + [("b", i, message_key(m), m.body) for i, m in enumerate(b)]
+    )
+    assert got == want

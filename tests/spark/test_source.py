@@ -4,8 +4,6 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
-import textwrap
 from collections.abc import Mapping, Sequence
 from datetime import UTC, datetime
 from pathlib import Path
@@ -27,7 +25,6 @@ from pipeline.source import (
 )
 from receivers.landing import LandedMessage, LandingLog, LandingWriter, message_key
 from schemas.tables import LANDING, spark_schema
-from tests.submit import EXECUTOR_QUICK_JIT, SPARK_SUBMIT, spark_submit_env
 
 pytestmark = pytest.mark.spark
 
@@ -397,13 +394,15 @@ def test_retention_deletes_only_committed_segments(qmf: SparkSession, tmp_path: 
         ).load().count()
 
 
-LOCAL_CLUSTER_PROBE = """
+# Run on the standalone cluster by tests/spark/test_cluster_jobs.py (its executors' Python
+# workers read the landing log: read() runs there, not in the driver).
+CLUSTER_PROBE = """
 import json, sys
 from pipeline.spark import get_spark
 from pipeline.source import register
 
 root, out, ck = sys.argv[1], sys.argv[2], sys.argv[3]
-spark = get_spark("qmf-source-local-cluster")
+spark = get_spark("qmf-source-on-a-cluster")
 register(spark)
 sc = spark.sparkContext
 executors = sc._jsc.sc().getExecutorMemoryStatus().size() - 1
@@ -423,56 +422,6 @@ print("RESULT=" + json.dumps({
 }))
 spark.stop()
 """
-
-
-@pytest.mark.slow
-def test_source_on_local_cluster(tmp_path: Path) -> None:
-    """read() runs in executor JVMs' Python workers, not in the driver."""
-    import pyarrow.parquet as pq
-
-    root = tmp_path / "landing"
-    a = land(root, "a", [200, 200, 100])
-    b = land(root, "b", [300])
-    probe = tmp_path / "probe.py"
-    probe.write_text(textwrap.dedent(LOCAL_CLUSTER_PROBE))
-    out, ck = tmp_path / "out", tmp_path / "ck"
-    proc = subprocess.run(
-        [
-            SPARK_SUBMIT,
-            "--master", "local-cluster[2,1,1024]",
-            *EXECUTOR_QUICK_JIT,
-            "--conf", "spark.ui.enabled=false",
-            "--conf", "spark.sql.shuffle.partitions=2",
-            "--driver-memory", "512m",
-            str(probe), str(root), str(out), str(ck),
-        ],
-        capture_output=True, text=True, timeout=420, env=spark_submit_env(), check=False,
-    )  # fmt: skip
-    assert proc.returncode == 0, proc.stderr[-4000:]
-    result = json.loads(next(ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT="))[7:])
-    assert result == {
-        "master": "local-cluster[2,1,1024]",
-        "executors": 2,
-        "stopped": True,
-        "batch_partitions": 8 + 5,
-        "batch_rows": 800,
-        "batches": 3,
-    }
-    table = pq.read_table(sorted(out.glob("*.parquet")))
-    got = sorted(
-        zip(
-            table["partition"].to_pylist(),
-            table["offset"].to_pylist(),
-            table["msg_key"].to_pylist(),
-            table["body"].to_pylist(),
-            strict=True,
-        )
-    )
-    want = sorted(
-        [("a", i, message_key(m), m.body) for i, m in enumerate(a)]
-        + [("b", i, message_key(m), m.body) for i, m in enumerate(b)]
-    )
-    assert got == want
 
 
 def test_large_bodies_are_read_in_bounded_batches(tmp_path: Path) -> None:
