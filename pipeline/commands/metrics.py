@@ -291,7 +291,8 @@ def health_families(
     cycle = GaugeMetricFamily(AGENT_INTERVAL_METRIC, HELP[AGENT_INTERVAL_METRIC], labels=labels)
     silence = GaugeMetricFamily(AGENT_SILENCE_METRIC, HELP[AGENT_SILENCE_METRIC], labels=labels)
     up = GaugeMetricFamily(AGENT_UP_METRIC, HELP[AGENT_UP_METRIC], labels=labels)
-    agents = view.agent_health()
+    every_agent = view.agent_health()
+    agents = every_agent
     if brokers:
         agents = agents.filter(pl.col("broker").is_in(sorted(brokers)))
     for broker, agent, name, last, every, quiet in agents.select(
@@ -306,7 +307,7 @@ def health_families(
     quarantined = CounterMetricFamily(QUARANTINE_METRIC, HELP[QUARANTINE_METRIC], labels=["broker_name"])
     of_agents = set(agents["broker_name"].to_list())  # with brokers: only theirs
     landing = sorted(of_agents if brokers else of_agents | set(view.quarantined))
-    by_broker = view.newest_by_broker()
+    by_broker = view.newest_by_broker(every_agent)
     for name in landing:
         if name in by_broker:
             newest.add_metric([name], by_broker[name] / 1e9)

@@ -764,10 +764,11 @@ class LiveView:
         newest = pl.col("last_seen_ns").max().over("broker_name")
         return df.with_columns(silence_ns=newest - pl.col("last_seen_ns")).sort("broker", "agent")
 
-    def newest_by_broker(self) -> dict[str, int]:
+    def newest_by_broker(self, health: pl.DataFrame | None = None) -> dict[str, int]:
         """Per landing broker (``broker_name``): the newest time (ns) gold holds of any of
-        its agents (a heartbeat or a sample): how far the pipeline has come."""
-        df = self.agent_health()
+        its agents (a heartbeat or a sample): how far the pipeline has come. ``health``:
+        ``agent_health()`` when the caller has it already."""
+        df = self.agent_health() if health is None else health
         return dict(df.group_by("broker_name").agg(pl.col("last_seen_ns").max()).iter_rows())
 
 
