@@ -19,7 +19,9 @@ Measured (``MetricsState``, the endpoint's own code, without HTTP):
   exposition; then the selection and the full set (``/metrics/all``) on it;
 - later scrapes: the same request again (tables unchanged: the kept text),
   and after one more gold batch (the tail reads the new commit);
-- per exposition: bytes (text format; gzip), series, generation time.
+- per exposition: bytes (text format; gzip), series, generation time; the
+  default exposition against the same without its health family (issue 50's
+  budget: what the alerts need must not grow it noticeably).
 
 Prints each figure and its ratio to the baseline, then ``RESULT {json}``.
 Run it under the heavy lock (``flock /tmp/qmf-heavy.lock``). Usage (building:
@@ -138,6 +140,10 @@ def main() -> int:
     result["first"] = timed(state)
     result["first"]["files_read"] = state.view.rates_tail.files_read
     result["again"] = timed(state)
+    # The health family (agents up/down, pipeline progress, events, quarantine) is part of
+    # the default exposition since issue 50: the default of before it, and the family alone.
+    result["default_before_health"] = timed(state, "/metrics", "family=queue,broker,objects")
+    result["health"] = timed(state, "/metrics", "family=health")
     result["selection"] = {"query": "?".join(SELECTION), **timed(state, *SELECTION)}
     result["all"] = timed(state, "/metrics/all")
     result["all_again"] = timed(state, "/metrics/all")
@@ -176,7 +182,8 @@ def main() -> int:
 
     base = result["baseline_first"]["seconds"]
     print(f"\n{'scrape':<22} {'seconds':>8} {'x baseline':>10} {'bytes':>12} {'gzip':>11} {'series':>8}")
-    for key in ("baseline_first", "first", "again", "selection", "all", "all_again",
+    for key in ("baseline_first", "first", "again", "default_before_health", "health",
+                "selection", "all", "all_again",
                 "served_first", "served_first_prometheus", "after_new_batch",
                 "after_new_batch_all", "served_after_new_batch"):  # fmt: skip
         r = result[key]
@@ -188,6 +195,11 @@ def main() -> int:
           f"{result['served_start_seconds']:.3f} s; background pass after a gold commit "
           f"{result['served_refresh_after_new_batch_seconds']:.3f} s (what a scrape shows lags "
           "the tables by at most this plus --refresh)")
+    before, now = result["default_before_health"], result["again"]
+    result["health_growth"] = round(now["bytes"] / before["bytes"] - 1, 6)
+    print(f"default exposition: {now['bytes']:,} bytes ({now['gzip_bytes']:,} gzipped), "
+          f"{before['bytes']:,} ({before['gzip_bytes']:,}) without the health family: "
+          f"x{now['bytes'] / before['bytes']:.5f} ({now['series'] - before['series']} series more)")
     result["first_vs_baseline"] = round(result["first"]["seconds"] / base, 4)
     result["served_first_vs_baseline"] = round(result["served_first"]["seconds"] / base, 6)
     print("RESULT " + json.dumps(result, sort_keys=True))

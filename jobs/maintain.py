@@ -1,9 +1,11 @@
-"""spark-submit entry point: compact and vacuum the Delta tables, safe while the streams run.
+"""spark-submit entry point: retention, compaction and vacuum of the Delta tables, safe while
+the streams run.
 
-    spark-submit jobs/maintain.py --data DATA [--retention-hours 168] [--dry-run]
+    spark-submit jobs/maintain.py --data DATA [--table-retention FILE] [--dry-run]
     spark-submit jobs/maintain.py --table T [--table T2 ...] [--stream CKPT=T,...]
 
-Delta's OPTIMIZE and VACUUM (delta-spark) rewrite and delete the files, in
+Delta's DELETE (rows past their table's retention), OPTIMIZE and VACUUM
+(delta-spark) delete rows and rewrite and delete the files, in
 this job's session (it also runs as ``qmf maintain`` and from cron). Only
 argument wiring lives here; the logic is in ``pipeline.lake.maintain``
 (docs/maintenance.md).

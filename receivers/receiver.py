@@ -377,7 +377,7 @@ class LandingSink:
         try:
             self.writer = LandingWriter(self.root, partition, broker=broker)
         except LandingError as exc:
-            self.close()
+            self._unlock()  # refused: no status to leave in a partition not ours
             raise ReceiverError(str(exc)) from exc
         # What the previous session of this partition left in doubt, then the
         # in-doubt messages of every partition of this broker, for matching redeliveries.
@@ -449,9 +449,12 @@ class LandingSink:
 
     def close(self) -> None:
         if self._lock_fd is not None:
-            if hasattr(self, "writer"):  # not when the partition was refused to us
-                with contextlib.suppress(OSError):
-                    self.report(False, reason="stopped")
+            with contextlib.suppress(OSError):
+                self.report(False, reason="stopped")
+            self._unlock()
+
+    def _unlock(self) -> None:
+        if self._lock_fd is not None:
             os.close(self._lock_fd)
             self._lock_fd = None
 

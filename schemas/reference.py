@@ -16,6 +16,7 @@ from types import ModuleType
 
 import pyarrow as pa
 
+from pipeline.lake.retention import DEFAULTS as RETENTION
 from schemas import gold, silver, tables
 
 MODULES: tuple[ModuleType, ...] = (tables, silver, gold)
@@ -91,6 +92,10 @@ def render() -> str:
         desc = _description(lines, const) if const else ""
         if desc:
             out += [desc, ""]
+        if name in RETENTION:
+            column, keep = RETENTION[name]
+            out += [f"Rows are kept {keep.replace('d', ' days')} by `{column}` unless configured otherwise "
+                    "(`pipeline/lake/retention.py`, docs/maintenance.md).", ""]
         out += ["| column | type | nullable | note |", "|---|---|---|---|"]
         for f in schema:
             out.append(f"| `{f.name}` | `{f.type}` | {'yes' if f.nullable else 'no'} | "

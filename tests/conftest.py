@@ -184,7 +184,23 @@ def isolated_broker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
 
 @pytest.fixture(scope="session")
 def sim_lake(spark: SparkSession, tmp_path_factory: pytest.TempPathFactory) -> Any:
-    """bronze, silver and gold of a small simulated run (tests/lake.py); read-only."""
-    from tests.lake import build_lake
+    """bronze, silver and gold of a small simulated run (tests/lake.py); read-only.
 
-    return build_lake(spark, tmp_path_factory.mktemp("sim-lake"))
+    Built once per pytest run: under pytest-xdist the first worker that asks builds it
+    into the run's shared temporary folder (~45 s of a core, more under load) while
+    another that asks meanwhile waits on the lock, then both read it."""
+    import fcntl
+    import shutil
+
+    from tests.lake import Lake, build_lake
+
+    if not os.environ.get("PYTEST_XDIST_WORKER"):
+        return build_lake(spark, tmp_path_factory.mktemp("sim-lake"))
+    root = tmp_path_factory.getbasetemp().parent / "sim-lake"  # the run's, not a worker's
+    with open(f"{root}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if not (root / ".built").is_file():
+            shutil.rmtree(root, ignore_errors=True)  # a build a failed worker left half-way
+            build_lake(spark, root)
+            (root / ".built").touch()
+    return Lake(root=root, manifest=root / "sim-manifest.jsonl")

@@ -1,10 +1,13 @@
-"""``qmf maintain``: compact small files and vacuum old ones in every table, streams running or not.
+"""``qmf maintain``: delete rows past their retention, compact small files and vacuum old ones
+in every table, streams running or not.
 
     qmf maintain --data data                      # every table of a `qmf run --data` folder
     qmf maintain --table data/bronze --stream data/checkpoints/silver=data/bronze
+    qmf maintain --data data --table-retention retention.toml   # keeps of your own
 
 Safe while the streams run (docs/maintenance.md): compaction commits carry
-no data change (Delta's streaming source skips them), writers that remove
+no data change (Delta's streaming source skips them), retention deletes are
+skipped by the jobs' streams (skipChangeCommits), writers that remove
 files share a table lock with it, app transactions are kept, and vacuum
 spares every version a checkpoint may still read, plus ``--retention-hours``.
 """
@@ -28,6 +31,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "(Delta's source); without =TABLES its offsets pin every table")
     p.add_argument("--retention-hours", type=int, default=None,
                    help="removed files younger than this are kept (default 168)")
+    p.add_argument("--table-retention", metavar="FILE",
+                   help="TOML whose [retention] table sets how long tables keep their rows "
+                        "(e.g. bronze = \"3d\", statistic_rates = \"forever\"); "
+                        "default: the defaults (README, docs/maintenance.md)")
+    p.add_argument("--no-row-retention", action="store_true",
+                   help="delete no row (compact and vacuum only)")
     p.add_argument("--target-size", type=int, default=None, metavar="BYTES",
                    help="size of compacted files (default 128 MiB)")
     p.add_argument("--min-files", type=int, default=None,
@@ -56,12 +65,21 @@ def run(args: argparse.Namespace) -> int:
         data_tables,
         maintain,
     )
+    from pipeline.lake.retention import RetentionError, RetentionPolicy
 
     logging.basicConfig(level=logging.WARNING)
+    try:
+        policy = RetentionPolicy.load(args.table_retention)
+    except RetentionError as exc:
+        print(f"qmf maintain: {exc}")
+        return 2
+    if args.no_row_retention:
+        policy = RetentionPolicy(policy.rules, enabled=False)
     options = ("retention_hours", "target_size", "min_files", "parallel")
     given = {k: getattr(args, k) for k in options}
     settings = MaintainSettings(
         dry_run=args.dry_run, compact=not args.no_compact, vacuum=not args.no_vacuum,
+        retention=policy,
         **{k: v for k, v in given.items() if v is not None},
     )  # fmt: skip
     if args.data:

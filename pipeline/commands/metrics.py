@@ -36,6 +36,7 @@ Prometheus's exporters (``pipeline.views.webconfig``), for a Prometheus on anoth
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import gzip
 import logging
 import os
@@ -285,7 +286,9 @@ def health_families(
     receivers: list[ReceiverStatus] | None = None,
 ) -> list[Metric]:  # fmt: skip
     """The health families of the view and the receivers' statuses (``brokers``: only
-    those, by the ``broker`` label; the landing-broker families by ``broker_name``)."""
+    those, by the ``broker`` label; the landing-broker families by ``broker_name``).
+    A status's ``connected`` is taken as given: ``MetricsState`` clears it for a
+    receiver whose process is gone, once per refresh."""
     labels = ["broker", "agent", "broker_name"]
     seen = GaugeMetricFamily(AGENT_SEEN_METRIC, HELP[AGENT_SEEN_METRIC], labels=labels)
     cycle = GaugeMetricFamily(AGENT_INTERVAL_METRIC, HELP[AGENT_INTERVAL_METRIC], labels=labels)
@@ -320,8 +323,7 @@ def health_families(
                                   labels=["broker_name", "partition"])  # fmt: skip
     for r in receivers or []:
         if not brokers or r.broker_name in of_agents:
-            alive = r.connected and r.process_alive()
-            connected.add_metric([r.broker_name, r.partition], 1.0 if alive else 0.0)
+            connected.add_metric([r.broker_name, r.partition], 1.0 if r.connected else 0.0)
     return [seen, cycle, silence, up, newest, quarantined, events, connected]
 
 
@@ -381,8 +383,12 @@ class MetricsState:
         """Refresh the view and the receivers' statuses: what the expositions depend on."""
         self.view.refresh()
         if self.landing is not None:
-            self.receivers = [r for r in receiver_statuses(self.landing) if not r.stopped]
-        up = tuple((r.partition, r.connected and r.process_alive()) for r in self.receivers)
+            # a receiver whose process died wrote nothing: it is not connected either
+            self.receivers = [
+                dataclasses.replace(r, connected=r.connected and r.process_alive())
+                for r in receiver_statuses(self.landing) if not r.stopped
+            ]  # fmt: skip
+        up = tuple((r.partition, r.connected) for r in self.receivers)
         self._stamp = (*self.view.versions, up)
         return self._stamp
 

@@ -121,7 +121,11 @@ def register(subparsers: Any) -> None:
     p.add_argument("--retention-slack", type=int, default=RETENTION_SLACK,
                    help="records kept behind the committed offset before a segment may go")
     p.add_argument("--maintain-every", type=float, default=10.0, metavar="MINUTES",
-                   help="compact and vacuum every table this often while running (0: never)")
+                   help="delete rows past their retention, compact and vacuum every table "
+                        "this often while running (0: never)")
+    p.add_argument("--table-retention", metavar="FILE",
+                   help="TOML whose [retention] table sets how long tables keep their rows "
+                        "(as qmf maintain's); default: the defaults (README)")
     p.add_argument("--summary-rows", type=int, default=SUMMARY_ROWS, metavar="N",
                    help="decode bronze for the closing summary only if it holds at most N rows "
                         "(0: never); the silver and gold counts are printed either way")
@@ -423,7 +427,8 @@ def run(args: argparse.Namespace) -> int:
 
     from pipeline.bronze import BronzeSettings, start_bronze
     from pipeline.gold import GoldSettings, start_gold
-    from pipeline.lake.maintain import PeriodicMaintenance
+    from pipeline.lake.maintain import MaintainSettings, PeriodicMaintenance
+    from pipeline.lake.retention import RetentionPolicy
     from pipeline.lake.storage import require_local
     from pipeline.runtime import sparklog
     from pipeline.silver import SilverSettings, start_silver
@@ -450,7 +455,8 @@ def run(args: argparse.Namespace) -> int:
             fleet = load_fleet(args.config)
         else:
             config_from_options(_receiver_options(args, args.url or "amqp://127.0.0.1", Path("w")))
-    except (ConfigError, ValueError) as exc:
+        keeps = RetentionPolicy.load(args.table_retention)
+    except (ConfigError, ValueError) as exc:  # RetentionError is a ValueError
         print(f"qmf run: {exc}", file=sys.stderr)
         return 2
     consoles = bool(args.console) or (
@@ -537,7 +543,9 @@ def run(args: argparse.Namespace) -> int:
         raise
     downstream: list[Any] = []
     rates = Rates()
-    maintenance = PeriodicMaintenance(data, args.maintain_every * 60)  # docs/maintenance.md
+    maintenance = PeriodicMaintenance(  # docs/maintenance.md
+        data, args.maintain_every * 60, MaintainSettings(retention=keeps)
+    )
     t0 = time.monotonic()
     try:
         _initialized(query)

@@ -174,8 +174,10 @@ class GoldSettings:
             raise ValueError(f"keep_mib {self.keep_mib}: must be >= 0")
 
     def source_options(self, name: str) -> dict[str, str]:
-        """Options of Delta's streaming read of silver table ``name`` (admission control)."""
-        out: dict[str, str] = {}
+        """Options of Delta's streaming read of silver table ``name``: admission control,
+        and ``skipChangeCommits`` (commits that delete or rewrite rows, i.e. retention
+        and a backfill's replace, are not read again: gold counts each sample once)."""
+        out: dict[str, str] = {"skipChangeCommits": "true"}
         if self.max_files_per_trigger is not None:
             out["maxFilesPerTrigger"] = str(self.max_files_per_trigger)
         if self.max_bytes_per_trigger is not None:

@@ -1,5 +1,7 @@
-"""Table maintenance: compact small files and vacuum old ones, safe while the streams run.
+"""Table maintenance: retention, compaction and vacuum, safe while the streams run.
 
+Rows older than their table's keep are deleted first (Delta's ``DELETE`` by
+event time: ``retain_table``; the keeps are ``pipeline.lake.retention``'s).
 Streaming writes leave one or a few small files per micro-batch and table;
 reads then open thousands of files. ``maintain_table`` rewrites them into
 few large files (Delta's ``OPTIMIZE``) and deletes files that no version
@@ -9,7 +11,9 @@ streams running (docs/maintenance.md):
 
 * rows: a compaction commit only re-packs rows (``dataChange=false`` adds and
   removes). Delta's streaming source skips such commits, so downstream jobs
-  do not read the rows again; readers of any version see every row once;
+  do not read the rows again; readers of any version see every row once. A
+  retention commit deletes rows: the jobs' streams skip it (Delta's
+  ``skipChangeCommits``), so nothing downstream is read twice or un-read;
 * concurrent writers: appends commute with compaction (Delta's conflict
   check lets OPTIMIZE commit on top of them); writers that remove files
   (merges, replace commits) hold ``pipeline.lake.delta.table_lock`` shared from
@@ -38,11 +42,13 @@ import urllib.parse
 from collections.abc import Iterable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
+from datetime import UTC, datetime
 from pathlib import Path
 
 from pyspark.sql import DataFrame, SparkSession
 
-from pipeline.lake import delta, snapshot
+from pipeline.lake import delta, retention, snapshot
+from pipeline.lake.retention import RetentionPolicy, may_hold_rows_before
 from pipeline.lake.snapshot import Snapshot
 from pipeline.lake.storage import require_local
 
@@ -78,6 +84,10 @@ class MaintainSettings:
     vacuum: bool = True
     attempts: int = DEFAULT_ATTEMPTS
     parallel: int = DEFAULT_PARALLEL
+    # Rows older than their table's keep are deleted first (pipeline.lake.retention);
+    # ``now``: the time the keeps count back from (None: the pass's start).
+    retention: RetentionPolicy = field(default_factory=RetentionPolicy)
+    now: datetime | None = None
 
     def __post_init__(self) -> None:
         if self.retention_hours < 0:
@@ -115,6 +125,8 @@ class TableReport:
     bytes_after: int = 0
     version_before: int = -1
     version_after: int = -1
+    rows_deleted: int = 0
+    cutoff: datetime | None = None
     compacted_removed: int = 0
     compacted_added: int = 0
     conflicts: int = 0
@@ -127,15 +139,19 @@ class TableReport:
     def line(self) -> str:
         keep = "" if self.keep_from is None else f", versions >= {self.keep_from} kept"
         notes = f" ({'; '.join(self.notes)})" if self.notes else ""
+        would = "would " if self.dry_run else ""
+        retained = ""
+        if self.cutoff is not None:
+            verb = "would delete" if self.dry_run else "deleted"
+            retained = f"{verb} {self.rows_deleted} rows before {self.cutoff:%Y-%m-%dT%H:%M:%SZ}, "
         if self.dry_run:
-            done = (
-                f"would compact {self.compacted_removed} files, would vacuum {len(self.vacuumed)}"
-            )
+            done = f"{would}compact {self.compacted_removed} files, {would}vacuum {len(self.vacuumed)}"
         else:
             done = (
                 f"compacted {self.compacted_removed} into {self.compacted_added}, "
                 f"vacuumed {len(self.vacuumed)}"
             )
+        done = retained + done
         return (
             f"{self.path}: files {self.files_before} -> {self.files_after}, {done}{keep}, "
             f"{self.seconds:.1f} s{notes}"
@@ -331,6 +347,56 @@ def _is_conflict(exc: Exception) -> bool:
     return "Concurrent" in text or "DELTA_CONCURRENT" in text
 
 
+def retain_table(path: str, settings: MaintainSettings, report: TableReport) -> None:
+    """Delete the rows older than the table's keep (``settings.retention``): Delta's
+    ``DELETE`` by event time (delta-spark), a commit that removes and rewrites files.
+
+    The jobs' streaming reads skip such commits (``skipChangeCommits``): a deleted
+    row is not un-read downstream, and a stream behind still reads the files the
+    rows were added in (vacuum spares what its checkpoint pins). Under the
+    exclusive table lock, which our writers hold shared from their first file to
+    their commit: open-source Delta runs a DELETE Serializable only, so any append
+    committed meanwhile would fail it (the table has no partitions to tell them
+    apart). Retried on a commit conflict as a compaction is. The
+    files' Delta statistics, where present, spare a DELETE that would find nothing.
+    """
+    rule = settings.retention.rule(path)
+    if rule is None:
+        return
+    cutoff = rule.cutoff(settings.now or datetime.now(UTC))
+    if cutoff is None:
+        return
+    report.cutoff = cutoff
+    if rule.column not in snapshot.load(path).schema.names:
+        report.notes.append(f"no column {rule.column}: no row deleted")
+        return
+    spark = _session()
+    spark.conf.set("spark.databricks.delta.commitInfo.userMetadata", retention.MARK)
+    when = f"`{rule.column}` < TIMESTAMP '{cutoff.astimezone(UTC):%Y-%m-%d %H:%M:%S.%f}+00:00'"
+    table = f"delta.`{_quoted(path)}`"
+    for attempt in range(settings.attempts):
+        with delta.table_lock(path, exclusive=True):
+            dt = snapshot.load(path)
+            if not may_hold_rows_before((f.stats for f in dt.files), rule.column, cutoff):
+                return
+            if settings.dry_run:
+                report.rows_deleted = int(spark.sql(f"SELECT count(*) FROM {table} WHERE {when}").first()[0])  # type: ignore[index]
+                return
+            delta.check_protocol(dt, write=True)
+            try:
+                row = spark.sql(f"DELETE FROM {table} WHERE {when}").first()
+            except Exception as exc:
+                if not _is_conflict(exc):
+                    raise
+                report.conflicts += 1
+                log.info("retention of %s conflicted (attempt %d): %s", path, attempt + 1, exc)
+                time.sleep(0.2 * (attempt + 1))
+                continue
+        report.rows_deleted = int(row[0]) if row is not None else 0
+        return
+    report.notes.append(f"retention gave up after {settings.attempts} conflicts")
+
+
 def compact_table(path: str, settings: MaintainSettings, report: TableReport) -> None:
     """Rewrite the table's small files into files of about ``target_size``: Delta's
     ``OPTIMIZE`` (delta-spark), its commit ``dataChange=false``.
@@ -452,12 +518,13 @@ def _vacuum_locked(
 def maintain_table(
     path: str, settings: MaintainSettings, keep_from: int | None = None
 ) -> TableReport:
-    """Compact, then vacuum one table."""
+    """Delete the rows past the table's retention, compact, then vacuum one table."""
     t0 = time.perf_counter()
     report = TableReport(path, dry_run=settings.dry_run)
     dt = snapshot.load(path)
     report.version_before = dt.version
     report.files_before, report.bytes_before, _ = _files(dt)
+    retain_table(path, settings, report)
     if settings.compact:
         compact_table(path, settings, report)
     if settings.vacuum:

@@ -79,8 +79,10 @@ class SilverSettings:
         return storage.join(self.root, name)
 
     def source_options(self) -> dict[str, str]:
-        """Options of Delta's streaming read of bronze (its admission control)."""
-        out: dict[str, str] = {}
+        """Options of Delta's streaming read of bronze: its admission control, and
+        ``skipChangeCommits``: commits that delete or rewrite rows (retention, a
+        backfill's replace) are not read again."""
+        out: dict[str, str] = {"skipChangeCommits": "true"}
         if self.max_files_per_trigger is not None:
             out["maxFilesPerTrigger"] = str(self.max_files_per_trigger)
         if self.starting_version is not None:

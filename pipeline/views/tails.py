@@ -28,6 +28,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from pipeline.lake import storage
+from pipeline.lake.retention import is_retention_commit
 from schemas.gold import RATE_STATE, STATISTIC_RATES
 from schemas.silver import EVENTS
 
@@ -171,6 +172,11 @@ class DeltaTail:
                 actions = _commit_actions(self._log(version + 1))
             except FileNotFoundError:  # cleaned up between the check and the read
                 return self._read_all()
+            if is_retention_commit(actions):
+                # Rows deleted for their age, the rest rewritten (already read): a view of
+                # now keeps what it read, as the jobs' streams skip such commits.
+                version += 1
+                continue
             for action in actions:
                 if "add" in action:
                     # A compaction's files (dataChange false) hold rows already read: the

@@ -1,9 +1,9 @@
 """The backfill on the simulated lake: reruns identical, equal to the original, range-exact.
 
 One private copy of ``sim_lake`` goes through a sequence (module fixture
-``history``): backfill A, backfill B (the same range again), a "bad deploy"
-that deletes and corrupts the range's silver and gold rows with delta-rs
-directly, a dry run D, and backfill C that must restore the original rows.
+``history``): backfill A, a "bad deploy" that deletes and corrupts the range's
+silver and gold rows with delta-rs directly, a dry run D, and backfill C (the
+same range again) that must restore the original rows: identical to A's.
 Expected counts and the range's rows are computed here from the original
 tables (pyarrow), not with the backfill's own code.
 """
@@ -130,16 +130,14 @@ class History:
     lake: Lake  # the copy the sequence ran on
     ids: set[tuple[str, int]]
     a: BackfillReport
-    b: BackfillReport
     c: BackfillReport
     d: BackfillReport  # the dry run, after the bad deploy
     after_a: Path
-    after_b: Path
     v0: dict[str, int]
     va: dict[str, int]
-    vb: dict[str, int]
     vbad: dict[str, int]
     vd: dict[str, int]
+    vc: dict[str, int]
     bad_counts: dict[str, tuple[int, int]]  # (rows in range, all rows) after the bad deploy
     bad_fold: int  # object_lifecycles' rows after the bad deploy
 
@@ -164,9 +162,6 @@ def history(
     a = run_backfill(spark, settings(lake))
     va = versions(lake.root)
     shutil.copytree(lake.root, tmp / "after-a")
-    b = run_backfill(spark, settings(lake))
-    vb = versions(lake.root)
-    shutil.copytree(lake.root, tmp / "after-b")
     bad_deploy(lake.root, ids)
     vbad = versions(lake.root)
     bad_counts = {}
@@ -178,7 +173,7 @@ def history(
     vd = versions(lake.root)
     c = run_backfill(spark, settings(lake))
     return History(
-        sim_lake, lake, ids, a, b, c, d, tmp / "after-a", tmp / "after-b", v0, va, vb, vbad, vd,
+        sim_lake, lake, ids, a, c, d, tmp / "after-a", v0, va, vbad, vd, versions(lake.root),
         bad_counts, bad_fold,
     )  # fmt: skip
 
@@ -189,8 +184,9 @@ def test_backfill_twice_gives_identical_tables_equal_to_the_original(
     h = history
     assert h.ids, "the range holds bronze messages"
     for t in TABLES:
-        # Run B over run A's result: identical, lineage (batch_id) included.
-        same(spark, h.after_a / t, h.after_b / t)
+        # Run C over the bad deploy of run A's result: identical, lineage (batch_id)
+        # included.
+        same(spark, h.after_a / t, h.lake.root / t)
         # Equal to the batch/stream-derived original: silver rows wholly (their
         # batch_id is the bronze batch id, which is the silver batch of this lake),
         # gold rows but for batch_id (a backfill writes -1: no stream batch wrote them).
@@ -202,12 +198,12 @@ def test_backfill_twice_gives_identical_tables_equal_to_the_original(
     assert set(pc.filter(gold_ids, pa.array(mask)).to_pylist()) == {-1}
     # One commit per table per run; the runs are 0 then 1 of the range's app id.
     assert h.va == {t: v + 1 for t, v in h.v0.items()}
-    assert h.vb == {t: v + 1 for t, v in h.va.items()}
-    assert (h.a.run, h.b.run) == (0, 1)
+    assert h.vc == {t: v + 1 for t, v in h.vbad.items()}
+    assert (h.a.run, h.c.run) == (0, 1)
     assert h.a.app_id == "qmf-backfill-20270115T080004Z-20270115T080008Z"
     for t in TABLES:
-        assert delta.committed_batch(str(h.after_b / t), h.a.app_id) == 1
-        assert h.a.tables[t].status == h.b.tables[t].status == "committed"
+        assert delta.committed_batch(str(h.lake.root / t), h.a.app_id) == 1
+        assert h.a.tables[t].status == h.c.tables[t].status == "committed"
 
 
 def test_the_fold_is_refolded_whole_after_each_run(spark: SparkSession, history: History) -> None:
@@ -216,7 +212,7 @@ def test_the_fold_is_refolded_whole_after_each_run(spark: SparkSession, history:
     from pipeline.gold.fold import fold_lifecycles
 
     h = history
-    for root in (h.after_a, h.after_b, h.lake.root):
+    for root in (h.after_a, h.lake.root):
         same(spark, h.original.root / FOLD, root / FOLD, lineage=False)
         state = pl.from_arrow(delta.read_arrow(str(root / "gold/lifecycle_state")))
         assert isinstance(state, pl.DataFrame)
@@ -224,7 +220,7 @@ def test_the_fold_is_refolded_whole_after_each_run(spark: SparkSession, history:
             fold_lifecycles(state).to_arrow().to_pylist()
         )
     assert h.bad_fold == 0 and h.d.tables[FOLD].status == "dry-run"
-    assert [delta.committed_batch(str(r / FOLD), h.a.app_id) for r in (h.after_a, h.lake.root)] == [0, 2]
+    assert [delta.committed_batch(str(r / FOLD), h.a.app_id) for r in (h.after_a, h.lake.root)] == [0, 1]
     assert h.a.tables[FOLD].written == h.c.tables[FOLD].written > 0
     assert (h.c.tables[FOLD].in_range, h.c.tables[FOLD].status) == (0, "committed")
 
@@ -260,13 +256,13 @@ def test_backfill_restores_the_range_after_a_bad_deploy(
     for t in TABLES:
         same(spark, h.original.root / t, h.lake.root / t, lineage=t.startswith("silver/"))
         same(spark, h.after_a / t, h.lake.root / t)
-    assert h.c.run == 2
+    assert h.c.run == 1
 
 
 def test_dry_run_writes_nothing_and_reports_exact_counts(history: History) -> None:
     h = history
     assert h.vd == h.vbad  # no table got a version
-    assert h.d.dry_run and h.d.run == 2  # the run it would be
+    assert h.d.dry_run and h.d.run == 1  # the run it would be
     for t in TABLES:
         change = h.d.tables[t]
         assert change.status == "dry-run"
