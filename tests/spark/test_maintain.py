@@ -236,12 +236,14 @@ def test_command_dry_run_changes_nothing_then_the_job_compacts(
     versions = {t: DeltaTable(t).version() for t in tables}
     disk = {t: _parquet_on_disk(t) for t in tables}
     cutoff, policy, now = _split(lake)
-    reports = maintain_data(lake.root, replace(NOW, dry_run=True, retention=policy, now=now))
+    # the tables with a retention (what the others do in a pass is the first test's)
+    cut = [t for t in tables if policy.rule(t) is not None]
+    reports = maintain(cut, [], replace(NOW, dry_run=True, retention=policy, now=now))
     for r in reports:  # exact counts of what retention would delete
         rule = policy.rule(r.path)
-        if rule is not None:
-            n = delta.read_arrow(r.path).num_rows - len(_kept(r.path, rule.column, cutoff))
-            assert (r.rows_deleted, r.cutoff) == (n, cutoff), r.line()
+        assert rule is not None
+        n = delta.read_arrow(r.path).num_rows - len(_kept(r.path, rule.column, cutoff))
+        assert (r.rows_deleted, r.cutoff) == (n, cutoff), r.line()
     bronze = next(r for r in reports if r.path == str(lake.bronze))
     assert bronze.line().startswith(
         f"{lake.bronze}: files 4 -> 4, would delete {bronze.rows_deleted} rows before "
