@@ -135,7 +135,7 @@ ENVIRONMENT: dict[str, str] = {
     "SPARK_LOCAL_IP": "set to 127.0.0.1 for test sessions (no loopback warning)",
     "QMF_DECODE_THREADS": "the codec's decode threads for large batches (default: the cores, at "
     "most 4); Spark's Python workers get their task's cores (`spark.task.cpus`)",
-    "QMF_TEST_WORKERS": "`tools/test.sh`: test processes (pytest-xdist; default 2, 0 runs one "
+    "QMF_TEST_WORKERS": "`tools/test.sh`: test processes (pytest-xdist; default 3, 0 runs one "
     "process)",
     "QMF_WARM_PID": "set by `tools/test.sh`: it started the numba kernels' warm-up, so the "
     "test session does not start another",

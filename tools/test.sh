@@ -18,15 +18,16 @@ mkdir -p .qmf
 .venv/bin/mypy > .qmf/mypy.log 2>&1 &
 mypy_pid=$!
 echo "== pytest"
-# Two test processes (pytest-xdist), each with its own SparkSession, a file's tests in
+# Three test processes (pytest-xdist), each with its own SparkSession, a file's tests in
 # one process (module fixtures such as a throw-away broker are built once): many tests
-# wait on brokers, kills and restarts, so the other process uses the core meanwhile
-# (CI's pytest on the 2-core VM: 41:48 in one process, 25:21 in two; docs/performance.md).
-# QMF_TEST_WORKERS sets the count (0: one process); a `-n` among the arguments wins.
+# wait on brokers, kills, restarts and Prometheus's alerts, so another process uses the
+# cores meanwhile (CI's pytest on the 2-core VM: 41:48 in one process, 25:21 in two;
+# three: docs/performance.md). QMF_TEST_WORKERS sets the count (0: one process); a `-n`
+# among the arguments wins.
 # Files go out in the order tests/conftest.py gives them (the longest first):
 # pytest-xdist's default would put the files with most tests first, leaving the long
 # one-test files (crash recovery, the kill tests) to the end, run alone.
-.venv/bin/python -m pytest -n "${QMF_TEST_WORKERS:-2}" --dist loadfile --no-loadscope-reorder "$@"
+.venv/bin/python -m pytest -n "${QMF_TEST_WORKERS:-3}" --dist loadfile --no-loadscope-reorder "$@"
 rc=$?
 echo "== mypy"
 wait "$mypy_pid"
