@@ -45,7 +45,7 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
 
-from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import DataFrame, Row, SparkSession
 
 from pipeline.lake import delta, retention, snapshot
 from pipeline.lake.retention import RetentionPolicy, may_hold_rows_before
@@ -347,6 +347,26 @@ def _is_conflict(exc: Exception) -> bool:
     return "Concurrent" in text or "DELTA_CONCURRENT" in text
 
 
+def _unless_conflict(
+    spark: SparkSession, sql: str, what: str, path: str, attempt: int, report: TableReport
+) -> Row | None:
+    """The first row of a committing statement (DELETE, OPTIMIZE), or None after a Delta
+    commit conflict (counted, logged, backed off): the caller's next attempt reads the
+    new version. Any other error is raised."""
+    try:
+        row = spark.sql(sql).first()
+    except Exception as exc:
+        if not _is_conflict(exc):
+            raise
+        report.conflicts += 1
+        log.info("%s of %s conflicted (attempt %d): %s", what, path, attempt + 1, exc)
+        time.sleep(0.2 * (attempt + 1))
+        return None
+    if row is None:
+        raise RuntimeError(f"{what} of {path}: {sql.split()[0]} returned no row")
+    return row
+
+
 def retain_table(path: str, settings: MaintainSettings, report: TableReport) -> None:
     """Delete the rows older than the table's keep (``settings.retention``): Delta's
     ``DELETE`` by event time (delta-spark), a commit that removes and rewrites files.
@@ -383,16 +403,11 @@ def retain_table(path: str, settings: MaintainSettings, report: TableReport) -> 
                 report.rows_deleted = int(spark.sql(f"SELECT count(*) FROM {table} WHERE {when}").first()[0])  # type: ignore[index]
                 return
             delta.check_protocol(dt, write=True)
-            try:
-                row = spark.sql(f"DELETE FROM {table} WHERE {when}").first()
-            except Exception as exc:
-                if not _is_conflict(exc):
-                    raise
-                report.conflicts += 1
-                log.info("retention of %s conflicted (attempt %d): %s", path, attempt + 1, exc)
-                time.sleep(0.2 * (attempt + 1))
-                continue
-        report.rows_deleted = int(row[0]) if row is not None else 0
+            row = _unless_conflict(spark, f"DELETE FROM {table} WHERE {when}", "retention",
+                                   path, attempt, report)  # fmt: skip
+        if row is None:
+            continue
+        report.rows_deleted = int(row[0])
         return
     report.notes.append(f"retention gave up after {settings.attempts} conflicts")
 
@@ -423,15 +438,11 @@ def compact_table(path: str, settings: MaintainSettings, report: TableReport) ->
             if settings.dry_run:
                 report.compacted_removed = small
                 return
-            try:
-                metrics = spark.sql(f"OPTIMIZE delta.`{_quoted(path)}`").first()["metrics"]  # type: ignore[index]
-            except Exception as exc:
-                if not _is_conflict(exc):
-                    raise
-                report.conflicts += 1
-                log.info("compaction of %s conflicted (attempt %d): %s", path, attempt + 1, exc)
-                time.sleep(0.2 * (attempt + 1))
-                continue
+            row = _unless_conflict(spark, f"OPTIMIZE delta.`{_quoted(path)}`", "compaction",
+                                   path, attempt, report)  # fmt: skip
+        if row is None:
+            continue
+        metrics = row["metrics"]
         report.compacted_removed += int(metrics["numFilesRemoved"])
         report.compacted_added += int(metrics["numFilesAdded"])
         return
