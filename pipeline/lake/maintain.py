@@ -351,8 +351,9 @@ def _unless_conflict(
     spark: SparkSession, sql: str, what: str, path: str, attempt: int, report: TableReport
 ) -> Row | None:
     """The first row of a committing statement (DELETE, OPTIMIZE), or None after a Delta
-    commit conflict (counted, logged, backed off): the caller's next attempt reads the
-    new version. Any other error is raised."""
+    commit conflict (counted and logged): the caller backs off (``_back_off``, outside
+    the table lock) and its next attempt reads the new version. Any other error is
+    raised."""
     try:
         row = spark.sql(sql).first()
     except Exception as exc:
@@ -360,11 +361,14 @@ def _unless_conflict(
             raise
         report.conflicts += 1
         log.info("%s of %s conflicted (attempt %d): %s", what, path, attempt + 1, exc)
-        time.sleep(0.2 * (attempt + 1))
         return None
     if row is None:
         raise RuntimeError(f"{what} of {path}: {sql.split()[0]} returned no row")
     return row
+
+
+def _back_off(attempt: int) -> None:
+    time.sleep(0.2 * (attempt + 1))
 
 
 def retain_table(path: str, settings: MaintainSettings, report: TableReport) -> None:
@@ -387,18 +391,20 @@ def retain_table(path: str, settings: MaintainSettings, report: TableReport) -> 
     if cutoff is None:
         return
     report.cutoff = cutoff
-    if rule.column not in snapshot.load(path).schema.names:
-        report.notes.append(f"no column {rule.column}: no row deleted")
-        return
-    spark = _session()
-    spark.conf.set("spark.databricks.delta.commitInfo.userMetadata", retention.MARK)
     when = f"`{rule.column}` < TIMESTAMP '{cutoff.astimezone(UTC):%Y-%m-%d %H:%M:%S.%f}+00:00'"
     table = f"delta.`{_quoted(path)}`"
+    spark: SparkSession | None = None
     for attempt in range(settings.attempts):
         with delta.table_lock(path, exclusive=True):
             dt = snapshot.load(path)
+            if rule.column not in dt.schema.names:
+                report.notes.append(f"no column {rule.column}: no row deleted")
+                return
             if not may_hold_rows_before((f.stats for f in dt.files), rule.column, cutoff):
                 return
+            if spark is None:  # only for a table that may hold such rows
+                spark = _session()
+                spark.conf.set("spark.databricks.delta.commitInfo.userMetadata", retention.MARK)
             if settings.dry_run:
                 report.rows_deleted = int(spark.sql(f"SELECT count(*) FROM {table} WHERE {when}").first()[0])  # type: ignore[index]
                 return
@@ -406,6 +412,7 @@ def retain_table(path: str, settings: MaintainSettings, report: TableReport) -> 
             row = _unless_conflict(spark, f"DELETE FROM {table} WHERE {when}", "retention",
                                    path, attempt, report)  # fmt: skip
         if row is None:
+            _back_off(attempt)
             continue
         report.rows_deleted = int(row[0])
         return
@@ -441,6 +448,7 @@ def compact_table(path: str, settings: MaintainSettings, report: TableReport) ->
             row = _unless_conflict(spark, f"OPTIMIZE delta.`{_quoted(path)}`", "compaction",
                                    path, attempt, report)  # fmt: skip
         if row is None:
+            _back_off(attempt)
             continue
         metrics = row["metrics"]
         report.compacted_removed += int(metrics["numFilesRemoved"])

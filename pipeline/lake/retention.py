@@ -148,16 +148,18 @@ def _rules(overrides: Mapping[str, object]) -> Mapping[str, Rule]:
 def may_hold_rows_before(stats: Iterable[str | None], column: str, cutoff: datetime) -> bool:
     """Whether any file may hold a row older than ``cutoff``, from the files' Delta
     statistics (the JSON of their add actions). Statistics are optional: a file
-    without a minimum for ``column`` may hold one. Only saves a DELETE that would
-    find nothing; the DELETE itself decides which rows go."""
+    without a minimum for ``column`` may hold one, unless its every value is null
+    (``nullCount`` = ``numRecords``). Only saves a DELETE that would find nothing; the
+    DELETE itself decides which rows go."""
     for raw in stats:
         try:
-            low = json.loads(raw)["minValues"][column] if raw else None
-        except (KeyError, TypeError, json.JSONDecodeError):
-            low = None
+            parsed = json.loads(raw) if raw else {}
+        except json.JSONDecodeError:
+            return True
+        low = (parsed.get("minValues") or {}).get(column)
         if low is None:
-            # no statistic, or a file whose every value is null (nullCount = numRecords)
-            if raw and _all_null(raw, column):
+            nulls = (parsed.get("nullCount") or {}).get(column)
+            if nulls is not None and nulls == parsed.get("numRecords"):
                 continue
             return True
         try:
@@ -169,14 +171,6 @@ def may_hold_rows_before(stats: Iterable[str | None], column: str, cutoff: datet
         if when < cutoff:
             return True
     return False
-
-
-def _all_null(raw: str, column: str) -> bool:
-    try:
-        stats = json.loads(raw)
-        return int(stats["nullCount"][column]) == int(stats["numRecords"])
-    except (KeyError, TypeError, ValueError, json.JSONDecodeError):
-        return False
 
 
 def is_retention_commit(actions: Iterable[Mapping[str, object]]) -> bool:

@@ -19,6 +19,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from pipeline.views.alerts import AlertThresholds
 from pipeline.views.live import last_index_value
 
 if TYPE_CHECKING:
@@ -187,8 +188,8 @@ def one_agent_per_broker(frame: pl.DataFrame, life: pl.DataFrame, key: list[str]
     )
 
 
-# Events of this severity or worse are alert-worthy (pipeline.views.alerts' default).
-ALERT_SEVERITY = "warn"
+# Events of this severity or worse are alert-worthy: the rule QmfBrokerEvent's default.
+ALERT_SEVERITY = AlertThresholds.event_severity
 # The event arguments that name what an event is about, first found wins.
 EVENT_OBJECT_ARGUMENTS = ("qName", "exName", "rhost")
 
