@@ -47,7 +47,7 @@ from pathlib import Path
 
 from pyspark.sql import DataFrame, Row, SparkSession
 
-from pipeline.lake import delta, retention, snapshot
+from pipeline.lake import delta, retention, snapshot, storage
 from pipeline.lake.retention import RetentionPolicy, may_hold_rows_before
 from pipeline.lake.snapshot import Snapshot
 from pipeline.lake.storage import require_local
@@ -514,6 +514,13 @@ def _vacuum_locked(
 ) -> None:
     dt = snapshot.load(path)
     latest = dt.version
+    before = storage.data_files(path)
+    if before <= {urllib.parse.unquote(f.path) for f in dt.files}:
+        # Every file in the folder is live: VACUUM, which never deletes a live file,
+        # would list the folder and reconstruct the state in Spark jobs (two seconds
+        # and more a table, twice with its dry run) to delete nothing.
+        report.vacuumed = []
+        return
     spark = _session()
     # Our rule is the retention plus the streams' pins, not Delta's 7-day minimum.
     spark.conf.set("spark.databricks.delta.retentionDurationCheck.enabled", "false")
@@ -528,10 +535,15 @@ def _vacuum_locked(
         )
         target += " USING INVENTORY (SELECT * FROM qmf_vacuum_inventory)"
     sql = f"VACUUM {target} RETAIN {settings.retention_hours} HOURS"
-    candidates = [str(r[0]) for r in spark.sql(f"{sql} DRY RUN").collect()]
-    if candidates and not settings.dry_run:
-        spark.sql(sql).collect()
-    report.vacuumed = candidates
+    if settings.dry_run:
+        report.vacuumed = [str(r[0]) for r in spark.sql(f"{sql} DRY RUN").collect()]
+        return
+    # One pass (a dry run first would list the folder and rebuild the state again):
+    # what it deleted is what the folder no longer holds (under the exclusive lock
+    # nothing else deletes meanwhile).
+    spark.sql(sql).collect()
+    gone = before - storage.data_files(path)
+    report.vacuumed = [storage.join(path, rel) for rel in sorted(gone)]
 
 
 def maintain_table(

@@ -39,6 +39,7 @@ __all__ = [
     "OBJECT_SCHEMES",
     "S3Settings",
     "arrow_filesystem",
+    "data_files",
     "exists",
     "file_size",
     "is_object_store",
@@ -231,6 +232,27 @@ def list_files(folder: str, start: str = "") -> list[str]:
         join(folder, i.base_name) for i in infos
         if i.type == pafs.FileType.File and i.base_name.startswith(start)
     ]  # fmt: skip
+
+
+def data_files(table: str) -> set[str]:
+    """The files under a table's folder, as paths relative to it, leaving out every
+    folder or file whose name starts with ``_`` or ``.`` (``_delta_log``, scratch,
+    hidden files): what Delta's VACUUM would consider deleting."""
+    from pyarrow import fs as pafs
+
+    fs, root = arrow_filesystem(table)
+    try:
+        infos = fs.get_file_info(pafs.FileSelector(root, recursive=True))
+    except FileNotFoundError:
+        return set()
+    out = set()
+    for i in infos:
+        if i.type != pafs.FileType.File:
+            continue
+        rel = i.path[len(root) :].lstrip("/")
+        if not any(part.startswith(("_", ".")) for part in rel.split("/")):
+            out.add(rel)
+    return out
 
 
 def remove_files(locations: Iterable[str]) -> None:

@@ -5,8 +5,8 @@ in AM1, AM2 and QMF v2, mixed in every file) is streamed twice: with ``decode_on
 bronze files split over Spark tasks that decode and write their own Parquet
 files, the driver committing them) and ``decode_on="driver"``. Both give
 the same rows in every silver table, and gold (batch) over each silver gives
-the same gold tables (chispa, on DataFrames Spark reads from the tables'
-files). ``auto`` picks the driver for a batch up to its size threshold and
+the same gold tables (compared row for row as delta-rs reads them: that Spark
+and delta-rs read our tables alike is tests/spark/test_delta_spark.py's). ``auto`` picks the driver for a batch up to its size threshold and
 tasks above it.
 """
 
@@ -20,7 +20,6 @@ from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
 import pytest
-from chispa import assert_df_equality
 
 from pipeline.cli import main as qmf
 from pipeline.codec.capture import CapturedMessage, read_capture
@@ -30,10 +29,10 @@ from pipeline.lake import delta
 from pipeline.lake.files import commit_adds
 from pipeline.silver import SilverSettings, bronze_rows, run_silver, write_bronze
 from pipeline.silver.writer import BatchReport, SilverBatchWriter
-from tests.lake import stray_files
+from tests.lake import sorted_rows, stray_files
 
 if TYPE_CHECKING:
-    from pyspark.sql import DataFrame, SparkSession
+    from pyspark.sql import SparkSession
 
 pytestmark = pytest.mark.spark
 
@@ -49,26 +48,12 @@ REAL = {
 }
 
 
-def _sortable(df: DataFrame) -> DataFrame:
-    """Maps as sorted entry arrays (Spark cannot sort or hash map columns); ``WHEN`` out."""
-    from pyspark.sql import functions as F
-    from pyspark.sql.types import ArrayType, MapType, StructType
-
-    df = df.drop(*[c for c in WHEN if c in df.columns])
-    out = {}
-    for f in df.schema.fields:
-        if isinstance(f.dataType, MapType):
-            out[f.name] = F.array_sort(F.map_entries(f.name))
-        elif isinstance(f.dataType, ArrayType) and isinstance(f.dataType.elementType, StructType):
-            out[f.name] = F.to_json(f.name)  # registry definitions: compared as JSON
-    return df.withColumns(out) if out else df
-
-
-def assert_same_tables(spark: SparkSession, a: str, b: str, names: Sequence[str]) -> None:
+def assert_same_tables(a: str, b: str, names: Sequence[str]) -> None:
+    """Each named table under ``a`` equals the one under ``b`` row for row (``WHEN`` out)."""
     for name in names:
-        left = _sortable(delta.read_table(spark, os.path.join(a, name)))
-        right = _sortable(delta.read_table(spark, os.path.join(b, name)))
-        assert_df_equality(left, right, ignore_row_order=True, ignore_nullable=True)
+        left = sorted_rows(delta.read_arrow(os.path.join(a, name)), WHEN)
+        right = sorted_rows(delta.read_arrow(os.path.join(b, name)), WHEN)
+        assert len(left) == len(right) and left == right, name
 
 
 def _stream(
@@ -150,7 +135,7 @@ def test_tasks_and_driver_give_identical_silver_and_gold(
     assert [(r.decode_on, r.tasks) for r in t_reports] == [("tasks", 2), ("tasks", 2)]
     assert [(r.decode_on, r.tasks) for r in d_reports] == [("driver", 0), ("driver", 0)]
     assert delta.read_arrow(tasks.path("object_samples")).num_rows > 0
-    assert_same_tables(spark, tasks.root, driver.root, SILVER)
+    assert_same_tables(tasks.root, driver.root, SILVER)
     # Each task wrote its own file (a task whose messages held no sample writes none):
     # one or two per batch; nothing is left beside the live files.
     samples = tasks.path("object_samples")
@@ -171,7 +156,7 @@ def test_tasks_and_driver_give_identical_silver_and_gold(
         bucket_of(a, 3) for a in agents
     }
     assert len({bucket_of(a, 3) for a in agents}) == 3
-    assert_same_tables(spark, tasks.root + "-gold", driver.root + "-gold", GOLD)
+    assert_same_tables(tasks.root + "-gold", driver.root + "-gold", GOLD)
     # What was not committed (parked halves, call parts, gold's shuffle) is gone after
     # the commits.
     for root in (tasks.root, tasks.root + "-gold"):
@@ -201,7 +186,7 @@ def test_auto_decodes_small_batches_on_the_driver_and_large_ones_in_tasks(
     auto, reports = _stream(spark, tmp_path / "auto", parts, "auto", driver_max_bytes=limit)
     assert [r.decode_on for r in reports] == want
     driver, _ = _stream(spark, tmp_path / "driver", parts, "driver")
-    assert_same_tables(spark, auto.root, driver.root, SILVER)
+    assert_same_tables(auto.root, driver.root, SILVER)
 
 
 def test_parked_messages_wait_and_resolve_alike_on_every_path(
@@ -278,7 +263,7 @@ def test_parked_messages_wait_and_resolve_alike_on_every_path(
         ], name  # fmt: skip
     for other in ("driver", "driver-big"):
         assert_same_tables(
-            spark, str(tmp_path / "tasks" / "silver"), str(tmp_path / other / "silver"),
+            str(tmp_path / "tasks" / "silver"), str(tmp_path / other / "silver"),
             (*SILVER, "parked_resolved"),
         )  # fmt: skip
 
@@ -328,7 +313,7 @@ def test_one_bronze_file_of_one_row_group_feeds_every_task(
     tasks, reports = _stream(spark, tmp_path / "tasks", whole, "tasks")
     assert [(r.decode_on, r.tasks) for r in reports] == [("tasks", 2)]
     driver, _ = _stream(spark, tmp_path / "driver", whole, "driver")
-    assert_same_tables(spark, tasks.root, driver.root, SILVER)
+    assert_same_tables(tasks.root, driver.root, SILVER)
 
     adds = commit_adds(tasks.bronze, 1) or []
     assert len(adds) == 1
@@ -380,10 +365,10 @@ def test_gold_stream_direct_split_and_driver_paths_agree(
             assert [r.tasks for r in w.reports] == [buckets * (1 + on) for on in staged], label  # type: ignore[operator]
         roots[label] = gs.root
     assert delta.read_arrow(roots["direct"] + "/statistic_rates").num_rows > 0
-    assert_same_tables(spark, roots["direct"], roots["driver"], GOLD)
-    assert_same_tables(spark, roots["split"], roots["driver"], GOLD)
-    assert_same_tables(spark, roots["split-agents"], roots["driver"], GOLD)
-    assert_same_tables(spark, roots["auto"], roots["driver"], GOLD)
+    assert_same_tables(roots["direct"], roots["driver"], GOLD)
+    assert_same_tables(roots["split"], roots["driver"], GOLD)
+    assert_same_tables(roots["split-agents"], roots["driver"], GOLD)
+    assert_same_tables(roots["auto"], roots["driver"], GOLD)
     for root in roots.values():
         for table in sorted(os.listdir(root)):
             assert stray_files(os.path.join(root, table)) == [], (root, table)
