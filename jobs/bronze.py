@@ -18,6 +18,8 @@ from pipeline.bronze import (
     BronzeSettings,
     run_bronze,
 )
+from pipeline.commands.maintain import add_job_arguments, job_maintenance
+from pipeline.lake.retention import RetentionError
 from pipeline.runtime.jobrun import run_job, setup_logging, trigger_arg
 
 
@@ -54,12 +56,18 @@ def build_parser() -> argparse.ArgumentParser:
                    help="run a receiver inside the source (single-machine default)")
     p.add_argument("--receiver-option", type=_key_value, action="append", default=[],
                    metavar="KEY=VALUE", help="receiver.* option, e.g. url=amqp://...")
+    add_job_arguments(p)
     return p  # fmt: skip
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     setup_logging()
+    try:
+        maintenance = job_maintenance(args)
+    except (RetentionError, ValueError) as exc:
+        print(f"bronze: {exc}", file=sys.stderr)
+        return 2
     settings = BronzeSettings(
         landing=args.landing,
         table=args.table,
@@ -72,6 +80,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         receiver_options=dict(args.receiver_option),
         writer=args.writer,
         driver_max_bytes=args.driver_max_bytes,
+        maintenance=maintenance,
     )
     return run_job("qmf-bronze", lambda spark, stop: run_bronze(spark, settings, args.timeout, stop))
 

@@ -19,8 +19,10 @@ from collections.abc import Sequence
 from datetime import datetime
 from typing import TYPE_CHECKING
 
+from pipeline.commands.maintain import add_job_arguments, job_maintenance
 from pipeline.gold import DEFAULT_MAX_BYTES_PER_TRIGGER, GoldSettings, run_gold, run_gold_batch
 from pipeline.gold.transforms import LivenessRules, RateRules
+from pipeline.lake.retention import RetentionError
 from pipeline.runtime.jobrun import (
     run_job,
     setup_logging,
@@ -99,6 +101,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--app-id", default="qmf-gold-batch", help="batch mode: the writer's app id")
     p.add_argument("--from", dest="t_from", type=datetime.fromisoformat, default=None)
     p.add_argument("--to", dest="t_to", type=datetime.fromisoformat, default=None)
+    add_job_arguments(p)
     return p  # fmt: skip
 
 
@@ -107,6 +110,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     setup_logging()
     if args.batch_id is None and not args.checkpoint:
         print("gold: stream mode needs --checkpoint (or give --batch-id)", file=sys.stderr)
+        return 2
+    try:
+        maintenance = job_maintenance(args)
+    except (RetentionError, ValueError) as exc:
+        print(f"gold: {exc}", file=sys.stderr)
         return 2
     settings = GoldSettings(
         silver=args.silver,
@@ -127,6 +135,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         rates=RateRules(args.min_interval, args.max_gap, args.state_ttl, args.min_interval_jitter),
         liveness=LivenessRules(args.missed_heartbeats, args.v1_agent, args.v1_interval,
                                fleet_intervals(args.fleet)),
+        maintenance=maintenance,
     )
 
     def body(spark: SparkSession, stop: threading.Event) -> int:

@@ -19,6 +19,8 @@ from collections.abc import Sequence
 from datetime import datetime
 from typing import TYPE_CHECKING
 
+from pipeline.commands.maintain import add_job_arguments, job_maintenance
+from pipeline.lake.retention import RetentionError
 from pipeline.runtime.jobrun import (
     run_job,
     setup_logging,
@@ -75,6 +77,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--bronze-batches", type=_range, default=None, metavar="LO:HI")
     p.add_argument("--received-from", type=datetime.fromisoformat, default=None)
     p.add_argument("--received-to", type=datetime.fromisoformat, default=None)
+    add_job_arguments(p)
     return p  # fmt: skip
 
 
@@ -83,6 +86,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     setup_logging()
     if args.batch_id is None and not args.checkpoint:
         print("silver: stream mode needs --checkpoint (or give --batch-id)", file=sys.stderr)
+        return 2
+    try:
+        maintenance = job_maintenance(args)
+    except (RetentionError, ValueError) as exc:
+        print(f"silver: {exc}", file=sys.stderr)
         return 2
     extra = {} if args.kinds is None else {"kinds_file": args.kinds}
     settings = SilverSettings(
@@ -98,6 +106,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         driver_max_bytes=args.driver_max_bytes,
         calls_driver_max_rows=args.calls_driver_max_rows,
         schema_wants=args.schema_wants,
+        maintenance=maintenance,
         **extra,
     )
     def body(spark: SparkSession, stop: threading.Event) -> int:

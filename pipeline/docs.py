@@ -122,8 +122,9 @@ ENVIRONMENT: dict[str, str] = {
     "QMF_LANDING_DIR": "default landing log root of `qmf receive` (`$QMF_HOME/landing`)",
     "QMF_DATA": "the tables' folder notebooks read (`data`, as `qmf run --data`)",
     "QMF_NOTEBOOK_OUT": "folder where notebooks save their plots (headless runs)",
-    "QMF_JARS_DIR": "folder of the JARs `jars.lock` pins (`<repo>/jars`, filled by "
-    "`tools/setup.sh`); each is checked against its sha256 before a session starts",
+    "QMF_JARS_DIR": "folder of the JARs `jars.lock` pins and of `qmf-delta-logstore.jar` "
+    "(`<repo>/jars`, filled by `tools/setup.sh`); each locked one is checked against its "
+    "sha256 before a session starts",
     "QMF_MAVEN_REPO": "`tools/setup.sh`: Maven repository the JARs are fetched from "
     "(`https://repo.maven.apache.org/maven2`)",
     "QMF_SETUP_SKIP_APT": "`tools/setup.sh`: never install system packages (fail if missing)",

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import hashlib
+import os
 from pathlib import Path
 
 import pytest
@@ -15,6 +16,7 @@ def _lock(tmp: Path, content: bytes) -> tuple[Path, Path]:
     folder = tmp / "jars"
     folder.mkdir()
     (folder / "demo-1.0.jar").write_bytes(content)
+    (folder / pj.BUILT_JAR).write_bytes(b"our own, built by tools/setup.sh")
     lock = tmp / "jars.lock"
     sha = hashlib.sha256(b"the real jar").hexdigest()
     lock.write_text(f"# a comment\n\norg.example:demo:1.0 {sha}  # trailing\n")
@@ -37,7 +39,9 @@ S3_JARS = [
     ("software.amazon.s3.analyticsaccelerator", "analyticsaccelerator-s3", "1.3.1"),
 ]  # fmt: skip
 JAR_NAMES = ["delta-spark_2.13-4.4.0.jar", "delta-storage-4.4.0.jar",
-             *(f"{a}-{v}.jar" for _g, a, v in S3_JARS)]  # fmt: skip
+             *(f"{a}-{v}.jar" for _g, a, v in S3_JARS), "qmf-delta-logstore.jar"]  # fmt: skip
+LOGSTORE = {"spark.delta.logStore.s3a.impl": "io.qmf.delta.ConditionalPutLogStore",
+            "spark.delta.logStore.s3.impl": "io.qmf.delta.ConditionalPutLogStore"}  # fmt: skip
 
 
 def test_the_repo_lock_names_delta_spark_and_delta_storage() -> None:
@@ -56,12 +60,14 @@ def test_installed_jars_match_the_lock() -> None:
 
 def test_a_good_jar_passes(tmp_path: Path) -> None:
     folder, lock = _lock(tmp_path, b"the real jar")
-    assert pj.jar_paths(folder, lock) == [folder / "demo-1.0.jar"]
+    assert pj.jar_paths(folder, lock) == [folder / "demo-1.0.jar", folder / pj.BUILT_JAR]
 
 
 def test_a_damaged_jar_is_one_clear_setup_error(tmp_path: Path) -> None:
     folder, lock = _lock(tmp_path, b"the real jar, truncated?")
-    with pytest.raises(SetupError, match=r"demo-1.0.jar is damaged .*delete it and run `bash tools/setup.sh`"):
+    with pytest.raises(
+        SetupError, match=r"demo-1.0.jar is damaged .*delete it and run `bash tools/setup.sh`"
+    ):
         pj.jar_paths(folder, lock)
 
 
@@ -76,7 +82,31 @@ def test_a_jar_damaged_after_a_good_check_is_caught(tmp_path: Path) -> None:
 def test_a_missing_jar_is_one_clear_setup_error(tmp_path: Path) -> None:
     folder, lock = _lock(tmp_path, b"the real jar")
     (folder / "demo-1.0.jar").unlink()
-    with pytest.raises(SetupError, match=r"^demo-1.0.jar is missing from .*: run `bash tools/setup.sh`"):
+    with pytest.raises(
+        SetupError, match=r"^demo-1.0.jar is missing from .*: run `bash tools/setup.sh`"
+    ):
+        pj.jar_paths(folder, lock)
+
+
+def test_our_built_jar_missing_or_older_than_its_source_is_one_clear_setup_error(
+    tmp_path: Path,
+) -> None:
+    folder, lock = _lock(tmp_path, b"the real jar")
+    sources = tmp_path / "java"
+    (sources / "io" / "qmf").mkdir(parents=True)
+    source = sources / "io" / "qmf" / "Store.java"
+    source.write_text("class Store {}")
+    built = folder / pj.BUILT_JAR
+    os.utime(source, ns=(built.stat().st_mtime_ns - 10**9,) * 2)
+    assert pj.built_jar(folder, sources) == built
+    os.utime(source, ns=(built.stat().st_mtime_ns + 10**9,) * 2)  # edited since the build
+    fix = r"run `bash tools/setup.sh`, which builds it$"
+    with pytest.raises(
+        SetupError, match=rf"logstore.jar is older than its source io/qmf/Store.java: {fix}"
+    ):
+        pj.built_jar(folder, sources)
+    built.unlink()
+    with pytest.raises(SetupError, match=rf"^qmf-delta-logstore.jar is missing from .*: {fix}"):
         pj.jar_paths(folder, lock)
 
 
@@ -96,7 +126,15 @@ def test_delta_conf_keeps_what_others_set() -> None:
     assert jars[0] == "/opt/x.jar" and [Path(j).name for j in jars[1:]] == JAR_NAMES
     assert conf["spark.sql.extensions"] == f"com.example.Ext,{pj.DELTA_EXTENSION}"
     assert "spark.sql.catalog.spark_catalog" not in conf  # theirs is kept
+    assert {k: conf[k] for k in LOGSTORE} == LOGSTORE  # our log store for S3 buckets
     assert pj.configured(conf) and pj.delta_conf(conf) == {}  # nothing added twice
+    # A log store someone chose is kept: per scheme, or one for all (which Delta refuses
+    # beside a scheme's).
+    theirs = pj.delta_conf({"spark.delta.logStore.s3a.impl": "com.example.Store"})
+    assert theirs["spark.delta.logStore.s3.impl"] == pj.LOGSTORE_CLASS
+    assert "spark.delta.logStore.s3a.impl" not in theirs
+    one = pj.delta_conf({"spark.delta.logStore.class": "com.example.Store"})
+    assert not any(k.startswith("spark.delta.logStore.") for k in one)
 
 
 def test_spark_defaults_lists_the_settings() -> None:
@@ -106,6 +144,7 @@ def test_spark_defaults_lists_the_settings() -> None:
     assert text[2:] == [
         f"spark.sql.extensions {pj.DELTA_EXTENSION}",
         f"spark.sql.catalog.spark_catalog {pj.DELTA_CATALOG}",
+        *(f"{k} {v}" for k, v in LOGSTORE.items()),
     ]
 
 
@@ -120,3 +159,6 @@ def test_a_session_configured_for_delta_elsewhere_is_kept() -> None:
     assert not pj.configured({"spark.sql.extensions": pj.DELTA_EXTENSION})  # no JAR
     ours = pj.delta_conf({})
     assert pj.configured(ours) and pj.delta_conf(ours) == {}
+    # Our JARs given (an older spark-defaults.conf) without the log store: it is added.
+    older = {k: v for k, v in ours.items() if k not in LOGSTORE}
+    assert pj.delta_conf(older) == LOGSTORE

@@ -53,8 +53,20 @@ java_ok() {
   [ -n "$v" ] && [ "$v" -ge 17 ]
 }
 
+# Our own JVM classes (jvm/: Delta's log store for S3 buckets) are compiled into
+# jars/qmf-delta-logstore.jar here, whenever a source is newer than the JAR: javac then.
+logstore_jar="jars/qmf-delta-logstore.jar"
+logstore_stale() {
+  [ ! -f "$logstore_jar" ] \
+    || [ -n "$(find jvm/src/main/java -name '*.java' -newer "$logstore_jar" -print -quit)" ] \
+    || [ jars.lock -nt "$logstore_jar" ]
+}
+
 need_pkgs=()
 java_ok || need_pkgs+=(openjdk-17-jre-headless)
+if logstore_stale && ! command -v javac >/dev/null 2>&1; then
+  need_pkgs+=(openjdk-17-jdk-headless)
+fi
 command -v gcc >/dev/null 2>&1 || need_pkgs+=(gcc)
 # libssl-dev/libsasl2-dev/pkg-config: python-qpid-proton builds from source here.
 # libsasl2-modules: proton links Cyrus SASL, which needs it for PLAIN.
@@ -222,9 +234,30 @@ while read -r coords sha; do
   [ "$got" = "$sha" ] || { rm -f "$file.part"; die "$coords: sha256 $got, jars.lock says $sha"; }
   mv "$file.part" "$file"
 done < jars.lock
+spark_home="$(.venv/bin/python -c 'import os, pyspark; print(os.path.dirname(pyspark.__file__))')"
+# Our own JAR, built here from jvm/src/main/java (not fetched, not in jars.lock):
+# ConditionalPutLogStore, Delta's log store for s3a:// tables that several JVMs commit
+# to (docs/DESIGN.md, "Delta commits"). Compiled against delta-storage and Spark's
+# Hadoop client; rebuilt only when a source (or jars.lock) is newer than the JAR.
+if logstore_stale; then
+  log "building $logstore_jar from jvm/src/main/java"
+  command -v javac >/dev/null 2>&1 || die "javac (JDK 17+) is needed to build $logstore_jar"
+  storage_jar="jars/$(sed -n 's/^io\.delta:\(delta-storage\):\([^ ]*\) .*/\1-\2.jar/p' jars.lock)"
+  [ -f "$storage_jar" ] || die "jars.lock names no delta-storage JAR to build $logstore_jar against"
+  build=".qmf/jvm-build"
+  rm -rf "$build"
+  mkdir -p "$build/classes"
+  find jvm/src/main/java -name '*.java' >"$build/sources.txt"
+  javac --release 17 -Xlint:all,-path -Werror -d "$build/classes" \
+    -cp "$storage_jar:$spark_home/jars/*" @"$build/sources.txt" >"$build/javac.log" 2>&1 \
+    || die "compiling jvm/src/main/java failed: $(tail -20 "$build/javac.log")"
+  jar --create --file "$build/out.jar" -C "$build/classes" . \
+    || die "could not package $logstore_jar"
+  mv "$build/out.jar" "$logstore_jar"
+  rm -rf "$build"
+fi
 # This venv's spark-submit reads $SPARK_HOME/conf/spark-defaults.conf (SPARK_HOME: the
 # installed pyspark): jobs submitted with it load Delta as get_spark's sessions do.
-spark_home="$(.venv/bin/python -c 'import os, pyspark; print(os.path.dirname(pyspark.__file__))')"
 mkdir -p "$spark_home/conf"
 .venv/bin/python -m pipeline.runtime.jars >.qmf/spark-defaults.conf || die "the JARs do not check out"
 cmp -s .qmf/spark-defaults.conf "$spark_home/conf/spark-defaults.conf" \

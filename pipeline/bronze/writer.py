@@ -57,6 +57,8 @@ if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
     from pyspark.sql.streaming.query import StreamingQuery
 
+    from pipeline.lake.maintain import JobMaintenance
+
 log = logging.getLogger(__name__)
 
 # Where a micro-batch's rows are written (docs/DESIGN.md, Bronze):
@@ -92,6 +94,8 @@ class BronzeSettings:
     query_name: str = "qmf_bronze"
     writer: str = "auto"
     driver_max_bytes: int = DRIVER_MAX_BYTES
+    # ``--maintain-every``: the job maintains its table between its micro-batches.
+    maintenance: JobMaintenance | None = None
 
     def __post_init__(self) -> None:
         # The table and the checkpoint may be on an object store (an ingest host
@@ -277,6 +281,8 @@ def start_bronze(spark: SparkSession, settings: BronzeSettings) -> StreamingQuer
         name=settings.query_name,
         checkpoint=settings.checkpoint,
         trigger=settings.trigger,
+        maintenance=settings.maintenance,
+        tables=lambda: [settings.table],
     )
 
 

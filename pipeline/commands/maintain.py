@@ -16,7 +16,10 @@ from __future__ import annotations
 
 import argparse
 import logging
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from pipeline.lake.maintain import JobMaintenance
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -46,6 +49,41 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--no-compact", action="store_true", help="vacuum only")
     p.add_argument("--no-vacuum", action="store_true", help="compact only")
     p.add_argument("--dry-run", action="store_true", help="report, change nothing")  # fmt: skip
+
+
+def add_job_arguments(p: argparse.ArgumentParser) -> None:
+    """A streaming job's own maintenance (``jobs/bronze.py``, ``silver.py``, ``gold.py``):
+    its tables maintained between its micro-batches, the way for tables on a bucket."""
+    g = p.add_argument_group("maintenance between micro-batches")
+    g.add_argument("--maintain-every", type=float, default=None, metavar="SECONDS",
+                   help="after a batch, once this long has passed since the last pass, delete "
+                        "rows past their retention, compact and vacuum this job's tables "
+                        "(the way on an object store, where `qmf maintain` is refused)")
+    g.add_argument("--retention-hours", type=int, default=None,
+                   help="removed files younger than this are kept (default 168)")
+    g.add_argument("--table-retention", metavar="FILE",
+                   help="TOML [retention] keeps of your own (as `qmf maintain`'s)")
+    g.add_argument("--no-row-retention", action="store_true", help="delete no row")
+    g.add_argument("--min-files", type=int, default=None,
+                   help="compact a table only with at least this many small files (default 10)")
+
+
+def job_maintenance(args: argparse.Namespace) -> JobMaintenance | None:
+    """The job's ``JobMaintenance`` from ``add_job_arguments``' options (None: not asked
+    for). A bad keep file raises ``RetentionError`` naming it."""
+    from pipeline.lake.maintain import JobMaintenance, MaintainSettings
+    from pipeline.lake.retention import RetentionPolicy
+
+    if args.maintain_every is None:
+        return None
+    policy = RetentionPolicy.load(args.table_retention)
+    if args.no_row_retention:
+        policy = RetentionPolicy(policy.rules, enabled=False)
+    given = {k: getattr(args, k) for k in ("retention_hours", "min_files")}
+    settings = MaintainSettings(
+        retention=policy, parallel=1, **{k: v for k, v in given.items() if v is not None}
+    )
+    return JobMaintenance(args.maintain_every, settings)
 
 
 def register(subparsers: Any) -> None:

@@ -79,6 +79,7 @@ if TYPE_CHECKING:
     from pyspark.sql.streaming.query import StreamingQuery
 
     from pipeline.gold import tasks as gt
+    from pipeline.lake.maintain import JobMaintenance
 
 log = logging.getLogger(__name__)
 
@@ -126,6 +127,8 @@ class GoldSettings:
     rates: RateRules = field(default_factory=RateRules)
     liveness: LivenessRules = field(default_factory=LivenessRules)
     query_name: str = "qmf_gold"
+    # ``--maintain-every``: the job maintains its tables between its micro-batches.
+    maintenance: JobMaintenance | None = None
     # Read a streaming batch's silver files on the driver (pyarrow) rather than
     # collecting it through Spark: same rows, no task, no Arrow-to-row round trip.
     read_on_driver: bool = True
@@ -721,6 +724,8 @@ def start_gold(
 ) -> StreamingQuery:
     """Start the streaming query over silver's samples and heartbeats (Delta's source)."""
     refuse_old_checkpoint(settings.checkpoint, "gold", ["object_samples", "heartbeats"])
+    from pipeline.lake.maintain import layer_tables
+
     writer = writer or GoldBatchWriter(settings)
 
     def read(name: str) -> DataFrame:
@@ -737,6 +742,8 @@ def start_gold(
         name=settings.query_name,
         checkpoint=settings.checkpoint,
         trigger=settings.trigger,
+        maintenance=settings.maintenance,
+        tables=lambda: layer_tables(settings.root),
     )
 
 

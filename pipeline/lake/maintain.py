@@ -39,18 +39,18 @@ import os
 import threading
 import time
 import urllib.parse
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
+from typing import Any
 
 from pyspark.sql import DataFrame, Row, SparkSession
 
 from pipeline.lake import delta, retention, snapshot, storage
 from pipeline.lake.retention import RetentionPolicy, may_hold_rows_before
 from pipeline.lake.snapshot import Snapshot
-from pipeline.lake.storage import require_local
 
 log = logging.getLogger(__name__)
 
@@ -289,11 +289,11 @@ def keep_versions(path: str, keep_from: int, latest: int) -> list[int]:
     version, not one per version.
     """
     keep = {keep_from}
-    log_dir = os.path.join(path, "_delta_log")
+    log_dir = storage.join(path, "_delta_log")
     for r in range(keep_from + 1, latest + 1):
         try:
-            with open(os.path.join(log_dir, f"{r:020d}.json"), encoding="utf-8") as fh:
-                removes = any('"remove"' in line and "remove" in json.loads(line) for line in fh)
+            lines = storage.read_text(storage.join(log_dir, f"{r:020d}.json")).splitlines()
+            removes = any('"remove"' in line and "remove" in json.loads(line) for line in lines)
         except FileNotFoundError:
             removes = True  # log cleaned up: assume the worst
         if removes:
@@ -488,7 +488,7 @@ def vacuum_inventory(spark: SparkSession, path: str, spared: set[str]) -> DataFr
 
     jvm = spark.sparkContext._jvm
     assert jvm is not None
-    hpath = jvm.org.apache.hadoop.fs.Path(os.path.abspath(path))
+    hpath = jvm.org.apache.hadoop.fs.Path(storage.location(path))
     fs = hpath.getFileSystem(spark.sparkContext._jsc.hadoopConfiguration())
     root = str(fs.makeQualified(hpath).toString()).rstrip("/") + "/"
     files = (
@@ -609,7 +609,13 @@ def maintain(
     others go on. Reports come in the order of ``tables``. A table on an object store
     is refused: it has no table lock to keep a compaction from the job's merges."""
     tables = list(tables)
-    require_local(**{f"table {i + 1}": t for i, t in enumerate(tables)})
+    on_store = [t for t in tables if storage.is_object_store(t)]
+    if on_store:
+        raise ValueError(
+            f"table {on_store[0]!r} is on an object store, where no lock keeps a maintenance"
+            " pass from its job's commits: run the job with --maintain-every, which maintains"
+            " its tables between its micro-batches (docs/maintenance.md)"
+        )
     paths = [os.path.abspath(t) for t in tables]
     pins = stream_pins(paths, streams)
 
@@ -668,3 +674,90 @@ class PeriodicMaintenance:
         self._stop.set()
         if self._thread.is_alive():
             self._thread.join(timeout_s)
+
+
+@dataclass(frozen=True)
+class JobMaintenance:
+    """A job's ``--maintain-every``: a pass over its own tables every ``every_s`` seconds,
+    between its micro-batches (``BetweenBatches``)."""
+
+    every_s: float
+    settings: MaintainSettings = field(default_factory=MaintainSettings)
+
+    def __post_init__(self) -> None:
+        if self.every_s < 0:
+            raise ValueError("maintain-every must be >= 0 seconds")
+
+    def around(
+        self, fn: Callable[[DataFrame, int], Any], tables: Callable[[], Sequence[str]]
+    ) -> BetweenBatches:
+        return BetweenBatches(fn, tables, self.every_s, self.settings)
+
+
+class BetweenBatches:
+    """A streaming job's own tables maintained by the job, between its micro-batches.
+
+    Wraps the job's ``foreachBatch`` function: after a batch, once ``every_s`` has
+    passed since the last pass (or the job's start), each table ``tables()`` lists
+    gets ``maintain_table``. That is where a table on an object store can be
+    maintained while its job runs: no ``flock`` reaches a bucket, but the job is the
+    table's one writer and does not write while its batch function runs this (a
+    ``qmf maintain`` beside it would race its merges and its DELETE would lose to
+    every append). Vacuum spares every version from the one before the batch's
+    first commit (a replay of the batch, should the job die before Spark records
+    it, reads its tables as of then). A failure is logged, never raised: it must not
+    stop the job; the next pass tries again.
+    """
+
+    def __init__(
+        self, fn: Callable[[DataFrame, int], Any], tables: Callable[[], Sequence[str]],
+        every_s: float, settings: MaintainSettings,
+    ) -> None:  # fmt: skip
+        if every_s < 0:
+            raise ValueError("every_s must be >= 0")
+        self.fn = fn
+        self.tables = tables
+        self.every_s = every_s
+        self.settings = settings
+        self.runs: list[list[TableReport]] = []
+        self._last = time.monotonic()
+
+    def __call__(self, df: DataFrame, batch_id: int) -> None:
+        due = time.monotonic() - self._last >= self.every_s
+        before = self._versions() if due else {}
+        self.fn(df, batch_id)
+        if not due:
+            return
+        reports = []
+        for path in self.tables():
+            try:
+                report = maintain_table(path, self.settings, before.get(path))
+            except Exception as exc:
+                log.warning("maintenance of %s failed: %s", path, exc)
+                report = TableReport(path, notes=[f"failed: {exc}"])
+            log.info("maintenance after batch %d: %s", batch_id, report.line())
+            reports.append(report)
+        self.runs.append(reports)
+        self._last = time.monotonic()
+
+    def _versions(self) -> dict[str, int]:
+        out = {}
+        for path in self.tables():
+            try:
+                out[path] = snapshot.load(path).version
+            except Exception:  # not made yet: the batch creates it
+                continue
+        return out
+
+
+def layer_tables(root: str) -> list[str]:
+    """The Delta tables directly under a layer's folder (local or on a store)."""
+    from pyarrow import fs as pafs
+
+    fs, path = storage.arrow_filesystem(storage.location(root))
+    try:
+        infos = fs.get_file_info(pafs.FileSelector(path, allow_not_found=True))
+    except FileNotFoundError:
+        return []
+    found = [storage.join(root, i.base_name) for i in infos if i.type == pafs.FileType.Directory]
+    return sorted(t for t in found if delta.table_exists(t))

@@ -158,7 +158,9 @@ class S3Settings:
 
     def spark_conf(self) -> dict[str, str]:
         """Spark's settings for ``s3a://`` (Hadoop's S3A). Credentials: S3A's default
-        chain (environment, profile file, instance role)."""
+        chain (environment, profile file, instance role). How Delta commits to a bucket
+        (our log store, with S3 conditional writes) is set beside delta-spark's own
+        settings, in every session, bucket or not: ``pipeline.runtime.jars.LOGSTORE_CONF``."""
         conf = {
             "spark.hadoop.fs.s3a.path.style.access": str(self.path_style).lower(),
             "spark.hadoop.fs.s3a.connection.ssl.enabled": str(self.tls).lower(),
@@ -240,7 +242,7 @@ def data_files(table: str) -> set[str]:
     hidden files): what Delta's VACUUM would consider deleting."""
     from pyarrow import fs as pafs
 
-    fs, root = arrow_filesystem(table)
+    fs, root = arrow_filesystem(location(table))
     try:
         infos = fs.get_file_info(pafs.FileSelector(root, recursive=True))
     except FileNotFoundError:

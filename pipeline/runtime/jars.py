@@ -1,10 +1,15 @@
-"""The JARs every SparkSession loads (delta-spark), pinned in ``jars.lock``.
+"""The JARs every SparkSession loads (delta-spark), pinned in ``jars.lock``, and ours.
 
 ``tools/setup.sh`` fetches them once from Maven Central into ``jars/`` and checks
 their sha256; ``get_spark`` asks :func:`delta_conf` for the settings that load them,
 which checks them again, so a missing or damaged JAR is one clear set-up error at
 the start, never a ``ClassNotFoundException`` in the middle of a job. Nothing here
 fetches anything.
+
+Beside them, one JAR of our own, compiled by ``tools/setup.sh`` from ``jvm/src/main/java``
+(not fetched, not in ``jars.lock``): ``ConditionalPutLogStore``, Delta's log store for
+``s3a://`` tables, which commits with S3 conditional writes so that several JVMs can
+commit to one table (docs/DESIGN.md, "Delta commits").
 
 ``python -m pipeline.runtime.jars`` prints the same settings as a ``spark-defaults.conf``
 (set-up writes it where this venv's ``spark-submit`` reads it).
@@ -29,6 +34,15 @@ JARS_ENV = "QMF_JARS_DIR"
 DELTA_EXTENSION = "io.delta.sql.DeltaSparkSessionExtension"
 DELTA_CATALOG = "org.apache.spark.sql.delta.catalog.DeltaCatalog"
 _FIX = "run `bash tools/setup.sh`, which fetches and checks them"
+
+# Our own JAR (tools/setup.sh builds it from SOURCES into the JARs' folder) and the log
+# store in it, which Delta uses for the schemes of an S3 bucket (s3a, what the pipeline
+# names every bucket with, and s3).
+BUILT_JAR = "qmf-delta-logstore.jar"
+SOURCES = REPO / "jvm" / "src" / "main" / "java"
+LOGSTORE_CLASS = "io.qmf.delta.ConditionalPutLogStore"
+LOGSTORE_CONF = {f"spark.delta.logStore.{s}.impl": LOGSTORE_CLASS for s in ("s3a", "s3")}
+_BUILD = "run `bash tools/setup.sh`, which builds it"
 
 
 @dataclass(frozen=True)
@@ -62,7 +76,9 @@ def locked(lock: Path = LOCK) -> list[Jar]:
             coords, sha = line.split()
             group, artifact, version = coords.split(":")
         except ValueError:
-            raise SetupError(f"{lock}:{n}: expected 'group:artifact:version sha256', got {line!r}") from None
+            raise SetupError(
+                f"{lock}:{n}: expected 'group:artifact:version sha256', got {line!r}"
+            ) from None
         jars.append(Jar(group, artifact, version, sha.lower()))
     return jars
 
@@ -82,8 +98,26 @@ def sha256(path: Path) -> str:
 _checked: dict[Path, tuple[int, int]] = {}  # path -> (size, mtime_ns) that matched
 
 
+def built_jar(folder: Path | None = None, sources: Path = SOURCES) -> Path:
+    """Our own JAR, present and no older than its sources (when they are here), else
+    SetupError."""
+    folder = jars_dir() if folder is None else folder
+    path = folder / BUILT_JAR
+    try:
+        built = path.stat().st_mtime_ns
+    except FileNotFoundError:
+        raise SetupError(f"{BUILT_JAR} is missing from {folder}: {_BUILD}") from None
+    newer = [p for p in sources.rglob("*.java") if p.stat().st_mtime_ns > built]
+    if newer:
+        raise SetupError(
+            f"{path} is older than its source {newer[0].relative_to(sources)}: {_BUILD}"
+        )
+    return path
+
+
 def jar_paths(folder: Path | None = None, lock: Path = LOCK) -> list[Path]:
-    """Every locked JAR's file, each present and matching its checksum, else SetupError.
+    """Every locked JAR's file, each present and matching its checksum, then our own
+    (:func:`built_jar`); else SetupError.
 
     A file is hashed once per process while its size and mtime stay the same (10 MB:
     about 20 ms).
@@ -106,6 +140,7 @@ def jar_paths(folder: Path | None = None, lock: Path = LOCK) -> list[Path]:
                 )
             _checked[path] = mark
         paths.append(path)
+    paths.append(built_jar(folder))
     return paths
 
 
@@ -124,16 +159,31 @@ def configured(conf: dict[str, str]) -> bool:
     return DELTA_EXTENSION in extensions and any(j.startswith("delta-spark_") for j in jars)
 
 
-def delta_conf(existing: dict[str, str] | None = None, folder: Path | None = None) -> dict[str, str]:
+def _logstore_conf(existing: dict[str, str]) -> dict[str, str]:
+    """Our log store for the S3 schemes, where ``existing`` chose none (Delta refuses a
+    scheme's store beside ``spark.delta.logStore.class``)."""
+    if "spark.delta.logStore.class" in existing:
+        return {}
+    return {k: v for k, v in LOGSTORE_CONF.items() if k not in existing}
+
+
+def delta_conf(
+    existing: dict[str, str] | None = None, folder: Path | None = None
+) -> dict[str, str]:
     """The settings that load delta-spark into a session: the JARs, Delta's SQL extension
-    and its catalog, each kept beside what ``existing`` already lists."""
+    and its catalog, each kept beside what ``existing`` already lists; and our log store
+    for ``s3a://`` tables (Delta reads it from the session's conf when the JVM starts:
+    ``spark.delta.logStore.<scheme>.impl``)."""
     existing = existing or {}
     if configured(existing):
         # spark-submit's own (this venv's spark-defaults.conf, a cluster's --jars): kept.
-        # Ours are still checked when that is where they point.
+        # Ours are still checked when that is where they point, and our log store set
+        # when its JAR is there.
         given = existing["spark.jars"].split(",")
         if LOCK.exists() and any(Path(j).parent == jars_dir() for j in given):
             jar_paths(folder)
+        if any(Path(j.strip()).name == BUILT_JAR for j in given):
+            return _logstore_conf(existing)
         return {}
     jars = [str(p) for p in jar_paths(folder)]
     conf = {
@@ -143,12 +193,15 @@ def delta_conf(existing: dict[str, str] | None = None, folder: Path | None = Non
     catalog = existing.get("spark.sql.catalog.spark_catalog")
     if catalog is None:
         conf["spark.sql.catalog.spark_catalog"] = DELTA_CATALOG
+    conf.update(_logstore_conf(existing))
     return conf
 
 
 def spark_defaults() -> str:
     """``delta_conf`` as a ``spark-defaults.conf``."""
-    lines = ["# Written by tools/setup.sh from jars.lock (pipeline/runtime/jars.py): Delta for spark-submit."]
+    lines = [
+        "# Written by tools/setup.sh from jars.lock (pipeline/runtime/jars.py): Delta for spark-submit."
+    ]
     lines += [f"{k} {v}" for k, v in delta_conf().items()]
     return "\n".join(lines) + "\n"
 

@@ -17,6 +17,8 @@ if TYPE_CHECKING:
     from pyspark.sql import DataFrame
     from pyspark.sql.streaming.query import StreamingQuery
 
+    from pipeline.lake.maintain import JobMaintenance
+
 log = logging.getLogger(__name__)
 
 _PY_ERROR = re.compile(r"^(?:[A-Za-z_]\w*\.)*([A-Za-z_]\w*(?:Error|Exception)): (.+)$")
@@ -296,13 +298,20 @@ def start_gated(
     name: str,
     checkpoint: str,
     trigger: str,
+    maintenance: JobMaintenance | None = None,
+    tables: Callable[[], Sequence[str]] | None = None,
 ) -> StreamingQuery:
     """Start ``stream`` with ``fn`` as its ``foreachBatch``, behind a ``StopGate``,
-    its checkpoint locked while it runs (``CheckpointLocks``).
+    its checkpoint locked while it runs (``CheckpointLocks``). ``maintenance``: the
+    job's own ``tables`` are maintained between its batches (``BetweenBatches``).
 
     Every job starts its query here, so that ``stop_query`` can land its stop
     between batches.
     """
+    if maintenance is not None:
+        if tables is None:
+            raise ValueError("maintenance needs the job's tables")
+        fn = maintenance.around(fn, tables)
     folder = CHECKPOINTS.acquire(checkpoint)
     gate = StopGate(fn)
     query = None

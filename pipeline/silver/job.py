@@ -8,6 +8,7 @@ from datetime import datetime
 from typing import TYPE_CHECKING
 
 from pipeline.lake import delta
+from pipeline.lake.maintain import layer_tables
 from pipeline.runtime.streaming import await_query, refuse_old_checkpoint, start_gated
 from pipeline.silver.settings import SilverSettings
 from pipeline.silver.writer import BatchReport, SilverBatchWriter
@@ -66,6 +67,8 @@ def start_silver(spark: SparkSession, settings: SilverSettings) -> StreamingQuer
         name=settings.query_name,
         checkpoint=settings.checkpoint,
         trigger=settings.trigger,
+        maintenance=settings.maintenance,
+        tables=lambda: layer_tables(settings.root),
     )
 
 

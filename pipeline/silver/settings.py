@@ -3,11 +3,15 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from pipeline.lake import delta, storage
 from pipeline.runtime.streaming import trigger_kwargs
 from pipeline.silver.registry import DEFAULT_KINDS_FILE, RegistryTable, StatisticKinds
 from schemas.silver import SILVER_TABLES
+
+if TYPE_CHECKING:
+    from pipeline.lake.maintain import JobMaintenance
 
 # Where a micro-batch's row work runs (docs/DESIGN.md, Silver: where it runs).
 DECODE_MODES = ("auto", "tasks", "driver")
@@ -57,6 +61,8 @@ class SilverSettings:
     # Folder shared with the receiver's console (receivers.schema_wants): the
     # schema keys of parked messages are listed there so the console asks for them.
     schema_wants: str | None = None
+    # ``--maintain-every``: the job maintains its tables between its micro-batches.
+    maintenance: JobMaintenance | None = None
 
     def __post_init__(self) -> None:
         trigger_kwargs(self.trigger)

@@ -698,3 +698,41 @@ def test_vacuum_waits_for_a_batch_whose_files_are_in_flight(
     assert sorted(r["offset"] for r in delta.read_arrow(path).to_pylist()) == sorted(
         rows.column("offset").to_pylist()
     )
+
+
+def test_a_job_maintains_its_tables_between_its_batches(spark: SparkSession, tmp_path: Path) -> None:
+    """``--maintain-every`` (``JobMaintenance``): after a batch, once the interval has
+    passed, each of the job's tables is maintained; VACUUM spares the files live when
+    the batch began (its replay would read them); a table that fails is reported, the
+    job's batch is not failed; with a long interval nothing runs."""
+    from pipeline.lake import snapshot, storage
+    from pipeline.lake.maintain import JobMaintenance
+
+    table, missing = str(tmp_path / "t"), str(tmp_path / "missing")
+    delta.create_table(table, pa.schema([("n", pa.int64())]))
+
+    def batch(df: DataFrame, batch_id: int) -> None:
+        delta.append_parquet(table, pa.table({"n": [batch_id]}), app_id="job", batch_id=batch_id)
+
+    job = JobMaintenance(0, NOW).around(batch, lambda: [table, missing])
+    job(spark.range(1), 0)
+    job(spark.range(1), 1)
+    pinned = snapshot.load(table)  # the table as batch 2 begins
+    job(spark.range(1), 2)
+    assert [[r.path for r in run] for run in job.runs] == [[table, missing]] * 3
+    first, second, third = (run[0] for run in job.runs)
+    assert (first.files_before, first.files_after, first.compacted_removed) == (1, 1, 0)
+    assert (second.files_before, second.files_after, second.compacted_removed) == (2, 1, 2)
+    assert (third.files_before, third.files_after, third.compacted_removed) == (2, 1, 2)
+    assert all(run[1].notes and run[1].notes[0].startswith("failed") for run in job.runs)
+    # on disk: the files live in a version from the one batch 2 began at on
+    latest = snapshot.load(table).version
+    spared = {f.path for v in range(pinned.version, latest + 1) for f in snapshot.load(table, v).files}
+    assert storage.data_files(table) == spared and len(spared) == 3  # batch 2's, the two compactions'
+    assert sum(len(run[0].vacuumed) for run in job.runs) == 2  # batch 0's and batch 1's
+    assert sorted(delta.read_arrow(table).column("n").to_pylist()) == [0, 1, 2]
+    assert delta.committed_batch(table, "job") == 2
+
+    idle = JobMaintenance(3600, NOW).around(batch, lambda: [table])
+    idle(spark.range(1), 3)
+    assert idle.runs == [] and sorted(delta.read_arrow(table).column("n").to_pylist()) == [0, 1, 2, 3]
