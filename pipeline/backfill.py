@@ -122,9 +122,15 @@ class BackfillSettings:
     v1_interval_s: float = 10.0
 
     def __post_init__(self) -> None:
-        from pipeline.lake.storage import require_local
+        from pipeline.lake.storage import is_object_store, require_local
 
-        require_local(bronze=self.bronze, silver=self.silver, gold=self.gold, scratch=self.scratch)
+        require_local(scratch=self.scratch)
+        on_store = [p for p in (self.bronze, self.silver, self.gold) if is_object_store(p)]
+        if on_store and self.scratch is None:
+            raise ValueError(
+                f"{on_store[0]!r} is on an object store: the backfill needs --scratch, a folder"
+                " every executor shares (the decoded range and gold's shuffle are written there)"
+            )
         if self.start.tzinfo is None or self.end.tzinfo is None:
             raise ValueError("--from and --to must be time-zone aware (UTC)")
         if self.start >= self.end:
@@ -197,7 +203,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--scratch",
         default=None,
-        help="folder for the gold scratch tables (default beside the gold folder; removed)",
+        help="folder every executor shares for the decoded range and the gold scratch tables "
+        "(default beside the silver and gold folders; removed; needed for a lake on a bucket)",
     )
     p.add_argument(
         "--kinds", default=None, help="statistic kinds TOML (default schemas/statistic_kinds.toml)"
@@ -641,7 +648,8 @@ def run_backfill(spark: SparkSession, s: BackfillSettings) -> BackfillReport:
         raise FileNotFoundError(f"backfill needs existing tables; missing: {', '.join(missing)}")
     run = choose_run(s)
     report = BackfillReport(s.app_id, run, s.start, s.end, s.dry_run)
-    hidden = os.path.join(s.silver, "_staging")  # shared storage the executors see
+    # shared storage the executors see: the scratch folder, else beside silver's tables
+    hidden = os.path.join(s.scratch or s.silver, "_staging")
     os.makedirs(hidden, exist_ok=True)
     with tempfile.TemporaryDirectory(prefix="qmf-backfill-", dir=hidden) as scratch:
         return _run(spark, s, report, scratch)

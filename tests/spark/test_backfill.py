@@ -11,7 +11,7 @@ tables (pyarrow), not with the backfill's own code.
 from __future__ import annotations
 
 import subprocess
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -28,6 +28,8 @@ from tests.lake import Lake, copy_lake, sorted_rows
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
+
+    from tests.s3server import S3Server
 
 pytestmark = pytest.mark.spark
 
@@ -80,7 +82,7 @@ def in_range_mask(table: str, t: pa.Table, ids: set[tuple[str, int]]) -> list[bo
     ]
 
 
-def same(a: Path, b: Path, *, lineage: bool = True) -> None:
+def same(a: Path | str, b: Path | str, *, lineage: bool = True) -> None:
     """Tables ``a`` and ``b`` hold the same rows (``lineage=False``: but for ``batch_id``),
     as delta-rs reads them (``tests.lake.sorted_rows``: milliseconds a table, where a
     Spark read and a DataFrame comparison took seconds)."""
@@ -265,42 +267,63 @@ def test_dry_run_writes_nothing_and_reports_exact_counts(history: History) -> No
     )
 
 
-def test_job_entry_point_runs_through_spark_submit_and_a_crashed_run_resumes(
-    spark: SparkSession, sim_lake: Lake, tmp_path: Path
-) -> None:
-    lake = copy_lake(sim_lake, tmp_path / "lake")
-    v0 = versions(lake.root)
+def test_job_entry_point_on_a_bucket_through_spark_submit_and_a_crashed_run_resumes(
+    spark: SparkSession, sim_lake: Lake, s3: S3Server, tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:  # fmt: skip
+    """The lake in a bucket of the real S3 server: ``jobs/backfill.py`` through
+    spark-submit (its scratch a local folder) re-derives the range's silver, equal to
+    the original; a run over both layers then resumes the same run here and commits
+    gold only, every table equal to the original."""
+    from pyarrow import fs as pafs
+
+    from pipeline.lake import snapshot
     from tests.submit import SPARK_SUBMIT, spark_submit_env
 
+    bucket = s3.make_bucket("backfill")
+    pafs.copy_files(str(sim_lake.root), f"{bucket}/lake", destination_filesystem=s3.filesystem())
+    s3.configure(spark, bucket)
+    for k, v in s3.env().items():
+        monkeypatch.setenv(k, v)  # pyarrow here, and the spark-submit below
+    root = f"s3a://{bucket}/lake"
+
+    def versions_of(root: str) -> dict[str, int]:
+        return {t: snapshot.load(f"{root}/{t}").version for t in TABLES}
+
+    v0 = versions_of(root)
     proc = subprocess.run(
         [SPARK_SUBMIT, "--master", "local[2]",
          "--conf", "spark.ui.enabled=false", "--driver-memory", "1g",
-         str(REPO / "jobs/backfill.py"), "--data", str(lake.root),
+         str(REPO / "jobs/backfill.py"), "--data", root, "--scratch", str(tmp_path / "scratch"),
          "--from", "2027-01-15T08:00:04Z", "--to", "2027-01-15T08:00:08Z", "--layers", "silver"],
         cwd=REPO, env=spark_submit_env(), capture_output=True, text=True, timeout=1200,
     )  # fmt: skip
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "app qmf-backfill-20270115T080004Z-20270115T080008Z run 0" in proc.stdout
     assert "silver/object_samples: " in proc.stdout and "committed" in proc.stdout
-    v1 = versions(lake.root)
+    v1 = versions_of(root)
     for t in TABLES:
         assert v1[t] == v0[t] + (1 if t.startswith("silver/") else 0), t
         if t.startswith("silver/"):
-            same(sim_lake.root / t, lake.root / t)
+            same(sim_lake.root / t, f"{root}/{t}")
     # A run over both layers that finds only the silver tables holding run 0 resumes
     # run 0 (as after a crash between the silver and gold commits): silver is skipped.
-    both = settings(lake)
+    both = BackfillSettings(
+        bronze=f"{root}/bronze", silver=f"{root}/silver", gold=f"{root}/gold", start=START,
+        end=END, decode_on="driver", scratch=str(tmp_path / "scratch"),
+    )  # fmt: skip
     assert choose_run(both) == 0
-    assert choose_run(settings(lake, layers=("silver",))) == 1
+    assert choose_run(replace(both, layers=("silver",))) == 1
     resumed = run_backfill(spark, both)
     assert resumed.run == 0
     assert {t: c.status for t, c in resumed.tables.items()} == {
         t: "skipped" if t.startswith("silver/") else "committed" for t in (*TABLES, FOLD)
     }
-    v2 = versions(lake.root)
+    v2 = versions_of(root)
     for t in TABLES:
         assert v2[t] == v1[t] + (0 if t.startswith("silver/") else 1), t
-        same(sim_lake.root / t, lake.root / t, lineage=t.startswith("silver/"))
+        same(sim_lake.root / t, f"{root}/{t}", lineage=t.startswith("silver/"))
+    assert not any((tmp_path / "scratch").rglob("*.parquet"))  # the scratch went with the run
 
 
 def test_qmf_backfill_command_dry_run(

@@ -167,7 +167,8 @@ def test_the_jobs_refuse_a_bucket_where_they_cannot_yet_use_one(
     """Where the jobs' own layer does not reach object storage yet, each job's settings
     and `qmf run` refuse an s3a:// location at once (not a local folder named `s3a:`);
     bronze's, silver's and gold's tables and checkpoints may be on a store (the kill
-    tests), gold's scratch folder not."""
+    tests), gold's and the backfill's scratch folders not; the backfill and `qmf
+    maintain` say what to do instead."""
     from datetime import UTC, datetime
 
     from pipeline.backfill import BackfillSettings
@@ -189,9 +190,16 @@ def test_the_jobs_refuse_a_bucket_where_they_cannot_yet_use_one(
     with pytest.raises(ValueError, match=f"^scratch 's3a://lake/tmp': {why}"):
         GoldSettings(silver=str(tmp_path), root="s3://lake/gold", scratch="s3a://lake/tmp")
     t0, t1 = datetime(2026, 1, 1, tzinfo=UTC), datetime(2026, 1, 2, tzinfo=UTC)
-    with pytest.raises(ValueError, match=f"^silver 's3a://lake/silver': {why}"):
+    # the backfill on a bucket: with a scratch folder the executors share, not without
+    with pytest.raises(ValueError, match=r"^'s3a://lake/silver' is on an object store: the "
+                       r"backfill needs --scratch"):  # fmt: skip
         BackfillSettings(bronze=str(tmp_path), silver="s3a://lake/silver", gold=str(tmp_path),
                          start=t0, end=t1)  # fmt: skip
+    BackfillSettings(bronze="s3a://lake/bronze", silver="s3a://lake/silver",
+                     gold="s3a://lake/gold", start=t0, end=t1, scratch=str(tmp_path))  # fmt: skip
+    with pytest.raises(ValueError, match=f"^scratch 's3a://lake/tmp': {why}"):
+        BackfillSettings(bronze="s3a://lake/bronze", silver="s3a://lake/silver",
+                         gold="s3a://lake/gold", start=t0, end=t1, scratch="s3a://lake/tmp")  # fmt: skip
     from pipeline.lake.maintain import MaintainSettings, maintain
 
     # a pass beside the jobs: refused, the jobs' own maintenance named
