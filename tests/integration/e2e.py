@@ -357,7 +357,7 @@ def assert_bronze_is_the_manifest(
     return out
 
 
-def drain_to_bronze(spark: Any, landing: Path, table: Path, checkpoint: Path) -> None:
+def drain_to_bronze(spark: Any, landing: Path, table: Path | str, checkpoint: Path | str) -> None:
     """Run the bronze stream in-process with AvailableNow until the landing log is drained."""
     from pipeline.bronze import BronzeSettings, start_bronze
 

@@ -4,7 +4,8 @@ Both samples of ``shared/samples/qpidd-amqp10`` (qpidd 1.40 over AMQP 1.0, a
 known load: ``*.truth.json``; qpid-stat's view right after: ``*.qpid-stat-q.txt``)
 are replayed through the real RabbitMQ node (``qmf replay``: QMF v2 bodies go
 out as ``amqp-value`` sections, as qpidd sent them), landed by ``qmf receive``,
-written to bronze, decoded to silver and derived to gold. Then, per dialect
+written to bronze, decoded to silver and derived to gold: the first sample's tables
+on disk, the second's in a bucket of the real S3 server (``tests/s3server.py``). Then, per dialect
 the broker published (V2 alone; AM2 and V2):
 
 * no quarantine, nothing parked;
@@ -84,9 +85,13 @@ def _name_of(index_key: str | None) -> str | None:
 
 @pytest.fixture(scope="module")
 def lakes(
-    isolated_broker: Any, spark: Any, shared_dir: str, tmp_path_factory: pytest.TempPathFactory
-) -> dict[str, Path]:
-    """Both samples replayed and derived to gold once: ``{sample: data folder}``.
+    isolated_broker: Any, spark: Any, shared_dir: str, s3: Any,
+    tmp_path_factory: pytest.TempPathFactory,
+) -> dict[str, Path]:  # fmt: skip
+    """Both samples replayed and derived to gold once: ``{sample: data folder}``. The
+    first sample's tables are written on disk; the second's (bronze, silver, gold and
+    bronze's checkpoint) in a bucket of the real S3 server, then copied object for
+    object into its data folder for the checks (which read a folder).
 
     On a node of its own: the queue takes everything on the management exchanges
     ("#"), and on the shared node another test process's traffic landed there too."""
@@ -94,19 +99,18 @@ def lakes(
     for name in ("default-60s", "qmf1-qmf2-60s"):
         out[name] = _through_the_pipeline(
             isolated_broker, spark, Path(shared_dir) / "samples" / "qpidd-amqp10" / f"{name}.jsonl",
-            tmp_path_factory.mktemp(name),
+            tmp_path_factory.mktemp(name), store=s3 if name == "qmf1-qmf2-60s" else None,
         )  # fmt: skip
     return out
 
 
 def _through_the_pipeline(
-    node: Any, spark: Any, sample: Path, tmp: Path, replay_rate: float | None = None
-) -> Path:
-    from pipeline.gold import GoldSettings, run_gold_batch
-    from pipeline.gold import ensure_tables as ensure_gold
-    from pipeline.silver import SilverSettings, run_silver_batch
-    from pipeline.silver import ensure_tables as ensure_silver
-
+    node: Any, spark: Any, sample: Path, tmp: Path, replay_rate: float | None = None,
+    store: Any = None,
+) -> Path:  # fmt: skip
+    """The sample published to the broker, landed by a receiver, streamed to bronze and
+    derived to silver and gold; its data folder. ``store`` (an ``S3Server``): bronze,
+    silver, gold and bronze's checkpoint in a bucket of it, copied into the folder after."""
     capture = [json.loads(line) for line in sample.read_text().splitlines() if line.strip()]
     data = tmp / "data"
     landing = tmp / "landing"
@@ -128,9 +132,35 @@ def _through_the_pipeline(
             assert receiver.terminate(60) == 0, receiver.stderr()[-3000:]
     finally:
         qmf_broker.delete_queue(queue, cfg=node)
-    bronze = data / "bronze"
-    drain_to_bronze(spark, landing, bronze, tmp / "ck-bronze")
-    rows = delta.read_arrow(str(bronze))
+    if store is None:
+        _derive(spark, landing, capture, str(data), tmp / "ck-bronze", None)
+        return data
+    bucket = store.make_bucket(f"lake-{unique_tag()}".lower())
+    store.configure(spark, bucket)
+    lake = f"s3a://{bucket}/data"
+    with pytest.MonkeyPatch.context() as mp:
+        for k, v in store.env().items():
+            mp.setenv(k, v)  # this process's pyarrow reads of the bucket
+        _derive(spark, landing, capture, lake, f"{lake}/checkpoints/bronze", str(tmp / "scratch"))
+        from pyarrow import fs as pafs
+
+        pafs.copy_files(lake.removeprefix("s3a://"), str(data), source_filesystem=store.filesystem())
+    return data
+
+
+def _derive(
+    spark: Any, landing: Path, capture: list[dict[str, Any]], lake: str, ck: Path | str,
+    scratch: str | None,
+) -> None:  # fmt: skip
+    """Bronze from the landing log, then silver and gold, under ``lake``."""
+    from pipeline.gold import GoldSettings, run_gold_batch
+    from pipeline.gold import ensure_tables as ensure_gold
+    from pipeline.silver import SilverSettings, run_silver_batch
+    from pipeline.silver import ensure_tables as ensure_silver
+
+    bronze = f"{lake}/bronze"
+    drain_to_bronze(spark, landing, bronze, ck)
+    rows = delta.read_arrow(bronze)
     # Every delivery once, byte for byte (the AMQP 1.0 bodies too), flagged as captured.
     assert Counter(rows.column("body").to_pylist()) == Counter(
         base64.b64decode(c["body_base64"]) for c in capture
@@ -139,13 +169,17 @@ def _through_the_pipeline(
     assert Counter(flagged) == Counter(
         (c.get("application_properties") or {}).get("x-qmf-body-encoding") for c in capture
     )
-    silver = SilverSettings(bronze=str(bronze), root=str(data / "silver"))
+    # On the store, silver and gold work on the driver: this session's Python workers
+    # were started before the store was, without its variables (a job's executors get
+    # them: the cluster and kill tests run the task paths on the store).
+    where = "driver" if scratch is not None else "auto"
+    silver = SilverSettings(bronze=bronze, root=f"{lake}/silver", decode_on=where)
     ensure_silver(silver)
     run_silver_batch(spark, silver, 0)
-    gold = GoldSettings(silver=str(data / "silver"), root=str(data / "gold"))
+    gold = GoldSettings(silver=f"{lake}/silver", root=f"{lake}/gold", scratch=scratch,
+                        compute_on=where)  # fmt: skip
     ensure_gold(gold)
     run_gold_batch(spark, gold, 0)
-    return data
 
 
 def _truth(shared_dir: str, name: str) -> dict[str, Any]:
