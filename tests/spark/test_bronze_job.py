@@ -274,7 +274,8 @@ def test_broker_to_bronze_end_to_end(broker: Any, spark: SparkSession, tmp_path:
 def test_bronze_job_on_a_store_killed_twice_then_restarted(
     s3: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """SIGKILL the spark-submit job (JVM and Python) twice mid-run: bronze ends exact.
+    """SIGKILL the spark-submit job (JVM and Python) twice mid-run, then take the store
+away under a third run: bronze ends exact.
 
     The table and the checkpoint on a real S3 server (an ingest host writing bronze to
     the lake; the landing log on its disk), read back by delta-rs. On the task path
@@ -337,6 +338,30 @@ def test_bronze_job_on_a_store_killed_twice_then_restarted(
     assert proc.returncode == -signal.SIGKILL
     killed_at = committed()
     assert killed_at >= 3
+
+    # The store goes down under a running job: it stops with an error naming what it
+    # could not reach (not a hang), and the run after the store is back resumes it.
+    before = committed()
+    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                            start_new_session=True)  # fmt: skip
+    try:
+        _wait_for(lambda: committed() >= before + 1 or proc.poll() is not None, 600,
+                  "a bronze commit")  # fmt: skip
+        assert proc.poll() is None, "the job finished before the store went down"
+        s3.stop()
+        t0 = time.monotonic()
+        _, err = proc.communicate(timeout=300)
+        down_s = time.monotonic() - t0
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait(60)
+        s3.start()
+    assert proc.returncode not in (0, -signal.SIGKILL), proc.returncode
+    text = err.decode(errors="replace")
+    assert "Connection refused" in text or "Unable to execute HTTP request" in text, text[-3000:]
+    assert s3.secret_key not in text
+    assert down_s < 240, f"the job took {down_s:.0f} s to stop without its store"
 
     final = subprocess.run(cmd, env=env, capture_output=True, text=True,
                            timeout=1200, check=False)  # fmt: skip
