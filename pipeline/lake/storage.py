@@ -76,13 +76,13 @@ def is_object_store(path: str | os.PathLike[str]) -> bool:
 
 
 def require_local(**paths: str | os.PathLike[str] | None) -> None:
-    """Refuse an object-store location for what must still be a local or NFS path.
+    """Refuse an object-store location for what must be a local or NFS path.
 
-    Spark's own Delta reads and writes (``spark.read.format("delta")``, ``DeltaTable``,
-    SQL) work on ``s3a://`` in every session ``get_spark`` makes, and so does bronze's
-    table; silver's, gold's and the backfill's tables, the landing log and the jobs'
-    checkpoints (locked with ``flock``) do not yet (issue 49). A clear refusal at the
-    start, not a local folder named ``s3a:``.
+    Every table and checkpoint of the jobs and the backfill may be on ``s3a://``; what
+    stays on a file system: the landing log (fsync before settle, on the ingest host),
+    the scratch folders the executors share (gold's shuffle, the backfill's decoded
+    range) and ``qmf run``'s data folder. A clear refusal at the start, not a local
+    folder named ``s3a:``.
     """
     for name, path in paths.items():
         if path is not None and is_object_store(path):
