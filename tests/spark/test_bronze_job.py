@@ -353,9 +353,14 @@ away under a third run: bronze ends exact.
         _, err = proc.communicate(timeout=300)
         down_s = time.monotonic() - t0
     finally:
-        if proc.poll() is None:
+        # The job's Python workers may outlive it, retrying an upload: they go before
+        # the store is back, as a dead host's would (a file one lands later is in no
+        # commit; VACUUM deletes it after --retention-hours).
+        try:
             os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait(60)
+        except ProcessLookupError:
+            pass
+        proc.wait(60)
         s3.start()
     assert proc.returncode not in (0, -signal.SIGKILL), proc.returncode
     text = err.decode(errors="replace")
