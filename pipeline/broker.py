@@ -17,7 +17,9 @@ import dataclasses
 import fcntl
 import hashlib
 import json
+import logging
 import os
+import random
 import re
 import shutil
 import signal
@@ -35,6 +37,8 @@ from pipeline import SetupError
 
 if TYPE_CHECKING:
     from proton import SSLDomain
+
+log = logging.getLogger(__name__)
 
 DEFAULT_HOST = "127.0.0.1"
 DEFAULT_PORT = 35672
@@ -301,15 +305,37 @@ def _memory_limit(raw: str) -> str:
     return value
 
 
-def _free_port(span: int = 1) -> int:
-    """A loopback port p with p..p+span-1 free right now (bounded tries)."""
+def _ephemeral_low() -> int:
+    """The first port the kernel hands out for outgoing connections (Linux; else 32768)."""
+    try:
+        return int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return 32768
+
+
+def _bindable(port: int) -> bool:
+    with socket.socket() as sock:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as the servers bind
+        try:
+            sock.bind(("127.0.0.1", port))
+        except OSError:
+            return False
+    return True
+
+
+def free_port(span: int = 1) -> int:
+    """A loopback port p with p..p+span-1 bindable now, below the ephemeral range.
+
+    A port the kernel gave for ``bind(0)`` comes from the range it also uses for the
+    source ports of outgoing connections, so any client (Spark, the S3 client, another
+    test) may take it before the server binds it. Below that range only servers that
+    chose the same port collide, and a random pick keeps that rare (callers retry).
+    """
+    high = _ephemeral_low() - span
+    rng = random.SystemRandom()
     for _ in range(200):
-        with socket.socket() as sock:
-            sock.bind(("127.0.0.1", 0))
-            port = int(sock.getsockname()[1])
-        if port + span < 65000 and not any(
-            port_open("127.0.0.1", port + i, 0.2) for i in range(span)
-        ):
+        port = rng.randrange(10000, high) if high > 10000 else rng.randrange(1024, 65000 - span)
+        if all(_bindable(port + i) for i in range(span)):
             return port
     raise BrokerError("no free loopback port range found")
 
@@ -322,11 +348,31 @@ def isolated_config(home: Path | str) -> BrokerConfig:
     """
     return dataclasses.replace(
         load_config(home),
-        port=_free_port(),
-        tls_port=_free_port(),
-        dist_port=_free_port(10),  # + the CLI's distribution range above it
-        epmd_port=_free_port(),
+        port=free_port(),
+        tls_port=free_port(),
+        dist_port=free_port(10),  # + the CLI's distribution range above it
+        epmd_port=free_port(),
     )
+
+
+def start_isolated(home: Path | str, timeout: float | None = None, attempts: int = 3) -> BrokerConfig:
+    """``isolated_config`` started: new ports when another server bound one first.
+
+    Between picking a free port and the node's bind, another process may take it; the
+    node then fails to boot with ``eaddrinuse``, and a fresh pick is the cure.
+    """
+    for _ in range(attempts - 1):
+        cfg = isolated_config(home)
+        try:
+            start_broker(timeout, cfg=cfg)
+            return cfg
+        except BrokerError as exc:
+            if "eaddrinuse" not in str(exc).lower():
+                raise
+            log.warning("node %s: a port was taken before it bound; new ports", cfg.node)
+    cfg = isolated_config(home)
+    start_broker(timeout, cfg=cfg)
+    return cfg
 
 
 def _rabbit_bin(name: str) -> str:

@@ -174,8 +174,7 @@ def isolated_broker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
     """
     from pipeline import broker as qmf_broker
 
-    cfg = qmf_broker.isolated_config(tmp_path_factory.mktemp("qmf-isolated"))
-    qmf_broker.start_broker(cfg=cfg)
+    cfg = qmf_broker.start_isolated(tmp_path_factory.mktemp("qmf-isolated"))
     try:
         yield cfg
     finally:

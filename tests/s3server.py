@@ -10,13 +10,14 @@ from __future__ import annotations
 
 import os
 import secrets
-import socket
 import subprocess
 import time
 import urllib.error
 import urllib.request
 from pathlib import Path
 from typing import Any
+
+from pipeline.broker import free_port
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -31,11 +32,6 @@ def server_binary() -> Path:
     return path
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
 
 class S3Server:
     """One versitygw process: ``endpoint`` (http://127.0.0.1:PORT), root ``access_key``
@@ -44,7 +40,7 @@ class S3Server:
     def __init__(self, folder: Path, region: str = "us-east-1") -> None:
         self.folder = folder
         self.region = region
-        self.port = _free_port()
+        self.port = free_port()
         self.access_key = "qmf" + secrets.token_hex(6)
         self.secret_key = secrets.token_urlsafe(24)
         self.log = folder.parent / f"{folder.name}.log"

@@ -224,7 +224,7 @@ def test_external_url_only_checks_reachability(
     info = b.ensure_broker()
     assert not info.local and info.port == broker.port and info.user == "guest"
     assert b.broker_status().running
-    port = b._free_port()
+    port = b.free_port()
     monkeypatch.setenv("QMF_BROKER_URL", f"amqp://127.0.0.1:{port}")
     with pytest.raises(b.BrokerError, match="not reachable"):
         b.ensure_broker()
@@ -318,6 +318,42 @@ def test_port_in_use_fails_with_clear_message(
         monkeypatch.setenv("QMF_BROKER_PORT", str(squatter.getsockname()[1]))
         with pytest.raises(b.BrokerError, match=r"AMQP port 127\.0\.0\.1:\d+ is already in use"):
             b.start_broker(timeout=10)
+
+
+def test_an_isolated_node_picks_new_ports_when_one_is_taken_before_it_binds(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The race of parallel tests: a port free when picked, bound by someone else (here a
+    socket bound but not listening, as a client's source port is) before the node's bind."""
+    real = b.free_port
+    with socket.socket() as taker:
+        taker.bind(("127.0.0.1", 0))
+        taken = int(taker.getsockname()[1])
+        picks: list[int] = []
+
+        def first_one_taken(span: int = 1) -> int:
+            picks.append(taken if not picks else real(span))
+            return picks[-1]
+
+        monkeypatch.setattr(b, "free_port", first_one_taken)
+        with pytest.raises(b.BrokerError, match="eaddrinuse"):
+            b.start_isolated(tmp_path / "once", timeout=60, attempts=1)
+        assert picks[0] == taken
+        picks.clear()
+        cfg = b.start_isolated(tmp_path / "retried", timeout=60)
+        try:
+            assert picks[0] == taken and len(picks) == 8  # two picks of four ports
+            assert cfg.port == picks[4] != taken
+            assert b.broker_status(cfg).running
+        finally:
+            b.stop_broker(cfg=cfg)
+
+
+def test_free_ports_lie_below_the_ephemeral_range() -> None:
+    low = int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    for _ in range(20):
+        port = b.free_port(10)
+        assert 10000 <= port and port + 10 <= low
 
 
 def test_epmd_port_taken_by_something_else(tmp_path: Path) -> None:

@@ -25,7 +25,6 @@ import os
 import re
 import shutil
 import signal
-import socket
 import ssl
 import subprocess
 import sys
@@ -39,6 +38,7 @@ from typing import Any
 import bcrypt
 import pytest
 
+from pipeline.broker import free_port
 from pipeline.commands.top import format_rate
 from pipeline.views.alerts import AlertThresholds, render
 from tests.test_live import (
@@ -63,10 +63,16 @@ THRESHOLDS = AlertThresholds(
 EXPECTED = {"QmfAgentDown", "QmfQueueStalled", "QmfBrokerEvent"}
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+
+def quarantined(data: Path) -> list[tuple[str, str, int | None]]:
+    """What silver quarantined (error, reason, body size): the cause when that alert fires."""
+    from deltalake import DeltaTable
+
+    table = data / "silver" / "quarantine"
+    if not (table / "_delta_log").exists():
+        return []
+    rows = DeltaTable(str(table)).to_pyarrow_table(columns=["error", "reason", "body"]).to_pylist()
+    return [(r["error"], r["reason"], len(r["body"]) if r["body"] is not None else None) for r in rows]
 
 
 def api(base: str, path: str, **params: str) -> Any:
@@ -229,7 +235,8 @@ def test_top_metrics_and_prometheus_follow_a_running_pipeline_and_alert_on_its_f
             for a in alerts():
                 labels = a["labels"]
                 key = labels.get(key_label.get(labels["alertname"], "-"))
-                assert (labels["alertname"], key, labels.get("broker")) in want, a  # nothing else
+                assert (labels["alertname"], key, labels.get("broker")) in want, (
+                    a, quarantined(data))  # nothing else
                 if a["state"] == "firing":
                     firing_at.setdefault(labels["alertname"], time.time())
             time.sleep(0.5)

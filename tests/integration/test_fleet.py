@@ -21,7 +21,6 @@ receiver reconnects by itself and resumes; nothing is lost or doubled. Then bron
 from __future__ import annotations
 
 import dataclasses
-import socket
 import time
 from pathlib import Path
 from typing import Any
@@ -53,11 +52,6 @@ from tests.integration.e2e import (
 
 pytestmark = [pytest.mark.broker, pytest.mark.spark, pytest.mark.slow]
 
-
-def _closed_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def _landed_by_broker(landing: Path) -> dict[str, int]:
@@ -131,7 +125,7 @@ flush_ms = 500       # (at 100 msg/s it had drained in the 2 s rabbitmqctl took,
 
 [[broker]]
 name = "gone"
-url = "amqp://127.0.0.1:{_closed_port()}"
+url = "amqp://127.0.0.1:{qmf_broker.free_port()}"
 
 [[broker]]
 name = "locked"
