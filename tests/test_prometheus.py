@@ -41,6 +41,7 @@ import pytest
 from pipeline.broker import free_port
 from pipeline.commands.top import format_rate
 from pipeline.views.alerts import AlertThresholds, render
+from tests.integration.e2e import node_env
 from tests.test_live import (
     compare_at_version,
     exposed_queues,
@@ -106,8 +107,10 @@ def prometheus_config(folder: Path, metrics_port: int, ca: Path) -> Path:
 
 @pytest.mark.timeout(1800)
 def test_top_metrics_and_prometheus_follow_a_running_pipeline_and_alert_on_its_faults(
-    broker: Any, tmp_path: Path
+    isolated_broker: Any, tmp_path: Path
 ) -> None:
+    """On a node of its own: ``qmf run`` binds to the management exchanges, where other
+    tests publish (their messages were quarantined here, and that alert fired)."""
     from pipeline.broker import delete_queue
 
     tool = shutil.which("prometheus")
@@ -126,7 +129,7 @@ def test_top_metrics_and_prometheus_follow_a_running_pipeline_and_alert_on_its_f
     data = tmp_path / "data"
     queue = f"qmf.test-alerts-{uuid.uuid4().hex[:8]}"
     qmf = [sys.executable, "-m", "pipeline.cli"]
-    env = {**os.environ, "PYSPARK_PYTHON": sys.executable}
+    env = node_env(isolated_broker)
     logs = {name: open(tmp_path / f"{name}.log", "w", encoding="utf-8")
             for name in ("run", "metrics", "prometheus")}  # fmt: skip
     procs: dict[str, subprocess.Popen[str]] = {}
@@ -271,7 +274,7 @@ def test_top_metrics_and_prometheus_follow_a_running_pipeline_and_alert_on_its_f
             rc = procs["run"].wait(timeout=900)
         for fh in logs.values():
             fh.close()
-        delete_queue(queue)
+        delete_queue(queue, cfg=isolated_broker)
     output = (tmp_path / "run.log").read_text()
     assert rc == 0, output[-3000:]
     assert "qmf run: done." in output

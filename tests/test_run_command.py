@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import os
 import re
 import subprocess
 import sys
@@ -14,27 +13,13 @@ from typing import Any
 
 import pytest
 
-from pipeline.broker import config_env, delete_queue
+from pipeline.broker import delete_queue
 from pipeline.commands.run import QUEUE
 from pipeline.lake import delta
-from tests.integration.e2e import decoded_messages, manifest_messages
+from tests.integration.e2e import decoded_messages, manifest_messages, node_env
 from tests.terminal import spark_noise
 
 pytestmark = [pytest.mark.broker, pytest.mark.spark, pytest.mark.slow]
-
-
-def _node_env(cfg: Any) -> dict[str, str]:
-    """The environment that points ``qmf`` at this module's own node (``isolated_broker``).
-
-    Why not the shared test node: other test files publish to its management exchange
-    and start consoles there at the same time, and ``qmf run`` subscribes to all of it.
-    Its summary then counted their agents' samples too (15,037 object samples for 2,953
-    published, in a CI run of 2026-12-02)."""
-    return {
-        **{k: v for k, v in os.environ.items() if k != "QMF_BROKER_URL"},
-        "PYSPARK_PYTHON": sys.executable,
-        **config_env(cfg),
-    }
 
 
 def test_readme_main_command_lands_every_published_message_once(
@@ -50,7 +35,7 @@ def test_readme_main_command_lands_every_published_message_once(
     JSON form of the same summary (saved beside the log) equals the manifest.
     """
     qmf = Path(sys.executable).parent / "qmf"
-    env = _node_env(isolated_broker)
+    env = node_env(isolated_broker)
     delete_queue(QUEUE, cfg=isolated_broker)  # the run's durable queue: start without leftovers
     try:
         proc = subprocess.run([str(qmf), "run", "--duration", "15"], cwd=tmp_path,
@@ -130,7 +115,7 @@ def test_qmf_run_console_asks_the_agents(isolated_broker: Any, tmp_path: Path) -
         sys.executable, "-m", "pipeline.cli", "run", "--data", str(data), "--queue", queue,
         "--duration", "15", "--agents", "1", "--queues", "3", "--console", "AM1", "--json",
     ]  # fmt: skip
-    env = _node_env(isolated_broker)
+    env = node_env(isolated_broker)
     try:
         proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600, env=env)
     finally:
