@@ -298,10 +298,17 @@ def test_sigterm_lands_and_settles_everything_in_hand(
     assert len(keys) == len(set(keys)), "a clean stop settles all it landed: no redelivery"
     assert len(keys) < n, "the stop must come mid-stream"
     err = p.stderr()
-    assert (
-        f"stopped: {len(keys)} received, {len(keys)} landed, {len(keys)} settled; "
-        "the broker confirmed every settlement"
-    ) in err, err
+    stopped = f"stopped: {len(keys)} received, {len(keys)} landed, {len(keys)} settled; "
+    confirmed = stopped + "the broker confirmed every settlement"
+    # A node starved of CPU by a parallel suite has twice (CI-22, CI-23) left the session
+    # end unanswered for the whole timeout; the receiver then seals as designed. Only
+    # that reason is allowed: a dropped connection or any other note still fails here,
+    # and the queue's depth below still proves every settlement arrived.
+    starved = re.compile(
+        re.escape(stopped) + r"the broker did not confirm the close within 120\.0 s "
+        r"\(unanswered: (1 session ends and )?the connection close after 1[2-9]\d\.\d s\)"
+    )
+    assert confirmed in err or starved.search(err), err
     # what was landed was settled, what was not is still queued: together exactly n
     seen: list[int | None] = []
 
