@@ -41,7 +41,8 @@ S3_JARS = [
 JAR_NAMES = ["delta-spark_2.13-4.4.0.jar", "delta-storage-4.4.0.jar",
              *(f"{a}-{v}.jar" for _g, a, v in S3_JARS), "qmf-delta-logstore.jar"]  # fmt: skip
 LOGSTORE = {"spark.delta.logStore.s3a.impl": "io.qmf.delta.ConditionalPutLogStore",
-            "spark.delta.logStore.s3.impl": "io.qmf.delta.ConditionalPutLogStore"}  # fmt: skip
+            "spark.delta.logStore.s3.impl": "io.qmf.delta.ConditionalPutLogStore",
+            "spark.delta.logStore.file.impl": "io.qmf.delta.LinkingLogStore"}  # fmt: skip
 
 
 def test_the_repo_lock_names_delta_spark_and_delta_storage() -> None:
@@ -126,7 +127,7 @@ def test_delta_conf_keeps_what_others_set() -> None:
     assert jars[0] == "/opt/x.jar" and [Path(j).name for j in jars[1:]] == JAR_NAMES
     assert conf["spark.sql.extensions"] == f"com.example.Ext,{pj.DELTA_EXTENSION}"
     assert "spark.sql.catalog.spark_catalog" not in conf  # theirs is kept
-    assert {k: conf[k] for k in LOGSTORE} == LOGSTORE  # our log store for S3 buckets
+    assert {k: conf[k] for k in LOGSTORE} == LOGSTORE  # our log stores: buckets, folders
     assert pj.configured(conf) and pj.delta_conf(conf) == {}  # nothing added twice
     # A log store someone chose is kept: per scheme, or one for all (which Delta refuses
     # beside a scheme's).

@@ -236,8 +236,8 @@ while read -r coords sha; do
 done < jars.lock
 spark_home="$(.venv/bin/python -c 'import os, pyspark; print(os.path.dirname(pyspark.__file__))')"
 # Our own JAR, built here from jvm/src/main/java (not fetched, not in jars.lock):
-# ConditionalPutLogStore, Delta's log store for s3a:// tables that several JVMs commit
-# to (docs/DESIGN.md, "Delta commits"). Compiled against delta-storage and Spark's
+# Delta's log stores for s3a:// tables and local folders that several JVMs commit to
+# (docs/DESIGN.md, "Delta commits"). Compiled against delta-storage and Spark's
 # Hadoop client; rebuilt only when a source (or jars.lock) is newer than the JAR.
 if logstore_stale; then
   log "building $logstore_jar from jvm/src/main/java"

@@ -7,9 +7,10 @@ the start, never a ``ClassNotFoundException`` in the middle of a job. Nothing he
 fetches anything.
 
 Beside them, one JAR of our own, compiled by ``tools/setup.sh`` from ``jvm/src/main/java``
-(not fetched, not in ``jars.lock``): ``ConditionalPutLogStore``, Delta's log store for
-``s3a://`` tables, which commits with S3 conditional writes so that several JVMs can
-commit to one table (docs/DESIGN.md, "Delta commits").
+(not fetched, not in ``jars.lock``): Delta's log stores that let several JVMs commit to
+one table: ``ConditionalPutLogStore`` for ``s3a://`` tables (S3 conditional writes) and
+``LinkingLogStore`` for local folders (a hard link per version, no process forked per
+commit) (docs/DESIGN.md, "Delta commits").
 
 ``python -m pipeline.runtime.jars`` prints the same settings as a ``spark-defaults.conf``
 (set-up writes it where this venv's ``spark-submit`` reads it).
@@ -36,12 +37,16 @@ DELTA_CATALOG = "org.apache.spark.sql.delta.catalog.DeltaCatalog"
 _FIX = "run `bash tools/setup.sh`, which fetches and checks them"
 
 # Our own JAR (tools/setup.sh builds it from SOURCES into the JARs' folder) and the log
-# store in it, which Delta uses for the schemes of an S3 bucket (s3a, what the pipeline
-# names every bucket with, and s3).
+# stores in it, which Delta uses for the schemes of an S3 bucket (s3a, what the pipeline
+# names every bucket with, and s3) and for local folders (file).
 BUILT_JAR = "qmf-delta-logstore.jar"
 SOURCES = REPO / "jvm" / "src" / "main" / "java"
 LOGSTORE_CLASS = "io.qmf.delta.ConditionalPutLogStore"
-LOGSTORE_CONF = {f"spark.delta.logStore.{s}.impl": LOGSTORE_CLASS for s in ("s3a", "s3")}
+LOCAL_LOGSTORE_CLASS = "io.qmf.delta.LinkingLogStore"
+LOGSTORE_CONF = {
+    **{f"spark.delta.logStore.{s}.impl": LOGSTORE_CLASS for s in ("s3a", "s3")},
+    "spark.delta.logStore.file.impl": LOCAL_LOGSTORE_CLASS,
+}
 _BUILD = "run `bash tools/setup.sh`, which builds it"
 
 
@@ -160,8 +165,8 @@ def configured(conf: dict[str, str]) -> bool:
 
 
 def _logstore_conf(existing: dict[str, str]) -> dict[str, str]:
-    """Our log store for the S3 schemes, where ``existing`` chose none (Delta refuses a
-    scheme's store beside ``spark.delta.logStore.class``)."""
+    """Our log stores for the S3 schemes and local folders, where ``existing`` chose none
+    (Delta refuses a scheme's store beside ``spark.delta.logStore.class``)."""
     if "spark.delta.logStore.class" in existing:
         return {}
     return {k: v for k, v in LOGSTORE_CONF.items() if k not in existing}
@@ -171,9 +176,9 @@ def delta_conf(
     existing: dict[str, str] | None = None, folder: Path | None = None
 ) -> dict[str, str]:
     """The settings that load delta-spark into a session: the JARs, Delta's SQL extension
-    and its catalog, each kept beside what ``existing`` already lists; and our log store
-    for ``s3a://`` tables (Delta reads it from the session's conf when the JVM starts:
-    ``spark.delta.logStore.<scheme>.impl``)."""
+    and its catalog, each kept beside what ``existing`` already lists; and our log stores
+    for ``s3a://`` tables and local folders (Delta reads them from the session's conf
+    when the JVM starts: ``spark.delta.logStore.<scheme>.impl``)."""
     existing = existing or {}
     if configured(existing):
         # spark-submit's own (this venv's spark-defaults.conf, a cluster's --jars): kept.

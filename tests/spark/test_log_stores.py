@@ -1,17 +1,18 @@
-"""Delta commits to an ``s3a://`` table from several JVMs (a real S3 server, versitygw).
+"""Delta commits to one table from several JVMs, through our log stores (``jvm/``, built
+by ``tools/setup.sh``), on a real S3 server (versitygw) and in a local folder.
 
 Delta's own S3 log store makes a version file create-if-absent under a lock held in its
-JVM only; ours (``io.qmf.delta.ConditionalPutLogStore``, ``jvm/``, built by
-``tools/setup.sh``) has the store refuse a second create with a conditional PUT
-(``If-None-Match: *``):
+JVM only; ours for buckets (``io.qmf.delta.ConditionalPutLogStore``) has the store
+refuse a second create with a conditional PUT (``If-None-Match: *``). Ours for local
+folders (``io.qmf.delta.LinkingLogStore``) creates a version as a hard link, which the
+file system refuses when the name exists (Delta's default there forks processes):
 
-* the store object itself, through py4j: a version written once, refused the second
-  time (``FileAlreadyExistsException``, the store's 412 behind it) with the first
-  content kept; overwritten on purpose; listed in order; refused on a file system
-  that cannot create only-if-absent;
+* each store object itself, through py4j: a version written once, refused the second
+  time (``FileAlreadyExistsException``) with the first content kept; overwritten on
+  purpose; listed in order; refused where it cannot keep its promise;
 * delta-spark's appends to one table from two threads of this session and from a
-  ``spark-submit`` process at once: every row once, the versions without a gap, one
-  commit per version file.
+  ``spark-submit`` process at once, on the bucket and in a folder: every row once, the
+  versions without a gap, one commit per version file.
 """
 
 from __future__ import annotations
@@ -27,7 +28,7 @@ from typing import TYPE_CHECKING, Any
 
 import pytest
 
-from pipeline.runtime.jars import LOGSTORE_CLASS
+from pipeline.runtime.jars import LOCAL_LOGSTORE_CLASS, LOGSTORE_CLASS
 from tests.s3server import S3Server
 from tests.submit import SPARK_SUBMIT, spark_submit_env
 
@@ -123,6 +124,71 @@ def test_the_log_store_creates_a_version_only_once(
     assert not (tmp_path / "_delta_log" / f"{0:020d}.json").exists()
 
 
+def test_the_local_log_store_creates_a_version_only_once(spark: SparkSession, tmp_path: Path) -> None:
+    from py4j.protocol import Py4JJavaError
+
+    jvm: Any = spark._jvm
+    conf = spark.sparkContext._jsc.hadoopConfiguration()  # type: ignore[union-attr]
+    store = jvm.io.qmf.delta.LinkingLogStore(conf)
+    folder = tmp_path / "t" / "_delta_log"  # created by the store's first write
+    assert store.isPartialWriteVisible(jvm.org.apache.hadoop.fs.Path(str(folder)), conf) is False
+
+    def path(name: str) -> Any:
+        return jvm.org.apache.hadoop.fs.Path(f"file://{folder}/{name}")
+
+    def write(name: str, lines: list[str], overwrite: bool) -> None:
+        actions = jvm.java.util.ArrayList()
+        for line in lines:
+            actions.add(line)
+        store.write(path(name), actions.iterator(), overwrite, conf)
+
+    def read(name: str) -> list[str]:
+        it = store.read(path(name), conf)
+        try:
+            out = []
+            while it.hasNext():
+                out.append(str(it.next()))
+            return out
+        finally:
+            it.close()
+
+    v0, v1, v2 = (f"{v:020d}.json" for v in range(3))
+    first = ['{"commitInfo":{"writer":"a"}}', '{"add":{"path":"a.parquet"}}']
+    write(v0, first, False)
+    assert (folder / v0).read_text() == "".join(f"{line}\n" for line in first)
+    assert read(v0) == first
+    # Another writer's create of the same version is refused; the first content stays,
+    # and no temporary file is left beside it.
+    with pytest.raises(Py4JJavaError) as caught:
+        write(v0, ['{"commitInfo":{"writer":"b"}}'], False)
+    assert _java_class(caught.value) == FILE_EXISTS
+    assert read(v0) == first
+    assert sorted(p.name for p in folder.iterdir()) == [v0]
+
+    # A checksum Hadoop's local file system wrote for an earlier content of a name (the
+    # file deleted without it) goes, so Hadoop's reader does not check the new bytes
+    # against it; the same for a file Delta overwrites on purpose.
+    local = jvm.org.apache.hadoop.fs.FileSystem.getLocal(conf)
+    for name in (v1, "_last_checkpoint"):
+        out = local.create(path(name), True)
+        out.write(bytearray(b"an earlier content\n"))
+        out.close()
+        assert (folder / f".{name}.crc").exists()
+    (folder / v1).unlink()
+    write(v1, ["one"], False)
+    write("_last_checkpoint", ['{"version":10}'], True)
+    assert read(v1) == ["one"] and read("_last_checkpoint") == ['{"version":10}']
+    assert sorted(p.name for p in folder.iterdir()) == sorted([v0, v1, "_last_checkpoint"])
+
+    # listFrom: the folder's files from the given name on, in name order.
+    write(v2, ["two"], False)
+    listed = store.listFrom(path(v1), conf)
+    names = []
+    while listed.hasNext():
+        names.append(str(listed.next().getPath().getName()))
+    assert names == [v1, v2, "_last_checkpoint"]
+
+
 # A writer in its own JVM: one append a round, when the test says go.
 CHILD = r"""
 import pathlib, sys, time
@@ -138,7 +204,7 @@ spark = get_spark("qmf-s3-commit-writer", test=True)
 wait_for("created")
 jvm = spark._jvm
 log = jvm.org.apache.spark.sql.delta.DeltaLog.forTable(spark._jsparkSession, path)
-store = log.store().getDelegate(jvm.org.apache.hadoop.fs.Path(path)).logStoreImpl()
+store = log.store().getDelegate(log.logPath()).logStoreImpl()
 print("STORE", store.getClass().getName(), flush=True)
 (signals / "ready").touch()
 for i in range(m):
@@ -150,15 +216,22 @@ print("DONE", flush=True)
 """
 
 
+@pytest.mark.parametrize("where", ["bucket", "folder"])
 def test_appends_from_two_jvms_and_two_threads_all_land_once(
-    spark: SparkSession, s3: S3Server, tmp_path: Path
+    spark: SparkSession, tmp_path: Path, request: pytest.FixtureRequest, where: str
 ) -> None:
     """Three writers of one table: two threads of this session and a spark-submit
     process, in rounds that start together (each writer one append a round), so each
     round's writers all read the same version and race to create the next."""
     m = 4
-    bucket = s3.make_bucket("commit-race")
-    table = f"s3a://{bucket}/t"
+    s3: S3Server | None = request.getfixturevalue("s3") if where == "bucket" else None
+    if s3 is not None:
+        bucket = s3.make_bucket("commit-race")
+        table, store_class = f"s3a://{bucket}/t", LOGSTORE_CLASS
+        folder = s3.folder / bucket / "t" / "_delta_log"
+    else:
+        table, store_class = str(tmp_path / "t"), LOCAL_LOGSTORE_CLASS
+        folder = tmp_path / "t" / "_delta_log"
     signals = tmp_path / "signals"
     signals.mkdir()
     script = tmp_path / "writer.py"
@@ -185,20 +258,23 @@ def test_appends_from_two_jvms_and_two_threads_all_land_once(
         child = subprocess.Popen(
             [SPARK_SUBMIT, "--master", "local[1]", "--driver-memory", "512m",
              "--conf", "spark.ui.enabled=false", str(script), table, str(signals), str(m)],
-            env={**spark_submit_env(), **s3.env()}, stdout=subprocess.PIPE, stderr=err, text=True,
+            env={**spark_submit_env(), **(s3.env() if s3 else {})}, stdout=subprocess.PIPE,
+            stderr=err, text=True,
             start_new_session=True,
         )  # fmt: skip
     try:
-        s3.configure(spark, bucket)
+        if s3 is not None:
+            s3.configure(spark, bucket)
         jvm: Any = spark._jvm
-        assert spark.sparkContext.getConf().get("spark.delta.logStore.s3a.impl") == LOGSTORE_CLASS
+        scheme = "s3a" if s3 else "file"
+        assert spark.sparkContext.getConf().get(f"spark.delta.logStore.{scheme}.impl") == store_class
         empty = spark.range(0).selectExpr("'init' AS writer", "0 AS batch", "id AS n")
         empty.write.format("delta").save(table)
         (signals / "created").touch()
         # Delta's store for the table (DeltaLog caches one per scheme) is ours.
         delta_log = jvm.org.apache.spark.sql.delta.DeltaLog.forTable(spark._jsparkSession, table)
-        used = delta_log.store().getDelegate(jvm.org.apache.hadoop.fs.Path(table)).logStoreImpl()
-        assert used.getClass().getName() == LOGSTORE_CLASS
+        used = delta_log.store().getDelegate(delta_log.logPath()).logStoreImpl()
+        assert used.getClass().getName() == store_class
 
         wait_for("ready")
         for i in range(m):
@@ -217,7 +293,7 @@ def test_appends_from_two_jvms_and_two_threads_all_land_once(
             child.wait(30)
     assert not errors, errors
     assert child.returncode == 0, log.read_text()[-3000:]
-    assert f"STORE {LOGSTORE_CLASS}" in out.splitlines() and "DONE" in out.splitlines()
+    assert f"STORE {store_class}" in out.splitlines() and "DONE" in out.splitlines()
 
     # Every row once.
     rows = [(r.writer, r.batch, r.n) for r in spark.read.format("delta").load(table).collect()]
@@ -226,8 +302,8 @@ def test_appends_from_two_jvms_and_two_threads_all_land_once(
 
     # The versions 0..3m without a gap, one commit (one commitInfo) in each, each append
     # its own commit.
-    folder = s3.folder / bucket / "t" / "_delta_log"
     versions = sorted(int(p.stem) for p in folder.glob("*.json"))
+    assert not list(folder.glob(".*.tmp"))  # the local store's temporary files are gone
     assert versions == list(range(3 * m + 1))
     # Delta's checkpoint at version 10 and its _last_checkpoint, which Delta overwrites on
     # purpose, went through the store too.
