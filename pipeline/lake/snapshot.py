@@ -31,7 +31,7 @@ import pyarrow as pa
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
 
-__all__ = ["Engine", "FileEntry", "Protocol", "Snapshot", "active_session", "load"]
+__all__ = ["Engine", "FileEntry", "Protocol", "Snapshot", "active_session", "jvm_static", "load"]
 
 Engine = Literal["delta-spark", "delta-rs"]
 
@@ -140,12 +140,40 @@ def load(
 # --- delta-spark ---------------------------------------------------------------
 
 
-def delta_log(spark: SparkSession, root: str) -> Any:
-    """delta-spark's ``DeltaLog`` of the table at ``root`` (cached by the JVM per path)."""
+# Classes and static members the drivers use per commit and per table read, by dotted
+# name, each looked up once per JVM gateway: py4j asks the JVM by reflection about every
+# package level and static member it is handed by name (eight round trips for
+# ``org.apache.spark.sql.delta.DeltaLog.forTable`` before the call itself), about 1 ms
+# each; a commit made some 150 of them.
+_STATICS: dict[str, Any] = {}
+_STATICS_OF: list[Any] = [None]  # the JVM view they were looked up in
+_STATICS_LOCK = threading.Lock()
+
+
+def jvm_static(spark: SparkSession, dotted: str) -> Any:
+    """The JVM class, static method or constant ``dotted`` (``java.util.ArrayList``,
+    ``scala.Option.empty``), looked up once per JVM gateway."""
     jvm = spark._jvm
     assert jvm is not None
-    path = jvm.org.apache.hadoop.fs.Path(root)
-    return jvm.org.apache.spark.sql.delta.DeltaLog.forTable(spark._jsparkSession, path)
+    with _STATICS_LOCK:
+        if _STATICS_OF[0] is not jvm:
+            _STATICS.clear()
+            _STATICS_OF[0] = jvm
+        found = _STATICS.get(dotted)
+    if found is None:
+        found = jvm
+        for part in dotted.split("."):
+            found = getattr(found, part)
+        with _STATICS_LOCK:
+            if _STATICS_OF[0] is jvm:
+                _STATICS[dotted] = found
+    return found
+
+
+def delta_log(spark: SparkSession, root: str) -> Any:
+    """delta-spark's ``DeltaLog`` of the table at ``root`` (cached by the JVM per path)."""
+    path = jvm_static(spark, "org.apache.hadoop.fs.Path")(root)
+    return jvm_static(spark, "org.apache.spark.sql.delta.DeltaLog.forTable")(spark._jsparkSession, path)
 
 
 # delta-spark's snapshots as read here, by table root: (version, the JVM object's
@@ -158,15 +186,13 @@ _CACHE_TABLES = 64
 
 
 def _load_jvm(spark: SparkSession, root: str, version: int | None) -> Snapshot:
-    jvm = spark._jvm
-    assert jvm is not None
     dlog = delta_log(spark, root)
     if version is None:
         jsnap = _update(dlog)
     else:
-        none = jvm.scala.Option.empty()
+        none = jvm_static(spark, "scala.Option.empty")()
         jsnap = dlog.getSnapshotAt(int(version), none, none, False)
-    key = (int(jsnap.version()), int(jvm.java.lang.System.identityHashCode(jsnap)))
+    key = (int(jsnap.version()), int(jvm_static(spark, "java.lang.System.identityHashCode")(jsnap)))
     if key[0] < 0:
         raise FileNotFoundError(f"no Delta table at {root}")
     with _CACHE_LOCK:

@@ -124,9 +124,7 @@ def concurrently(calls: Mapping[str, Callable[[], T]]) -> dict[str, T]:
     spark = session()
 
     def run(call: Callable[[], T]) -> T:
-        jvm = spark._jvm
-        assert jvm is not None
-        jvm.org.apache.spark.sql.SparkSession.setActiveSession(spark._jsparkSession)
+        snapshot.jvm_static(spark, "org.apache.spark.sql.SparkSession.setActiveSession")(spark._jsparkSession)
         return call()
 
     with ThreadPoolExecutor(max_workers=len(calls), thread_name_prefix="qmf-commit") as pool:
@@ -136,10 +134,6 @@ def concurrently(calls: Mapping[str, Callable[[], T]]) -> dict[str, T]:
         if error is not None:
             raise error
     return {name: f.result() for name, f in futures.items()}
-
-
-def _delta(spark: SparkSession) -> Any:
-    return spark._jvm.org.apache.spark.sql.delta  # type: ignore[union-attr]
 
 
 def _app_version(txn: Any, app_id: str) -> int:
@@ -237,24 +231,24 @@ def _commit(
 ) -> int:
     """Commit Delta actions (``jactions`` already in the JVM, ``actions`` as log JSON),
     ``removes`` and the app's ``txn`` action; the committed version."""
-    jvm = spark._jvm
-    assert jvm is not None
+    def static(dotted: str) -> Any:
+        return snapshot.jvm_static(spark, dotted)
+
     now_ms = int(time.time() * 1000)
     texts = [*actions, *(json.dumps(r.action(now_ms), separators=(",", ":")) for r in removes)]
     txn_action = {"txn": {"appId": app_id, "version": batch_id, "lastUpdated": now_ms}}
     texts.append(json.dumps(txn_action, separators=(",", ":")))
-    parse = _delta(spark).actions.Action.fromJson
-    jlist = jvm.java.util.ArrayList()
+    parse = static("org.apache.spark.sql.delta.actions.Action.fromJson")
+    jlist = static("java.util.ArrayList")()
     for a in jactions:
         jlist.add(a)
     for text in texts:
         jlist.add(parse(text))
-    seq = jvm.scala.jdk.javaapi.CollectionConverters.asScala(jlist).toSeq()
-    mode = jvm.org.apache.spark.sql.SaveMode
-    none = jvm.scala.Option.empty()
-    meta = jvm.scala.Option.apply(f"qmf.operation={operation};qmf.app_id={app_id};qmf.batch_id={batch_id}")
-    write_op = getattr(_delta(spark), "DeltaOperations$Write")
-    op = write_op(mode.Overwrite if overwrite else mode.Append, none, none, meta, *([none] * 5))
+    seq = static("scala.jdk.javaapi.CollectionConverters.asScala")(jlist).toSeq()
+    mode = static(f"org.apache.spark.sql.SaveMode.{'Overwrite' if overwrite else 'Append'}")
+    none = static("scala.Option.empty")()
+    meta = static("scala.Option.apply")(f"qmf.operation={operation};qmf.app_id={app_id};qmf.batch_id={batch_id}")
+    op = static("org.apache.spark.sql.delta.DeltaOperations$Write")(mode, none, none, meta, *([none] * 5))
     return int(txn.commit(seq, op))
 
 
