@@ -150,3 +150,26 @@ def test_gold_start_moves_an_old_lakes_lifecycles_to_the_state_and_folds_them(tm
     ensure_tables(gs)
     assert delta.read_arrow(gs.path("object_lifecycles")).to_pylist() == folded
     assert delta.read_arrow(gs.path("lifecycle_state")).num_rows == 3
+
+
+def test_one_reporter_per_object_gives_the_same_rows_without_grouping() -> None:
+    """The shortcut (no identity shared: each row its own object) against the grouped fold,
+    row for row and type for type, over the kinds of rows a state holds."""
+    rows = [
+        row(V2, "V2", "org.apache.qpid.broker:queue:q1", "q1", properties=[("durable", "True")],
+            properties_ns=30 * S, batch_id=4),
+        row(V1, "AM2", "0-0-1-0-7", "q2", state="deleted", deleted=40, ended=40, end_reason="deleted"),
+        row(V1, "AM2", "0-0-1-0-8", None, created=0),  # not named yet: its own object
+        row(V1, "AM2", "0-0-1-0-9", "q3", broker=None, state="lost", ended=50, end_reason="agent lost"),
+        row("east/1.0", "AM2", "0-0-1-0-7", "q1", broker=f"east/{BROKER}"),  # a fleet's broker
+        row(V1, "AM1", "0-0-1-0-10", "q4", samples=0, properties=[("durable", "False")],
+            properties_ns=None),
+    ]  # fmt: skip
+    state = pl.DataFrame(pa.Table.from_pylist(rows, schema=LIFECYCLE_STATE))
+    short, grouped = fold_lifecycles(state), fold_lifecycles(state, shortcut=False)
+    assert short.schema == grouped.schema and short.height == len(rows)
+    assert short.to_dicts() == grouped.to_dicts()
+    # A shared identity: both take the grouped path, and two rows become one.
+    both = pl.concat([state, state.head(1).with_columns(agent=pl.lit(V1), dialect=pl.lit("AM2"))])
+    assert fold_lifecycles(both).to_dicts() == fold_lifecycles(both, shortcut=False).to_dicts()
+    assert fold_lifecycles(both).height == len(rows)
