@@ -38,7 +38,7 @@ What it measures (issue 22, items 3 and 5), in one run:
   (a)'s 1-process rate (the higher of the two, so ``vs_ceiling`` does not flatter).
 * The ratios of the issue: ``efficiency`` = records/s at 2 cores / (2 x records/s at 1
   core), target >= 0.85; ``vs_ceiling`` = records/s per core at 2 cores /
-  ``ceiling_per_core``, target >= 0.8. Met or not met is printed per workload and
+  ``ceiling_per_core``, target >= 0.6. Met or not met is printed per workload and
   master; the last line is ``RESULT {json}`` (the real mix on ``local[2]`` at the top,
   every workload and ``local-cluster`` inside).
 
@@ -146,7 +146,7 @@ MASTERS = ("local[1]", "local[2]", "local-cluster[2,1,1024]")
 ONE_CORE = "local[1]"
 TWO_CORES = "local[2]"
 TARGET_EFFICIENCY = 0.85
-TARGET_VS_CEILING = 0.8
+TARGET_VS_CEILING = 0.6  # issue 48: per core at least 0.6x the no-Spark ceiling
 SAMPLES = "object_samples"
 QUEUE_KEY = "console.obj.1.0.org.apache.qpid.broker.queue"
 MANIFEST_VERSION = 1
