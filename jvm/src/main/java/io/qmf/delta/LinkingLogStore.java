@@ -109,9 +109,14 @@ public class LinkingLogStore extends HadoopFileSystemLogStore {
     return buffer.toByteArray();
   }
 
-  /** A hard link makes the whole file appear at once. */
+  /**
+   * True, as for {@code HDFSLogStore}: this store's own writes appear whole, but Delta asks
+   * this of the folder for the files it writes itself, and a checkpoint written in place on
+   * a local file system would be visible half written to a reader listing the log. True
+   * has Delta write a checkpoint under a temporary name and rename it.
+   */
   @Override
   public Boolean isPartialWriteVisible(Path path, Configuration hadoopConf) {
-    return false;
+    return true;
   }
 }
