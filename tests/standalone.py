@@ -11,22 +11,16 @@ here, as a cluster's nodes have their own (an instance role, their environment).
 from __future__ import annotations
 
 import os
-import socket
 import subprocess
 import sys
 import time
 import urllib.request
 from pathlib import Path
 
+from pipeline.broker import free_port
 from pipeline.spark import QUICK_JIT
 
 SPARK_CLASS = str(Path(sys.executable).parent / "spark-class")
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 class StandaloneCluster:
@@ -41,7 +35,7 @@ class StandaloneCluster:
         # The daemons on C1 only and small heaps: two cores serve them and the jobs.
         self.env["SPARK_DAEMON_JAVA_OPTS"] = QUICK_JIT
         self.env["SPARK_DAEMON_MEMORY"] = "256m"
-        self.port, self.ui_port = _free_port(), _free_port()
+        self.port, self.ui_port = free_port(), free_port()
         self.procs: list[subprocess.Popen[bytes]] = []
         folder.mkdir(parents=True, exist_ok=True)
 
@@ -67,7 +61,7 @@ class StandaloneCluster:
             self._start(f"worker-{i}", [
                 "org.apache.spark.deploy.worker.Worker", self.url, "--host", "127.0.0.1",
                 "--cores", "1", "--memory", "1g", "--work-dir", str(work),
-                "--webui-port", str(_free_port()),
+                "--webui-port", str(free_port()),
             ])  # fmt: skip
         deadline = time.monotonic() + timeout_s
         while self.alive_workers() < self.workers:

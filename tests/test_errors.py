@@ -123,9 +123,9 @@ def test_local_broker_port_in_use_is_one_line_and_exit_2(tmp_path: Path) -> None
     anything is launched (a node of its own: QMF_HOME and ports under tmp_path's)."""
     import socket
 
-    from pipeline.broker import _free_port
+    from pipeline.broker import free_port
 
-    base = _free_port(4)
+    base = free_port(4)
     with socket.socket() as taken:
         taken.bind(("127.0.0.1", base))
         taken.listen()
