@@ -6,9 +6,10 @@ messages) publish persistent messages to a durable queue on each, so nothing but
 the broker tells their records apart: exactly the collision a fleet must survive
 (qpidd's v1 agent is ``1.0`` on every broker). The fleet file also names a broker
 that is down (a closed port) and one that refuses our credentials: neither stops
-the others. ``west``, a deliberately slow consumer, is stopped mid-run while its
-durable queue still holds most of its messages and its receiver holds unsettled
-deliveries, and started again: ``east`` keeps landing meanwhile, the same ``west``
+the others. ``west``, a deliberately slow consumer reached through a relay, is stopped
+mid-run while its durable queue still holds most of its messages and its receiver holds
+unsettled deliveries (the relay is frozen first, so the stop cannot race the drain), and
+started again: ``east`` keeps landing meanwhile, the same ``west``
 receiver reconnects by itself and resumes; nothing is lost or doubled. Then bronze (the job's stream), silver and gold:
 
 - bronze holds each broker's manifest exactly once, in partitions ``<name>-<n>``,
@@ -49,6 +50,7 @@ from tests.integration.e2e import (
     unique_tag,
     wait_for,
 )
+from tests.relay import FreezableRelay
 
 pytestmark = [pytest.mark.broker, pytest.mark.spark, pytest.mark.slow]
 
@@ -86,6 +88,7 @@ def test_two_brokers_one_stopped_and_restarted_mid_run(
     broker: Any, isolated_broker: Any, spark: SparkSession, tmp_path: Path
 ) -> None:
     east_url, west_url = broker.url, qmf_broker.local_info(isolated_broker).url
+    west_relay = FreezableRelay(west_url)  # the receiver's way to west; the publisher's is direct
     seed = sim_seed()
     agent = sim_agent_uuid(seed)
     manifest_path = tmp_path / "manifest.jsonl"
@@ -118,10 +121,10 @@ url = "{east_url}"
 
 [[broker]]
 name = "west"
-url = "{west_url}"
+url = "{west_relay.url}"
 credit = 10          # a deliberately slow consumer (~20 msg/s): the stop finds the queue
 flush_count = 1000   # still holding messages and the receiver holding unsettled ones
-flush_ms = 500       # (at 100 msg/s it had drained in the 2 s rabbitmqctl took, on CI)
+flush_ms = 500
 
 [[broker]]
 name = "gone"
@@ -151,13 +154,18 @@ sasl = ["PLAIN"]
                 assert pub.publish_many(msgs[:third]) == third
             with Publisher(west_pub) as pub:
                 assert pub.publish_many(msgs[: 2 * third]) == 2 * third
-            # Stopped as soon as its first messages landed: at ~20 msg/s most of the 2/3
-            # published are still in its queue (or in the receiver's hands). (Asking the
-            # node for the queue's depth first took long enough under CI's load for the
-            # queue to drain: CI-13, CI-15.)
+            # Stopped once its first messages landed, with most of the 2/3 published still
+            # in its queue or in the receiver's hands. The relay is frozen first: a graceful
+            # stop under CI's load took long enough for the receiver to drain the whole
+            # queue meanwhile (CI-13, CI-15, CI-27). Thawed after the stop, the relay passes
+            # on what the node sent before it went (at most the credit's worth of
+            # deliveries, then the close), and refuses the receiver's reconnects while the
+            # node is down.
             wait_for(lambda: _landed_by_broker(landing).get("west", 0) >= 10, 120,
                      "west's first messages landed", step_s=0.05)  # fmt: skip
+            west_relay.freeze()
             qmf_broker.stop_broker(cfg=isolated_broker)
+            west_relay.thaw()
             stopped_at = time.monotonic()
             # East carries on while west is down: its second third lands meanwhile.
             with Publisher(east_pub) as pub:
@@ -179,6 +187,7 @@ sasl = ["PLAIN"]
             assert receiver.terminate(60) == 0, receiver.stderr()[-3000:]
         err = receiver.stderr()
     finally:
+        west_relay.close()
         qmf_broker.delete_queue(queue)
         if qmf_broker.broker_status(cfg=isolated_broker).running:
             qmf_broker.delete_queue(queue, cfg=isolated_broker)
@@ -191,7 +200,8 @@ sasl = ["PLAIN"]
     # West stopped mid-run: its queue still held messages, some had landed; what it had
     # in hand unsettled came again after the start (matched, or landed as copies).
     assert 0 < west_down < 2 * third, west_down
-    print(f"\n{n} messages per broker; east's second third landed in {east_while_down:.1f} s "
+    print(f"\n{n} messages per broker; {west_down} of west's had landed when it stopped; "
+          f"east's second third landed in {east_while_down:.1f} s "
           "while west was down")  # fmt: skip
 
     drain_to_bronze(spark, landing, table, ck)

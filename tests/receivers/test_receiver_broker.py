@@ -7,25 +7,21 @@ traffic from other tests on the shared node never reaches it.
 from __future__ import annotations
 
 import base64
-import contextlib
 import json
 import logging
 import os
 import random
 import re
-import select
 import signal
-import socket
 import subprocess
 import sys
-import threading
 import time
 import uuid
 from collections import Counter
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
-from urllib.parse import urlsplit, urlunsplit
+from urllib.parse import urlsplit
 
 import pyarrow as pa
 import pytest
@@ -41,6 +37,7 @@ from receivers.receiver import (
     ReceiverConfig,
     ReceiverError,
 )
+from tests.relay import FreezableRelay
 
 pytestmark = pytest.mark.broker
 
@@ -320,71 +317,6 @@ def test_sigterm_lands_and_settles_everything_in_hand(
         wait_for(depth_is_the_rest, 60, f"queue depth {n - len(keys)}")
     except AssertionError as exc:
         raise AssertionError(f"{exc}; depths seen {seen[:3]}..{seen[-3:]}; {err}") from None
-
-
-class FreezableRelay:
-    """A TCP relay to the broker that can stop relaying while both sockets stay open:
-    a broker (or network) that no longer answers, without a closed connection."""
-
-    def __init__(self, url: str) -> None:
-        parts = urlsplit(url)
-        self.target = (parts.hostname or "127.0.0.1", parts.port or 5672)
-        self.listener = socket.create_server(("127.0.0.1", 0))
-        port = self.listener.getsockname()[1]
-        netloc = parts.netloc.rsplit("@", 1)
-        host = f"127.0.0.1:{port}"
-        self.url = urlunsplit(parts._replace(netloc=f"{netloc[0]}@{host}" if len(netloc) == 2 else host))
-        self.frozen = threading.Event()
-        self.paused = threading.Event()
-        self.closed = threading.Event()
-        self.socks: list[socket.socket] = []
-        threading.Thread(target=self._accept, daemon=True).start()
-
-    def _accept(self) -> None:
-        while not self.closed.is_set():
-            try:
-                client, _ = self.listener.accept()
-            except OSError:
-                return
-            upstream = socket.create_connection(self.target)
-            self.socks += [client, upstream]
-            threading.Thread(target=self._pump, args=(client, upstream), daemon=True).start()
-
-    def _pump(self, a: socket.socket, b: socket.socket) -> None:
-        """Both directions in one thread; while frozen nothing is read, so nothing moves."""
-        peer = {a: b, b: a}
-        while not self.closed.is_set():
-            if self.frozen.is_set():
-                self.paused.set()
-                time.sleep(0.02)
-                continue
-            ready, _, _ = select.select([a, b], [], [], 0.05)
-            for s in ready:
-                try:
-                    data = s.recv(65536)
-                    if not data:
-                        return
-                    peer[s].sendall(data)
-                except OSError:
-                    return
-
-    def freeze(self) -> None:
-        """Stop relaying; returns once the relay is no longer reading either side."""
-        self.frozen.set()
-        assert self.paused.wait(5), "the relay did not pause"
-
-    def drop(self) -> None:
-        """End the relayed connections (both ends see them close); new ones still pass."""
-        socks, self.socks = self.socks, []
-        for s in socks:
-            with contextlib.suppress(OSError):
-                s.shutdown(socket.SHUT_RDWR)
-
-    def close(self) -> None:
-        """Drop both sides at once: the broker sees the connection go."""
-        self.closed.set()
-        for s in [self.listener, *self.socks]:
-            s.close()
 
 
 def test_a_stop_the_broker_never_answers_seals_what_it_settled_as_in_doubt(
