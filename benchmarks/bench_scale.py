@@ -638,6 +638,7 @@ def wait_executors(spark: Any, want: int, timeout_s: float = 240.0) -> float:
 
 
 FULL_JIT_ENV = "QMF_BENCH_FULL_JIT"
+CONF_ENV = "QMF_BENCH_SPARK_CONF"  # --conf's settings, JSON, for every child's session
 
 
 def spark_session(cfg: dict[str, Any], run: Path) -> Any:
@@ -656,6 +657,7 @@ def spark_session(cfg: dict[str, Any], run: Path) -> Any:
         if k in os.environ:
             conf[f"spark.executorEnv.{k}"] = os.environ[k]
     conf["spark.executorEnv.PYTHONPATH"] = str(REPO)
+    conf.update(json.loads(os.environ.get(CONF_ENV, "{}")))
     # The master on spark-submit's command line: given as ``spark.master`` through
     # get_spark, local-cluster's "[2,1,1024]" is cut at its first comma.
     os.environ["PYSPARK_SUBMIT_ARGS"] = f"--master {cfg['master']} pyspark-shell"
@@ -1194,6 +1196,9 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     ap.add_argument("--full-jit", action="store_true",
                     help="the streams' driver JVM with the full JIT (C1 and C2), not the "
                          "jobs' C1 only (pipeline.spark.QUICK_JIT)")  # fmt: skip
+    ap.add_argument("--conf", action="append", default=[], metavar="KEY=VALUE",
+                    help="a Spark or Delta setting for every measured session (repeat it), "
+                         "e.g. spark.databricks.delta.snapshotPartitions=1")  # fmt: skip
     ap.add_argument("--child", help=argparse.SUPPRESS)
     return ap.parse_args(argv)
 
@@ -1272,6 +1277,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     if args.full_jit:
         os.environ[FULL_JIT_ENV] = "1"  # read by every child process's session
+    if args.conf:
+        bad = [c for c in args.conf if "=" not in c]
+        if bad:
+            raise SystemExit(f"--conf {bad[0]!r}: KEY=VALUE")
+        os.environ[CONF_ENV] = json.dumps(dict(c.split("=", 1) for c in args.conf))
     if not args.default_allocators:
         os.environ.update(ALLOCATOR_ENV)  # read by every child process at its start
     else:  # polars' own decay settings (it puts them first and appends a value given)

@@ -319,13 +319,17 @@ def _files(dt: Snapshot) -> tuple[int, int, list[int]]:
     return len(sizes), sum(sizes), sizes
 
 
+_SESSION_LOCK = threading.Lock()
+
+
 def _session() -> SparkSession:
     """A session of its own over the process's SparkContext (``get_spark``'s, or one
     started for ``qmf maintain``): the OPTIMIZE and VACUUM settings below stay out of
     the streams' session."""
     from pipeline.spark import get_spark
 
-    spark = get_spark("qmf-maintain").newSession()
+    with _SESSION_LOCK:  # maintain()'s threads may ask for the first session at once
+        spark = get_spark("qmf-maintain").newSession()
     # Delta's defaults are sized for large clusters and tables: VACUUM lists the folder
     # in a job of 10,000 tasks, a snapshot's state is rebuilt in 50 partitions and the
     # file lists are joined over 200. On two cores a VACUUM of a one-file table took
@@ -427,12 +431,7 @@ def compact_table(path: str, settings: MaintainSettings, report: TableReport) ->
     conflict (another writer changed what was read) is retried on the new version,
     up to ``attempts`` times.
     """
-    spark = _session()
-    # Files below the target are candidates and are packed into files up to it (the
-    # rule delta-rs' compact had; Delta's defaults are 1 GiB).
-    spark.conf.set("spark.databricks.delta.optimize.minFileSize", str(settings.target_size))
-    spark.conf.set("spark.databricks.delta.optimize.maxFileSize", str(settings.target_size))
-    spark.conf.set("spark.databricks.delta.commitInfo.userMetadata", f"qmf.operation={OPERATION}")
+    spark: SparkSession | None = None
     for attempt in range(settings.attempts):
         with delta.table_lock(path, exclusive=True):
             dt = snapshot.load(path)
@@ -445,6 +444,13 @@ def compact_table(path: str, settings: MaintainSettings, report: TableReport) ->
             if settings.dry_run:
                 report.compacted_removed = small
                 return
+            if spark is None:  # only for a table with enough small files to compact
+                spark = _session()
+                # Files below the target are candidates and are packed into files up to
+                # it (the rule delta-rs' compact had; Delta's defaults are 1 GiB).
+                for bound in ("minFileSize", "maxFileSize"):
+                    spark.conf.set(f"spark.databricks.delta.optimize.{bound}", str(settings.target_size))
+                spark.conf.set("spark.databricks.delta.commitInfo.userMetadata", f"qmf.operation={OPERATION}")
             row = _unless_conflict(spark, f"OPTIMIZE delta.`{_quoted(path)}`", "compaction",
                                    path, attempt, report)  # fmt: skip
         if row is None:
@@ -628,9 +634,8 @@ def maintain(
 
     if settings.parallel == 1 or len(paths) < 2:
         return [one(p) for p in paths]
-    from pipeline.spark import get_spark
-
-    get_spark("qmf-maintain")  # started once, before the threads share it
+    # Spark starts only when a table needs it (``_session``): a dry run, or a lake with
+    # nothing to do, reads the tables' logs and folders alone.
     with ThreadPoolExecutor(settings.parallel, thread_name_prefix="qmf-maintain") as pool:
         return list(pool.map(one, paths))
 
@@ -691,7 +696,7 @@ class JobMaintenance:
     def around(
         self, fn: Callable[[DataFrame, int], Any], tables: Callable[[], Sequence[str]]
     ) -> BetweenBatches:
-        return BetweenBatches(fn, tables, self.every_s, self.settings)
+        return BetweenBatches(fn, tables, self)
 
 
 class BetweenBatches:
@@ -711,25 +716,26 @@ class BetweenBatches:
 
     def __init__(
         self, fn: Callable[[DataFrame, int], Any], tables: Callable[[], Sequence[str]],
-        every_s: float, settings: MaintainSettings,
+        plan: JobMaintenance,
     ) -> None:  # fmt: skip
-        if every_s < 0:
-            raise ValueError("every_s must be >= 0")
         self.fn = fn
         self.tables = tables
-        self.every_s = every_s
-        self.settings = settings
+        self.every_s = plan.every_s
+        self.settings = plan.settings
         self.runs: list[list[TableReport]] = []
         self._last = time.monotonic()
 
     def __call__(self, df: DataFrame, batch_id: int) -> None:
         due = time.monotonic() - self._last >= self.every_s
-        before = self._versions() if due else {}
+        # Listed once a pass (a LIST request on a store): a table this batch creates
+        # holds one commit, nothing to maintain; the next pass finds it.
+        paths = list(self.tables()) if due else []
+        before = self._versions(paths)
         self.fn(df, batch_id)
         if not due:
             return
         reports = []
-        for path in self.tables():
+        for path in paths:
             try:
                 report = maintain_table(path, self.settings, before.get(path))
             except Exception as exc:
@@ -740,9 +746,10 @@ class BetweenBatches:
         self.runs.append(reports)
         self._last = time.monotonic()
 
-    def _versions(self) -> dict[str, int]:
+    @staticmethod
+    def _versions(paths: Sequence[str]) -> dict[str, int]:
         out = {}
-        for path in self.tables():
+        for path in paths:
             try:
                 out[path] = snapshot.load(path).version
             except Exception:  # not made yet: the batch creates it

@@ -213,16 +213,20 @@ def alert_events(
     rows = events.filter(
         pl.col("severity").is_not_null() & (pl.col("severity") <= SEVERITIES.index(least))
     )
-    brokers = [
-        event_broker(name, agent, labels)
-        for name, agent in zip(rows["broker_name"].to_list(), rows["agent"].to_list(), strict=True)
-    ]
+    # The broker's name per (landing broker, agent) pair, of which there are few: the
+    # live view's rule (``event_broker``) once a pair, joined back to the rows.
+    pairs = rows.select("broker_name", "agent").unique()
+    pairs = pairs.with_columns(pl.Series("broker", [
+        event_broker(name, agent, labels) for name, agent in pairs.iter_rows()
+    ], dtype=pl.String))  # fmt: skip
+    rows = rows.join(pairs, on=["broker_name", "agent"], how="left", nulls_equal=True,
+                     maintain_order="left")  # fmt: skip
     about = pl.coalesce(
         *(pl.col("arguments").str.json_path_match(f"$.{k}") for k in EVENT_OBJECT_ARGUMENTS)
     )
     return rows.select(
         "event_time",
-        pl.Series("broker", brokers, dtype=pl.String),
+        "broker",
         "event_name",
         pl.col("severity").replace_strict(dict(enumerate(SEVERITIES)), return_dtype=pl.String)
         .alias("severity_name"),

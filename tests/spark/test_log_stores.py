@@ -23,6 +23,7 @@ import signal
 import subprocess
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -48,6 +49,38 @@ def _java_class(error: BaseException) -> str:
     return str(error.java_exception.getClass().getName())
 
 
+class _Store:
+    """A log store object driven through py4j: files named by ``path(name)``, written,
+    read back and listed as Delta's commit protocol does."""
+
+    def __init__(self, jvm: Any, store: Any, conf: Any, path: Callable[[Any], Any]) -> None:
+        self.jvm, self.store, self.conf, self.path = jvm, store, conf, path
+
+    def write(self, name: Any, lines: list[str], overwrite: bool) -> None:
+        actions = self.jvm.java.util.ArrayList()
+        for line in lines:
+            actions.add(line)
+        self.store.write(self.path(name), actions.iterator(), overwrite, self.conf)
+
+    def read(self, name: Any) -> list[str]:
+        it = self.store.read(self.path(name), self.conf)
+        try:
+            out = []
+            while it.hasNext():
+                out.append(str(it.next()))
+            return out
+        finally:
+            it.close()
+
+    def names_from(self, name: Any) -> list[str]:
+        """``listFrom``: the folder's file names from ``name`` on, in name order."""
+        listed = self.store.listFrom(self.path(name), self.conf)
+        names = []
+        while listed.hasNext():
+            names.append(str(listed.next().getPath().getName()))
+        return names
+
+
 def test_the_log_store_creates_a_version_only_once(
     spark: SparkSession, s3: S3Server, tmp_path: Path
 ) -> None:
@@ -62,24 +95,8 @@ def test_the_log_store_creates_a_version_only_once(
     log = f"s3a://{bucket}/t/_delta_log"
     assert store.isPartialWriteVisible(jvm.org.apache.hadoop.fs.Path(log), conf) is False
 
-    def path(version: int) -> Any:
-        return jvm.org.apache.hadoop.fs.Path(f"{log}/{version:020d}.json")
-
-    def write(version: int, lines: list[str], overwrite: bool) -> None:
-        actions = jvm.java.util.ArrayList()
-        for line in lines:
-            actions.add(line)
-        store.write(path(version), actions.iterator(), overwrite, conf)
-
-    def read(version: int) -> list[str]:
-        it = store.read(path(version), conf)
-        try:
-            out = []
-            while it.hasNext():
-                out.append(str(it.next()))
-            return out
-        finally:
-            it.close()
+    files = _Store(jvm, store, conf, lambda v: jvm.org.apache.hadoop.fs.Path(f"{log}/{v:020d}.json"))
+    write, read = files.write, files.read
 
     first = ['{"commitInfo":{"writer":"a"}}', '{"add":{"path":"a.parquet"}}']
     write(0, first, False)
@@ -108,11 +125,7 @@ def test_the_log_store_creates_a_version_only_once(
     # listFrom: the folder's files from the given name on, in name order.
     write(2, ["two"], False)
     write(1, ["one"], False)
-    listed = store.listFrom(path(1), conf)
-    names = []
-    while listed.hasNext():
-        names.append(str(listed.next().getPath().getName()))
-    assert names == [f"{1:020d}.json", f"{2:020d}.json"]
+    assert files.names_from(1) == [f"{1:020d}.json", f"{2:020d}.json"]
 
     # A file system that cannot create only-if-absent (the local one) refuses the
     # commit, rather than write it without the condition.
@@ -135,24 +148,8 @@ def test_the_local_log_store_creates_a_version_only_once(spark: SparkSession, tm
     # system under a temporary name then renamed, as Delta's default store has it.
     assert store.isPartialWriteVisible(jvm.org.apache.hadoop.fs.Path(str(folder)), conf) is True
 
-    def path(name: str) -> Any:
-        return jvm.org.apache.hadoop.fs.Path(f"file://{folder}/{name}")
-
-    def write(name: str, lines: list[str], overwrite: bool) -> None:
-        actions = jvm.java.util.ArrayList()
-        for line in lines:
-            actions.add(line)
-        store.write(path(name), actions.iterator(), overwrite, conf)
-
-    def read(name: str) -> list[str]:
-        it = store.read(path(name), conf)
-        try:
-            out = []
-            while it.hasNext():
-                out.append(str(it.next()))
-            return out
-        finally:
-            it.close()
+    files = _Store(jvm, store, conf, lambda name: jvm.org.apache.hadoop.fs.Path(f"file://{folder}/{name}"))
+    write, read = files.write, files.read
 
     v0, v1, v2 = (f"{v:020d}.json" for v in range(3))
     first = ['{"commitInfo":{"writer":"a"}}', '{"add":{"path":"a.parquet"}}']
@@ -172,7 +169,7 @@ def test_the_local_log_store_creates_a_version_only_once(spark: SparkSession, tm
     # against it; the same for a file Delta overwrites on purpose.
     local = jvm.org.apache.hadoop.fs.FileSystem.getLocal(conf)
     for name in (v1, "_last_checkpoint"):
-        out = local.create(path(name), True)
+        out = local.create(files.path(name), True)
         out.write(bytearray(b"an earlier content\n"))
         out.close()
         assert (folder / f".{name}.crc").exists()
@@ -184,11 +181,7 @@ def test_the_local_log_store_creates_a_version_only_once(spark: SparkSession, tm
 
     # listFrom: the folder's files from the given name on, in name order.
     write(v2, ["two"], False)
-    listed = store.listFrom(path(v1), conf)
-    names = []
-    while listed.hasNext():
-        names.append(str(listed.next().getPath().getName()))
-    assert names == [v1, v2, "_last_checkpoint"]
+    assert files.names_from(v1) == [v1, v2, "_last_checkpoint"]
 
 
 # A writer in its own JVM: one append a round, when the test says go.

@@ -272,6 +272,41 @@ def test_command_dry_run_changes_nothing_then_the_job_compacts(
     assert _live(lake.bronze) == 1 and len(_parquet_on_disk(lake.bronze)) == 1
 
 
+DRY_RUN_CHILD = """
+import sys
+from pyspark import SparkContext
+from pipeline.lake.maintain import MaintainSettings, maintain
+from pipeline.lake.retention import RetentionPolicy
+
+settings = MaintainSettings(retention_hours=0, min_files=2, dry_run=True,
+                            retention=RetentionPolicy(enabled=False))
+for r in maintain(sys.argv[1:], [], settings):
+    print(r.line())
+print("spark started:", SparkContext._active_spark_context is not None)
+"""
+
+
+def test_a_dry_run_with_nothing_spark_must_answer_starts_no_spark(sim_lake: Lake, tmp_path: Path) -> None:
+    """Counting small files and finding every file in the folder live are read from the
+    log and the folder: a dry run of append-only tables (no retention) starts no Spark,
+    in parallel (two tables) as well."""
+    import subprocess
+    import sys
+
+    lake = copy_lake(sim_lake, tmp_path / "lake")
+    tables = [str(lake.bronze), str(lake.silver / "events")]
+    repo = Path(__file__).resolve().parents[2]
+    done = subprocess.run([sys.executable, "-c", DRY_RUN_CHILD, *tables], cwd=repo,
+                          capture_output=True, text=True, timeout=120, check=False)  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    lines = done.stdout.splitlines()
+    assert lines[-1] == "spark started: False", done.stdout
+    for table, line in zip(tables, lines[:2], strict=True):
+        files = _live(table)
+        assert line.startswith(f"{table}: files {files} -> {files}, would compact {files} files, "
+                               "would vacuum 0"), line  # fmt: skip
+
+
 def test_periodic_maintenance_runs_in_the_background(sim_lake: Lake, tmp_path: Path) -> None:
     # A data folder of bronze alone: what a pass does to every table is the first test's.
     import shutil

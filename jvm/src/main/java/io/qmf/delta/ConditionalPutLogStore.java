@@ -1,10 +1,8 @@
 package io.qmf.delta;
 
 import io.delta.storage.HadoopFileSystemLogStore;
-import java.io.ByteArrayOutputStream;
 import java.io.IOException;
 import java.io.InputStream;
-import java.nio.charset.StandardCharsets;
 import java.nio.file.FileAlreadyExistsException;
 import java.util.Arrays;
 import java.util.Iterator;
@@ -47,7 +45,7 @@ public class ConditionalPutLogStore extends HadoopFileSystemLogStore {
   public void write(
       Path path, Iterator<String> actions, Boolean overwrite, Configuration hadoopConf)
       throws IOException {
-    byte[] content = encode(actions);
+    byte[] content = LogLines.encode(actions);
     FileSystem fs = path.getFileSystem(hadoopConf);
     if (Boolean.TRUE.equals(overwrite)) {
       try (FSDataOutputStream out = fs.create(path, true)) {
@@ -165,16 +163,6 @@ public class ConditionalPutLogStore extends HadoopFileSystemLogStore {
     } catch (ReflectiveOperationException | RuntimeException e) {
       return null;
     }
-  }
-
-  /** The actions one per line, each ended by a newline, as Delta's own stores write them. */
-  private static byte[] encode(Iterator<String> actions) {
-    ByteArrayOutputStream buffer = new ByteArrayOutputStream();
-    while (actions.hasNext()) {
-      byte[] line = (actions.next() + "\n").getBytes(StandardCharsets.UTF_8);
-      buffer.write(line, 0, line.length);
-    }
-    return buffer.toByteArray();
   }
 
   /** An S3 PUT appears whole or not at all. */

@@ -1,9 +1,7 @@
 package io.qmf.delta;
 
 import io.delta.storage.HadoopFileSystemLogStore;
-import java.io.ByteArrayOutputStream;
 import java.io.IOException;
-import java.nio.charset.StandardCharsets;
 import java.nio.file.FileAlreadyExistsException;
 import java.nio.file.Files;
 import java.nio.file.Paths;
@@ -52,7 +50,7 @@ public class LinkingLogStore extends HadoopFileSystemLogStore {
     java.nio.file.Path temp =
         folder.resolve("." + target.getFileName() + "." + UUID.randomUUID() + ".tmp");
     try {
-      Files.write(temp, encode(actions), StandardOpenOption.CREATE_NEW);
+      Files.write(temp, LogLines.encode(actions), StandardOpenOption.CREATE_NEW);
       if (Boolean.TRUE.equals(overwrite)) {
         Files.deleteIfExists(sidecar(target));
         Files.move(
@@ -60,10 +58,13 @@ public class LinkingLogStore extends HadoopFileSystemLogStore {
         return;
       }
       try {
+        // A second writer of this version gets FileAlreadyExistsException, passed on as it
+        // is: Delta's commit checks what the first one wrote and retries.
         Files.createLink(target, temp);
-      } catch (FileAlreadyExistsException e) {
-        throw e; // another writer made this version first: Delta checks it and retries
       } catch (UnsupportedOperationException | IOException e) {
+        if (e instanceof FileAlreadyExistsException) {
+          throw (FileAlreadyExistsException) e;
+        }
         throw new IOException(
             "cannot commit "
                 + target
@@ -97,16 +98,6 @@ public class LinkingLogStore extends HadoopFileSystemLogStore {
   /** Hadoop's local checksum file of {@code file}. */
   private static java.nio.file.Path sidecar(java.nio.file.Path file) {
     return file.resolveSibling("." + file.getFileName() + ".crc");
-  }
-
-  /** The actions one per line, each ended by a newline, as Delta's own stores write them. */
-  private static byte[] encode(Iterator<String> actions) {
-    ByteArrayOutputStream buffer = new ByteArrayOutputStream();
-    while (actions.hasNext()) {
-      byte[] line = (actions.next() + "\n").getBytes(StandardCharsets.UTF_8);
-      buffer.write(line, 0, line.length);
-    }
-    return buffer.toByteArray();
   }
 
   /**
