@@ -347,18 +347,21 @@ DELTA_STATE_PARTITIONS = "spark.databricks.delta.snapshotPartitions"
 
 
 def size_delta_state(session: SparkSession) -> None:
-    """Delta's table state in as many partitions as a local master has cores, unless set.
+    """Delta's table state in one partition on a local master, unless set.
 
     Delta's default, 50, is sized for clusters. On ``local[2]`` every first read of a
     table version paid 50 tasks (the silver paths' tests: 80 s -> 5-10 min), and the
     initial snapshot of Delta's streaming source (a new checkpoint's stream over an
-    existing table) is read with one Spark job per partition from its start on every
+    existing table) is read back with one Spark job per partition on every
     ``latestOffset`` and ``getBatch``: 0.7-2.0 s more per micro-batch, growing, over a
-    36-file bronze (2026-12-05, ``bench_scale``). Set on the session once it runs, so a
-    master given to spark-submit or in ``PYSPARK_SUBMIT_ARGS`` counts as one given here.
+    36-file bronze with 50 (2026-12-05, ``bench_scale``). One partition per core cut
+    that to 0.6 s of gold's batch over two silver tables; one partition in all to 0.375 s,
+    with commits no slower (2026-12-07, docs/performance.md). A local lake's state (its
+    files' log entries) is small enough for one task; a cluster keeps Delta's default.
+    Set on the session once it runs, so a master given to spark-submit or in
+    ``PYSPARK_SUBMIT_ARGS`` counts as one given here.
     """
     if session.conf.get(DELTA_STATE_PARTITIONS, None) is not None:
         return
-    cores = _master_cores(session.sparkContext.master or "")
-    if cores is not None:
-        session.conf.set(DELTA_STATE_PARTITIONS, str(cores))
+    if _master_cores(session.sparkContext.master or "") is not None:
+        session.conf.set(DELTA_STATE_PARTITIONS, "1")

@@ -29,8 +29,8 @@ def test_test_session_settings(spark: SparkSession) -> None:
         ".FileSystemBasedCheckpointFileManager"
     )
     assert os.environ["PYSPARK_PYTHON"] == sys.executable
-    # Delta rebuilds a table's state in one partition per local core, not 50.
-    assert spark.conf.get("spark.databricks.delta.snapshotPartitions") == "2"
+    # Delta rebuilds a table's state in one partition on a local master, not 50.
+    assert spark.conf.get("spark.databricks.delta.snapshotPartitions") == "1"
 
 
 def test_cores_of_a_master() -> None:
@@ -48,7 +48,7 @@ def test_a_master_given_to_spark_submit_sizes_delta_state_too(spark: SparkSessio
     other = spark.newSession()
     other.conf.unset(DELTA_STATE_PARTITIONS)
     size_delta_state(other)
-    assert other.conf.get(DELTA_STATE_PARTITIONS) == "2"  # the suite's local[2]
+    assert other.conf.get(DELTA_STATE_PARTITIONS) == "1"  # the suite's local[2]
     other.conf.set(DELTA_STATE_PARTITIONS, "7")
     size_delta_state(other)
     assert other.conf.get(DELTA_STATE_PARTITIONS) == "7"
