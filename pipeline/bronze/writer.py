@@ -143,6 +143,8 @@ class BronzeBatchWriter:
         done = delta.committed_batch(self.settings.table, self.app_id)
         if done is not None and batch_id <= done:
             log.info("bronze batch %d already committed: skipped", batch_id)
+            if batch_id == done:  # its committing attempt may have died before its sweep
+                delta.sweep_committed_batch(self.settings.table, self.app_id, batch_id)
             return
         t0 = time.perf_counter()
         ranges = batch_ranges(self.settings, batch_id) if self.settings.writer != "spark" else None

@@ -790,6 +790,33 @@ def sweep_batch(
     return gone
 
 
+def sweep_committed_batch(path: str | os.PathLike[str], app_id: str, batch_id: int) -> list[str]:
+    """``sweep_batch`` for a replay that finds its batch committed: the attempt that
+    committed it may have died (or lost its store) before its own sweep, leaving other
+    attempts' files. Keeps the files the batch's commit added, found by reading the log's
+    commit files from the newest back to that commit (a replay is of the last batches).
+    Nothing is removed when the commit is no longer in the log (cleaned up)."""
+    commits = sorted(
+        (loc for loc in storage.list_files(_log_dir(path))
+         if _COMMIT_FILE.fullmatch(os.path.basename(loc))),
+        reverse=True,
+    )  # fmt: skip
+    for loc in commits:
+        try:
+            actions = [json.loads(line) for line in storage.read_text(loc).splitlines() if line]
+        except FileNotFoundError:
+            continue  # cleaned up meanwhile
+        txns = [a["txn"] for a in actions if "txn" in a and a["txn"]["appId"] == app_id]
+        if any(int(t["version"]) == batch_id for t in txns):
+            keep = [
+                os.path.basename(urllib.parse.unquote(a["add"]["path"])) for a in actions if "add" in a
+            ]
+            return sweep_batch(path, app_id, batch_id, keep)
+        if any(int(t["version"]) < batch_id for t in txns):
+            break  # the app's commits come in batch order: the batch's is not in the log
+    return []
+
+
 # Scratch folders: a batch's intermediate files that are never committed (gold's shuffle).
 SCRATCH_DIR = "_scratch"
 
@@ -925,6 +952,7 @@ def _commit_staged(
         dt = open_for_write(path)
     if dt is not None and already_committed(dt, app_id, batch_id):
         storage.remove_files(f.location for f in files)
+        sweep_committed_batch(root, app_id, batch_id)
         return CommitResult(skipped=True, version=dt.version)
     removals: list[transaction.RemoveFile] = []
     if replace or remove:
@@ -936,6 +964,7 @@ def _commit_staged(
     )  # fmt: skip
     if outcome.skipped:  # a replay of a committed batch (or a concurrent one): ours are extra
         storage.remove_files(f.location for f in files)
+        sweep_committed_batch(root, app_id, batch_id)
         return CommitResult(skipped=True, version=outcome.version)
     sweep_batch(root, app_id, batch_id, (f.name for f in files))
     return CommitResult(
@@ -1469,6 +1498,7 @@ def _commit_arrow(
     with Stage(path, app_id, batch_id) as stage:
         dt = open_for_write(path)
         if already_committed(dt, app_id, batch_id):
+            sweep_committed_batch(path, app_id, batch_id)
             return CommitResult(skipped=True, version=dt.version)
         files = _write_staged(stage, conform_arrow(table, dt.schema), dt)
         operation = "overwrite" if replace else "append"

@@ -25,6 +25,7 @@ from pipeline.lake.delta import (
     SchemaMismatchError,
     append_arrow,
     append_batch,
+    batch_prefix,
     commit_files,
     commit_stamp,
     committed_batch,
@@ -40,6 +41,7 @@ from pipeline.lake.delta import (
     read_arrow,
     read_delta,
     read_table,
+    sweep_committed_batch,
     table_schema,
 )
 from schemas.tables import BRONZE
@@ -148,6 +150,30 @@ def test_replayed_batch_commits_nothing(spark: SparkSession, tmp_path: Path) -> 
     other = append_batch(frame(spark, [event(3)]), path, app_id="other", batch_id=7)
     assert not other.skipped
     assert sorted(r["id"] for r in read_arrow(path).to_pylist()) == [1, 2, 3]
+
+
+def test_a_replay_of_a_committed_batch_sweeps_what_other_attempts_left(tmp_path: Path) -> None:
+    """The attempt that committed a batch may die before removing the files of the
+    batch's killed attempts (CI-29: one was left). The replay that finds the batch
+    committed removes them, and keeps the commit's own files and other batches'."""
+    path = tmp_path / "events"
+    create_table(path, EVENTS)
+    rows = pa.Table.from_pylist([event(1), event(2)], schema=EVENTS)
+    append_arrow(rows, str(path), app_id="job", batch_id=7)
+    committed = data_files(path)
+    killed = batch_prefix(path, "job", 7) + "-0123456789ab-a-11750.parquet"
+    later = batch_prefix(path, "job", 8) + "-0123456789ab-a-12000.parquet"
+    other_app = batch_prefix(path, "other", 7) + "-0123456789ab-a-11750.parquet"
+    for stray in (killed, later, other_app):
+        Path(stray).write_bytes(b"a killed attempt's file")
+    replay = append_arrow(rows, str(path), app_id="job", batch_id=7)
+    assert replay.skipped
+    assert data_files(path) == committed | {os.path.basename(later), os.path.basename(other_app)}
+    assert sorted(r["id"] for r in read_arrow(path).to_pylist()) == [1, 2]
+    # Straight: nothing left to sweep; a batch not in the log sweeps nothing.
+    assert sweep_committed_batch(path, "job", 7) == []
+    assert sweep_committed_batch(path, "job", 8) == []
+    assert os.path.exists(later)
 
 
 def test_append_conforms_columns(spark: SparkSession, tmp_path: Path) -> None:
